@@ -1,0 +1,13 @@
+"""pve-sglang: a Proxmox host with NVIDIA GPUs to a tuned SGLang server in an LXC container.
+
+Run as ``pyinfra inventory.py deploy.py``. The phases follow the data: the host's driver and
+GPUs decide the container's passthrough, its driver version and the server's flags.
+"""
+
+from tasks.container import container_phase
+from tasks.host import host_phase
+from tasks.verify import verify_phase
+
+host_phase()
+container_phase()
+verify_phase()

@@ -1,0 +1,118 @@
+"""Test harness: facts in, commands out.
+
+Three levels, as in pyinfra's own tests:
+- ``fact_value``: a fact class run over a recorded command output.
+- ``op_commands``: one operation against given fact values and host data.
+- ``plan_deploy``: a whole ``@deploy`` function through pyinfra's real API on ``@fake``
+  hosts whose commands answer with recorded outputs; returns, per host, the commands each
+  operation would run (empty lists: converged).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.command import StringCommand
+from pyinfra.api.connect import connect_all
+from pyinfra.api.deploy import add_deploy
+from pyinfra.api.facts import FactBase
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra_testing.operations import parse_commands
+from pyinfra_testing.util import FakeHost, FakeState
+
+
+def fact_value(fact_cls: type[FactBase], output: str, *args: Any, **kwargs: Any) -> Any:
+    """Process a recorded command output the way pyinfra does for a real host."""
+    fact = fact_cls()
+    lines = output.splitlines()
+    if not lines:
+        return fact.default() if hasattr(fact, "default") else None
+    return fact.process(lines)
+
+
+class _Facts:
+    """Fact lookup for FakeHost keyed by fact class (and argument tuple)."""
+
+    def __init__(self, facts: dict[Any, Any]):
+        self.facts = facts
+
+    def get(self, fact_cls: type[FactBase], args: tuple, kwargs: dict) -> Any:
+        for key in ((fact_cls, args + tuple(kwargs.values())), (fact_cls, args), fact_cls):
+            if key in self.facts:
+                return self.facts[key]
+        raise KeyError(f"test gives no value for fact {fact_cls.__name__}{args or ''}")
+
+
+class _Host(FakeHost):
+    def __init__(self, facts: dict[Any, Any], data: dict[str, Any], name: str):
+        super().__init__(FakeState(), name, facts={}, data=data)
+        self._facts = _Facts(facts)
+        self.groups = data.get("_groups", [])
+
+    def get_fact(self, fact_cls, *args, **kwargs):  # type: ignore[override]
+        kwargs = {k: v for k, v in kwargs.items() if not k.startswith("_")}
+        return self._facts.get(fact_cls, args, kwargs)
+
+
+def op_commands(
+    op: Any,
+    *args: Any,
+    facts: dict[Any, Any] | None = None,
+    data: dict[str, Any] | None = None,
+    host_name: str = "testhost",
+    **kwargs: Any,
+) -> list[Any]:
+    """The commands one operation yields for these facts (keys: fact class or (class, args))."""
+    host = _Host(facts or {}, data or {}, host_name)
+    with ctx_state.use(host.state), ctx_host.use(host):
+        return parse_commands(list(op._inner(*args, **kwargs)))
+
+
+def plan_deploy(
+    deploy_fn: Callable[[], Any],
+    hosts: list[tuple[str, dict[str, Any]]],
+    responses: dict[str | re.Pattern, Any],
+    groups: dict[str, list[str]] | None = None,
+) -> dict[str, list[tuple[str, list[str]]]]:
+    """Prepare a deploy on ``@fake`` hosts and list each operation's commands per host.
+
+    ``responses`` maps a command substring (or compiled regex) to its recorded output, as the
+    ``@fake`` connector's ``fake_responses``; unmatched commands succeed with no output.
+    """
+    names = [f"@fake/{name}" for name, _ in hosts]
+    host_data = {
+        f"@fake/{name}": {"fake_responses": responses, "fake_delay": 0, **data}
+        for name, data in hosts
+    }
+    group_args = {
+        group: ([f"@fake/{member}" for member in members], {})
+        for group, members in (groups or {}).items()
+    }
+    inventory = Inventory(([(name, host_data[name]) for name in names], {}), **group_args)
+    state = State(inventory, Config())
+    connect_all(state)
+    for host in inventory:
+        add_deploy(state, deploy_fn, host=host)
+
+    plan: dict[str, list[tuple[str, list[str]]]] = {}
+    for host in inventory:
+        ops = []
+        for op_hash in state.get_op_order():
+            op_data = state.ops[host].get(op_hash)
+            if op_data is None:
+                continue
+            op_name = ", ".join(sorted(state.get_op_meta(op_hash).names))
+            commands = [
+                c.get_raw_value() if isinstance(c, StringCommand) else str(c)
+                for c in op_data.command_generator()
+            ]
+            ops.append((op_name, commands))
+        plan[host.name.removeprefix("@fake/")] = ops
+    return plan
+
+
+def changed_ops(plan_for_host: list[tuple[str, list[str]]]) -> list[str]:
+    """Names of the operations that would change something."""
+    return [name for name, commands in plan_for_host if commands]
