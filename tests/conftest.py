@@ -1,0 +1,66 @@
+"""
+Shared pytest fixtures.
+
+LXC test environment (see tests/lxc_env.py), all needing root, lxc, debootstrap and zstd:
+
++ ``lxc_env`` (session): the ``LxcEnv``: a private LXC path with the extracted Debian 12 base.
++ ``lxc_container`` (session): a running container (systemd up). Its ``name``, ``lxc_path``,
+  ``inventory_name`` (``@lxc/NAME``) and ``host_data()`` (``lxc_name``, ``lxc_path``,
+  ``lxc_local``) are what the ``@lxc`` connector needs.
++ ``lxc_container_factory`` (function): ``make(count=1, extra_config=(), start=True,
+  cgroup="host")`` returns a list of new containers, destroyed when the test ends.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import lxc_env as lxc_env_module
+
+
+def _skip_without_lxc() -> None:
+    missing = lxc_env_module.missing_requirements()
+    if missing:
+        pytest.skip(f"LXC test environment needs: {', '.join(missing)}")
+
+
+@pytest.fixture(scope="session")
+def lxc_env():
+    """The session's LXC environment; every container in it is destroyed at the end."""
+    _skip_without_lxc()
+    env = lxc_env_module.LxcEnv()
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+@pytest.fixture(scope="session")
+def lxc_container(lxc_env):
+    """A running Debian 12 container shared by the session (systemd as PID 1)."""
+    container = lxc_env.create(lxc_env.new_name("main"))
+    yield container
+    container.destroy()
+
+
+@pytest.fixture
+def lxc_container_factory(lxc_env):
+    """Make extra containers for one test: ``make(count=1, **create_kwargs) -> list``."""
+    made: list[lxc_env_module.LxcContainer] = []
+
+    def make(count: int = 1, **kwargs) -> list[lxc_env_module.LxcContainer]:
+        new = [lxc_env.create(**kwargs) for _ in range(count)]
+        made.extend(new)
+        return new
+
+    yield make
+    for container in made:
+        container.destroy()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the LXC environment's timings (rootfs build, base extract, boots, resets)."""
+    if lxc_env_module.TIMINGS:
+        terminalreporter.section("lxc test environment timings")
+        for name, seconds in lxc_env_module.TIMINGS.items():
+            terminalreporter.write_line(f"{name}: {seconds:.2f}s")

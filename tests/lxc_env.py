@@ -1,0 +1,510 @@
+"""
+A real LXC test environment on this machine: Debian 12 containers booted with systemd as PID 1.
+
++ The root filesystem is built once with ``debootstrap --variant=minbase`` and cached as a zstd
+  tarball under ``<repo>/.cache/rootfs/`` (its name carries a hash of the package list, so a
+  changed list builds a new one). Building takes about a minute.
++ Each test session extracts it once into a private temporary LXC path (``base/``, a few
+  seconds) and adds what must not be baked into the cache: the host's ``resolv.conf`` and
+  ``hosts``, and the machine's CA certificates (``/usr/local/share/ca-certificates/*.crt``,
+  then ``update-ca-certificates``) so that pip works inside.
++ Containers use ``base/`` as the read-only lower layer of an overlay rootfs: creating one is
+  writing a config, and resetting one is wiping its upper layer (well under a second).
++ ``lxc.net.0.type = none``: containers share the host's network namespace. Nothing in them may
+  listen on the host's ports other than loopback test ports.
+
+Cgroups: this machine is a hybrid cgroup v1 host (the devices controller is on v1), where a plain
+``lxc-start`` boots systemd fine and applies ``lxc.cgroup.devices.*`` (v1) rules, ignoring the
+``lxc.cgroup2.*`` ones. ``LxcContainer.start(cgroup="v2")`` starts the container in a private
+mount namespace whose ``/sys/fs/cgroup`` is a pure cgroup2 mount, as on Proxmox VE 7+, so that
+``lxc.cgroup2.devices.*`` rules apply. A plain ``lxc-attach`` (and so the ``@lxc`` connector)
+reaches containers started either way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CACHE_DIR = REPO_ROOT / ".cache" / "rootfs"
+
+SUITE = "bookworm"
+#: Packages on top of minbase: systemd as init, Python for venvs/pip, what deploys and service
+#: tests use. Changing this list changes the tarball name, so the cache rebuilds by itself.
+PACKAGES: tuple[str, ...] = (
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "ca-certificates",
+    "iproute2",
+    "python3",
+    "python3-venv",
+    "procps",
+    "curl",
+    "sudo",
+)
+#: Removed from the built rootfs before packing (downloaded .debs, apt lists, docs).
+PRUNE: tuple[str, ...] = (
+    "var/cache/apt/archives/*.deb",
+    "var/cache/apt/*.bin",
+    "var/lib/apt/lists/*_*",
+    "usr/share/doc/*",
+    "usr/share/man/*",
+    "usr/share/locale/*",
+)
+BUILD_FORMAT = "1"  # bump when the build steps change
+
+CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
+
+#: Seconds spent in named steps, printed at the end of the test session (see conftest.py).
+TIMINGS: dict[str, float] = {}
+
+
+def log(message: str) -> None:
+    print(f"[lxc_env] {message}", file=sys.stderr, flush=True)
+
+
+def _timed(name: str, seconds: float) -> None:
+    TIMINGS[name] = round(TIMINGS.get(name, 0.0) + seconds, 2)
+
+
+def _run(cmd: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
+    kwargs.setdefault("check", True)
+    return subprocess.run(list(cmd), **kwargs)
+
+
+def missing_requirements() -> list[str]:
+    """What this machine lacks to run the LXC tests (empty: all there)."""
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root")
+    for tool in ("lxc-start", "lxc-attach", "lxc-info", "lxc-stop", "debootstrap", "zstd", "tar"):
+        if not shutil.which(tool):
+            missing.append(tool)
+    if "overlay" not in Path("/proc/filesystems").read_text():
+        missing.append("overlay filesystem")
+    return missing
+
+
+def host_cgroup_layout() -> str:
+    """``"v2"`` on a pure cgroup2 host, ``"v1"`` when the devices controller is on cgroup v1."""
+    if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        return "v2"
+    return "v1"
+
+
+# Root filesystem tarball
+#
+
+
+def rootfs_key() -> str:
+    text = "\n".join([BUILD_FORMAT, SUITE, *PACKAGES, "--", *PRUNE])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def tarball_path() -> Path:
+    return CACHE_DIR / f"debian-{SUITE}-minbase-{rootfs_key()}.tar.zst"
+
+
+@contextmanager
+def _cache_lock() -> Iterator[None]:
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def build_rootfs_tarball(dest: Path) -> None:
+    """Debootstrap a Debian rootfs, prune it and pack it as ``dest`` (zstd tar)."""
+    build_dir = Path(tempfile.mkdtemp(prefix="build-", dir=CACHE_DIR))
+    rootfs = build_dir / "rootfs"
+    try:
+        started = time.monotonic()
+        log(f"building Debian {SUITE} rootfs with debootstrap (about a minute) ...")
+        result = _run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(PACKAGES)}",
+                SUITE,
+                str(rootfs),
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"debootstrap failed ({result.returncode}):\n{result.stdout[-3000:]}"
+                f"\n{result.stderr[-3000:]}",
+            )
+        debootstrap_s = time.monotonic() - started
+
+        for pattern in PRUNE:
+            for path in glob.glob(str(rootfs / pattern)):
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.remove(path)
+
+        pack_started = time.monotonic()
+        partial = dest.with_suffix(".partial")
+        _run(
+            [
+                "tar",
+                "-C",
+                str(rootfs),
+                "--numeric-owner",
+                "--xattrs",
+                "--xattrs-include=*",
+                "-I",
+                "zstd -T0 -3",
+                "-cf",
+                str(partial),
+                ".",
+            ],
+        )
+        os.replace(partial, dest)
+        for stale in CACHE_DIR.glob(f"debian-{SUITE}-minbase-*.tar.zst"):
+            if stale != dest:
+                stale.unlink()
+        pack_s = time.monotonic() - pack_started
+        total = time.monotonic() - started
+        _timed("rootfs build (cold): debootstrap", debootstrap_s)
+        _timed("rootfs build (cold): prune+pack", pack_s)
+        log(
+            f"rootfs tarball {dest.name}: {dest.stat().st_size / 1e6:.0f} MB, built in "
+            f"{total:.1f}s (debootstrap {debootstrap_s:.1f}s, pack {pack_s:.1f}s)",
+        )
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)
+
+
+def ensure_rootfs_tarball() -> Path:
+    """The cached rootfs tarball, built first if it is not there (serialised by a file lock)."""
+    dest = tarball_path()
+    with _cache_lock():
+        if not dest.exists():
+            build_rootfs_tarball(dest)
+        else:
+            log(f"using cached rootfs {dest.relative_to(REPO_ROOT)}")
+    return dest
+
+
+def extract_rootfs(tarball: Path, dest: Path) -> None:
+    dest.mkdir(parents=True)
+    _run(
+        [
+            "tar",
+            "-C",
+            str(dest),
+            "--numeric-owner",
+            "--xattrs",
+            "--xattrs-include=*",
+            "-I",
+            "zstd",
+            "-xf",
+            str(tarball),
+        ],
+    )
+
+
+def prepare_base(base: Path) -> None:
+    """Test-time additions to an extracted rootfs (never baked into the cached tarball)."""
+    for name in ("resolv.conf", "hosts"):
+        source = Path("/etc") / name
+        target = base / "etc" / name
+        if source.exists():
+            if target.is_symlink() or target.exists():
+                target.unlink()
+            shutil.copyfile(source, target)
+
+    certs = sorted(HOST_CA_DIR.glob("*.crt")) if HOST_CA_DIR.is_dir() else []
+    if certs:
+        target_dir = base / "usr/local/share/ca-certificates"
+        target_dir.mkdir(parents=True, exist_ok=True)
+        for cert in certs:
+            shutil.copyfile(cert, target_dir / cert.name)
+        _run(
+            ["chroot", str(base), "update-ca-certificates"],
+            capture_output=True,
+            env={"PATH": CONTAINER_PATH},
+        )
+
+    # No apt runs of its own while tests use apt/dpkg.
+    systemd_dir = base / "etc/systemd/system"
+    for unit in ("apt-daily.timer", "apt-daily-upgrade.timer"):
+        link = systemd_dir / unit
+        if not link.exists() and not link.is_symlink():
+            link.symlink_to("/dev/null")
+
+
+# Containers
+#
+
+
+class LxcError(RuntimeError):
+    pass
+
+
+@dataclass
+class LxcContainer:
+    """One container of an ``LxcEnv``: overlay rootfs on the env's base, no own network."""
+
+    env: LxcEnv
+    name: str
+    extra_config: list[str] = field(default_factory=list)
+    started_cgroup: str | None = None
+
+    @property
+    def lxc_path(self) -> Path:
+        return self.env.lxc_path
+
+    @property
+    def dir(self) -> Path:
+        return self.lxc_path / self.name
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / "config"
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "lxc.log"
+
+    @property
+    def inventory_name(self) -> str:
+        """pyinfra inventory name for the ``@lxc`` connector."""
+        return f"@lxc/{self.name}"
+
+    def host_data(self) -> dict:
+        """Host data the ``@lxc`` connector needs for this container."""
+        return {"lxc_name": self.name, "lxc_path": str(self.lxc_path), "lxc_local": True}
+
+    # Config and rootfs
+
+    def write_config(self, extra_config: Sequence[str] | None = None) -> None:
+        """(Re)write the LXC config; ``extra_config`` lines (``key = value``) go last."""
+        if extra_config is not None:
+            self.extra_config = list(extra_config)
+        lines = [
+            "lxc.include = /usr/share/lxc/config/common.conf",
+            "lxc.arch = linux64",
+            f"lxc.uts.name = {self.name}",
+            f"lxc.rootfs.path = overlay:{self.env.base}:{self.dir / 'delta'}",
+            "lxc.net.0.type = none",
+            "lxc.apparmor.profile = unconfined",
+            "lxc.autodev = 1",
+            "lxc.tty.max = 0",
+            "lxc.pty.max = 64",
+            *self.extra_config,
+        ]
+        self.config_path.write_text("\n".join(lines) + "\n")
+
+    def _fresh_rootfs(self) -> None:
+        for sub in ("delta", "work"):
+            shutil.rmtree(self.dir / sub, ignore_errors=True)
+        etc = self.dir / "delta" / "etc"
+        etc.mkdir(parents=True)
+        (etc / "hostname").write_text(f"{self.name}\n")
+        hosts = (self.env.base / "etc/hosts").read_text() if (self.env.base / "etc/hosts").exists() else ""
+        (etc / "hosts").write_text(f"{hosts.rstrip()}\n127.0.1.1\t{self.name}\n")
+
+    # Lifecycle
+
+    def state(self) -> str:
+        result = _run(
+            ["lxc-info", "-P", str(self.lxc_path), "-n", self.name, "-s"],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        for line in result.stdout.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "State":
+                return value.strip()
+        return "MISSING"
+
+    def start(self, cgroup: str = "host", wait: bool = True, timeout: float = 60) -> None:
+        """
+        Start the container. ``cgroup="host"``: a plain ``lxc-start`` (this machine's layout);
+        ``"v2"``: in a private mount namespace with a pure cgroup2 ``/sys/fs/cgroup``.
+        With ``wait``, return once systemd says ``running`` or ``degraded``.
+        """
+        started = time.monotonic()
+        lxc_start = [
+            "lxc-start",
+            "-P",
+            str(self.lxc_path),
+            "-n",
+            self.name,
+            "-l",
+            "INFO",
+            "-o",
+            str(self.log_path),
+        ]
+        if cgroup == "v2" and host_cgroup_layout() != "v2":
+            script = (
+                "umount -l /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup && "
+                'exec "$@"'
+            )
+            cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *lxc_start]
+        elif cgroup in ("host", "v2", "v1"):
+            if cgroup == "v1" and host_cgroup_layout() == "v2":
+                raise LxcError("cgroup v1 rules cannot be tested on a pure cgroup2 host")
+            cmd = lxc_start
+        else:
+            raise ValueError(f"cgroup must be 'host', 'v1' or 'v2', not {cgroup!r}")
+
+        result = _run(cmd, check=False, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise LxcError(
+                f"lxc-start {self.name} failed ({result.returncode}): {result.stderr}\n"
+                f"{self.log_tail()}",
+            )
+        self.started_cgroup = host_cgroup_layout() if cgroup == "host" else cgroup
+        if wait:
+            self.wait_ready(timeout)
+        _timed("container boot (start to systemd running)", time.monotonic() - started)
+
+    def wait_ready(self, timeout: float = 60) -> str:
+        """Wait until ``systemctl is-system-running`` says running or degraded; return it."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            result = self.attach(["systemctl", "is-system-running"], check=False, timeout=10)
+            last = (result.stdout or "").strip() or (result.stderr or "").strip()
+            if last in ("running", "degraded"):
+                return last
+            time.sleep(0.2)
+        raise LxcError(f"{self.name}: systemd not up after {timeout}s (last: {last!r})\n{self.log_tail()}")
+
+    def stop(self, kill: bool = True) -> None:
+        if self.state() == "STOPPED" or self.state() == "MISSING":
+            return
+        args = ["lxc-stop", "-P", str(self.lxc_path), "-n", self.name]
+        if kill:
+            args.append("-k")
+        else:
+            args.extend(["-t", "30"])
+        _run(args, check=False, capture_output=True)
+
+    def reset(self, cgroup: str | None = None, wait: bool = True) -> None:
+        """Back to the pristine rootfs (upper layer wiped) and started again."""
+        started = time.monotonic()
+        self.stop()
+        self._fresh_rootfs()
+        self.start(cgroup=cgroup or "host", wait=wait)
+        _timed("container reset (stop, wipe, boot)", time.monotonic() - started)
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.env.containers.pop(self.name, None)
+
+    # Running things inside (test helpers; the connector code path is pyinfra's)
+
+    def attach(
+        self,
+        command: Sequence[str] | str,
+        check: bool = True,
+        input: bytes | str | None = None,
+        timeout: float = 120,
+    ) -> subprocess.CompletedProcess:
+        """Run a command inside with ``lxc-attach --clear-env`` (a string goes to ``sh -c``)."""
+        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
+        text = not isinstance(input, bytes)
+        return _run(
+            [
+                "lxc-attach",
+                "-P",
+                str(self.lxc_path),
+                "-n",
+                self.name,
+                "--clear-env",
+                "-v",
+                f"PATH={CONTAINER_PATH}",
+                "-v",
+                "HOME=/root",
+                "--",
+                *argv,
+            ],
+            check=check,
+            input=input,
+            capture_output=True,
+            text=text,
+            timeout=timeout,
+        )
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class LxcEnv:
+    """A private LXC path holding the extracted base rootfs and the test containers."""
+
+    def __init__(self, lxc_path: Path | None = None, tarball: Path | None = None):
+        started = time.monotonic()
+        self.tarball = tarball or ensure_rootfs_tarball()
+        self.lxc_path = lxc_path or Path(tempfile.mkdtemp(prefix="pve-sglang-lxc-"))
+        self.base = self.lxc_path / "base"
+        self.containers: dict[str, LxcContainer] = {}
+        self._counter = 0
+        extract_started = time.monotonic()
+        extract_rootfs(self.tarball, self.base)
+        prepare_base(self.base)
+        _timed("session base rootfs (extract tarball + CA certs)", time.monotonic() - extract_started)
+        _timed("lxc env setup total", time.monotonic() - started)
+        atexit.register(self.close)
+
+    def new_name(self, prefix: str = "t") -> str:
+        self._counter += 1
+        return f"pvs-{prefix}-{os.getpid()}-{self._counter}"
+
+    def create(
+        self,
+        name: str | None = None,
+        extra_config: Sequence[str] = (),
+        start: bool = True,
+        cgroup: str = "host",
+    ) -> LxcContainer:
+        """Create a container (and by default start it and wait for systemd)."""
+        container = LxcContainer(self, name or self.new_name(), list(extra_config))
+        if container.name in self.containers or container.dir.exists():
+            raise LxcError(f"container {container.name} already exists in {self.lxc_path}")
+        container.dir.mkdir(parents=True)
+        container.write_config()
+        container._fresh_rootfs()
+        self.containers[container.name] = container
+        if start:
+            container.start(cgroup=cgroup)
+        return container
+
+    def close(self) -> None:
+        """Stop and destroy every container, then remove the LXC path."""
+        for container in list(self.containers.values()):
+            try:
+                container.destroy()
+            except Exception as e:  # keep cleaning the others
+                log(f"could not destroy {container.name}: {e}")
+        if self.lxc_path.exists():
+            shutil.rmtree(self.lxc_path, ignore_errors=True)
