@@ -1,0 +1,529 @@
+"""The SGLang server's command line, its systemd unit and its environment file.
+
+Everything here is pure: settings and facts in, text out. The deploy decides where the text goes.
+
+How the API key reaches the server
+    SGLang reads ``api_key`` only from ``--api-key`` (or a ``--config`` YAML file); no release up to
+    0.5.23 reads it from the environment. The key is stored in the 0600 EnvironmentFile as
+    ``SGLANG_API_KEY`` and the unit's ExecStart names only the variable: ``--api-key
+    ${SGLANG_API_KEY}``. systemd substitutes ``${NAME}`` from the EnvironmentFile at exec time as one
+    word, so the secret never appears in the unit, in ``systemctl cat`` or in the deploy's output.
+    No shell wrapper is needed. An ExecStartPre refuses to start when the variable is empty, since
+    ``--api-key ""`` would silently serve without a key. Inside the container the key is still
+    visible in the server process's argv (``ps``), and SGLang itself logs its ServerArgs (key
+    included) at start: the container's root user can always read it.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import ipaddress
+import re
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import jinja2
+
+from pve_sglang.settings import ContainerSettings
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+UNIT_TEMPLATE = "sglang.service.j2"
+ENV_TEMPLATE = "sglang.env.j2"
+ENV_DIR = "/etc/sglang"
+API_KEY_VAR = "SGLANG_API_KEY"
+HF_TOKEN_VAR = "HF_TOKEN"
+# Flags that carry secrets: they must come from settings (api_key), never from extra_server_args.
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
+
+
+class EnvRef(str):
+    """An argument that systemd fills in from the environment at exec time: ``${NAME}``.
+
+    ``systemd_quote`` leaves it unescaped; every other ``$`` is doubled.
+    """
+
+    def __new__(cls, name: str) -> EnvRef:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"not an environment variable name: {name!r}")
+        ref = super().__new__(cls, "${" + name + "}")
+        ref.name = name
+        return ref
+
+
+class ServerArgv(list):
+    """The server's argv (a plain list of str) with the warnings met while building it."""
+
+    def __init__(self, items: Iterable[str] = (), warnings: Iterable[str] = ()):
+        super().__init__(items)
+        self.warnings: list[str] = list(warnings)
+
+
+# --- the command line ---------------------------------------------------------------------
+
+
+def _major(cap: str) -> int:
+    match = re.fullmatch(r"\s*(\d+)(?:\.\d+)?\s*", str(cap))
+    if not match:
+        raise ValueError(f"compute capability {cap!r} is not of the form MAJOR.MINOR, e.g. '12.0'")
+    return int(match.group(1))
+
+
+def server_argv(
+    settings: ContainerSettings,
+    gpu_count: int,
+    compute_caps: list[str],
+    node_rank: int | None,
+    nnodes: int,
+    dist_init_addr: str | None,
+    python: str,
+) -> ServerArgv:
+    """The ExecStart argv of ``python -m sglang.launch_server`` for one node.
+
+    ``tp_size`` None means one rank per GPU on every node (``gpu_count * nnodes``). Returns a
+    ``ServerArgv``: a list of str whose ``warnings`` say what was changed and why (today: allreduce
+    fusion dropped on compute capability 12.x).
+    """
+    if gpu_count < 1:
+        raise ValueError(f"gpu_count {gpu_count}: the container sees no GPU")
+    if nnodes < 1:
+        raise ValueError(f"nnodes {nnodes}: must be >= 1")
+    total = gpu_count * nnodes
+    tp = settings.tp_size or total
+    where = f"{gpu_count} GPU(s) per node x {nnodes} node(s)"
+    if tp > total:
+        raise ValueError(f"tp_size {tp} is larger than the {total} GPUs available ({where}); allowed: 1..{total}")
+    if nnodes > 1 and tp % nnodes:
+        raise ValueError(f"tp_size {tp} does not split evenly over {nnodes} nodes ({where})")
+    warnings: list[str] = []
+
+    argv = [python, "-m", "sglang.launch_server"]
+    argv += ["--model-path", settings.model_path]
+    argv += ["--host", settings.server_host, "--port", str(settings.server_port)]
+    argv += ["--tp-size", str(tp)]
+    argv += ["--moe-runner-backend", settings.moe_runner_backend]
+    argv += ["--attention-backend", settings.attention_backend]
+    argv += ["--mem-fraction-static", repr(float(settings.mem_fraction_static))]
+    if settings.max_running_requests is not None:
+        argv += ["--max-running-requests", str(settings.max_running_requests)]
+    if settings.disable_cuda_graph:
+        argv.append("--disable-cuda-graph")
+    if settings.enable_flashinfer_allreduce_fusion:
+        sm12 = sorted({cap for cap in compute_caps if _major(cap) == 12})
+        if sm12:
+            warnings.append(
+                "enable_flashinfer_allreduce_fusion is set but the GPUs have compute capability "
+                f"{', '.join(sm12)} (SM12x): --enable-flashinfer-allreduce-fusion left out (sglang "
+                "0.5.23 refuses it there: 'requires SM90 or SM10X'; it proved problematic on SM120)"
+            )
+        else:
+            if not compute_caps:
+                warnings.append(
+                    "enable_flashinfer_allreduce_fusion is set and the GPUs' compute capability is "
+                    "unknown: kept, but sglang 0.5.23 refuses it on SM12x"
+                )
+            argv.append("--enable-flashinfer-allreduce-fusion")
+    if settings.served_model_name:
+        argv += ["--served-model-name", settings.served_model_name]
+    if nnodes > 1:
+        if node_rank is None or not 0 <= node_rank < nnodes:
+            raise ValueError(f"node_rank {node_rank!r} is not in 0..{nnodes - 1} (nnodes {nnodes})")
+        if not dist_init_addr:
+            raise ValueError(f"nnodes {nnodes} needs dist_init_addr (rank 0's address:port)")
+        argv += ["--nnodes", str(nnodes), "--node-rank", str(node_rank)]
+        argv += ["--dist-init-addr", dist_init_addr]
+    if settings.api_key is not None:
+        argv += ["--api-key", EnvRef(API_KEY_VAR)]
+    for arg in settings.extra_server_args:
+        if arg.split("=", 1)[0] in SECRET_FLAGS:
+            raise ValueError(
+                f"extra_server_args: {arg.split('=', 1)[0]} would put a secret into the unit "
+                "file; set api_key instead (it goes to the 0600 EnvironmentFile)"
+            )
+    argv += list(settings.extra_server_args)
+    return ServerArgv(argv, warnings)
+
+
+def node_rank_for(inventory_name: str, nodes: list[str]) -> tuple[int | None, int]:
+    """(node rank, node count) of a container; (None, 1) when it serves alone (``nodes`` empty)."""
+    if not nodes:
+        return None, 1
+    duplicates = sorted({name for name in nodes if nodes.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"nodes lists {', '.join(duplicates)} more than once: {nodes}")
+    if inventory_name not in nodes:
+        raise ValueError(f"nodes {nodes} does not list this container ({inventory_name})")
+    return nodes.index(inventory_name), len(nodes)
+
+
+def dist_init_addr(address: str, port: int) -> str:
+    """``host:port`` of rank 0 for ``--dist-init-addr`` (IPv6 addresses in brackets)."""
+    host = address.strip("[]")
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            return f"[{host}]:{port}"
+    except ValueError:
+        pass
+    return f"{host}:{port}"
+
+
+def venv_python(settings: ContainerSettings) -> str:
+    """The Python of the container's SGLang virtual environment."""
+    return f"{settings.venv_path.rstrip('/')}/bin/python"
+
+
+# --- flags the installed release accepts --------------------------------------------------
+# Read statically (ast) from the release's own sources: importing sglang needs torch and CUDA.
+# The helpers below use the standard library only; flags_script() ships them to a container.
+
+
+def _call_name(node):
+    func = node.func
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    if isinstance(func, ast.Name):
+        return func.id
+    return None
+
+
+def _is_namespace(cls, registered=()):
+    """A class whose annotated fields become flags: passed to add_cli_args_from_dataclass
+    (0.5.13-0.5.16 ServerArgs) or an ``arg_groups/fields`` namespace that sets ``_NS_PATH``."""
+    if cls.name in registered:
+        return True
+    for stmt in cls.body:
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == "_NS_PATH" for t in targets):
+            return True
+    return False
+
+
+def _with_negations(names, action):
+    """argparse.BooleanOptionalAction adds ``--no-NAME`` for every ``--NAME``."""
+    attr = action.attr if isinstance(action, ast.Attribute) else getattr(action, "id", None)
+    if attr != "BooleanOptionalAction":
+        return set(names)
+    return set(names) | {"--no-" + name[2:] for name in names if name.startswith("--")}
+
+
+def _field_flags(stmt):
+    """CLI spellings of one ``name: A[T, "help" | Arg(...)]`` field, as arg_utils derives them."""
+    annotation = stmt.annotation
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        annotation = ast.parse(annotation.value, mode="eval").body
+    if not isinstance(annotation, ast.Subscript):
+        return set()
+    base = annotation.value
+    base_name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", None)
+    if base_name not in ("A", "Annotated"):
+        return set()
+    parts = annotation.slice.elts if isinstance(annotation.slice, ast.Tuple) else [annotation.slice]
+    default = "--" + stmt.target.id.replace("_", "-")
+    for part in parts[1:]:
+        if isinstance(part, ast.Call) and _call_name(part) == "Arg":
+            keywords = {kw.arg: kw.value for kw in part.keywords if kw.arg}
+            no_cli = keywords.get("no_cli")
+            if isinstance(no_cli, ast.Constant) and no_cli.value is True:
+                return set()
+            cli_name = keywords.get("cli_name")
+            names = {cli_name.value if isinstance(cli_name, ast.Constant) and cli_name.value else default}
+            aliases = keywords.get("aliases")
+            if isinstance(aliases, (ast.List, ast.Tuple)):
+                names |= {e.value for e in aliases.elts if isinstance(e, ast.Constant)}
+            return _with_negations(names, keywords.get("action"))
+        if isinstance(part, (ast.JoinedStr, ast.BinOp)) or (
+            isinstance(part, ast.Constant) and isinstance(part.value, str)
+        ):
+            return {default}
+    return set()
+
+
+def flags_in_source(text):
+    """``--flag`` spellings a source file registers: add_argument() calls and namespace fields."""
+    flags = set()
+    tree = ast.parse(text)
+    registered = {
+        node.args[1].id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and _call_name(node) == "add_cli_args_from_dataclass"
+        and len(node.args) > 1
+        and isinstance(node.args[1], ast.Name)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _call_name(node) == "add_argument":
+            names = {
+                arg.value
+                for arg in node.args
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("--")
+            }
+            action = next((kw.value for kw in node.keywords if kw.arg == "action"), None)
+            flags |= _with_negations(names, action)
+        elif isinstance(node, ast.ClassDef) and _is_namespace(node, registered):
+            for stmt in node.body:
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                    flags |= _field_flags(stmt)
+    return flags
+
+
+def _sglang_dir(package_dir):
+    package_dir = Path(package_dir)
+    for candidate in (package_dir, package_dir / "sglang"):
+        if (candidate / "srt" / "server_args.py").is_file():
+            return candidate
+    raise FileNotFoundError(f"no sglang/srt/server_args.py under {package_dir}")
+
+
+def _release_of(sglang_dir):
+    pattern = r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]"
+    for name in ("_version.py", "version.py"):  # version.py holds the literal up to 0.5.6
+        version_file = sglang_dir / name
+        if version_file.is_file():
+            text = version_file.read_text()
+            match = re.search(pattern, text, re.M)
+            if match and "import __version__" not in text:
+                return match.group(1)
+    for metadata in sorted(sglang_dir.parent.glob("sglang-*.dist-info/METADATA")):
+        match = re.search(r"^Version:\s*(\S+)", metadata.read_text(errors="replace"), re.M)
+        if match:
+            return match.group(1)
+    return "unknown"
+
+
+def _flag_sources(sglang_dir):
+    srt = sglang_dir / "srt"
+    return [srt / "server_args.py"] + sorted((srt / "arg_groups").rglob("*.py"))
+
+
+class KnownFlags(set):
+    """The ``--flag`` spellings of one sglang release; ``version`` names the release."""
+
+    def __init__(self, flags: Iterable[str] = (), version: str = "unknown"):
+        super().__init__(flags)
+        self.version = version
+
+
+def known_flags(package_dir: Path) -> KnownFlags:
+    """All ``--flag`` spellings the sglang release in ``package_dir`` accepts.
+
+    ``package_dir``: the installed ``sglang`` package or the site-packages folder holding it.
+    Reads ``sglang/srt/server_args.py`` and ``sglang/srt/arg_groups/**/*.py`` (0.5.12+; from
+    0.5.23 most flags are fields of ``arg_groups/fields`` namespaces).
+    """
+    sglang_dir = _sglang_dir(package_dir)
+    flags = {"--help"}
+    for path in _flag_sources(sglang_dir):
+        flags |= flags_in_source(path.read_text())
+    return KnownFlags(flags, _release_of(sglang_dir))
+
+
+def check_flags(argv: list[str], known: set[str], version: str | None = None) -> None:
+    """Raise ValueError naming every ``--flag`` in ``argv`` the release does not define.
+
+    Spellings must match exactly: argparse's prefix matching (``--tp`` for ``--tp-size``) is not
+    relied upon. ``version`` defaults to ``known.version`` (set by ``known_flags``).
+    """
+    version = version or getattr(known, "version", "unknown")
+    unknown = []
+    for arg in argv:
+        if isinstance(arg, str) and arg.startswith("--"):
+            flag = arg.split("=", 1)[0]
+            if flag not in known and flag not in unknown:
+                unknown.append(flag)
+    if unknown:
+        raise ValueError(
+            f"sglang {version} does not know {', '.join(unknown)} "
+            f"({len(known)} flags read from its server_args.py and arg_groups)"
+        )
+
+
+_SCRIPT_MAIN = '''
+def main():
+    import importlib.util, sys
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("sglang is not installed for " + sys.executable)
+    sglang_dir = Path(list(spec.submodule_search_locations)[0])
+    flags = {"--help"}
+    for path in _flag_sources(sglang_dir):
+        flags |= flags_in_source(path.read_text())
+    print("version " + _release_of(sglang_dir))
+    for flag in sorted(flags):
+        print(flag)
+
+
+main()
+'''
+
+
+def flags_script() -> str:
+    """A stand-alone Python script: run by the container's venv Python, it prints ``version V``
+    and then the release's flags, one a line, without importing sglang (no GPU needed).
+    Read its output with ``parse_flags_output``."""
+    parts = [_call_name, _is_namespace, _with_negations, _field_flags, flags_in_source, _release_of, _flag_sources]
+    header = "import ast\nimport re\nfrom pathlib import Path\n\n"
+    return header + "\n\n".join(inspect.getsource(f) for f in parts) + _SCRIPT_MAIN
+
+
+def parse_flags_output(text: str) -> KnownFlags:
+    """The ``KnownFlags`` printed by ``flags_script()``."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    version = "unknown"
+    if lines and lines[0].startswith("version "):
+        version = lines.pop(0).split(" ", 1)[1]
+    return KnownFlags((line for line in lines if line.startswith("--")), version)
+
+
+# --- systemd syntax -----------------------------------------------------------------------
+
+_NEEDS_QUOTES = re.compile(r"[\s\"'\\$%;]")
+
+
+def _spec_escape(value: str) -> str:
+    """Escape systemd specifiers (``%``) in a setting that expands them."""
+    return value.replace("%", "%%")
+
+
+def systemd_quote(arg: str) -> str:
+    """One ExecStart argument in systemd's syntax.
+
+    ``%`` becomes ``%%`` (specifiers) and ``$`` becomes ``$$`` (variable expansion), except in an
+    ``EnvRef``, which is left for systemd to fill in. Arguments with whitespace, quotes,
+    backslashes, ``$``, ``%`` or ``;`` (or empty ones) are double-quoted with C-style escapes.
+    """
+    if isinstance(arg, EnvRef):
+        return str(arg)
+    arg = str(arg)
+    if arg and not _NEEDS_QUOTES.search(arg):
+        return arg
+    escaped = (
+        arg.replace("\\", "\\\\")
+        .replace('"', '\\"')
+        .replace("\n", "\\n")
+        .replace("\t", "\\t")
+        .replace("\r", "\\r")
+        .replace("%", "%%")
+        .replace("$", "$$")
+    )
+    return f'"{escaped}"'
+
+
+def systemd_command(argv: list[str]) -> str:
+    """An ExecStart value: the quoted argv, one ``--flag value`` group per continued line."""
+    if not argv or not str(argv[0]).startswith("/"):
+        raise ValueError(f"ExecStart needs an absolute executable path, got {argv[:1]}")
+    lines = [[systemd_quote(argv[0])]]
+    for arg in argv[1:]:
+        if isinstance(arg, str) and arg.startswith("--") and not isinstance(arg, EnvRef):
+            lines.append([])
+        lines[-1].append(systemd_quote(arg))
+    return " \\\n    ".join(" ".join(words) for words in lines)
+
+
+def _environment_assignment(key: str, value: str) -> str:
+    """One ``Environment=`` word: specifiers expand there, variables do not."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        raise ValueError(f"not an environment variable name: {key!r}")
+    word = f"{key}={value}"
+    if "\n" in word:
+        raise ValueError(f"Environment {key}: value has a newline")
+    if not re.search(r"[\s\"'\\%]", word):
+        return word
+    return '"' + _spec_escape(word.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+
+
+def _plain_path(what: str, value: str) -> str:
+    if not value.startswith("/") or re.search(r"\s", value):
+        raise ValueError(f"{what} {value!r}: needs an absolute path without whitespace")
+    return _spec_escape(value)
+
+
+def env_quote(value: str) -> str:
+    """A value for a systemd EnvironmentFile that POSIX sh reads the same way.
+
+    Always double-quoted; backslash escapes ``\\``, ``"``, `` ` `` and ``$`` (the set both systemd
+    and sh honour inside double quotes). Newlines are refused (one variable a line).
+    """
+    if "\n" in value or "\r" in value:
+        raise ValueError("an EnvironmentFile value cannot hold a newline")
+    return '"' + re.sub(r'([\\"`$])', r"\\\1", value) + '"'
+
+
+# --- rendering ----------------------------------------------------------------------------
+
+_ENV = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    autoescape=False,
+)
+
+
+def env_file_path(settings: ContainerSettings) -> str:
+    """Where the deploy writes the unit's EnvironmentFile (mode 0600)."""
+    return f"{ENV_DIR}/{settings.service_name}.env"
+
+
+def unit_name(settings: ContainerSettings) -> str:
+    return f"{settings.service_name}.service"
+
+
+def cache_environment(settings: ContainerSettings) -> dict[str, str]:
+    """Persistent caches: SGLang's (FlashInfer autotune results among them) and the JIT caches.
+
+    0.5.23 points the third-party caches under SGLANG_CACHE_DIR itself (setdefault); 0.5.9 does
+    not, so they are set explicitly to the same layout. FlashInfer appends ``.cache/flashinfer``
+    to FLASHINFER_WORKSPACE_BASE.
+    """
+    base = settings.sglang_cache_dir.rstrip("/") or "/"
+    return {
+        "SGLANG_CACHE_DIR": base,
+        "FLASHINFER_WORKSPACE_BASE": base,
+        "TRITON_CACHE_DIR": f"{base}/triton",
+        "TORCHINDUCTOR_CACHE_DIR": f"{base}/inductor",
+        "CUDA_CACHE_PATH": f"{base}/nv",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def render_unit(
+    settings: ContainerSettings,
+    argv: list[str],
+    env_file: str | None = None,
+    description: str | None = None,
+    extra_environment: Mapping[str, str] | None = None,
+) -> str:
+    """The systemd unit for the server. Secrets stay in ``env_file`` (default
+    ``/etc/sglang/<service_name>.env``); the unit only names ``SGLANG_API_KEY``."""
+    for secret in settings.secrets.values():
+        if any(str(arg) == secret or str(arg).endswith("=" + secret) for arg in argv):
+            raise ValueError("the server argv holds a secret value; it must come from the EnvironmentFile")
+    env_file = env_file or env_file_path(settings)
+    environment = {**cache_environment(settings), **(extra_environment or {})}
+    exec_start_pre = []
+    if any(isinstance(arg, EnvRef) and arg.name == API_KEY_VAR for arg in argv):
+        check = (
+            f'test -n "${{{API_KEY_VAR}}}" || {{ echo "{API_KEY_VAR} is empty in {env_file}: '
+            'refusing to serve without the API key" >&2; exit 1; }'
+        )
+        exec_start_pre.append(systemd_command(["/bin/sh", "-c", check]))
+    return _ENV.get_template(UNIT_TEMPLATE).render(
+        description=_spec_escape(description or f"SGLang server ({settings.model_path})").replace("\n", " "),
+        env_file=_plain_path("env_file", env_file),
+        env_vars=sorted(settings.secrets),
+        environment=[_environment_assignment(k, v) for k, v in environment.items()],
+        working_directory=_plain_path("sglang_cache_dir", settings.sglang_cache_dir),
+        exec_start_pre=exec_start_pre,
+        exec_start=systemd_command(argv),
+        timeout_start_s=settings.health_timeout_s,
+    )
+
+
+def render_env(settings: ContainerSettings) -> str:
+    """The EnvironmentFile (deploy it with mode 0600): HF_TOKEN and SGLANG_API_KEY when set."""
+    return _ENV.get_template(ENV_TEMPLATE).render(
+        unit=unit_name(settings),
+        variables=[(key, env_quote(value)) for key, value in sorted(settings.secrets.items())],
+    )

@@ -1,0 +1,282 @@
+"""Tests for pve_sglang/bench_serving.py against the real sglang wheels.
+
+The fixture tests/fixtures/bench/bench_serving_0.5.9.txt is rendered from sglang 0.5.9's own
+format strings (its "Serving Benchmark Result" print block, executed with made-up metrics, after
+a few of its progress lines), not captured from a real run. ``test_fixture_is_the_release_format``
+renders the block again from the cached wheel and compares, so the fixture cannot drift from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import re
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pve_sglang.bench_serving import (
+    bench_argv,
+    bench_module,
+    bench_shell,
+    parse_bench_output,
+    release_tuple,
+    summary_table,
+)
+from pve_sglang.settings import ContainerSettings, load_defaults
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / ".cache" / "wheels"
+FIXTURE = REPO / "tests" / "fixtures" / "bench" / "bench_serving_0.5.9.txt"
+BENCH_SOURCE = {"0.5.9": "sglang/bench_serving.py", "0.5.23": "sglang/benchmark/serving.py"}
+
+# The metrics the fixture was rendered with (64 prompts, 1024 in / 256 out, 64 concurrent).
+METRICS = dict(
+    completed=64,
+    total_input=65536,
+    total_input_text=65536,
+    total_input_vision=0,
+    total_output=16384,
+    total_output_retokenized=16380,
+    request_throughput=6.0781,
+    input_throughput=6223.9734,
+    output_throughput=1555.9934,
+    max_output_tokens_per_s=1811.0,
+    max_concurrent_requests=64,
+    total_throughput=7779.9668,
+    concurrency=61.87,
+    mean_e2e_latency_ms=10179.51,
+    median_e2e_latency_ms=10201.36,
+    p90_e2e_latency_ms=10410.72,
+    p95_e2e_latency_ms=10444.1,
+    p99_e2e_latency_ms=10488.05,
+    mean_ttft_ms=812.454,
+    median_ttft_ms=790.118,
+    p90_ttft_ms=1150.3,
+    p95_ttft_ms=1201.7,
+    p99_ttft_ms=1298.64,
+    mean_tpot_ms=36.73,
+    median_tpot_ms=36.51,
+    p90_tpot_ms=38.2,
+    p95_tpot_ms=38.9,
+    p99_tpot_ms=39.87,
+    mean_itl_ms=36.7342,
+    median_itl_ms=35.9071,
+    p90_itl_ms=41.2,
+    p95_itl_ms=44.16,
+    p99_itl_ms=88.42,
+    max_itl_ms=412.77,
+)
+BENCHMARK_DURATION = 10.5297
+
+
+def settings(**overrides) -> ContainerSettings:
+    data = {k: v for k, v in load_defaults().items() if k in ContainerSettings.model_fields}
+    return ContainerSettings.model_validate({**data, **overrides})
+
+
+@functools.lru_cache(maxsize=None)
+def wheel_text(version: str, member: str) -> str:
+    found = sorted(CACHE.glob(f"sglang-{version}-*.whl"))
+    if not found:
+        pytest.fail(f"no cached sglang {version} wheel in {CACHE}")
+    with zipfile.ZipFile(found[0]) as archive:
+        return archive.read(member).decode()
+
+
+def summary_block_source(version: str) -> str:
+    """The release's own print statements of the summary block, dedented."""
+    lines = wheel_text(version, BENCH_SOURCE[version]).splitlines()
+    start = next(i for i, line in enumerate(lines) if '" Serving Benchmark Result "' in line)
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    block = []
+    for line in lines[start:]:
+        if line.strip() and len(line) - len(line.lstrip()) < indent:
+            break
+        block.append(line)
+        if line.strip() == 'print("=" * 50)':
+            break
+    return textwrap.dedent("\n".join(block))
+
+
+def render_summary(version: str, max_concurrency: int = 64) -> str:
+    """Run the release's summary print block on METRICS; return what it prints."""
+    namespace = dict(
+        metrics=SimpleNamespace(**METRICS),
+        backend="sglang",
+        request_rate=float("inf"),
+        use_trace_timestamps=False,
+        max_concurrency=max_concurrency,
+        benchmark_duration=BENCHMARK_DURATION,
+        accept_length=None,
+        goodput=None,
+        _EMBEDDING_BACKENDS=frozenset(("sglang-embedding", "vllm-embedding")),
+        args=SimpleNamespace(dataset_name="random-ids", goodput=None, cache_report=False),
+        print_goodput=lambda goodput: None,
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(summary_block_source(version), namespace)
+    return out.getvalue()
+
+
+def fixture_summary() -> str:
+    text = FIXTURE.read_text()
+    return text[text.index("\n=") :]
+
+
+def test_fixture_is_the_release_format():
+    assert fixture_summary() == render_summary("0.5.9")
+
+
+def test_parse_fixture():
+    result = parse_bench_output(FIXTURE.read_text())
+    assert result["successful_requests"] == 64
+    assert result["output_token_throughput"] == 1555.99
+    assert result["total_token_throughput"] == 7779.97
+    assert result["request_throughput"] == 6.08
+    assert result["mean_ttft_ms"] == 812.45
+    assert result["median_ttft_ms"] == 790.12
+    assert result["mean_itl_ms"] == 36.73
+    assert result["median_itl_ms"] == 35.91
+    assert result["max_concurrency"] == 64
+    assert result["mean_concurrency"] == 61.87
+    assert result["backend"] == "sglang"
+    assert result["total_output_tokens"] == 16384
+
+
+def test_parse_0_5_23_format():
+    """0.5.23 prints the same labels (plus P90/P95 lines) from sglang/benchmark/serving.py."""
+    result = parse_bench_output("Warmup completed\n" + render_summary("0.5.23", max_concurrency=16))
+    assert result["output_token_throughput"] == 1555.99
+    assert result["median_ttft_ms"] == 790.12
+    assert result["max_concurrency"] == 16
+
+
+def test_parse_takes_the_last_block():
+    text = render_summary("0.5.9", max_concurrency=1) + "\nmore logs\n" + render_summary("0.5.9", max_concurrency=16)
+    assert parse_bench_output(text)["max_concurrency"] == 16
+
+
+def test_parse_refuses_output_without_summary():
+    with pytest.raises(ValueError, match="no 'Serving Benchmark Result' block"):
+        parse_bench_output("Traceback (most recent call last):\nConnectionRefusedError\n")
+    cut = "\n".join(line for line in render_summary("0.5.9").splitlines() if "TTFT" not in line)
+    with pytest.raises(ValueError, match="mean_ttft_ms, median_ttft_ms"):
+        parse_bench_output(cut)
+
+
+def test_summary_table():
+    base = parse_bench_output(FIXTURE.read_text())
+    rows = [
+        {**base, "concurrency": 64},
+        {**base, "concurrency": 1, "output_token_throughput": 61.5, "total_token_throughput": 307.48,
+         "request_throughput": 0.24, "median_ttft_ms": 95.1},
+        {**base, "concurrency": 16, "median_ttft_ms": None},
+    ]
+    table = summary_table(rows)
+    lines = table.splitlines()
+    assert lines[0].split() == ["concurrency", "output", "tok/s", "total", "tok/s", "req/s", "median", "TTFT", "ms"]
+    assert set(lines[1]) == {"-", " "}
+    assert [line.split() for line in lines[2:]] == [
+        ["1", "61.50", "307.48", "0.24", "95.10"],
+        ["16", "1555.99", "7779.97", "6.08", "-"],
+        ["64", "1555.99", "7779.97", "6.08", "790.12"],
+    ]
+    assert len({len(line) for line in lines}) == 1  # right-aligned columns
+    # Rows straight from parse_bench_output: the level comes from "Max request concurrency".
+    assert summary_table([base]).splitlines()[2].split()[0] == "64"
+
+
+@pytest.mark.parametrize(
+    "release, module",
+    [("0.5.9", "sglang.bench_serving"), ("0.5.14", "sglang.bench_serving"),
+     ("0.5.15", "sglang.benchmark.serving"), ("0.5.23", "sglang.benchmark.serving")],
+)
+def test_bench_module_matches_the_wheel(release, module):
+    path = module.replace(".", "/") + ".py"
+    found = sorted(CACHE.glob(f"sglang-{release}-*.whl"))
+    if not found:
+        pytest.fail(f"no cached sglang {release} wheel")
+    with zipfile.ZipFile(found[0]) as archive:
+        names = set(archive.namelist())
+    assert bench_module(release) == module
+    assert path in names
+    if module == "sglang.bench_serving":
+        assert "sglang/benchmark/serving.py" not in names
+
+
+def test_release_tuple():
+    assert release_tuple("0.5.12.post1") == (0, 5, 12)
+    assert release_tuple("0.5.23rc1") == (0, 5, 23)
+    with pytest.raises(ValueError):
+        release_tuple("latest")
+
+
+def _parser_flags_and_datasets(version: str) -> tuple[set[str], set[str]]:
+    source = wheel_text(version, BENCH_SOURCE[version])
+    flags = set(re.findall(r'add_argument\(\s*"(--[a-z0-9-]+)"', source))
+    start = source.index('"--dataset-name"')
+    choices = source[start : source.index("]", start)]
+    return flags, set(re.findall(r'"([a-z0-9_-]+)"', choices))
+
+
+@pytest.mark.parametrize("release", ["0.5.9", "0.5.23"])
+def test_bench_argv_uses_what_the_release_has(release):
+    s = settings(bench_num_prompts=64, bench_input_len=1024, bench_output_len=256)
+    argv = bench_argv(s, "/opt/sglang/venv/bin/python", 16, "127.0.0.1", 30000, release)
+    assert argv[:3] == ["/opt/sglang/venv/bin/python", "-m", bench_module(release)]
+    pairs = dict(zip(argv[3::2], argv[4::2]))
+    assert pairs["--backend"] == "sglang"
+    assert pairs["--dataset-name"] == "random-ids"
+    assert pairs["--max-concurrency"] == "16"
+    assert pairs["--num-prompts"] == "64"
+    assert pairs["--random-input-len"] == "1024"
+    assert pairs["--random-output-len"] == "256"
+    assert pairs["--host"] == "127.0.0.1" and pairs["--port"] == "30000"
+    assert pairs["--model"] == pairs["--tokenizer"] == "/models/model"
+    flags, datasets = _parser_flags_and_datasets(release)
+    assert "random-ids" in datasets
+    used = {arg for arg in argv if arg.startswith("--")}
+    assert used <= flags, used - flags
+
+
+def test_random_ids_needs_no_download():
+    """In both releases only the "random" dataset samples (and downloads) ShareGPT."""
+    assert 'random_sample=args.dataset_name == "random"' in wheel_text("0.5.9", "sglang/bench_serving.py")
+    assert 'random_sample=(args.dataset_name == "random")' in wheel_text(
+        "0.5.23", "sglang/benchmark/datasets/random.py"
+    )
+
+
+def test_bench_argv_options():
+    s = settings(served_model_name="glm-5")
+    argv = bench_argv(s, "/py", 1, "10.0.0.5", 30001, "0.5.9", output_file="/var/log/sglang/bench.jsonl")
+    assert argv[argv.index("--served-model-name") + 1] == "glm-5"
+    assert argv[argv.index("--output-file") + 1] == "/var/log/sglang/bench.jsonl"
+    with pytest.raises(ValueError, match="concurrency 0"):
+        bench_argv(s, "/py", 0, "h", 1, "0.5.9")
+
+
+def test_bench_shell_reads_the_key_from_the_env_file(tmp_path):
+    import subprocess
+
+    from pve_sglang.server_command import render_env
+
+    env_file = tmp_path / "sglang.env"
+    env_file.write_text(render_env(settings(api_key='k$y "1"')))
+    argv = [sys.executable, "-c", "import os; print(os.environ['OPENAI_API_KEY'])"]
+    command = bench_shell(argv, str(env_file))
+    assert "k$y" not in command
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == 'k$y "1"'
+    env_file.write_text("# no key\n")
+    argv = [sys.executable, "-c", "import os; print('OPENAI_API_KEY' in os.environ)"]
+    done = subprocess.run(["sh", "-c", bench_shell(argv, str(env_file))], capture_output=True, text=True,
+                          check=True, env={"PATH": "/usr/bin:/bin"})
+    assert done.stdout.strip() == "False"

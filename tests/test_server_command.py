@@ -1,0 +1,281 @@
+"""Tests for the server argv and the flag check, against the real sglang 0.5.9 and 0.5.23 wheels.
+
+``known_flags`` reads the release's sources statically; its result for 0.5.6, 0.5.9, 0.5.12,
+0.5.14, 0.5.16 and 0.5.23 was compared once with the option strings of the real argparse parser
+(``ServerArgs.add_cli_args`` run with torch and friends stubbed out): identical sets.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pve_sglang.server_command import (
+    API_KEY_VAR,
+    EnvRef,
+    check_flags,
+    dist_init_addr,
+    flags_script,
+    known_flags,
+    node_rank_for,
+    parse_flags_output,
+    server_argv,
+    venv_python,
+)
+from pve_sglang.settings import ContainerSettings, load_defaults
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / ".cache" / "wheels"
+PY = "/opt/sglang/venv/bin/python"
+H100 = ["9.0"] * 8
+RTX_PRO_6000 = ["12.0"] * 8
+RELEASES = ["0.5.9", "0.5.23"]
+
+
+def settings(**overrides) -> ContainerSettings:
+    data = {k: v for k, v in load_defaults().items() if k in ContainerSettings.model_fields}
+    return ContainerSettings.model_validate({**data, **overrides})
+
+
+def argv_for(s=None, gpus=8, caps=RTX_PRO_6000, rank=None, nnodes=1, addr=None):
+    return server_argv(s or settings(), gpus, caps, rank, nnodes, addr, PY)
+
+
+def pairs(argv) -> dict[str, str]:
+    """flag -> following word (or True for a flag followed by another flag)."""
+    out = {}
+    for i, arg in enumerate(argv):
+        if arg.startswith("--"):
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            out[arg] = True if nxt is None or nxt.startswith("--") else nxt
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _wheel(version: str) -> Path:
+    found = sorted(CACHE.glob(f"sglang-{version}-*.whl"))
+    if not found:
+        pytest.fail(f"no cached sglang {version} wheel in {CACHE}")
+    return found[0]
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory):
+    """Per release, a site-packages folder holding only the files known_flags reads."""
+    roots = {}
+    for version in RELEASES:
+        root = tmp_path_factory.mktemp(f"sglang-{version}")
+        with zipfile.ZipFile(_wheel(version)) as archive:
+            for name in archive.namelist():
+                if name in ("sglang/srt/server_args.py", "sglang/_version.py") or (
+                    name.startswith("sglang/srt/arg_groups/") and name.endswith(".py")
+                ):
+                    archive.extract(name, root)
+        roots[version] = root
+    return roots
+
+
+# --- argv ---------------------------------------------------------------------------------
+
+
+def test_default_argv_is_the_tuned_set():
+    argv = argv_for()
+    assert argv == [
+        PY, "-m", "sglang.launch_server",
+        "--model-path", "/models/model",
+        "--host", "127.0.0.1", "--port", "30000",
+        "--tp-size", "8",
+        "--moe-runner-backend", "flashinfer_cutlass",
+        "--attention-backend", "flashinfer",
+        "--mem-fraction-static", "0.92",
+        "--disable-cuda-graph",
+    ]
+    assert argv.warnings == []
+    assert "--max-running-requests" not in argv
+
+
+def test_running_request_cap_when_set():
+    assert pairs(argv_for(settings(max_running_requests=64)))["--max-running-requests"] == "64"
+
+
+def test_cuda_graph_kept_when_not_disabled():
+    assert "--disable-cuda-graph" not in argv_for(settings(disable_cuda_graph=False))
+
+
+def test_tp_override():
+    assert pairs(argv_for(settings(tp_size=4)))["--tp-size"] == "4"
+
+
+def test_tp_too_large_names_the_field():
+    with pytest.raises(ValueError, match=r"tp_size 16 is larger than the 8 GPUs"):
+        argv_for(settings(tp_size=16))
+
+
+def test_no_gpu():
+    with pytest.raises(ValueError, match="gpu_count 0"):
+        argv_for(gpus=0)
+
+
+def test_allreduce_fusion_kept_on_sm90():
+    argv = argv_for(settings(enable_flashinfer_allreduce_fusion=True), caps=H100)
+    assert "--enable-flashinfer-allreduce-fusion" in argv
+    assert argv.warnings == []
+
+
+def test_allreduce_fusion_dropped_on_sm120_with_a_warning():
+    argv = argv_for(settings(enable_flashinfer_allreduce_fusion=True), caps=RTX_PRO_6000)
+    assert "--enable-flashinfer-allreduce-fusion" not in argv
+    assert len(argv.warnings) == 1
+    assert "12.0" in argv.warnings[0] and "--enable-flashinfer-allreduce-fusion" in argv.warnings[0]
+
+
+def test_allreduce_fusion_with_unknown_capability_kept_with_a_warning():
+    argv = argv_for(settings(enable_flashinfer_allreduce_fusion=True), caps=[])
+    assert "--enable-flashinfer-allreduce-fusion" in argv
+    assert "unknown" in argv.warnings[0]
+
+
+def test_bad_compute_capability():
+    with pytest.raises(ValueError, match="compute capability"):
+        argv_for(settings(enable_flashinfer_allreduce_fusion=True), caps=["[N/A]"])
+
+
+def test_served_model_name_and_extra_args_last():
+    argv = argv_for(settings(served_model_name="glm-5", extra_server_args=["--disable-shared-experts-fusion"]))
+    assert pairs(argv)["--served-model-name"] == "glm-5"
+    assert argv[-1] == "--disable-shared-experts-fusion"
+
+
+def test_api_key_is_a_variable_reference():
+    argv = argv_for(settings(api_key="sk-very-secret", hf_token="hf_secret"))
+    index = argv.index("--api-key")
+    assert isinstance(argv[index + 1], EnvRef) and argv[index + 1] == "${SGLANG_API_KEY}"
+    assert argv[index + 1].name == API_KEY_VAR
+    assert not any("secret" in arg for arg in argv)
+
+
+@pytest.mark.parametrize("extra", [["--api-key", "x"], ["--api-key=x"], ["--admin-api-key", "y"]])
+def test_secret_flags_refused_in_extra_args(extra):
+    with pytest.raises(ValueError, match="extra_server_args"):
+        argv_for(settings(extra_server_args=extra))
+
+
+# --- several nodes ------------------------------------------------------------------------
+
+
+def test_three_nodes():
+    nodes = ["pve1/105", "pve2/105", "pve3/105"]
+    addr = dist_init_addr("10.0.0.11", settings().dist_init_port)
+    seen = []
+    for name in nodes:
+        rank, nnodes = node_rank_for(name, nodes)
+        argv = argv_for(settings(nodes=nodes), rank=rank, nnodes=nnodes, addr=addr)
+        p = pairs(argv)
+        seen.append((p["--node-rank"], p["--nnodes"], p["--dist-init-addr"], p["--tp-size"]))
+    assert seen == [
+        ("0", "3", "10.0.0.11:50000", "24"),
+        ("1", "3", "10.0.0.11:50000", "24"),
+        ("2", "3", "10.0.0.11:50000", "24"),
+    ]
+
+
+def test_single_node_has_no_multi_node_flags():
+    assert node_rank_for("pve1/105", []) == (None, 1)
+    argv = argv_for()
+    assert not {"--nnodes", "--node-rank", "--dist-init-addr"} & set(argv)
+
+
+def test_node_rank_errors():
+    with pytest.raises(ValueError, match="does not list this container"):
+        node_rank_for("pve9/1", ["pve1/105", "pve2/105"])
+    with pytest.raises(ValueError, match="more than once"):
+        node_rank_for("a", ["a", "b", "a"])
+
+
+def test_multi_node_needs_rank_and_address():
+    with pytest.raises(ValueError, match="dist_init_addr"):
+        argv_for(rank=1, nnodes=2, addr=None)
+    with pytest.raises(ValueError, match="node_rank"):
+        argv_for(rank=None, nnodes=2, addr="10.0.0.1:50000")
+    with pytest.raises(ValueError, match="tp_size 8 does not split evenly over 3 nodes"):
+        argv_for(settings(tp_size=8), rank=0, nnodes=3, addr="10.0.0.1:50000")
+
+
+def test_dist_init_addr():
+    assert dist_init_addr("10.0.0.1", 50000) == "10.0.0.1:50000"
+    assert dist_init_addr("fd00::1", 50000) == "[fd00::1]:50000"
+    assert dist_init_addr("node0.lan", 1234) == "node0.lan:1234"
+
+
+def test_venv_python():
+    assert venv_python(settings(venv_path="/opt/sglang/venv/")) == "/opt/sglang/venv/bin/python"
+
+
+# --- flags of the real releases -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_known_flags_reads_the_release(site, version):
+    known = known_flags(site[version])
+    assert known.version == version
+    assert known_flags(site[version] / "sglang") == known
+    common = {
+        "--tp-size", "--moe-runner-backend", "--attention-backend", "--disable-cuda-graph",
+        "--max-running-requests", "--mem-fraction-static", "--enable-flashinfer-allreduce-fusion",
+        "--disable-flashinfer-autotune", "--nnodes", "--node-rank", "--dist-init-addr", "--api-key",
+        "--model-path", "--host", "--port", "--served-model-name", "--config",
+    }
+    assert common <= known, common - known
+    assert "--tp" not in known  # only argparse's prefix matching accepts it
+    new_in_0_5_23 = {"--cuda-graph-backend-decode", "--flashinfer-allreduce-fusion-backend"}
+    assert (new_in_0_5_23 <= known) == (version == "0.5.23")
+    assert len(known) == {"0.5.9": 342, "0.5.23": 560}[version]
+
+
+def test_0_5_23_flags_come_from_arg_groups(site):
+    known = known_flags(site["0.5.23"])
+    assert "--tensor-parallel-size" in known  # an Arg(aliases=...) of a fields namespace
+    assert "--no-enable-tf32-matmul" in known  # BooleanOptionalAction
+    assert "--fp8-gemm-backend" in known  # Arg(cli_name=...)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_every_flag_we_render_exists(site, version):
+    known = known_flags(site[version])
+    check_flags(argv_for(), known)
+    full = settings(
+        max_running_requests=64, enable_flashinfer_allreduce_fusion=True, served_model_name="m",
+        api_key="k", nodes=["a", "b"],
+    )
+    check_flags(argv_for(full, caps=H100, rank=1, nnodes=2, addr="10.0.0.1:50000"), known)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_unknown_flag_fails_naming_it_and_the_release(site, version):
+    known = known_flags(site[version])
+    argv = argv_for(settings(extra_server_args=["--enable-warp-drive", "--tp=8", "--disable-cuda-graph"]))
+    with pytest.raises(ValueError) as error:
+        check_flags(argv, known)
+    message = str(error.value)
+    assert f"sglang {version}" in message
+    assert "--enable-warp-drive" in message and "--tp" in message
+    assert "--disable-cuda-graph" not in message
+
+
+def test_flags_script_matches_known_flags(site, tmp_path):
+    """The stand-alone script finds the installed release by itself, without importing it."""
+    script = tmp_path / "flags.py"
+    script.write_text(flags_script())
+    for version in RELEASES:
+        env = {**os.environ, "PYTHONPATH": str(site[version])}
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        printed = parse_flags_output(done.stdout)
+        assert printed.version == version
+        assert printed == known_flags(site[version])
