@@ -1,0 +1,264 @@
+"""
+GPU passthrough config (pve_sglang/passthrough.py): the generated lines, then the lines applied
+to a real LXC container with character nodes carrying NVIDIA's numbers. With no NVIDIA driver
+here, opening an allowed node gives ENXIO (the cgroup let it through, no driver behind the
+major), a node the rules do not allow gives EPERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pytest
+
+import lxc_env
+from pve_sglang import passthrough
+from pve_sglang.passthrough import parse_proc_devices, pve_dev_entries, raw_lxc_lines
+
+MAJORS = {"nvidia-frontend": 195, "nvidia-uvm": 508, "nvidia-caps": 509}
+ALL_NODES = [
+    "/dev/nvidia0",
+    "/dev/nvidia1",
+    "/dev/nvidia2",
+    "/dev/nvidia3",
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+    "/dev/nvidia-caps/nvidia-cap1",
+    "/dev/nvidia-caps/nvidia-cap2",
+]
+
+PROC_DEVICES = """\
+Character devices:
+  1 mem
+  4 /dev/vc/0
+  4 tty
+ 10 misc
+195 nvidia-frontend
+236 nvidia-nvlink
+508 nvidia-uvm
+509 nvidia-caps
+510 nvidia-caps-imex-channels
+
+Block devices:
+  7 loop
+  9 md
+508 nvidia-uvm
+"""
+
+
+# Parsing /proc/devices
+
+
+def test_parse_proc_devices_character_section_only():
+    majors = parse_proc_devices(PROC_DEVICES)
+    assert majors["nvidia-frontend"] == 195
+    assert majors["nvidia-uvm"] == 508
+    assert majors["nvidia-caps"] == 509
+    assert majors["tty"] == 4
+    assert "loop" not in majors and "md" not in majors
+
+
+def test_frontend_major_names():
+    assert passthrough.frontend_major({"nvidia-frontend": 195}) == 195
+    assert passthrough.frontend_major({"nvidia": 195}) == 195
+    with pytest.raises(ValueError, match="nvidia-frontend"):
+        passthrough.frontend_major({"nvidia-uvm": 508})
+
+
+# devN entries (pve-container >= 5.0.7)
+
+
+def test_pve_dev_entries_all_shared_nodes_and_options():
+    assert pve_dev_entries([0, 2], ALL_NODES, mode="0666", uid=0, gid=44, start=10) == {
+        "dev10": "/dev/nvidia0,mode=0666,uid=0,gid=44",
+        "dev11": "/dev/nvidia2,mode=0666,uid=0,gid=44",
+        "dev12": "/dev/nvidiactl,mode=0666,uid=0,gid=44",
+        "dev13": "/dev/nvidia-uvm,mode=0666,uid=0,gid=44",
+        "dev14": "/dev/nvidia-uvm-tools,mode=0666,uid=0,gid=44",
+        "dev15": "/dev/nvidia-modeset,mode=0666,uid=0,gid=44",
+        "dev16": "/dev/nvidia-caps/nvidia-cap1,mode=0666,uid=0,gid=44",
+        "dev17": "/dev/nvidia-caps/nvidia-cap2,mode=0666,uid=0,gid=44",
+    }
+
+
+def test_pve_dev_entries_minimal_host_relative_names():
+    nodes = ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"]
+    assert pve_dev_entries([1], nodes) == {
+        "dev0": "/dev/nvidia1",
+        "dev1": "/dev/nvidiactl",
+        "dev2": "/dev/nvidia-uvm",
+    }
+
+
+def test_pve_dev_entries_errors():
+    with pytest.raises(ValueError, match="/dev/nvidia7"):
+        pve_dev_entries([7], ALL_NODES)
+    with pytest.raises(ValueError, match="/dev/nvidia-uvm .*nvidia-modprobe"):
+        pve_dev_entries([0], ["/dev/nvidia0", "/dev/nvidiactl"])
+    with pytest.raises(ValueError, match="/dev/nvidiactl"):
+        pve_dev_entries([0], ["/dev/nvidia0", "/dev/nvidia-uvm"])
+    with pytest.raises(ValueError, match="mode"):
+        pve_dev_entries([0], ALL_NODES, mode="rw")
+    with pytest.raises(ValueError, match="0-255"):
+        pve_dev_entries([0], ALL_NODES, start=250)
+    with pytest.raises(ValueError, match="repeat"):
+        pve_dev_entries([0, 0], ALL_NODES)
+
+
+# Raw lxc.* lines
+
+
+def test_raw_lines_pve_style_cgroup2_subset():
+    assert raw_lxc_lines([1], MAJORS, ALL_NODES) == [
+        "lxc.cgroup2.devices.allow: c 195:1 rwm",
+        "lxc.cgroup2.devices.allow: c 195:255 rwm",
+        "lxc.cgroup2.devices.allow: c 508:* rwm",
+        "lxc.cgroup2.devices.allow: c 195:254 rwm",
+        "lxc.cgroup2.devices.allow: c 509:* rwm",
+        "lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file",
+        "lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file",
+        "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file",
+        "lxc.mount.entry: /dev/nvidia-uvm-tools dev/nvidia-uvm-tools none bind,optional,create=file",
+        "lxc.mount.entry: /dev/nvidia-modeset dev/nvidia-modeset none bind,optional,create=file",
+        "lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir",
+    ]
+
+
+def test_raw_lines_lxc_style_cgroup1_dev_root_nvidia_name():
+    nodes = ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"]
+    majors = {"nvidia": 195, "nvidia-uvm": 511}
+    assert raw_lxc_lines([0, 1], majors, nodes, style="lxc", cgroup="v1", dev_root="/srv/dev/") == [
+        "lxc.cgroup.devices.allow = c 195:0 rwm",
+        "lxc.cgroup.devices.allow = c 195:1 rwm",
+        "lxc.cgroup.devices.allow = c 195:255 rwm",
+        "lxc.cgroup.devices.allow = c 511:* rwm",
+        "lxc.mount.entry = /srv/dev/nvidia0 dev/nvidia0 none bind,optional,create=file",
+        "lxc.mount.entry = /srv/dev/nvidia1 dev/nvidia1 none bind,optional,create=file",
+        "lxc.mount.entry = /srv/dev/nvidiactl dev/nvidiactl none bind,optional,create=file",
+        "lxc.mount.entry = /srv/dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file",
+    ]
+
+
+def test_raw_lines_both_styles_same_entries():
+    pve = raw_lxc_lines([0], MAJORS, ALL_NODES, style="pve", cgroup="v1")
+    lxc = raw_lxc_lines([0], MAJORS, ALL_NODES, style="lxc", cgroup="v1")
+    assert [line.replace(": ", " = ", 1) for line in pve] == lxc
+
+
+def test_raw_lines_missing_majors_and_bad_arguments():
+    with pytest.raises(ValueError, match="nvidia-frontend"):
+        raw_lxc_lines([0], {"nvidia-uvm": 508, "nvidia-caps": 509}, ALL_NODES)
+    with pytest.raises(ValueError, match="'nvidia-uvm'"):
+        raw_lxc_lines([0], {"nvidia-frontend": 195, "nvidia-caps": 509}, ALL_NODES)
+    with pytest.raises(ValueError, match="'nvidia-caps'"):
+        raw_lxc_lines([0], {"nvidia-frontend": 195, "nvidia-uvm": 508}, ALL_NODES)
+    # No caps nodes on the host: the caps major is not needed
+    no_caps = [n for n in ALL_NODES if "caps" not in n]
+    assert raw_lxc_lines([0], {"nvidia-frontend": 195, "nvidia-uvm": 508}, no_caps)
+    with pytest.raises(ValueError, match="style"):
+        raw_lxc_lines([0], MAJORS, ALL_NODES, style="yaml")
+    with pytest.raises(ValueError, match="cgroup"):
+        raw_lxc_lines([0], MAJORS, ALL_NODES, cgroup="v3")
+
+
+# In a real container
+
+PROBE = textwrap.dedent(
+    """
+    import errno, json, os, sys
+    result = {}
+    for path in sys.argv[1:]:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            result[path] = None
+            continue
+        try:
+            os.close(os.open(path, os.O_RDWR))
+            outcome = "opened"
+        except OSError as e:
+            outcome = errno.errorcode[e.errno]
+        result[path] = [os.major(st.st_rdev), os.minor(st.st_rdev), outcome]
+    print(json.dumps(result))
+    """
+)
+
+
+def _free_majors(count: int) -> list[int]:
+    """Majors no real device uses here (both /proc/devices sections), from 508 down."""
+    with open("/proc/devices") as f:
+        used = {int(line.split()[0]) for line in f if line.strip()[:1].isdigit()}
+    free = [m for m in range(508, 480, -1) if m not in used]
+    assert len(free) >= count, f"no free majors near 508 here: {sorted(used)}"
+    return free[:count]
+
+
+@pytest.fixture
+def fake_nvidia_nodes(tmp_path):
+    """
+    Character nodes with NVIDIA's numbers under a temp dir. Returns (dev_root, majors, nodes,
+    other): ``nodes`` maps names to (major, minor), ``other`` is a major no rule allows.
+    """
+    uvm, caps, other = _free_majors(3)
+    dev_root = tmp_path / "dev"
+    (dev_root / "nvidia-caps").mkdir(parents=True)
+    nodes = {
+        "nvidia0": (195, 0),
+        "nvidia1": (195, 1),
+        "nvidiactl": (195, 255),
+        "nvidia-modeset": (195, 254),
+        "nvidia-uvm": (uvm, 0),
+        "nvidia-uvm-tools": (uvm, 1),
+        "nvidia-caps/nvidia-cap1": (caps, 1),
+    }
+    for name, (major, minor) in nodes.items():
+        os.mknod(dev_root / name, 0o666 | 0o020000, os.makedev(major, minor))
+    majors = {"nvidia-frontend": 195, "nvidia-uvm": uvm, "nvidia-caps": caps}
+    return dev_root, majors, nodes, other
+
+
+LAYOUT = lxc_env.host_cgroup_layout()
+
+
+@pytest.mark.parametrize(
+    ("rules", "start_mode", "enforced"),
+    [
+        pytest.param("v1", "host", True, id="v1-rules-host-cgroups",
+                     marks=pytest.mark.skipif(LAYOUT != "v1", reason="host is pure cgroup2")),
+        pytest.param("v2", "v2", True, id="v2-rules-pure-cgroup2"),
+        pytest.param("v2", "host", False, id="v2-rules-ignored-on-legacy-host",
+                     marks=pytest.mark.skipif(LAYOUT != "v1", reason="host is pure cgroup2")),
+    ],
+)
+def test_passthrough_lines_in_real_container(
+    lxc_container_factory, fake_nvidia_nodes, rules, start_mode, enforced
+):
+    dev_root, majors, nodes, other = fake_nvidia_nodes
+    host_nodes = [f"/dev/{name}" for name in nodes]
+    lines = raw_lxc_lines([0], majors, host_nodes, style="lxc", cgroup=rules, dev_root=str(dev_root))
+
+    (container,) = lxc_container_factory(1, extra_config=lines, cgroup=start_mode)
+
+    # A node the rules do not allow: GPU 1 (not selected, so not mounted: make it inside)
+    container.attach("mknod /dev/nvidia1 c 195 1")
+    container.attach(f"mknod /dev/other-major c {other} 0")
+
+    passed = ["nvidia0", "nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools",
+              "nvidia-caps/nvidia-cap1"]
+    paths = [f"/dev/{n}" for n in passed] + ["/dev/nvidia1", "/dev/other-major"]
+    probe = container.attach(["python3", "-c", PROBE, *paths])
+    seen = json.loads(probe.stdout)
+
+    allowed = "ENXIO" if enforced else "EPERM"
+    for name in passed:
+        major, minor = nodes[name]
+        assert seen[f"/dev/{name}"] == [major, minor, allowed], name
+    assert seen["/dev/nvidia1"] == [195, 1, "EPERM"]
+    assert seen["/dev/other-major"][2] == "EPERM"
+    # The cgroup layout inside is the one the test meant
+    inside = container.attach("stat -f -c %T /sys/fs/cgroup").stdout.strip()
+    assert inside == ("cgroup2fs" if start_mode == "v2" else "tmpfs")
