@@ -1,0 +1,267 @@
+"""
+NVIDIA facts on recorded real outputs: the H200 device machine (tests/fixtures/h200/, driver
+580.159.04, Firecracker VM), this CPU-only CI machine (tests/fixtures/dev-docker/: the driver
+absent) and public outputs (tests/fixtures/public/, sources in tests/fixtures/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fixtures.factutil import fake_bin, lines, local_fact, run_command, text
+from pve_sglang.facts.nvidia import (
+    CharDeviceMajors,
+    GpuCheck,
+    NvidiaDeviceNodes,
+    NvidiaDriverVersion,
+    NvidiaGpuProcesses,
+    NvidiaGpus,
+    NvidiaP2pMatrix,
+    NvidiaTopoMatrix,
+    UvmDisableHmm,
+    parse_driver_version,
+)
+
+H200_GPU = {
+    "index": 0,
+    "name": "NVIDIA H200",
+    "bus_id": "00000000:00:06.0",
+    "compute_cap": "9.0",
+    "memory_mib": 143771,
+    "driver_version": "580.159.04",
+}
+
+
+# --- NvidiaDriverVersion ---------------------------------------------------------------------
+
+def test_driver_version_recorded_h200_open_module_580():
+    assert NvidiaDriverVersion().process(lines("h200", "proc_driver_nvidia_version.txt")) == "580.159.04"
+
+
+def test_driver_version_recorded_h200_fact_command_output():
+    assert NvidiaDriverVersion().process(lines("h200", "raw_idle", "fact_NvidiaDriverVersion.txt")) == "580.159.04"
+
+
+def test_driver_version_brief_examples():
+    # The line layout of the open module (as recorded on the H200) and of the proprietary one.
+    assert parse_driver_version([
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.133.20  Release Build  "
+        "(dvs-builder@U16-I3-B03-4-3)  Wed Mar 12 23:43:37 UTC 2025"
+    ]) == "570.133.20"
+    assert parse_driver_version(["NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  "
+                                 "Sat Aug 19 01:15:15 UTC 2023"]) == "535.104.05"
+
+
+def test_driver_version_recorded_driver_absent_is_none_and_command_succeeds():
+    # Recorded here: cat fails (stderr recorded), the fact's command prints nothing, exit 0.
+    assert "No such file" in text("dev-docker", "cat_proc_driver_nvidia_version.stderr.txt")
+    assert text("dev-docker", "fact_NvidiaDriverVersion.txt") == ""
+    done = run_command(NvidiaDriverVersion().command())
+    assert done.returncode == 0
+    assert NvidiaDriverVersion().process([]) is None
+
+
+def test_driver_version_through_local_connector_does_not_fail_the_host():
+    value, failed = local_fact(NvidiaDriverVersion)
+    assert not failed
+    # None on this CI machine (no driver); a version string on a GPU machine.
+    assert value is None or value.count(".") >= 1
+
+
+# --- NvidiaGpus ------------------------------------------------------------------------------
+
+def test_gpus_recorded_h200_query():
+    assert NvidiaGpus().process(lines("h200", "nvidia_smi_query_gpu.txt")) == [H200_GPU]
+
+
+def test_gpus_recorded_h200_through_local_connector(tmp_path):
+    # The recorded nvidia-smi line, served by a fake nvidia-smi, through pyinfra's @local.
+    fake_bin(tmp_path, "nvidia-smi", stdout=text("h200", "nvidia_smi_query_gpu.txt"))
+    value, failed = local_fact(NvidiaGpus, path_dirs=[tmp_path])
+    assert not failed
+    assert value == [H200_GPU]
+
+
+def test_gpus_nvidia_smi_missing_is_empty_list():
+    done = run_command(NvidiaGpus().command(), only=True)
+    assert done.returncode == 0 and done.stdout == ""
+    assert NvidiaGpus().default() == []
+
+
+def test_gpus_driver_not_loaded_message_is_empty_list(tmp_path):
+    message = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+               "Make sure that the latest NVIDIA driver is installed and running.\n")
+    fake_bin(tmp_path, "nvidia-smi", stdout=message, rc=9)
+    done = run_command(NvidiaGpus().command(), [tmp_path], only=True)
+    assert done.returncode == 0
+    assert NvidiaGpus().process(done.stdout.splitlines()) == []
+
+
+def test_gpus_name_with_comma_and_na_memory():
+    rows = NvidiaGpus().process(["1, NVIDIA RTX PRO 6000 Blackwell, Workstation, 00000000:41:00.0, "
+                                 "12.0, [N/A], 580.95.05"])
+    assert rows[0]["name"] == "NVIDIA RTX PRO 6000 Blackwell, Workstation"
+    assert rows[0]["compute_cap"] == "12.0" and rows[0]["memory_mib"] == 0
+
+
+# --- CharDeviceMajors ------------------------------------------------------------------------
+
+def test_char_majors_recorded_h200_580_open_module():
+    majors = CharDeviceMajors().process(lines("h200", "proc_devices.txt"))
+    nvidia = {name: major for name, major in majors.items() if name.startswith("nvidia")}
+    assert nvidia == {
+        "nvidia": 195,
+        "nvidiactl": 195,
+        "nvidia-uvm": 238,
+        "nvidia-nvswitch": 239,
+        "nvidia-nvlink": 240,
+        "nvidia-caps": 241,
+        "nvidia-caps-imex-channels": 242,
+    }
+    # Block devices are not character devices.
+    assert "virtblk" not in majors and majors["mem"] == 1
+    # A name listed twice (infiniband_mad 231 and 245) keeps its first major.
+    assert majors["infiniband_mad"] == 231
+
+
+def test_char_majors_recorded_dev_docker_without_driver():
+    majors = CharDeviceMajors().process(lines("dev-docker", "proc_devices.txt"))
+    assert majors["pts"] == 136
+    assert not any(name.startswith("nvidia") for name in majors)
+
+
+# --- NvidiaDeviceNodes -----------------------------------------------------------------------
+
+def test_device_nodes_recorded_h200():
+    nodes = NvidiaDeviceNodes().process(lines("h200", "raw_busy", "fact_NvidiaDeviceNodes.txt"))
+    assert [(n["path"], n["major"], n["minor"]) for n in nodes] == [
+        ("/dev/nvidia-uvm", 238, 0),
+        ("/dev/nvidia-uvm-tools", 238, 1),
+        ("/dev/nvidia0", 195, 0),
+        ("/dev/nvidiactl", 195, 255),
+        ("/dev/nvidia-caps/nvidia-cap1", 241, 1),
+        ("/dev/nvidia-caps/nvidia-cap2", 241, 2),
+    ]
+    assert nodes[0]["mode"] == "crw-rw-rw-"
+    # The /dev/nvidia-caps directory itself is not a node.
+    assert all(n["path"] != "/dev/nvidia-caps" for n in nodes)
+
+
+def test_device_nodes_agree_with_recorded_ls_and_proc_devices():
+    nodes = {n["path"]: n for n in NvidiaDeviceNodes().process(lines("h200", "raw_idle", "fact_NvidiaDeviceNodes.txt"))}
+    listing = text("h200", "ls_dev_nvidia.txt")
+    assert "238,   0 Dec  2 15:57 /dev/nvidia-uvm\n" in listing
+    assert nodes["/dev/nvidia-uvm"]["major"] == CharDeviceMajors().process(lines("h200", "proc_devices.txt"))["nvidia-uvm"]
+
+
+def test_device_nodes_none_present_command_succeeds():
+    done = run_command(NvidiaDeviceNodes().command())
+    assert done.returncode == 0
+    assert NvidiaDeviceNodes().process([]) == []
+
+
+# --- UvmDisableHmm ---------------------------------------------------------------------------
+
+def test_uvm_disable_hmm_recorded_h200_is_n():
+    assert text("h200", "uvm_disable_hmm.txt") == "N\n"
+    assert UvmDisableHmm().process(lines("h200", "uvm_disable_hmm.txt")) is False
+
+
+@pytest.mark.parametrize("value, expected", [("Y", True), ("N", False), ("1", True), ("0", False)])
+def test_uvm_disable_hmm_values(value, expected):
+    assert UvmDisableHmm().process([value]) is expected
+
+
+def test_uvm_disable_hmm_recorded_module_not_loaded_is_none():
+    assert "No such file" in text("dev-docker", "uvm_disable_hmm.stderr.txt")
+    done = run_command(UvmDisableHmm().command())
+    assert done.returncode == 0
+    assert UvmDisableHmm().default() is None
+    value, failed = local_fact(UvmDisableHmm)
+    assert not failed and value in (None, True, False)
+
+
+# --- NvidiaGpuProcesses ----------------------------------------------------------------------
+
+def test_gpu_processes_recorded_h200_busy():
+    processes = NvidiaGpuProcesses().process(lines("h200", "raw_busy", "fact_NvidiaGpuProcesses.txt"))
+    assert processes == [{
+        "pid": 843,
+        "name": "python3",
+        "used_memory_mib": 1634,
+        "devices": ["/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidiactl",
+                    "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"],
+    }]
+
+
+def test_gpu_processes_recorded_h200_idle_is_empty():
+    assert text("h200", "nvidia_smi_query_compute_apps_idle.txt") == ""
+    assert NvidiaGpuProcesses().process([]) == []
+
+
+def test_gpu_processes_command_with_recorded_nvidia_smi_and_fuser(tmp_path):
+    # nvidia-smi and fuser as recorded on the H200 while a process held the GPU (fuser prints
+    # the PIDs on stdout and the names with access letters on stderr).
+    fake_bin(tmp_path, "nvidia-smi", stdout=text("h200", "nvidia_smi_query_compute_apps_busy_nounits.txt"))
+    done = run_command(NvidiaGpuProcesses().command(), [tmp_path], only=True)
+    assert done.returncode == 0
+    assert NvidiaGpuProcesses().process(done.stdout.splitlines()) == [
+        {"pid": 843, "name": "python3", "used_memory_mib": 1634, "devices": []}
+    ]
+
+
+def test_gpu_processes_no_tools_is_empty():
+    done = run_command(NvidiaGpuProcesses().command(), only=True)
+    assert done.returncode == 0
+
+
+# --- topology facts --------------------------------------------------------------------------
+
+def test_topo_matrix_recorded_h200_single_gpu():
+    topo = NvidiaTopoMatrix().process(lines("h200", "nvidia_smi_topo_m.txt"))
+    assert topo == {
+        "gpus": [0],
+        "matrix": [["X"]],
+        "affinity": {"0": {"CPU Affinity": "0-15", "NUMA Affinity": "0", "GPU NUMA ID": "N/A"}},
+        "nics": {},
+    }
+
+
+def test_p2p_matrix_recorded_h200_single_gpu():
+    for name in ("nvidia_smi_topo_p2p_r.txt", "nvidia_smi_topo_p2p_w.txt"):
+        assert NvidiaP2pMatrix().process(lines("h200", name)) == {"gpus": [0], "matrix": [["X"]]}
+
+
+def test_topology_facts_without_nvidia_smi_are_none():
+    for command in (NvidiaTopoMatrix().command(), NvidiaP2pMatrix().command(mode="w")):
+        done = run_command(command, only=True)
+        assert done.returncode == 0 and done.stdout == ""
+    assert NvidiaTopoMatrix().process(["No devices were found"]) is None
+
+
+def test_p2p_matrix_rejects_unknown_mode():
+    with pytest.raises(ValueError):
+        NvidiaP2pMatrix().command(mode="rw; reboot")
+
+
+# --- GpuCheck --------------------------------------------------------------------------------
+
+def test_gpu_check_parses_recorded_h200_cuda_result():
+    result = GpuCheck().process(lines("h200", "gpu_checks_cuda.json"))
+    assert result["ok"] is True and result["devices"][0]["name"] == "NVIDIA H200"
+
+
+def test_gpu_check_command_quotes_and_times_out(tmp_path):
+    command = GpuCheck().command(python="/opt/venv/bin/python", script="/tmp/x y.py", check="p2p",
+                                 args=("--size-mib", "16"), timeout=30)
+    assert "timeout 30 /opt/venv/bin/python '/tmp/x y.py' p2p --size-mib 16" in command
+    fake = fake_bin(tmp_path, "fakepython", stdout="progress\n" + json.dumps({"ok": True}) + "\n")
+    done = run_command(GpuCheck().command(python=str(fake), script="s.py"))
+    assert GpuCheck().process(done.stdout.splitlines()) == {"ok": True}
+
+
+def test_gpu_check_without_json_reports_the_output():
+    result = GpuCheck().process(["Traceback (most recent call last):", "ImportError: x"])
+    assert result["ok"] is False and "ImportError" in result["error"]

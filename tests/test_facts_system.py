@@ -1,0 +1,134 @@
+"""
+System facts on recorded outputs: this CI machine (a Docker container in a KVM VM, hybrid
+cgroups), the H200 device machine (a Firecracker VM without systemd-detect-virt or lspci,
+cgroup2) and public `lspci -vvv | grep ACSCtl` outputs from NCCL issue threads.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from fixtures.factutil import fake_bin, lines, local_fact, run_command, text
+from pve_sglang.facts.system import (
+    CgroupVersion,
+    IommuAcs,
+    VirtualisationType,
+    VirtualMachineType,
+    parse_iommu_acs,
+)
+
+
+# --- VirtualisationType / VirtualMachineType -------------------------------------------------
+
+def test_detect_virt_recorded_here_docker_in_kvm():
+    assert VirtualisationType().process(lines("dev-docker", "systemd_detect_virt.txt")) == "docker"
+    assert VirtualMachineType().process(lines("dev-docker", "systemd_detect_virt_vm.txt")) == "kvm"
+
+
+def test_detect_virt_bare_metal_exits_1_printing_none(tmp_path):
+    # systemd-detect-virt prints "none" and exits 1 on bare metal: not a failure.
+    fake_bin(tmp_path, "systemd-detect-virt", stdout="none\n", rc=1)
+    done = run_command(VirtualisationType().command(), [tmp_path])
+    assert done.returncode == 0
+    assert VirtualisationType().process(done.stdout.splitlines()) == "none"
+    value, failed = local_fact(VirtualisationType, path_dirs=[tmp_path])
+    assert (value, failed) == ("none", False)
+    value, failed = local_fact(VirtualMachineType, path_dirs=[tmp_path])
+    assert (value, failed) == ("none", False)
+
+
+def test_detect_virt_recorded_h200_missing_tool():
+    assert "systemd-detect-virt: command not found" in text("h200", "systemd_detect_virt.stderr.txt")
+    assert text("h200", "which_tools.txt").count("MISSING") >= 5
+    done = run_command(VirtualisationType().command(), only=True)
+    assert done.returncode == 0
+    assert VirtualisationType().process([]) is None
+
+
+def test_vm_type_falls_back_to_cpu_flag_without_systemd_detect_virt(tmp_path):
+    # A PATH with grep and nothing else, as on the H200 image (no systemd-detect-virt).
+    (tmp_path / "grep").symlink_to(shutil.which("grep"))
+    done = subprocess.run(["/bin/sh", "-c", VirtualMachineType().command()], capture_output=True,
+                          text=True, env={"PATH": str(tmp_path)})
+    assert done.returncode == 0
+    with open("/proc/cpuinfo", encoding="utf-8") as handle:
+        flagged = any(" hypervisor" in line for line in handle if line.startswith("flags"))
+    assert done.stdout.strip() == ("hypervisor" if flagged else "none")
+
+
+# --- IommuAcs --------------------------------------------------------------------------------
+
+def test_iommu_acs_recorded_nccl_606_src_valid_no_redirect():
+    info = parse_iommu_acs(["lspci: yes"] + lines("public", "lspci_vvv_grep_acsctl_nccl-606.txt"))
+    assert len(info["acs_devices"]) == 9
+    assert info["src_valid"] == ["?"] * 4  # `grep ACSCtl` drops the bus lines
+    assert info["p2p_redirect"] == []
+
+
+def test_iommu_acs_recorded_nccl_523_with_redirect():
+    info = parse_iommu_acs(["lspci: yes"] + lines("public", "lspci_vvv_grep_acsctl_nccl-523.txt"))
+    assert len(info["acs_devices"]) == 12
+    assert len(info["src_valid"]) == 5
+    assert len(info["p2p_redirect"]) == 5
+    assert info["acs_devices"][0]["flags"] == {
+        "SrcValid": True, "TransBlk": False, "ReqRedir": True, "CmpltRedir": True,
+        "UpstreamFwd": True, "EgressCtrl": False, "DirectTrans": False,
+    }
+
+
+def test_iommu_acs_synthetic_fact_output_with_bus_ids_and_cmdline():
+    info = IommuAcs().process(lines("synthetic", "acs_pxb_l40sx4_fact_IommuAcs.txt"))
+    assert info["lspci"] is True
+    assert info["p2p_redirect"] == ["0000:00:01.0", "0000:18:00.0", "0000:18:01.0"]
+    # 0000:17:00.0 has no ACS capability line: not listed.
+    assert [d["bus_id"] for d in info["acs_devices"]] == info["src_valid"]
+    assert info["cmdline"] == {"intel_iommu": "on"} and info["iommu_passthrough"] is False
+
+
+def test_iommu_acs_recorded_h200_without_lspci():
+    info = IommuAcs().process(lines("h200", "raw_busy", "fact_IommuAcs.txt"))
+    assert info["lspci"] is False and info["acs_devices"] == []
+    assert info["cmdline"] == {} and info["iommu_passthrough"] is False
+
+
+def test_iommu_acs_recorded_here_without_lspci():
+    info = IommuAcs().process(lines("dev-docker", "fact_IommuAcs.txt"))
+    assert info["lspci"] is False
+
+
+def test_iommu_passthrough_from_cmdline():
+    info = parse_iommu_acs(["lspci: no", "cmdline: BOOT_IMAGE=/vmlinuz quiet amd_iommu=on iommu=pt"])
+    assert info["iommu_passthrough"] is True
+    assert info["cmdline"] == {"amd_iommu": "on", "iommu": "pt"}
+
+
+def test_iommu_acs_command_runs_here():
+    done = run_command(IommuAcs().command())
+    assert done.returncode == 0
+    info = IommuAcs().process(done.stdout.splitlines())
+    assert info["lspci"] in (True, False)
+    value, failed = local_fact(IommuAcs)
+    assert not failed and "cmdline" in value
+
+
+# --- CgroupVersion ---------------------------------------------------------------------------
+
+def test_cgroup_recorded_h200_v2():
+    assert text("h200", "stat_fs_cgroup.txt") == "cgroup2fs\n"
+    assert CgroupVersion().process(lines("h200", "raw_idle", "fact_CgroupVersion.txt")) == "v2"
+
+
+def test_cgroup_recorded_here_hybrid():
+    assert text("dev-docker", "stat_fs_cgroup.txt") == "tmpfs\n"
+    assert CgroupVersion().process(lines("dev-docker", "fact_CgroupVersion.txt")) == "hybrid"
+
+
+def test_cgroup_v1_and_unknown():
+    assert CgroupVersion().process(["tmpfs"]) == "v1"
+    assert CgroupVersion().process(["ext4"]) is None
+
+
+def test_cgroup_through_local_connector():
+    value, failed = local_fact(CgroupVersion)
+    assert not failed and value in ("v1", "v2", "hybrid")
