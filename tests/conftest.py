@@ -8,7 +8,10 @@ LXC test environment (see tests/lxc_env.py), all needing root, lxc, debootstrap 
   ``inventory_name`` (``@lxc/NAME``) and ``host_data()`` (``lxc_name``, ``lxc_path``,
   ``lxc_local``) are what the ``@lxc`` connector needs.
 + ``lxc_container_factory`` (function): ``make(count=1, extra_config=(), start=True,
-  cgroup="host")`` returns a list of new containers, destroyed when the test ends.
+  cgroup="host", unprivileged=False)`` returns a list of new containers, destroyed when the
+  test ends. ``cgroup="v2"`` starts one under a pure cgroup2 mount (``lxc.cgroup2.*`` rules
+  apply); ``unprivileged=True`` maps its ids to 100000+ and gives it its own loopback-only
+  network namespace.
 """
 
 from __future__ import annotations
@@ -62,5 +65,5 @@ def pytest_terminal_summary(terminalreporter):
     """Print the LXC environment's timings (rootfs build, base extract, boots, resets)."""
     if lxc_env_module.TIMINGS:
         terminalreporter.section("lxc test environment timings")
-        for name, seconds in lxc_env_module.TIMINGS.items():
-            terminalreporter.write_line(f"{name}: {seconds:.2f}s")
+        for line in lxc_env_module.timing_lines():
+            terminalreporter.write_line(line)

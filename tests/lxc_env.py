@@ -68,10 +68,13 @@ PRUNE: tuple[str, ...] = (
 BUILD_FORMAT = "1"  # bump when the build steps change
 
 CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Unprivileged containers: container ids 0-65535 are host ids 100000-165535.
+USERNS_BASE_ID = 100000
+USERNS_SIZE = 65536
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
 
-#: Seconds spent in named steps, printed at the end of the test session (see conftest.py).
-TIMINGS: dict[str, float] = {}
+#: Seconds spent in named steps and how often, printed at the end of the session (conftest.py).
+TIMINGS: dict[str, list[float]] = {}
 
 
 def log(message: str) -> None:
@@ -79,7 +82,21 @@ def log(message: str) -> None:
 
 
 def _timed(name: str, seconds: float) -> None:
-    TIMINGS[name] = round(TIMINGS.get(name, 0.0) + seconds, 2)
+    TIMINGS.setdefault(name, []).append(seconds)
+
+
+def timing_lines() -> list[str]:
+    """One line per timed step: total, and count and mean when it ran more than once."""
+    lines = []
+    for name, values in TIMINGS.items():
+        if len(values) == 1:
+            lines.append(f"{name}: {values[0]:.2f}s")
+        else:
+            mean = sum(values) / len(values)
+            lines.append(
+                f"{name}: {len(values)}x, mean {mean:.2f}s, max {max(values):.2f}s",
+            )
+    return lines
 
 
 def _run(cmd: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
@@ -256,6 +273,37 @@ def prepare_base(base: Path) -> None:
             link.symlink_to("/dev/null")
 
 
+def shift_ids(root: Path, offset: int) -> None:
+    """Add ``offset`` to every owner and group under ``root`` (keeping setuid/setgid bits)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        paths = [dirpath]
+        paths += [os.path.join(dirpath, name) for name in filenames]
+        paths += [os.path.join(dirpath, d) for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        for path in paths:
+            st = os.lstat(path)
+            os.lchown(path, st.st_uid + offset, st.st_gid + offset)
+            if not os.path.islink(path) and st.st_mode & 0o6000:
+                os.chmod(path, st.st_mode & 0o7777)  # chown cleared them
+
+
+def root_has_subids() -> bool:
+    """Whether /etc/subuid and /etc/subgid give root the unprivileged range used here."""
+    for path in ("/etc/subuid", "/etc/subgid"):
+        try:
+            entries = Path(path).read_text().splitlines()
+        except FileNotFoundError:
+            return False
+        ok = False
+        for entry in entries:
+            parts = entry.strip().split(":")
+            if len(parts) == 3 and parts[0] in ("root", "0") and parts[1].isdigit():
+                start, count = int(parts[1]), int(parts[2])
+                ok |= start <= USERNS_BASE_ID and USERNS_BASE_ID + USERNS_SIZE <= start + count
+        if not ok:
+            return False
+    return True
+
+
 # Containers
 #
 
@@ -271,6 +319,7 @@ class LxcContainer:
     env: LxcEnv
     name: str
     extra_config: list[str] = field(default_factory=list)
+    unprivileged: bool = False
     started_cgroup: str | None = None
 
     @property
@@ -304,18 +353,29 @@ class LxcContainer:
         """(Re)write the LXC config; ``extra_config`` lines (``key = value``) go last."""
         if extra_config is not None:
             self.extra_config = list(extra_config)
+        lower = self.env.userns_base() if self.unprivileged else self.env.base
         lines = [
             "lxc.include = /usr/share/lxc/config/common.conf",
             "lxc.arch = linux64",
             f"lxc.uts.name = {self.name}",
-            f"lxc.rootfs.path = overlay:{self.env.base}:{self.dir / 'delta'}",
-            "lxc.net.0.type = none",
+            f"lxc.rootfs.path = overlay:{lower}:{self.dir / 'delta'}",
             "lxc.apparmor.profile = unconfined",
             "lxc.autodev = 1",
             "lxc.tty.max = 0",
             "lxc.pty.max = 64",
-            *self.extra_config,
         ]
+        if self.unprivileged:
+            # A user namespace cannot mount sysfs in the host's network namespace: give it an
+            # own one with loopback only.
+            lines += [
+                "lxc.include = /usr/share/lxc/config/userns.conf",
+                f"lxc.idmap = u 0 {USERNS_BASE_ID} {USERNS_SIZE}",
+                f"lxc.idmap = g 0 {USERNS_BASE_ID} {USERNS_SIZE}",
+                "lxc.net.0.type = empty",
+            ]
+        else:
+            lines.append("lxc.net.0.type = none")
+        lines += self.extra_config
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def _fresh_rootfs(self) -> None:
@@ -326,6 +386,10 @@ class LxcContainer:
         (etc / "hostname").write_text(f"{self.name}\n")
         hosts = (self.env.base / "etc/hosts").read_text() if (self.env.base / "etc/hosts").exists() else ""
         (etc / "hosts").write_text(f"{hosts.rstrip()}\n127.0.1.1\t{self.name}\n")
+        if self.unprivileged:
+            (self.dir / "work").mkdir()
+            for path in (self.dir / "delta", self.dir / "work", etc, etc / "hostname", etc / "hosts"):
+                os.lchown(path, USERNS_BASE_ID, USERNS_BASE_ID)
 
     # Lifecycle
 
@@ -373,7 +437,13 @@ class LxcContainer:
         else:
             raise ValueError(f"cgroup must be 'host', 'v1' or 'v2', not {cgroup!r}")
 
-        result = _run(cmd, check=False, capture_output=True, text=True)
+        env = None
+        if self.unprivileged and not root_has_subids():
+            # LXC maps ids with newuidmap when it is on PATH, which refuses ranges that
+            # /etc/subuid does not give root; without it, LXC (as root) writes the maps itself.
+            env = {**os.environ, "PATH": f"{self.env.no_subid_bin()}:/usr/sbin:/sbin"}
+            cmd = [shutil.which(cmd[0]) or cmd[0], *cmd[1:]]
+        result = _run(cmd, check=False, capture_output=True, text=True, env=env)
         if result.returncode != 0:
             raise LxcError(
                 f"lxc-start {self.name} failed ({result.returncode}): {result.stderr}\n"
@@ -459,22 +529,84 @@ class LxcContainer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
+ENV_PREFIX = "pve-sglang-lxc-"
+OWNER_FILE = "owner.pid"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_envs(parent: Path | None = None) -> None:
+    """Stop and remove LXC envs left by test sessions that died (their owner pid is gone)."""
+    parent = parent or Path(tempfile.gettempdir())
+    for env_dir in parent.glob(f"{ENV_PREFIX}*"):
+        try:
+            owner = int((env_dir / OWNER_FILE).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if _pid_alive(owner):
+            continue
+        log(f"removing stale LXC env {env_dir} (owner {owner} is gone)")
+        for config in env_dir.glob("*/config"):
+            _run(
+                ["lxc-stop", "-P", str(env_dir), "-n", config.parent.name, "-k"],
+                check=False,
+                capture_output=True,
+            )
+        shutil.rmtree(env_dir, ignore_errors=True)
+
+
 class LxcEnv:
     """A private LXC path holding the extracted base rootfs and the test containers."""
 
     def __init__(self, lxc_path: Path | None = None, tarball: Path | None = None):
         started = time.monotonic()
+        remove_stale_envs()
         self.tarball = tarball or ensure_rootfs_tarball()
-        self.lxc_path = lxc_path or Path(tempfile.mkdtemp(prefix="pve-sglang-lxc-"))
+        self.lxc_path = lxc_path or Path(tempfile.mkdtemp(prefix=ENV_PREFIX))
+        self.lxc_path.chmod(0o755)  # unprivileged containers' root must traverse it
+        (self.lxc_path / OWNER_FILE).write_text(f"{os.getpid()}\n")
         self.base = self.lxc_path / "base"
         self.containers: dict[str, LxcContainer] = {}
         self._counter = 0
+        self._userns_base: Path | None = None
         extract_started = time.monotonic()
         extract_rootfs(self.tarball, self.base)
         prepare_base(self.base)
         _timed("session base rootfs (extract tarball + CA certs)", time.monotonic() - extract_started)
         _timed("lxc env setup total", time.monotonic() - started)
         atexit.register(self.close)
+
+    def userns_base(self) -> Path:
+        """The base rootfs with ids shifted for unprivileged containers (made on first use)."""
+        if self._userns_base is None:
+            started = time.monotonic()
+            path = self.lxc_path / "base-userns"
+            extract_rootfs(self.tarball, path)
+            prepare_base(path)
+            # Mounting debugfs is not allowed in a user namespace: do not try.
+            (path / "etc/systemd/system/sys-kernel-debug.mount").symlink_to("/dev/null")
+            shift_ids(path, USERNS_BASE_ID)
+            self._userns_base = path
+            _timed("unprivileged base rootfs (extract + shift ids)", time.monotonic() - started)
+        return self._userns_base
+
+    def no_subid_bin(self) -> Path:
+        """A PATH directory with /usr/bin's tools except newuidmap and newgidmap."""
+        path = self.lxc_path / "bin-no-newidmap"
+        if not path.exists():
+            path.mkdir()
+            for tool in Path("/usr/bin").iterdir():
+                if tool.name not in ("newuidmap", "newgidmap"):
+                    (path / tool.name).symlink_to(tool)
+        return path
 
     def new_name(self, prefix: str = "t") -> str:
         self._counter += 1
@@ -486,9 +618,15 @@ class LxcEnv:
         extra_config: Sequence[str] = (),
         start: bool = True,
         cgroup: str = "host",
+        unprivileged: bool = False,
     ) -> LxcContainer:
-        """Create a container (and by default start it and wait for systemd)."""
-        container = LxcContainer(self, name or self.new_name(), list(extra_config))
+        """
+        Create a container (and by default start it and wait for systemd). ``unprivileged``:
+        ids mapped to 100000+ on the host, with a network namespace of its own (loopback only).
+        """
+        container = LxcContainer(
+            self, name or self.new_name(), list(extra_config), unprivileged=unprivileged
+        )
         if container.name in self.containers or container.dir.exists():
             raise LxcError(f"container {container.name} already exists in {self.lxc_path}")
         container.dir.mkdir(parents=True)

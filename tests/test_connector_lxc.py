@@ -305,3 +305,31 @@ def test_lxc_missing_container(lxc_env):
     with pytest.raises(ContainerNotRunningError, match="pvs-does-not-exist.*state: missing"):
         run(host, "true")
     disconnect_all(state)
+
+
+def test_lxc_unprivileged_container_files_belong_to_container_root(lxc_container_factory, tmp_path):
+    (container,) = lxc_container_factory(1, unprivileged=True)
+    state = container_state(container)
+    host = only_host(state)
+
+    ok, out = run(host, "id -u; cat /proc/self/uid_map")
+    assert out.stdout_lines[0] == "0"
+    assert out.stdout_lines[1].split() == ["0", "100000", "65536"]
+
+    payload = os.urandom(64 * 1024) + b"\x00\xff"
+    assert host.put_file(io.BytesIO(payload), "/root/unpriv.bin") is True
+    ok, out = run(host, "stat -c '%u %g %a' /root/unpriv.bin")
+    assert out.stdout == "0 0 644"
+    # On the host the file is owned by the mapped id, in the overlay's upper layer
+    assert (container.dir / "delta/root/unpriv.bin").stat().st_uid == 100000
+
+    target = tmp_path / "unpriv.bin"
+    assert host.get_file("/root/unpriv.bin", str(target)) is True
+    assert target.read_bytes() == payload
+
+    put = add_op(state, files.put, name="put", src=io.StringIO("x\n"), dest="/etc/unpriv.conf",
+                 mode="600")
+    run_ops(state)
+    assert put[host].did_change()
+    assert container.attach("stat -c '%u %a' /etc/unpriv.conf").stdout == "0 600\n"
+    disconnect_all(state)
