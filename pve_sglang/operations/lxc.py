@@ -1,0 +1,85 @@
+"""Plain LXC container operations (``lxc-*`` tools), for LXC hosts without Proxmox."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+
+from pyinfra import host
+from pyinfra.api import operation
+
+from ..facts.pve import LxcContainerStatus
+
+_INDEXED_KEY = re.compile(r"^(lxc\.\w+\.\d+\.)")
+
+
+def _key(line: str) -> str:
+    return line.split("=", 1)[0].strip()
+
+
+def owned_by_settings(lines: list[str]) -> Callable[[str], bool]:
+    """Lines whose key the settings set; an indexed key (``lxc.net.0.type``) owns its siblings."""
+    exact, families = set(), set()
+    for line in lines:
+        key = _key(line)
+        match = _INDEXED_KEY.match(key)
+        (families.add(match.group(1)) if match else exact.add(key))
+
+    def owned(line: str) -> bool:
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or "=" not in stripped:
+            return False
+        key = _key(stripped)
+        return key in exact or any(key.startswith(family) for family in families)
+
+    return owned
+
+
+def config_path(name: str, lxc_path: str) -> str:
+    """Where LXC keeps container NAME's config."""
+    return f"{lxc_path.rstrip('/')}/{name}/config"
+
+
+@operation()
+def create(container: str, lxc_path: str, release: str, rootfs_tarball: str | None = None):
+    """
+    Create plain LXC container CONTAINER when it does not exist: Debian RELEASE through the
+    ``debian`` template (debootstrap), or unpacked from ROOTFS_TARBALL when given.
+    """
+    name = container
+    if host.get_fact(LxcContainerStatus, container=name, lxc_path=lxc_path) is not None:
+        host.noop(f"container {name} exists")
+        return
+    base = f"{lxc_path.rstrip('/')}/{name}"
+    p, n = shlex.quote(lxc_path), shlex.quote(name)
+    if rootfs_tarball is None:
+        yield f"lxc-create -P {p} -n {n} -t debian -- -r {shlex.quote(release)}"
+        return
+    # The config the debian template would write; the deploy's own lines are added after.
+    config = [
+        "lxc.include = /usr/share/lxc/config/debian.common.conf",
+        "lxc.arch = linux64",
+        f"lxc.uts.name = {name}",
+        f"lxc.rootfs.path = dir:{base}/rootfs",
+    ]
+    yield (
+        f"mkdir -p {shlex.quote(base)}/rootfs && "
+        f"tar -xpf {shlex.quote(rootfs_tarball)} -C {shlex.quote(base)}/rootfs && "
+        f"printf '%s\\n' {' '.join(shlex.quote(line) for line in config)} > {shlex.quote(base)}/config"
+    )
+
+
+@operation()
+def power(container: str, lxc_path: str, restart: Callable[[], bool]):
+    """Start container CONTAINER when it is not running; restart it once when RESTART says so."""
+    name = container
+    status = host.get_fact(LxcContainerStatus, container=name, lxc_path=lxc_path)
+    p, n = shlex.quote(lxc_path), shlex.quote(name)
+    start = f"lxc-start -P {p} -n {n} && lxc-wait -P {p} -n {n} -s RUNNING -t 60"
+    if status != "RUNNING":
+        yield start
+    elif restart():
+        yield f"lxc-stop -P {p} -n {n} -t 120 && {start}"
+    else:
+        host.noop(f"container {name} is running")

@@ -1,0 +1,197 @@
+"""Proxmox VE container operations, through ``pveam`` and ``pct`` on the host."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+
+from pyinfra import host, logger
+from pyinfra.api import operation
+
+from ..facts.pve import PctConfig, PctStatus, PveamTemplates
+
+TEMPLATE_SUFFIXES = (".tar.zst", ".tar.gz", ".tar.xz")
+
+
+def _version_key(name: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def find_template(volids: list[str], storage: str, template: str) -> str | None:
+    """The template volume for TEMPLATE: the exact file, or the newest whose name starts with it."""
+    prefix = f"{storage}:vztmpl/"
+    names = [volid[len(prefix):] for volid in volids if volid.startswith(prefix)]
+    if template.endswith(TEMPLATE_SUFFIXES):
+        return prefix + template if template in names else None
+    matches = sorted((n for n in names if n.startswith(template)), key=_version_key)
+    return prefix + matches[-1] if matches else None
+
+
+@operation()
+def template(storage: str, template: str):
+    """
+    Make sure a container template is on STORAGE: an exact file name, or a name prefix that
+    takes the newest matching template ``pveam available`` lists.
+    """
+    present = find_template(host.get_fact(PveamTemplates, storage=storage), storage, template)
+    if present:
+        host.noop(f"template {present} is present")
+        return
+    if template.endswith(TEMPLATE_SUFFIXES):
+        yield f"pveam update && pveam download {shlex.quote(storage)} {shlex.quote(template)}"
+        return
+    # The newest system template with this prefix, as pveam lists them today.
+    yield (
+        "pveam update >/dev/null && "
+        "T=$(pveam available --section system | awk '{print $2}' | "
+        f"grep '^{re.escape(template)}' | sort -V | tail -n 1) && "
+        f'[ -n "$T" ] || {{ echo "no template matching {template} in pveam available" >&2; exit 1; }}; '
+        f'pveam download {shlex.quote(storage)} "$T"'
+    )
+
+
+def _options(value: str) -> dict[str, str]:
+    """``a,b=c,d=e`` as ``{"": "a", "b": "c", "d": "e"}`` (the bare first item under "")."""
+    result = {}
+    for item in value.split(","):
+        key, sep, val = item.partition("=")
+        result[key if sep else ""] = val if sep else key
+    return result
+
+
+def option_subset(desired: str, current: str | None) -> bool:
+    """DESIRED's options all hold in CURRENT (Proxmox adds its own, e.g. hwaddr to net0)."""
+    if current is None:
+        return False
+    have = _options(current)
+    return all(have.get(key) == value for key, value in _options(desired).items())
+
+
+@operation()
+def create(
+    vmid: int,
+    storage: str,
+    template: str,
+    options: dict[str, str],
+    unprivileged: bool,
+):
+    """
+    Create container VMID from the newest matching template when it does not exist yet, with
+    every size and network option given and ``--unprivileged`` always explicit (newer
+    pve-container releases default it to 1). It is created stopped; ``power`` starts it.
+    """
+    if host.get_fact(PctStatus, vmid=vmid) is not None:
+        host.noop(f"container {vmid} exists")
+        return
+    volid = find_template(host.get_fact(PveamTemplates, storage=storage), storage, template)
+    volid = volid or f"{storage}:vztmpl/{template}"
+    args = [f"--{key} {shlex.quote(str(value))}" for key, value in options.items()]
+    yield " ".join(
+        ["pct create", str(vmid), shlex.quote(volid), *args,
+         f"--unprivileged {int(unprivileged)}", "--start 0"]
+    )
+
+
+def _differs(desired: str, current: str | None) -> bool:
+    if desired == current:
+        return False
+    return not ("=" in desired and option_subset(desired, current))
+
+
+def _first(value: str) -> str:
+    return value.split(",", 1)[0]
+
+
+def _mount_point(value: str) -> str | None:
+    return _options(value).get("mp")
+
+
+@operation()
+def config(
+    vmid: int,
+    options: dict[str, str],
+    mounts: list[str] | None = None,
+    devices: list[str] | None = None,
+):
+    """
+    Reconcile container VMID's config through ``pct set``: OPTIONS that differ are set;
+    MOUNTS (``mpN`` values) keep the key of the current mount at the same path; DEVICES
+    (``devN`` values) keep their keys too, and ``/dev/nvidia*`` entries no longer wanted are
+    deleted. ``None`` leaves mounts or devices alone; the user's other keys always stay.
+    """
+    current = host.get_fact(PctConfig, vmid=vmid) or {}
+    changes = {k: v for k, v in options.items() if _differs(v, current.get(k))}
+    deletes: list[str] = []
+    if mounts is not None:
+        keyed = keyed_entries("mp", mounts, current, lambda a, b: _mount_point(a) == _mount_point(b))
+        changes.update({k: v for k, v in keyed.items() if _differs(v, current.get(k))})
+    if devices is not None:
+        keyed = keyed_entries("dev", devices, current, lambda a, b: _first(a) == _first(b))
+        changes.update({k: v for k, v in keyed.items() if _differs(v, current.get(k))})
+        deletes = sorted(
+            (key for key, value in current.items()
+             if re.fullmatch(r"dev\d+", key) and key not in keyed
+             and isinstance(value, str) and _first(value).startswith("/dev/nvidia")),
+            key=_version_key,
+        )
+    if not changes and not deletes:
+        host.noop(f"container {vmid} config is up to date")
+        return
+    args = [f"--{key} {shlex.quote(value)}" for key, value in changes.items()]
+    if deletes:
+        args.append(f"--delete {','.join(deletes)}")
+    yield f"pct set {vmid} {' '.join(args)}"
+
+
+@operation()
+def rootfs_size(vmid: int, size_gib: int):
+    """Grow container VMID's root disk to SIZE_GIB; Proxmox cannot shrink it, so that warns."""
+    current = host.get_fact(PctConfig, vmid=vmid) or {}
+    match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT])", str(current.get("rootfs", "")))
+    if not match:
+        host.noop(f"container {vmid}: rootfs size unknown until it exists")
+        return
+    scale = {"K": 1 / 1024**2, "M": 1 / 1024, "G": 1, "T": 1024}[match.group(2)]
+    have = float(match.group(1)) * scale
+    if have < size_gib:
+        yield f"pct resize {vmid} rootfs {size_gib}G"
+    elif have > size_gib:
+        logger.warning(f"container {vmid}: rootfs is {have:g} GiB, larger than rootfs_size_gib "
+                       f"{size_gib}; Proxmox cannot shrink it, leaving it")
+        host.noop(f"container {vmid} rootfs is larger than asked")
+    else:
+        host.noop(f"container {vmid} rootfs is {size_gib} GiB")
+
+
+def keyed_entries(
+    prefix: str, wanted: list[str], current: dict, same: Callable[[str, str], bool]
+) -> dict[str, str]:
+    """Give each wanted ``devN``/``mpN`` value a key: the key of its current twin, else a free one."""
+    taken = {key for key in current if re.fullmatch(rf"{prefix}\d+", key)}
+    result: dict[str, str] = {}
+    for value in wanted:
+        twin = next(
+            (key for key in sorted(taken) if isinstance(current.get(key), str)
+             and same(value, current[key]) and key not in result),
+            None,
+        )
+        if twin is None:
+            index = 0
+            while f"{prefix}{index}" in taken or f"{prefix}{index}" in result:
+                index += 1
+            twin = f"{prefix}{index}"
+        result[twin] = value
+    return result
+
+
+@operation()
+def power(vmid: int, restart: Callable[[], bool]):
+    """Start container VMID when it is not running; reboot it once when RESTART says so."""
+    status = host.get_fact(PctStatus, vmid=vmid)
+    if status != "running":
+        yield f"pct start {vmid}"
+    elif restart():
+        yield f"pct reboot {vmid}"
+    else:
+        host.noop(f"container {vmid} is running")

@@ -1,0 +1,152 @@
+"""Checks on a GPU host before anything changes: driver, GPUs, virtualisation, ACS.
+
+Problems that would break the deploy raise PreflightError at prepare time, so no host is
+changed; problems that only cost speed are warnings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyinfra import logger
+from pyinfra.api.exceptions import DeployError
+from pyinfra.api.host import Host
+from packaging.version import Version
+
+from .facts.nvidia import CharDeviceMajors, NvidiaDeviceNodes, NvidiaDriverVersion, NvidiaGpus
+from .facts.pve import PveContainerVersion
+from .facts.system import CgroupVersion, IommuAcs, VirtualMachineType
+from .passthrough import pve_dev_entries, raw_lxc_lines
+from .settings import ContainerSettings, HostSettings
+
+# Created at boot by the nvidia-uvm-devices unit this deploy installs, before containers start.
+UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+class PreflightError(DeployError):
+    """A host cannot take the deploy as it is; nothing has been changed."""
+
+
+@dataclass
+class GpuHost:
+    """What the host's driver and kernel say, as the passthrough and the container need it."""
+
+    driver_version: str
+    gpus: list[dict]
+    majors: dict[str, int]
+    nodes: list[str]
+    cgroup: str
+    native_dev: bool
+    compute_caps: list[str] = field(default_factory=list)
+
+    def indices(self, wanted: str | list[int], where: str) -> list[int]:
+        """The GPU indices a container gets; an index the host lacks is an error."""
+        present = [gpu["index"] for gpu in self.gpus]
+        if wanted == "all":
+            return present
+        missing = [index for index in wanted if index not in present]
+        if missing:
+            raise PreflightError(
+                f"{where}: field 'gpus' = {wanted}: GPU {missing} not on the host; "
+                f"allowed: 'all' or a subset of {present}"
+            )
+        return list(wanted)
+
+    def dev_entries(self, indices: list[int]) -> list[str]:
+        """Proxmox ``devN`` values for these GPUs (keys are chosen against the live config)."""
+        return list(pve_dev_entries(indices, self.nodes, mode="0666").values())
+
+    def raw_lines(self, indices: list[int], style: str) -> list[str]:
+        """Raw ``lxc.*`` passthrough lines for these GPUs, in the host's cgroup version."""
+        cgroup = "v2" if self.cgroup == "v2" else "v1"
+        return raw_lxc_lines(indices, self.majors, self.nodes, style=style, cgroup=cgroup)
+
+
+def gpu_host(host: Host, settings: HostSettings) -> GpuHost | None:
+    """Read the host's GPU facts; None when it has no driver and ``require_gpu`` is off."""
+    driver = host.get_fact(NvidiaDriverVersion)
+    if driver is None:
+        if settings.require_gpu:
+            raise PreflightError(
+                f"host {host.name}: no NVIDIA driver loaded (/proc/driver/nvidia/version is "
+                "missing). Install the driver on the host and reboot, then run again; nothing "
+                "was changed."
+            )
+        logger.warning(
+            f"{host.name}: no NVIDIA driver: skipping the driver, nvidia_uvm and GPU "
+            "passthrough steps (require_gpu: false)"
+        )
+        return None
+    gpus = host.get_fact(NvidiaGpus)
+    if not gpus:
+        raise PreflightError(
+            f"host {host.name}: driver {driver} is loaded but nvidia-smi lists no GPU; check "
+            "`nvidia-smi` on the host"
+        )
+    versions = {gpu["driver_version"] for gpu in gpus} - {driver}
+    if versions:
+        raise PreflightError(
+            f"host {host.name}: kernel module {driver} but nvidia-smi reports {versions}: "
+            "reboot the host after the driver upgrade"
+        )
+    nodes = sorted({node["path"] for node in host.get_fact(NvidiaDeviceNodes)} | set(UVM_NODES))
+    pve_container = host.get_fact(PveContainerVersion) if settings.platform == "pve" else None
+    native = bool(pve_container) and Version(_debian_upstream(pve_container)) >= Version(
+        settings.pve_container_native_dev_min
+    )
+    _warn_about_p2p(host, len(gpus))
+    return GpuHost(
+        driver_version=driver,
+        gpus=gpus,
+        majors=host.get_fact(CharDeviceMajors),
+        nodes=nodes,
+        cgroup=host.get_fact(CgroupVersion) or "v2",
+        native_dev=native,
+        compute_caps=sorted({gpu["compute_cap"] for gpu in gpus}),
+    )
+
+
+def _debian_upstream(version: str) -> str:
+    """``5.2.3`` of a Debian version such as ``5.2.3`` or ``1:5.2.3-1``."""
+    return version.split(":")[-1].split("-")[0].split("~")[0]
+
+
+def _warn_about_p2p(host: Host, gpu_count: int) -> None:
+    vm = host.get_fact(VirtualMachineType)
+    if vm and vm != "none":
+        logger.warning(
+            f"{host.name}: this host is a virtual machine ({vm}): GPUs passed through VFIO lose "
+            "the PCIe topology, and P2P between them falls back or hangs. Run on the bare-metal "
+            "Proxmox host (LXC sees the real topology)."
+        )
+    if gpu_count < 2:
+        return
+    acs = host.get_fact(IommuAcs)
+    if acs and acs.get("src_valid") and not acs.get("iommu_passthrough"):
+        logger.warning(
+            f"{host.name}: ACS source validation is on for {len(acs['src_valid'])} PCIe bridges "
+            "and the IOMMU is not in passthrough mode: P2P traffic may be routed through the "
+            "root complex (slow or hanging). Consider iommu=pt on the kernel command line or "
+            "clearing ACS; NCCL_P2P_DISABLE=1 only as a last resort."
+        )
+
+
+def check_container(where: str, settings: ContainerSettings, gpu: GpuHost | None) -> list[int]:
+    """The container's GPU indices, after checking them and TP against the host."""
+    if gpu is None:
+        return []
+    indices = gpu.indices(settings.gpus, where)
+    ranks = len(indices) * max(1, len(settings.nodes))
+    if settings.tp_size and settings.tp_size > ranks:
+        raise PreflightError(
+            f"{where}: field 'tp_size' = {settings.tp_size} is larger than the {ranks} GPUs "
+            f"passed through; allowed: 1..{ranks}"
+        )
+    if any(cap.startswith("12.") for cap in gpu.compute_caps):
+        if settings.moe_runner_backend == "flashinfer_cutlass":
+            logger.warning(
+                f"{where}: SM120 GPUs (compute capability 12.x): FlashInfer's CUTLASS MoE "
+                "autotune has printed failed tactics or illegal instructions there (flashinfer "
+                "issues 2077, 3558, 4049); watch the first start's log"
+            )
+    return indices
