@@ -4,10 +4,13 @@ Run as ``pyinfra inventory.py deploy.py``. The phases follow the data: the host'
 GPUs decide the container's passthrough, its driver version and the server's flags.
 """
 
+from pve_sglang.operations import phase
 from tasks.container import container_phase
 from tasks.host import host_phase
 from tasks.verify import verify_phase
 
 host_phase()
+phase.done(name="Proxmox hosts done", phase="host")
 container_phase()
+phase.done(name="GPU containers done", phase="container")
 verify_phase()

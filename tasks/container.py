@@ -1,9 +1,40 @@
 """Phase 2, in each GPU container: driver, CUDA, venv, autotune patch, server unit."""
 
-from pyinfra import host
-from pyinfra.api import deploy
+from __future__ import annotations
 
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host, logger
+from pyinfra.api import OperationError, deploy
+from pyinfra.context import state
+from pyinfra.operations import apt, files, pip, python, server, systemd
+
+from pve_sglang.facts.nvidia import NvidiaDriverVersion, NvidiaGpus
+from pve_sglang.operations import stack
+from pve_sglang.operations.changes import any_changed
+from pve_sglang.server_command import (
+    dist_init_addr,
+    env_file_path,
+    flags_script,
+    node_rank_for,
+    render_env,
+    render_unit,
+    server_argv,
+    unit_name,
+    venv_python,
+)
 from pve_sglang.settings import ContainerSettings, settings_for
+
+REPO = Path(__file__).resolve().parent.parent
+TOOLS = "/opt/sglang"
+BASE_PACKAGES = ["ca-certificates", "curl", "python3", "python3-venv"]
+# FlashInfer compiles kernels at run time: nvcc and a host compiler.
+JIT_PACKAGES = ["g++", "make"]
+CUDA_KEYRING = (
+    "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
+    "cuda-keyring_1.1-1_all.deb"
+)
 
 
 @deploy("GPU container")
@@ -11,4 +42,180 @@ def container_phase() -> None:
     """Install the pinned stack and the SGLang unit in a GPU container."""
     if "gpu_containers" not in host.groups:
         return
-    settings_for(host.data, ContainerSettings)
+    run_when_container_exists(container_steps, "container setup")
+
+
+def run_when_container_exists(steps, what: str) -> None:
+    """Run STEPS now, or, when the container is created later in this run, once it runs."""
+    if host.connector.container_ready():
+        steps()
+        return
+    logger.info(
+        f"{host.name}: the container does not run yet (it is created or started earlier in "
+        f"this run): the {what} steps are planned once it runs"
+    )
+
+    def when_running() -> None:
+        if not host.connector.container_ready():
+            raise OperationError(
+                f"{host.name} is not running after the host phase (see its errors above): "
+                f"the {what} steps did not run"
+            )
+        steps()
+
+    python.call(name=f"{what.capitalize()} (after the container starts)", function=when_running)
+
+
+def host_gpus() -> tuple[str | None, list[dict]]:
+    """The container host's driver version and GPUs (facts of the Proxmox host)."""
+    parent = state.inventory.get_host(host.data.get("pve_host"))
+    driver = parent.get_fact(NvidiaDriverVersion)
+    return driver, parent.get_fact(NvidiaGpus) if driver else []
+
+
+def container_steps() -> None:
+    """Every step of the container phase, in order."""
+    cs = settings_for(host.data, ContainerSettings)
+    driver, gpus = host_gpus()
+    indices = [g["index"] for g in gpus] if cs.gpus == "all" else [i for i in cs.gpus]
+    selected = [g for g in gpus if g["index"] in indices]
+    py = venv_python(cs)
+
+    trust_ca_certificates(cs)
+    apt.packages(name="Base packages", packages=BASE_PACKAGES, update=True, cache_time=86400)
+    stack_ops = []
+    if driver:
+        stack_ops.append(nvidia_userspace(cs, driver))
+        cuda_toolkit(cs)
+    else:
+        logger.warning(
+            f"{host.name}: skipped the NVIDIA user-space driver and the CUDA toolkit: the "
+            "host has no NVIDIA driver (they must match the host's kernel module)"
+        )
+    stack_ops += python_stack(cs, py)
+
+    nodes_rank, nnodes = node_rank_for(host.name, cs.nodes)
+    rank0 = state.inventory.get_host(cs.nodes[0]) if cs.nodes else None
+    address = cs.dist_init_addr or (rank0.data.get("hostname") if rank0 else None)
+    argv = server_argv(
+        cs,
+        gpu_count=len(selected) or 1,
+        compute_caps=[g["compute_cap"] for g in selected],
+        node_rank=nodes_rank,
+        nnodes=nnodes,
+        dist_init_addr=dist_init_addr(address, cs.dist_init_port) if nnodes > 1 else None,
+        python=py,
+    )
+    for warning in argv.warnings:
+        logger.warning(f"{host.name}: {warning}")
+    server_unit(cs, py, argv, stack_ops, start=bool(driver))
+
+
+def trust_ca_certificates(cs: ContainerSettings) -> None:
+    """Add the given CA certificates to the container's store (a proxy's CA, for pip and uv)."""
+    uploads = [
+        files.put(name=f"CA certificate {Path(path).name}", src=path,
+                  dest=f"/usr/local/share/ca-certificates/{Path(path).stem}.crt", mode="644")
+        for path in cs.ca_certificates
+    ]
+    if uploads:
+        server.shell(name="Update the CA store", commands=["update-ca-certificates"],
+                     _if=any_changed(*uploads))
+
+
+def nvidia_userspace(cs: ContainerSettings, version: str):
+    """The runfile of the host's exact driver version, installed without kernel modules."""
+    runfile = f"/var/cache/pve-sglang/NVIDIA-Linux-x86_64-{version}.run"
+    if cs.nvidia_runfile_path:
+        files.put(name=f"Upload NVIDIA driver runfile {version}", src=cs.nvidia_runfile_path,
+                  dest=runfile, mode="755")
+    else:
+        files.download(
+            name=f"Download NVIDIA driver runfile {version}",
+            src=cs.nvidia_runfile_url or stack.RUNFILE_URL.format(v=version),
+            dest=runfile,
+            mode="755",
+        )
+    return stack.userspace_driver(
+        name=f"NVIDIA user-space driver {version} (the host's version)",
+        version=version,
+        runfile=runfile,
+    )
+
+
+def cuda_toolkit(cs: ContainerSettings) -> None:
+    """CUDA toolkit (nvcc) from NVIDIA's Debian repository, for FlashInfer's JIT."""
+    keyring = files.download(
+        name="NVIDIA CUDA repository keyring",
+        src=CUDA_KEYRING,
+        dest="/var/cache/pve-sglang/cuda-keyring.deb",
+    )
+    server.shell(name="Install the CUDA repository keyring",
+                 commands=["dpkg -i /var/cache/pve-sglang/cuda-keyring.deb"],
+                 _if=keyring.did_change)
+    version = cs.cuda_toolkit_version.replace(".", "-")
+    apt.packages(
+        name=f"CUDA toolkit {cs.cuda_toolkit_version} and a host compiler (FlashInfer JIT)",
+        packages=[f"cuda-toolkit-{version}", *JIT_PACKAGES],
+        update=True,
+        cache_time=3600,
+    )
+
+
+def python_stack(cs: ContainerSettings, py: str) -> list:
+    """uv, the venv, the pinned packages, the autotune patch; the ops that need a restart."""
+    tools = f"{TOOLS}/tools"
+    pip.venv(name="Tools venv (uv)", path=tools, python="python3")
+    pip.packages(name=f"uv {cs.uv_version}", packages=[f"uv=={cs.uv_version}"],
+                 virtualenv=tools)
+    uv = f"{tools}/bin/uv"
+    stack.venv(name=f"sglang venv {cs.venv_path}", uv=uv, path=cs.venv_path, python="/usr/bin/python3")
+    pins = {"sglang": cs.sglang_version}
+    if cs.stack_install == "pinned":
+        pins |= {"torch": cs.torch_version, "flashinfer-python": cs.flashinfer_version}
+    packages = stack.venv_packages(
+        name="sglang " + ", ".join(f"{n}=={v}" for n, v in pins.items()),
+        uv=uv,
+        python=py,
+        pins=pins,
+        args=stack.install_args(
+            [f"{name}=={version}" for name, version in pins.items()],
+            index_url=cs.pip_index_url,
+            extra_index_url=cs.torch_index_url,
+            wheelhouse=cs.wheelhouse,
+            no_deps=cs.stack_install == "sglang-no-deps",
+        ),
+    )
+    script = f"{TOOLS}/autotune_patch.py"
+    files.put(name="Upload the autotune patch", src=str(REPO / "tasks" / "autotune_patch.py"),
+              dest=script, mode="644")
+    patch = stack.autotune_patch(name="FlashInfer CUTLASS MoE autotune (sglang patch)",
+                                 python=py, script=script)
+    return [packages, patch]
+
+
+def server_unit(cs: ContainerSettings, py: str, argv: list[str], stack_ops: list, start: bool) -> None:
+    """The server's env file (0600), unit and state; restarted only when something changed."""
+    flags = f"{TOOLS}/sglang_flags.py"
+    files.put(name="Upload the server flag lister", src=StringIO(flags_script()), dest=flags,
+              mode="644")
+    stack.server_flags(name=f"Server flags exist in sglang {cs.sglang_version}",
+                       python=py, script=flags, argv=list(argv))
+    files.directory(name="sglang cache directory", path=cs.sglang_cache_dir, mode="755")
+    env_file = env_file_path(cs)
+    files.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
+    env = files.put(name=f"Server environment {env_file} (secrets, mode 0600)",
+                    src=StringIO(render_env(cs)), dest=env_file, mode="600")
+    unit = unit_name(cs)
+    unit_file = files.put(name=f"systemd unit {unit}", src=StringIO(render_unit(cs, argv)),
+                          dest=f"/etc/systemd/system/{unit}", mode="644")
+    systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
+    systemd.service(name=f"Enable {unit} at boot", service=unit, running=None, enabled=True)
+    stack.service_running(
+        name=f"{unit} running (restarted only when its unit, env, stack or patch changed)",
+        unit=unit,
+        start=start,
+        restart=any_changed(unit_file, env, *stack_ops),
+    )
+    if not start:
+        logger.warning(f"{host.name}: {unit} not started: the SGLang server needs a GPU")

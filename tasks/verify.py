@@ -1,7 +1,20 @@
 """Phase 3: GPUs visible, CUDA initialises, the server answers, optional benchmark."""
 
-from pyinfra import host
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyinfra import host, logger
 from pyinfra.api import deploy
+from pyinfra.operations import files
+
+from pve_sglang.bench_serving import bench_argv
+from pve_sglang.operations import verify
+from pve_sglang.server_command import env_file_path, venv_python
+from pve_sglang.settings import ContainerSettings, settings_for
+from tasks.container import TOOLS, host_gpus, run_when_container_exists
+
+GPU_CHECKS = Path(__file__).resolve().parent.parent / "pve_sglang" / "gpu_checks.py"
 
 
 @deploy("Verify")
@@ -9,3 +22,39 @@ def verify_phase() -> None:
     """Check the container end to end."""
     if "gpu_containers" not in host.groups:
         return
+    run_when_container_exists(verify_steps, "verify")
+
+
+def verify_steps() -> None:
+    """GPU, CUDA, health and benchmark checks; without a GPU, say what was skipped."""
+    cs = settings_for(host.data, ContainerSettings)
+    driver, gpus = host_gpus()
+    if not driver:
+        logger.warning(
+            f"{host.name}: verify skipped (GPUs visible, CUDA init, /health, benchmark): the "
+            "host has no NVIDIA GPU"
+        )
+        return
+    expected = len(gpus) if cs.gpus == "all" else len(cs.gpus)
+    py = venv_python(cs)
+    script = f"{TOOLS}/gpu_checks.py"
+    files.put(name="Upload the GPU checks", src=str(GPU_CHECKS), dest=script, mode="644")
+    verify.gpus_visible(name=f"{expected} GPUs visible in the container", expected=expected)
+    verify.cuda_initialises(name="CUDA initialises on every GPU", python=py, script=script,
+                            expected=expected)
+    # The server itself binds to server_host; checks run inside the container.
+    address = "127.0.0.1" if cs.server_host in ("0.0.0.0", "::") else cs.server_host
+    env_file = env_file_path(cs)
+    verify.server_healthy(
+        name=f"Server answers /health (up to {cs.health_timeout_s}s)",
+        url=f"http://{address}:{cs.server_port}/health",
+        env_file=env_file,
+        timeout_s=cs.health_timeout_s,
+    )
+    if cs.bench:
+        runs = {
+            c: bench_argv(cs, py, c, address, cs.server_port, cs.sglang_version)
+            for c in cs.bench_concurrencies
+        }
+        verify.benchmark(name=f"Benchmark at concurrency {cs.bench_concurrencies}",
+                         runs=runs, env_file=env_file)

@@ -1,0 +1,65 @@
+"""Read-only checks of a running GPU container: GPUs, CUDA, the server's health, a benchmark.
+
+Checks are facts, not commands, so a verified, converged deploy reports no change.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+
+class JsonCheck(FactBase["dict | None"]):
+    """
+    Returns the JSON line ``PYTHON SCRIPT ARGS`` prints (``gpu_checks.py cuda``), or None when
+    the script or that Python is not there yet.
+    """
+
+    @override
+    def command(self, python: str, script: str, args: str) -> str:
+        py, sc = shlex.quote(python), shlex.quote(script)
+        return f"[ -x {py} ] && [ -f {sc} ] || exit 0; {py} {sc} {args} 2>/dev/null; true"
+
+    @override
+    def process(self, output: list[str]) -> dict | None:
+        for line in reversed(output):
+            if line.strip().startswith("{"):
+                return json.loads(line)
+        return None
+
+
+class VisibleGpus(FactBase[list[str]]):
+    """Returns ``nvidia-smi -L`` lines in the container (``[]`` without nvidia-smi or GPUs)."""
+
+    @override
+    def command(self) -> str:
+        return "nvidia-smi -L 2>/dev/null || true"
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line.startswith("GPU ")]
+
+
+class HttpStatus(FactBase["int | None"]):
+    """
+    Returns the HTTP status of a GET of URL from inside the container (None: no answer), with
+    the server's API key from ENV_FILE when it sets one (the key never enters the command).
+    """
+
+    @override
+    def command(self, url: str, env_file: str) -> str:
+        env = shlex.quote(env_file)
+        return (
+            f"set -a; [ -r {env} ] && . {env}; set +a; "
+            "curl -s -o /dev/null -m 10 -w '%{http_code}' "
+            '${SGLANG_API_KEY:+-H "Authorization: Bearer $SGLANG_API_KEY"} '
+            f"{shlex.quote(url)} || true"
+        )
+
+    @override
+    def process(self, output: list[str]) -> int | None:
+        code = "".join(output).strip()
+        return int(code) if code.isdigit() and code != "000" else None

@@ -1,0 +1,148 @@
+"""The inference stack inside a GPU container: NVIDIA user-space driver, venv, autotune patch."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+
+from pyinfra import host
+from pyinfra.api import OperationError, operation
+from pyinfra.facts.files import File
+from pyinfra.facts.systemd import SystemdStatus
+
+from ..facts.container import (
+    AutotunePatchState,
+    NvidiaUserspaceVersion,
+    PythonPackages,
+    SglangServerFlags,
+)
+from ..server_command import check_flags
+
+RUNFILE_URL = "https://us.download.nvidia.com/XFree86/Linux-x86_64/{v}/NVIDIA-Linux-x86_64-{v}.run"
+PATCH_DONE = ("already-patched", "upstream-enabled")
+
+
+@operation()
+def userspace_driver(version: str, runfile: str):
+    """
+    Install NVIDIA's user-space driver VERSION from RUNFILE (a path in the container) without
+    kernel modules: the container shares the host's module, and any other version fails with
+    ``Driver/library version mismatch``. Done again whenever the host's version moves.
+    """
+    installed = host.get_fact(NvidiaUserspaceVersion)
+    if installed == version:
+        host.noop(f"user-space NVIDIA driver {version} is installed")
+        return
+    yield f"sh {shlex.quote(runfile)} --no-kernel-modules --silent"
+
+
+def install_args(
+    packages: list[str],
+    index_url: str | None,
+    extra_index_url: str | None,
+    wheelhouse: str | None,
+    no_deps: bool,
+) -> list[str]:
+    """``uv pip install`` arguments for PACKAGES from an index, a wheelhouse, or both."""
+    args = []
+    if wheelhouse:
+        args += ["--find-links", wheelhouse]
+        if not index_url:
+            args.append("--no-index")
+    if index_url:
+        args += ["--index-url", index_url]
+    if extra_index_url:
+        # torch's own index serves the CUDA builds; take the best match across indexes.
+        args += ["--extra-index-url", extra_index_url, "--index-strategy", "unsafe-best-match"]
+    if no_deps:
+        args.append("--no-deps")
+    return args + packages
+
+
+@operation()
+def venv_packages(uv: str, python: str, pins: dict[str, str], args: list[str]):
+    """
+    Install the pinned PACKAGES (``{name: version}``) into the venv at PYTHON with uv when any
+    installed version differs from its pin; a converged venv costs one read.
+    """
+    installed = host.get_fact(PythonPackages, python=python)
+    wrong = {name: installed.get(name) for name, version in pins.items()
+             if installed.get(name) != version}
+    if not wrong:
+        host.noop("pinned packages are installed: " + ", ".join(f"{n}=={v}" for n, v in pins.items()))
+        return
+    yield " ".join(
+        [shlex.quote(uv), "pip", "install", "--python", shlex.quote(python),
+         *(shlex.quote(a) for a in args)]
+    )
+
+
+@operation()
+def autotune_patch(python: str, script: str):
+    """
+    Enable FlashInfer's CUTLASS MoE autotune in the installed sglang (see
+    ``tasks/autotune_patch.py``); checked on every run, since a reinstall drops it silently.
+    Code the patch does not recognise stops the deploy, naming the version and file.
+    """
+    state = host.get_fact(AutotunePatchState, python=python, script=script)
+    if state in PATCH_DONE:
+        host.noop(f"sglang autotune for flashinfer_cutlass: {state}")
+        return
+    if state and state.startswith("unrecognised"):
+        raise OperationError(
+            f"autotune patch: {state}: this sglang code is not one the patch knows, nothing "
+            "was changed; pin a release from 0.5.7 on (0.5.13+ needs no patch)"
+        )
+    find = (
+        "import importlib.util as u; print(u.find_spec('sglang').submodule_search_locations[0])"
+    )
+    py = shlex.quote(python)
+    yield f"{py} {shlex.quote(script)} --apply \"$({py} -c {shlex.quote(find)})\""
+
+
+@operation()
+def service_running(unit: str, start: bool, restart: Callable[[], bool]):
+    """
+    Keep UNIT running: start it when it is down (only if START: the server needs a GPU), and
+    restart it once when RESTART says its unit, environment, stack or patch changed. A
+    converged run restarts nothing: a restart reloads the model, minutes of downtime.
+    """
+    running = host.get_fact(SystemdStatus, services=[unit]).get(unit)
+    if running:
+        if restart():
+            yield f"systemctl restart {shlex.quote(unit)}"
+        else:
+            host.noop(f"{unit} is running and unchanged")
+    elif start:
+        yield f"systemctl start {shlex.quote(unit)}"
+    else:
+        host.noop(f"{unit} not started: the server needs a GPU")
+
+
+@operation()
+def server_flags(python: str, script: str, argv: list[str]):
+    """
+    Stop the deploy before the unit is written when the server command uses a flag the
+    installed sglang release does not know (spellings change between releases).
+    """
+    known = host.get_fact(SglangServerFlags, python=python, script=script)
+    if known is None:
+        host.noop("server flags are checked once sglang is installed")
+        return
+    try:
+        check_flags(argv, known)
+    except ValueError as error:
+        raise OperationError(str(error)) from None
+    host.noop(f"every server flag exists in sglang {known.version}")
+    return
+    yield  # an operation is a generator, also when it only checks
+
+
+@operation()
+def venv(uv: str, path: str, python: str):
+    """Create the venv at PATH with uv from the system PYTHON (uv downloads no Python)."""
+    # pyvenv.cfg, not bin/python: that is a symlink, which the File fact does not count.
+    if host.get_fact(File, path=f"{path.rstrip('/')}/pyvenv.cfg"):
+        host.noop(f"venv {path} exists")
+        return
+    yield f"UV_PYTHON_DOWNLOADS=never {shlex.quote(uv)} venv --python {shlex.quote(python)} {shlex.quote(path)}"
