@@ -2,85 +2,137 @@
 
 Host data from the hosts file overrides any of these per Proxmox host or per container
 (``pve_sglang.settings`` validates the merged result before anything runs). The README's
-settings table is checked against this file by a test.
+settings table is generated from this file (``python -m pve_sglang.settings_table``): each
+setting's comment is its description there.
 """
 
 # --- Proxmox host -------------------------------------------------------------------------
 # "pve": a Proxmox VE host driven with pct; "lxc": a plain LXC host driven with lxc-* tools.
 platform = "pve"
-# Plain LXC hosts: where containers live and the Debian release they are created with.
-lxc_path = "/var/lib/lxc"
-lxc_release = "bookworm"
-# Reload nvidia_uvm to bring uvm_disable_hmm in force (only when no GPU process runs).
+# A host without an NVIDIA driver is an error; false skips the GPU steps (the local demo).
+require_gpu = True
+# Reload nvidia_uvm to bring uvm_disable_hmm=1 in force now (only when no GPU process runs).
 reload_modules = False
-# Proxmox storage that holds container templates, and the template to create containers from.
+# Proxmox storage that holds container templates.
 template_storage = "local"
-# A name prefix takes the newest matching template that `pveam available` lists.
+# Container template: a file name, or a prefix that takes the newest `pveam available` lists.
 template = "debian-12-standard"
-# pve-container releases from this one on take native devN: GPU entries (PVE 8.1+).
+# pve-container release from which GPUs pass as native devN: entries (PVE 8.1+).
 pve_container_native_dev_min = "5.0.7"
+# Plain LXC hosts: where containers live (lxc -P).
+lxc_path = "/var/lib/lxc"
+# Plain LXC hosts: the Debian release new containers get (debian template).
+lxc_release = "bookworm"
+# Plain LXC hosts: unpack this rootfs tarball instead of running the debian template.
+lxc_rootfs_tarball = None
+# Plain LXC hosts: config lines the deploy owns (by default: share the host's network).
+lxc_config = ["lxc.net.0.type = none"]
 
 # --- Container ----------------------------------------------------------------------------
-# None: "sglang-<VMID or name>".
+# Container hostname; null: "sglang-<VMID or name>".
 hostname = None
+# Proxmox storage for the container's root disk.
 rootfs_storage = "local-lvm"
+# Root disk size in GiB (grown when larger, never shrunk).
 rootfs_size_gib = 200
+# CPU cores of the container.
 cores = 32
+# Memory of the container in MiB.
 memory_mib = 262144
+# Swap of the container in MiB.
 swap_mib = 0
+# Proxmox network device of the container.
 net0 = "name=eth0,bridge=vmbr0,ip=dhcp"
+# Unprivileged container (Proxmox cannot change this after creation).
 unprivileged = True
+# Start the container when the host boots.
 onboot = True
+# LXC nesting feature (systemd in the container wants it).
 nesting = True
-# "all", or a list of GPU indices to pass through, e.g. [0, 1].
+# GPUs to pass through: "all", or a list of indices, e.g. [0, 1].
 gpus = "all"
-# Host directories bind-mounted into the container: [{"host_path": ..., "path": ...}].
+# Host directories bind-mounted into the container: [{host_path, path, read_only}].
 mounts = []
 
 # --- Stack in the container ---------------------------------------------------------------
-# The sglang release; torch and flashinfer must be the versions that release pins.
+# The sglang release; torch and flashinfer below must be the versions it pins.
 sglang_version = "0.5.9"
+# torch version, as sglang_version pins it.
 torch_version = "2.9.1"
+# flashinfer-python version, as sglang_version pins it.
 flashinfer_version = "0.6.3"
+# CUDA toolkit (nvcc) for FlashInfer's JIT, from NVIDIA's Debian repository.
 cuda_toolkit_version = "12.8"
+# uv version that builds the venv.
 uv_version = "0.13.8"
+# Where the venv lives in the container.
 venv_path = "/opt/sglang/venv"
-# Extra package index (private mirror) and local wheelhouse for air-gapped sites.
+# Package index to install from instead of PyPI (a private mirror).
 pip_index_url = None
+# CA certificates (files on the machine running pyinfra) the container must trust, e.g. a
+# proxy's; added to its system store before anything is downloaded.
+ca_certificates = []
+# Directory of wheels in the container to install from (air-gapped sites).
 wheelhouse = None
-# NVIDIA user-space driver: None derives the runfile URL from the host's version.
+# Extra index for torch builds (e.g. a CUDA 12.8 index); null: torch's PyPI build.
+torch_index_url = None
+# "pinned": sglang, torch, flashinfer with their dependencies; "sglang-no-deps": sglang alone.
+stack_install = "pinned"
+# URL of NVIDIA's driver runfile; null: NVIDIA's download URL for the host's version.
 nvidia_runfile_url = None
+# Path of the driver runfile on the machine running pyinfra (uploaded; no download).
 nvidia_runfile_path = None
 
 # --- SGLang server ------------------------------------------------------------------------
+# systemd unit name of the server (and of its env file).
 service_name = "sglang"
+# Model directory in the container (--model-path).
 model_path = "/models/model"
+# Name the API serves the model as; null: the model path.
 served_model_name = None
+# Address the server binds to; 127.0.0.1 unless you expose it on purpose.
 server_host = "127.0.0.1"
+# Port of the server's HTTP API.
 server_port = 30000
-# None: one tensor-parallel rank per GPU passed through.
+# Tensor-parallel size; null: one rank per GPU passed through (times the nodes).
 tp_size = None
+# MoE runner backend (--moe-runner-backend); flashinfer_cutlass runs with the autotune on.
 moe_runner_backend = "flashinfer_cutlass"
+# Attention backend (--attention-backend).
 attention_backend = "flashinfer"
+# Share of GPU memory for weights and KV cache (--mem-fraction-static), in (0, 1).
 mem_fraction_static = 0.92
-# None: no cap (a cap of 64 throttled the tuned run to a quarter of its throughput).
+# Cap on running requests; null: no cap (a cap of 64 throttled the tuned run to a quarter).
 max_running_requests = None
+# Pass --disable-cuda-graph (as in the tuned run).
 disable_cuda_graph = True
+# Pass --enable-flashinfer-allreduce-fusion (never on compute capability 12.x).
 enable_flashinfer_allreduce_fusion = False
+# More server flags, appended as given, e.g. ["--disable-shared-experts-fusion"].
 extra_server_args = []
+# Persistent cache of sglang and the FlashInfer autotune (SGLANG_CACHE_DIR).
 sglang_cache_dir = "/var/cache/sglang"
-# Secrets go to an EnvironmentFile with mode 0600, never into the unit.
+# Hugging Face token ("env:NAME" reads it from the environment); only in the 0600 env file.
 hf_token = None
+# API key the server requires ("env:NAME" reads it from the environment); only in the env file.
 api_key = None
 # Seconds to wait for /health after a (re)start: a 400 GB model loads for many minutes.
 health_timeout_s = 3600
-# Several nodes: the inventory names of the containers that serve one model, rank 0 first.
+# Containers serving one model together (inventory names, rank 0 first); [] for one node.
 nodes = []
+# Rank 0's address for --dist-init-addr; null: rank 0's container hostname.
+dist_init_addr = None
+# Port for --dist-init-addr, the same on every node.
 dist_init_port = 50000
 
 # --- Verify -------------------------------------------------------------------------------
+# Run a short sglang.bench_serving after the server answers.
 bench = False
+# Concurrencies the benchmark runs at (--max-concurrency), one run each.
 bench_concurrencies = [1, 16, 64]
+# Prompts per benchmark run.
 bench_num_prompts = 64
+# Random input length in tokens.
 bench_input_len = 1024
+# Random output length in tokens.
 bench_output_len = 256

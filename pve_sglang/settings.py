@@ -80,9 +80,12 @@ class HostSettings(_Strict):
     """Settings of one Proxmox (or plain LXC) host."""
 
     platform: Literal["pve", "lxc"]
+    require_gpu: bool
     reload_modules: bool
     lxc_path: str
     lxc_release: str
+    lxc_rootfs_tarball: str | None
+    lxc_config: list[str]
     template_storage: str
     template: str
     pve_container_native_dev_min: str
@@ -111,7 +114,10 @@ class ContainerSettings(_Strict):
     uv_version: str
     venv_path: str
     pip_index_url: str | None
+    ca_certificates: list[str]
     wheelhouse: str | None
+    torch_index_url: str | None
+    stack_install: Literal["pinned", "sglang-no-deps"]
     nvidia_runfile_url: str | None
     nvidia_runfile_path: str | None
 
@@ -133,6 +139,7 @@ class ContainerSettings(_Strict):
     api_key: SecretStr | None
     health_timeout_s: int = Field(gt=0)
     nodes: list[str]
+    dist_init_addr: str | None
     dist_init_port: int = Field(ge=1, le=65535)
 
     bench: bool
