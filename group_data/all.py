@@ -69,8 +69,8 @@ uv_version = "0.13.8"
 venv_path = "/opt/sglang/venv"
 # Package index to install from instead of PyPI (a private mirror).
 pip_index_url = None
-# CA certificates (files on the machine running pyinfra) the container must trust, e.g. a
-# proxy's; added to its system store before anything is downloaded.
+# CA certificates the container must trust (files or globs on the machine running pyinfra,
+# e.g. a proxy's CA), added to its system store before anything is downloaded.
 ca_certificates = []
 # Directory of wheels in the container to install from (air-gapped sites).
 wheelhouse = None

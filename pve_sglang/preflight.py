@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 from pyinfra.api.host import Host
+from pyinfra.facts.server import Command, Which
 from packaging.version import Version
 
 from .facts.nvidia import CharDeviceMajors, NvidiaDeviceNodes, NvidiaDriverVersion, NvidiaGpus
@@ -60,6 +61,23 @@ class GpuHost:
         """Raw ``lxc.*`` passthrough lines for these GPUs, in the host's cgroup version."""
         cgroup = "v2" if self.cgroup == "v2" else "v1"
         return raw_lxc_lines(indices, self.majors, self.nodes, style=style, cgroup=cgroup)
+
+
+def check_container_tools(host: Host, settings: HostSettings) -> None:
+    """The host must have the container tools of its platform, and the deploy must be root."""
+    tool = "pct" if settings.platform == "pve" else "lxc-start"
+    if not host.get_fact(Which, command=tool):
+        hint = (
+            "is this a Proxmox VE host? set platform: lxc for a plain LXC host"
+            if settings.platform == "pve"
+            else "install them as root: apt-get install lxc debootstrap"
+        )
+        raise PreflightError(f"host {host.name}: {tool} not found ({hint}); nothing was changed")
+    if host.get_fact(Command, command="id -u").strip() != "0":
+        raise PreflightError(
+            f"host {host.name}: containers are managed as root: connect as root "
+            "(ssh_user: root) or run pyinfra as root for the local host"
+        )
 
 
 def gpu_host(host: Host, settings: HostSettings) -> GpuHost | None:

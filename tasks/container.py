@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 from io import StringIO
 from pathlib import Path
 
@@ -113,10 +114,11 @@ def container_steps() -> None:
 
 def trust_ca_certificates(cs: ContainerSettings) -> None:
     """Add the given CA certificates to the container's store (a proxy's CA, for pip and uv)."""
+    paths = sorted({match for pattern in cs.ca_certificates for match in glob.glob(pattern)})
     uploads = [
         files.put(name=f"CA certificate {Path(path).name}", src=path,
                   dest=f"/usr/local/share/ca-certificates/{Path(path).stem}.crt", mode="644")
-        for path in cs.ca_certificates
+        for path in paths
     ]
     if uploads:
         server.shell(name="Update the CA store", commands=["update-ca-certificates"],

@@ -13,7 +13,13 @@ from pve_sglang.facts.nvidia import NvidiaGpuProcesses, UvmDisableHmm
 from pve_sglang.facts.pve import PctConfig
 from pve_sglang.operations import lxc, owned, pct
 from pve_sglang.operations.changes import any_changed
-from pve_sglang.preflight import GpuHost, PreflightError, check_container, gpu_host
+from pve_sglang.preflight import (
+    GpuHost,
+    PreflightError,
+    check_container,
+    check_container_tools,
+    gpu_host,
+)
 from pve_sglang.settings import ContainerSettings, HostSettings, settings_for
 
 UVM_CONF = "/etc/modprobe.d/nvidia-uvm.conf"
@@ -26,6 +32,7 @@ def host_phase() -> None:
     if "pve_hosts" not in host.groups:
         return
     settings = settings_for(host.data, HostSettings)
+    check_container_tools(host, settings)
     gpu = gpu_host(host, settings)
     containers = [state.inventory.get_host(name) for name in host.data.get("containers") or []]
     # Check every container against the host before the first change.

@@ -19,16 +19,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-CACHE = REPO / ".cache" / "wheels"
 sys.path.insert(0, str(REPO))
 
 from tasks import autotune_patch  # noqa: E402
+from wheels import wheel  # noqa: E402
 
-# Pinned so that every host fetches (and caches) the same files as the 3.11 x86_64 containers.
-PIP_TARGET = [
-    "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-    "--platform", "manylinux_2_34_x86_64",
-]
 MODEL_RUNNER = "srt/model_executor/model_runner.py"
 BASE_RUNNER = "srt/model_executor/runner/base_runner.py"
 AUTOTUNE = "srt/model_executor/runner/flashinfer_autotune.py"
@@ -54,23 +49,6 @@ REFUSED = ["0.5.6"]
 TODO_LINE = "# TODO: flashinfer_cutlass will cause some flashinfer compilation errors. To be fixed."
 DISABLED_LINE = '# "flashinfer_cutlass",'
 ROUTED_DISABLED = '# "flashinfer_trtllm_routed",'
-
-
-@functools.lru_cache(maxsize=None)
-def wheel(version: str) -> Path:
-    """Return the cached wheel for version, downloading it first if needed."""
-    found = sorted(CACHE.glob(f"sglang-{version}-*.whl"))
-    if found:
-        return found[0]
-    CACHE.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *PIP_TARGET]
-    done = subprocess.run(
-        [*command, f"sglang=={version}", "-d", str(CACHE)], capture_output=True, text=True, timeout=600
-    )
-    found = sorted(CACHE.glob(f"sglang-{version}-*.whl"))
-    if done.returncode != 0 or not found:
-        pytest.fail(f"pip download of sglang=={version} failed:\n{done.stdout}\n{done.stderr}")
-    return found[0]
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,197 @@
+"""The whole deploy through the real CLI into a real LXC container (systemd), as far as no GPU allows.
+
+`pyinfra inventory.py deploy.py -y --json` on a plain LXC host (this machine) creates the
+container from the cached Debian rootfs, installs uv, a venv and the real sglang 0.5.9 wheel
+from a local wheelhouse (without its dependencies: no GPU here), applies the autotune patch to
+the real sglang files, renders and enables the unit. Steps that need a GPU (user-space driver,
+CUDA toolkit, starting the server, CUDA and /health checks) are skipped with a message naming
+them; the test checks those messages too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import lxc_env
+from wheels import wheel
+
+REPO = Path(__file__).resolve().parents[1]
+PYINFRA = Path(sys.executable).parent / "pyinfra"
+NAME = "pvs-deploy"
+UNIT = "/etc/systemd/system/sglang.service"
+# Lets the test run the unit without a GPU: only ExecStart is replaced, in a drop-in, so the
+# unit file under test stays the deploy's own.
+NO_GPU_DROPIN = "[Service]\nExecStartPre=\nExecStart=\nExecStart=/bin/sleep infinity\n"
+
+
+class Deploy:
+    """A hosts file for one local LXC container, and the pyinfra CLI run against it."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.lxc_path = root / "lxc"
+        self.wheelhouse = root / "wheelhouse"
+        self.lxc_path.mkdir(parents=True)
+        self.wheelhouse.mkdir()
+        shutil.copy(wheel("0.5.9"), self.wheelhouse)
+        self.container: dict = {
+            "name": NAME,
+            "wheelhouse": "/opt/wheelhouse",
+            "stack_install": "sglang-no-deps",
+            "ca_certificates": [str(lxc_env.HOST_CA_DIR / "*.crt")],
+            "hf_token": "hf_test_secret_value",
+        }
+        self.hosts_file = root / "hosts.yml"
+
+    def write_hosts(self) -> None:
+        hosts = {
+            "local": {
+                "platform": "lxc",
+                "require_gpu": False,
+                "lxc_path": str(self.lxc_path),
+                "lxc_rootfs_tarball": str(lxc_env.ensure_rootfs_tarball()),
+                "lxc_config": [
+                    "lxc.net.0.type = none",
+                    f"lxc.mount.entry = {self.wheelhouse} opt/wheelhouse none bind,ro,create=dir 0 0",
+                ],
+                "containers": [self.container],
+            }
+        }
+        self.hosts_file.write_text(yaml.safe_dump(hosts))
+
+    def run(self, *args: str) -> tuple[dict, str]:
+        """Run the deploy; returns pyinfra's JSON results and its log (stderr)."""
+        self.write_hosts()
+        env = {**os.environ, "PVE_SGLANG_HOSTS": str(self.hosts_file)}
+        done = subprocess.run(
+            [str(PYINFRA), "inventory.py", "deploy.py", "-y", "--json", *args],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+        return json.loads(done.stdout), done.stderr
+
+    def attach(self, command: str, check: bool = True) -> str:
+        done = subprocess.run(
+            ["lxc-attach", "-P", str(self.lxc_path), "-n", NAME, "--clear-env",
+             "-v", f"PATH={lxc_env.CONTAINER_PATH}", "--", "sh", "-c", command],
+            capture_output=True, text=True, timeout=120,
+        )
+        if check:
+            assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
+        return done.stdout.strip()
+
+    def destroy(self) -> None:
+        subprocess.run(["lxc-stop", "-P", str(self.lxc_path), "-n", NAME, "-k"], capture_output=True)
+        subprocess.run(["lxc-destroy", "-P", str(self.lxc_path), "-n", NAME], capture_output=True)
+
+
+def changed(results: dict) -> list[str]:
+    """Names of the operations that changed something in a run (pyinfra's JSON results)."""
+    return [op["name"] for op in results["results"]["operations"] if op["success"]]
+
+
+def failed(results: dict) -> list[str]:
+    return [op["name"] for op in results["results"]["operations"] if op["error"]]
+
+
+@pytest.fixture(scope="module")
+def deploy(tmp_path_factory):
+    missing = lxc_env.missing_requirements()
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
+    deploy = Deploy(tmp_path_factory.mktemp("deploy"))
+    yield deploy
+    deploy.destroy()
+
+
+@pytest.fixture(scope="module")
+def first_run(deploy):
+    return deploy.run()
+
+
+def test_first_run_creates_and_installs_and_says_what_needs_a_gpu(deploy, first_run):
+    results, log = first_run
+    assert failed(results) == []
+    names = set(changed(results))
+    assert any("Create container" in n for n in names), names
+    assert any("sglang==0.5.9" in n for n in names), names
+    assert any("autotune" in n for n in names), names
+    for skipped in ("NVIDIA user-space driver and the CUDA toolkit", "not started: the SGLang "
+                    "server needs a GPU", "verify skipped (GPUs visible, CUDA init, /health"):
+        assert skipped in log, log[-3000:]
+
+
+def test_container_has_patched_sglang_enabled_unit_and_private_env(deploy, first_run):
+    site = deploy.attach(
+        "/opt/sglang/venv/bin/python -c 'import importlib.util as u; "
+        "print(u.find_spec(\"sglang\").submodule_search_locations[0])'"
+    )
+    runner = deploy.attach(f"cat {site}/srt/model_executor/model_runner.py")
+    assert '"flashinfer_cutlass",  # pve-sglang: autotune enabled' in runner
+    assert deploy.attach("systemctl is-enabled sglang.service") == "enabled"
+    deploy.attach(f"systemd-analyze verify {UNIT}")
+    assert deploy.attach("stat -c '%a %U' /etc/sglang/sglang.env") == "600 root"
+    assert "HF_TOKEN=" in deploy.attach("cat /etc/sglang/sglang.env")
+    unit = deploy.attach(f"cat {UNIT}")
+    assert "hf_test_secret_value" not in unit
+    assert "--mem-fraction-static 0.92" in unit and "--max-running-requests" not in unit
+
+
+def test_second_run_changes_nothing(deploy, first_run):
+    results, _ = deploy.run()
+    assert changed(results) == []
+
+
+def test_changing_one_flag_restarts_the_running_server_exactly_once(deploy, first_run):
+    deploy.attach("mkdir -p /etc/systemd/system/sglang.service.d && printf '%s' "
+                  f"'{NO_GPU_DROPIN}' > /etc/systemd/system/sglang.service.d/no-gpu.conf && "
+                  "systemctl daemon-reload && systemctl start sglang.service")
+    pid = deploy.attach("systemctl show -p MainPID --value sglang.service")
+    assert pid != "0"
+    stops = "journalctl -u sglang.service --no-pager -o cat | grep -c '^Stopping' || true"
+    stops_before = int(deploy.attach(stops))
+
+    deploy.container["mem_fraction_static"] = 0.85
+    results, _ = deploy.run()
+    assert set(changed(results)) == {
+        "GPU container | systemd unit sglang.service",
+        "GPU container | Reload systemd units",
+        "GPU container | sglang.service running (restarted only when its unit, env, stack or "
+        "patch changed)",
+    }
+    assert int(deploy.attach(stops)) == stops_before + 1
+    assert "--mem-fraction-static 0.85" in deploy.attach(f"cat {UNIT}")
+    new_pid = deploy.attach("systemctl show -p MainPID --value sglang.service")
+    assert new_pid not in ("0", pid)
+
+    results, _ = deploy.run()
+    assert changed(results) == []
+    assert deploy.attach("systemctl show -p MainPID --value sglang.service") == new_pid
+    assert int(deploy.attach(stops)) == stops_before + 1
+
+
+def test_reinstall_drops_patch_and_next_run_restores_it(deploy, first_run):
+    site = deploy.attach(
+        "/opt/sglang/venv/bin/python -c 'import importlib.util as u; "
+        "print(u.find_spec(\"sglang\").submodule_search_locations[0])'"
+    )
+    deploy.attach("/opt/sglang/tools/bin/uv pip install --python /opt/sglang/venv/bin/python "
+                  "--no-index --find-links /opt/wheelhouse --no-deps --reinstall sglang==0.5.9")
+    assert "pve-sglang" not in deploy.attach(f"cat {site}/srt/model_executor/model_runner.py")
+    results, _ = deploy.run()
+    assert changed(results) == [
+        "GPU container | FlashInfer CUTLASS MoE autotune (sglang patch)",
+        "GPU container | sglang.service running (restarted only when its unit, env, stack or "
+        "patch changed)",
+    ]
+    assert "pve-sglang: autotune enabled" in deploy.attach(
+        f"cat {site}/srt/model_executor/model_runner.py"
+    )
