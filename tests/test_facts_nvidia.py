@@ -85,7 +85,7 @@ def test_gpus_recorded_h200_through_local_connector(tmp_path):
 
 
 def test_gpus_nvidia_smi_missing_is_empty_list():
-    done = run_command(NvidiaGpus().command(), only=True)
+    done = run_command(NvidiaGpus().command(), bare=True)
     assert done.returncode == 0 and done.stdout == ""
     assert NvidiaGpus().default() == []
 
@@ -213,7 +213,7 @@ def test_gpu_processes_command_with_recorded_nvidia_smi_and_fuser(tmp_path):
 
 
 def test_gpu_processes_no_tools_is_empty():
-    done = run_command(NvidiaGpuProcesses().command(), only=True)
+    done = run_command(NvidiaGpuProcesses().command(), bare=True)
     assert done.returncode == 0
 
 
@@ -236,7 +236,7 @@ def test_p2p_matrix_recorded_h200_single_gpu():
 
 def test_topology_facts_without_nvidia_smi_are_none():
     for command in (NvidiaTopoMatrix().command(), NvidiaP2pMatrix().command(mode="w")):
-        done = run_command(command, only=True)
+        done = run_command(command, bare=True)
         assert done.returncode == 0 and done.stdout == ""
     assert NvidiaTopoMatrix().process(["No devices were found"]) is None
 

@@ -41,7 +41,7 @@ def test_detect_virt_bare_metal_exits_1_printing_none(tmp_path):
 def test_detect_virt_recorded_h200_missing_tool():
     assert "systemd-detect-virt: command not found" in text("h200", "systemd_detect_virt.stderr.txt")
     assert text("h200", "which_tools.txt").count("MISSING") >= 5
-    done = run_command(VirtualisationType().command(), only=True)
+    done = run_command(VirtualisationType().command(), bare=True)
     assert done.returncode == 0
     assert VirtualisationType().process([]) is None
 
@@ -132,3 +132,9 @@ def test_cgroup_v1_and_unknown():
 def test_cgroup_through_local_connector():
     value, failed = local_fact(CgroupVersion)
     assert not failed and value in ("v1", "v2", "hybrid")
+
+
+def test_vm_type_recorded_h200_firecracker_cpu_flag_fallback():
+    # The H200 image has no systemd-detect-virt; its CPU flags carry "hypervisor".
+    assert " hypervisor " in text("h200", "run2", "cpuinfo_flags.txt")
+    assert VirtualMachineType().process(lines("h200", "run2", "fact_VirtualMachineType.txt")) == "hypervisor"

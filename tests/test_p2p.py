@@ -215,3 +215,14 @@ def test_deploy_p2p_strict_fails_on_warnings(tmp_path):
     done = _pyinfra(tmp_path, "--data", "p2p_strict=1", path_dirs=[bin_dir])
     assert done.returncode != 0
     assert "P2P preflight: 4 warning(s)" in done.stdout + done.stderr
+
+
+def test_deploy_p2p_recorded_on_h200_with_torch():
+    # `pyinfra @local deploy_p2p.py -y --data p2p_python=...` as run on the H200 machine.
+    out = text("h200", "run2", "deploy_p2p_with_torch.txt")
+    assert "[@local] GPU P2P preflight: 1 GPU(s), virtualisation: hypervisor" in out
+    assert "Upload gpu_checks.py for the P2P bandwidth check" in out
+    row = next(line for line in out.splitlines() if line.startswith("[@local] GPU0 "))
+    assert float(row.split()[-1]) > 1000  # GB/s of a 256 MiB copy on one H200
+    assert "P2P preflight: nothing to check (1 GPU)" in out
+    assert "Bandwidth not measured" in text("h200", "run2", "deploy_p2p_no_torch.txt")
