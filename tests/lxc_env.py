@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CACHE_DIR = REPO_ROOT / ".cache" / "rootfs"
+#: Where the rootfs tarball is cached; PVE_SGLANG_ROOTFS_CACHE overrides (e.g. to time a cold build).
+CACHE_DIR = Path(os.environ.get("PVE_SGLANG_ROOTFS_CACHE") or REPO_ROOT / ".cache" / "rootfs")
 
 SUITE = "bookworm"
 #: Packages on top of minbase: systemd as init, Python for venvs/pip, what deploys and service
@@ -55,6 +56,7 @@ PACKAGES: tuple[str, ...] = (
     "procps",
     "curl",
     "sudo",
+    "openssh-server",  # disabled in every container; a test starts it on a loopback port
 )
 #: Removed from the built rootfs before packing (downloaded .debs, apt lists, docs).
 PRUNE: tuple[str, ...] = (
@@ -65,7 +67,7 @@ PRUNE: tuple[str, ...] = (
     "usr/share/man/*",
     "usr/share/locale/*",
 )
-BUILD_FORMAT = "1"  # bump when the build steps change
+BUILD_FORMAT = "2"  # bump when the build steps change
 
 CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Unprivileged containers: container ids 0-65535 are host ids 100000-165535.
@@ -148,6 +150,22 @@ def _cache_lock() -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def disable_sshd(rootfs: Path) -> None:
+    """
+    Keep sshd from starting at boot. Containers share the host's network, so an enabled sshd
+    would listen on the host's port 22; a test that needs it configures a loopback port and
+    starts it itself. Done at build time so that every user of the tarball gets it.
+    """
+    for pattern in (
+        "etc/systemd/system/*.wants/ssh.service",
+        "etc/systemd/system/*.wants/ssh.socket",
+        "etc/systemd/system/sshd.service",
+        "etc/rc?.d/[SK]*ssh",
+    ):
+        for path in glob.glob(str(rootfs / pattern)):
+            os.unlink(path)
+
+
 def build_rootfs_tarball(dest: Path) -> None:
     """Debootstrap a Debian rootfs, prune it and pack it as ``dest`` (zstd tar)."""
     build_dir = Path(tempfile.mkdtemp(prefix="build-", dir=CACHE_DIR))
@@ -174,6 +192,7 @@ def build_rootfs_tarball(dest: Path) -> None:
             )
         debootstrap_s = time.monotonic() - started
 
+        disable_sshd(rootfs)
         for pattern in PRUNE:
             for path in glob.glob(str(rootfs / pattern)):
                 if os.path.isdir(path) and not os.path.islink(path):
@@ -221,7 +240,7 @@ def ensure_rootfs_tarball() -> Path:
         if not dest.exists():
             build_rootfs_tarball(dest)
         else:
-            log(f"using cached rootfs {dest.relative_to(REPO_ROOT)}")
+            log(f"using cached rootfs {dest}")
     return dest
 
 

@@ -5,6 +5,10 @@ There is no Proxmox VE here: ``tests/bin/pct`` is a stand-in that implements ``p
 --keep-env 0 -- ...``, ``pct push``, ``pct pull`` and ``pct status`` on top of lxc-attach against
 the real LXC test containers (VMID -> container name through ``PCT_STANDIN_CONTAINERS``). The
 tests are named ``..._via_lxc_standin_...`` to say so.
+
+The SSH outer connector (the production path: Proxmox over SSH) is tested with a container
+playing the Proxmox host: its sshd listens on a loopback port of its own, and the stand-in runs
+there with VMID 105 meaning that system itself.
 """
 
 from __future__ import annotations
@@ -12,7 +16,11 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import socket
+import time
 from pathlib import Path
+
+import paramiko
 
 import pytest
 from pyinfra.api import Config, Inventory, State
@@ -207,3 +215,103 @@ def test_pct_connector_via_lxc_standin_stopped_and_missing(pct_standin, lxc_cont
     with pytest.raises(ContainerNotRunningError, match=r"Proxmox container 199 .*state: missing"):
         host.get_file("/etc/hostname", io.BytesIO())
     disconnect_all(state)
+
+
+# Over SSH: a container plays the Proxmox host
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for_port(port: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+
+
+@pytest.fixture
+def ssh_pve_host(lxc_container_factory, tmp_path):
+    """
+    A container with sshd on 127.0.0.1:PORT (root, key only) and the pct stand-in installed,
+    VMID 105 = the container itself. Returns (container, host data for pyinfra's SSH).
+    """
+    (container,) = lxc_container_factory(1)
+    port = _free_loopback_port()
+    key = paramiko.RSAKey.generate(2048)
+    key_path = tmp_path / "id_rsa"
+    key.write_private_key_file(str(key_path))
+
+    container.attach(
+        "install -d -m 700 /root/.ssh && cat > /root/.ssh/authorized_keys",
+        input=f"{key.get_name()} {key.get_base64()}\n",
+    )
+    container.attach(
+        "cat > /etc/ssh/sshd_config.d/00-test.conf",
+        input=(
+            f"Port {port}\nListenAddress 127.0.0.1\nPermitRootLogin prohibit-password\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+        ),
+    )
+    container.attach("install -m 755 /dev/stdin /usr/local/bin/pct", input=(STANDIN_BIN / "pct").read_bytes())
+    container.attach(
+        "cat > /etc/pct-standin.conf",
+        input='PCT_STANDIN_CONTAINERS="105=."\nPCT_STANDIN_LOG=/root/pct.log\n',
+    )
+    container.attach("systemctl start ssh.service")
+    _wait_for_port(port)
+
+    data = {
+        "ssh_port": port,
+        "ssh_user": "root",
+        "ssh_key": str(key_path),
+        "ssh_allow_agent": False,
+        "ssh_look_for_keys": False,
+        "ssh_strict_host_key_checking": "no",
+        "ssh_known_hosts_file": str(tmp_path / "known_hosts"),
+    }
+    yield container, data
+    container.attach("systemctl stop ssh.service", check=False)
+
+
+def test_pct_connector_over_ssh_via_lxc_standin(ssh_pve_host, tmp_path):
+    container, data = ssh_pve_host
+    state = make_state(("@pct/127.0.0.1/105", data))
+    host = only_host(state)
+    assert isinstance(host.connector.outer, SSHConnector)
+    assert host.connector.container_ready() is True
+
+    ok, out = run(host, 'hostname; echo "$X"', _env={"X": "over ssh"})
+    assert out.stdout_lines == [container.name, "over ssh"]
+    assert run(host, "exit 9", _success_exit_codes=[9])[0] is True
+
+    payload = os.urandom(200 * 1024) + bytes(range(256))
+    assert host.put_file(io.BytesIO(payload), "/root/ssh blob.bin") is True
+    target = tmp_path / "back.bin"
+    assert host.get_file("/root/ssh blob.bin", str(target)) is True
+    assert target.read_bytes() == payload
+    assert container.attach("sha256sum '/root/ssh blob.bin'").stdout.split()[0] == (
+        hashlib.sha256(payload).hexdigest()
+    )
+
+    source = tmp_path / "conf"
+    source.write_text("over ssh\n")
+    put = add_op(state, files.put, name="put", src=str(source), dest="/etc/over-ssh.conf", mode="600")
+    run_ops(state)
+    assert put[host].did_change()
+    assert container.attach("stat -c %a /etc/over-ssh.conf").stdout == "600\n"
+    disconnect_all(state)
+
+    calls = container.attach("cat /root/pct.log").stdout.splitlines()
+    assert any(c.startswith("pct exec 105 --keep-env 0 -- sh -c ") for c in calls)
+    assert any(c.startswith("pct push 105 /tmp/pyinfra-container-") for c in calls)
+    assert any(c.startswith("pct pull 105 /root/ssh blob.bin /tmp/pyinfra-container-") for c in calls)
+    # The host-side temporary directories are gone
+    leftover = container.attach("ls -d /tmp/pyinfra-container-* 2>/dev/null || true").stdout
+    assert leftover == ""
