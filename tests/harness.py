@@ -14,7 +14,7 @@ import re
 from typing import Any, Callable
 
 from pyinfra.api import Config, Inventory, State
-from pyinfra.api.command import StringCommand
+from pyinfra.api.command import FileUploadCommand, StringCommand
 from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.facts import FactBase
@@ -39,7 +39,8 @@ class _Facts:
         self.facts = facts
 
     def get(self, fact_cls: type[FactBase], args: tuple, kwargs: dict) -> Any:
-        for key in ((fact_cls, args + tuple(kwargs.values())), (fact_cls, args), fact_cls):
+        values = args + tuple(tuple(v) if isinstance(v, list) else v for v in kwargs.values())
+        for key in ((fact_cls, values), (fact_cls, args), fact_cls):
             if key in self.facts:
                 return self.facts[key]
         raise KeyError(f"test gives no value for fact {fact_cls.__name__}{args or ''}")
@@ -83,7 +84,7 @@ def plan_deploy(
     """
     names = [f"@fake/{name}" for name, _ in hosts]
     host_data = {
-        f"@fake/{name}": {"fake_responses": responses, "fake_delay": 0, **data}
+        f"@fake/{name}": {"fake_responses": responses, "fake_delay": 0, "fake_delay_jitter": 0, **data}
         for name, data in hosts
     }
     group_args = {
@@ -104,13 +105,22 @@ def plan_deploy(
             if op_data is None:
                 continue
             op_name = ", ".join(sorted(state.get_op_meta(op_hash).names))
-            commands = [
-                c.get_raw_value() if isinstance(c, StringCommand) else str(c)
-                for c in op_data.command_generator()
-            ]
+            with ctx_state.use(state), ctx_host.use(host):
+                commands = [_command_text(c) for c in op_data.command_generator()]
             ops.append((op_name, commands))
         plan[host.name.removeprefix("@fake/")] = ops
     return plan
+
+
+def _command_text(command: Any) -> str:
+    """A command as text; an upload as ``upload DEST`` and the uploaded text."""
+    if isinstance(command, StringCommand):
+        return command.get_raw_value()
+    if isinstance(command, FileUploadCommand):
+        src = command.src
+        body = src.getvalue() if hasattr(src, "getvalue") else f"<file {src}>"
+        return f"upload {command.dest}\n{body}"
+    return str(command)
 
 
 def changed_ops(plan_for_host: list[tuple[str, list[str]]]) -> list[str]:

@@ -71,8 +71,9 @@ def venv_packages(uv: str, python: str, pins: dict[str, str], args: list[str]):
     if not wrong:
         host.noop("pinned packages are installed: " + ", ".join(f"{n}=={v}" for n, v in pins.items()))
         return
+    # --system-certs: uv's own CA roots would ignore a proxy CA added to the system store.
     yield " ".join(
-        [shlex.quote(uv), "pip", "install", "--python", shlex.quote(python),
+        [shlex.quote(uv), "pip", "install", "--system-certs", "--python", shlex.quote(python),
          *(shlex.quote(a) for a in args)]
     )
 
@@ -132,10 +133,11 @@ def server_flags(python: str, script: str, argv: list[str]):
     try:
         check_flags(argv, known)
     except ValueError as error:
-        raise OperationError(str(error)) from None
+        raise OperationError(
+            f"{error}: fix extra_server_args, or the setting that renders it, for this release"
+        ) from None
     host.noop(f"every server flag exists in sglang {known.version}")
-    return
-    yield  # an operation is a generator, also when it only checks
+    yield from ()
 
 
 @operation()

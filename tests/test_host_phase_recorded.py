@@ -1,0 +1,199 @@
+"""The whole host phase on recorded outputs: a real GPU host's driver, GPUs and device nodes
+(captured on an H200 machine, tests/fixtures/h200) and Proxmox's pct/pveam answers (recorded
+from public sources, tests/fixtures/public). No Proxmox host exists here; pyinfra's real API
+plans the deploy on ``@fake`` hosts that answer with those outputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyinfra.facts.files import FileContents
+from pyinfra.facts.server import Which
+
+from harness import plan_deploy
+from pve_sglang.facts.nvidia import (
+    CharDeviceMajors,
+    NvidiaDeviceNodes,
+    NvidiaDriverVersion,
+    NvidiaGpuProcesses,
+    NvidiaGpus,
+    UvmDisableHmm,
+)
+from pve_sglang.facts.pve import PctConfig, PctStatus, PveamTemplates, PveContainerVersion
+from pve_sglang.facts.system import CgroupVersion, IommuAcs, VirtualMachineType
+from pve_sglang.preflight import PreflightError
+from pve_sglang.settings import load_defaults
+from tasks.host import host_phase
+
+FIXTURES = Path(__file__).parent / "fixtures"
+H200 = FIXTURES / "h200" / "raw_idle"
+PUBLIC = FIXTURES / "public"
+# The H200 machine's nodes in passthrough order: the GPU, then ctl, uvm, uvm-tools, caps.
+DEVICES_ALL = ["/dev/nvidia0,mode=0666", "/dev/nvidiactl,mode=0666", "/dev/nvidia-uvm,mode=0666",
+               "/dev/nvidia-uvm-tools,mode=0666", "/dev/nvidia-caps/nvidia-cap1,mode=0666",
+               "/dev/nvidia-caps/nvidia-cap2,mode=0666"]
+
+
+def h200(fact: str) -> str:
+    return (H200 / f"fact_{fact}.txt").read_text()
+
+
+def gpu_host_responses(pve_container: str = "installed 5.2.3") -> dict:
+    """Recorded answers of a GPU host (the H200 machine) and its Proxmox tools."""
+    return {
+        NvidiaDriverVersion().command(): h200("NvidiaDriverVersion"),
+        NvidiaGpus().command(): h200("NvidiaGpus"),
+        CharDeviceMajors().command(): h200("CharDeviceMajors"),
+        NvidiaDeviceNodes().command(): h200("NvidiaDeviceNodes"),
+        UvmDisableHmm().command(): "Y",
+        NvidiaGpuProcesses().command(): "",
+        IommuAcs().command(): h200("IommuAcs"),
+        CgroupVersion().command(): "cgroup2fs",  # Proxmox VE 7+ is pure cgroup2
+        VirtualMachineType().command(): "none",
+        PveContainerVersion().command(): pve_container,
+        PveamTemplates().command("local"): (PUBLIC / "pve_pveam_list_local_notes-ru.txt").read_text(),
+        Which().command("pct").get_raw_value(): "/usr/sbin/pct",
+        "id -u": "0",
+    }
+
+
+def container_answers(config: str | None, status: str | None) -> dict:
+    missing = (PUBLIC / "pve_pct_missing_ct_pve-nas-issue6.txt").read_text()
+    return {
+        PctConfig().command(105): config if config is not None else missing,
+        PctStatus().command(105): f"status: {status}" if status else missing,
+    }
+
+
+def plan(responses: dict, **container: object) -> dict:
+    # The @fake connector answers the first key contained in a command: the longer commands of
+    # the pct facts (which contain "command -v pct") go first.
+    responses = dict(sorted(responses.items(), key=lambda item: -len(str(item[0]))))
+    defaults = load_defaults()
+    ct = {**defaults, "pct_vmid": 105, "pve_host": "@fake/pve1", "platform": "pve",
+          "hostname": "glm5", "cores": 64, "memory_mib": 524288, **container}
+    return plan_deploy(
+        host_phase,
+        hosts=[("pve1", {**defaults, "containers": ["@fake/ct105"]}), ("ct105", ct)],
+        responses=responses,
+        groups={"pve_hosts": ["pve1"], "gpu_containers": ["ct105"]},
+    )["pve1"]
+
+
+def commands(ops: list, needle: str) -> list[str]:
+    return [c for _, cmds in ops for c in cmds if needle in c]
+
+
+def converged_config(devices: list[str]) -> str:
+    lines = ["arch: amd64", "cores: 64", "features: nesting=1", "hostname: glm5", "memory: 524288",
+             "net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:32:0C:59,ip=dhcp,type=veth",
+             "onboot: 1", "ostype: debian", "rootfs: local-lvm:vm-105-disk-0,size=200G",
+             "swap: 0", "unprivileged: 1"]
+    lines += [f"dev{i}: {d}" for i, d in enumerate(devices)]
+    return "\n".join(sorted(lines)) + "\n"
+
+
+def test_new_container_is_created_given_gpus_as_devn_and_started_once():
+    ops = plan({**gpu_host_responses(), **container_answers(None, None)})
+    [create] = commands(ops, "pct create 105")
+    assert "--unprivileged 1" in create and "--rootfs local-lvm:200" in create
+    assert "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst" in create
+    [dev_set] = commands(ops, "--dev0 ")
+    for index, device in enumerate(DEVICES_ALL):
+        assert f"--dev{index} {device}" in dev_set
+    assert commands(ops, "pct start 105") == ["pct start 105"]
+    assert commands(ops, "pct reboot") == []
+
+
+def test_converged_host_and_container_plan_no_pct_command():
+    responses = {**gpu_host_responses(),
+                 **container_answers(converged_config(DEVICES_ALL), "running")}
+    ops = plan(responses)
+    assert commands(ops, "pct ") == []
+
+
+def test_gpu_subset_changed_on_running_container_restarts_exactly_once():
+    two_gpus = ["/dev/nvidia1,mode=0666", *DEVICES_ALL]
+    responses = {**gpu_host_responses(),
+                 **container_answers(converged_config(two_gpus), "running")}
+    ops = plan(responses)
+    assert commands(ops, "pct set 105") == ["pct set 105 --delete dev0"]
+    assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
+
+
+def test_cores_changed_on_running_container_is_set_live_without_restart():
+    responses = {**gpu_host_responses(),
+                 **container_answers(converged_config(DEVICES_ALL), "running")}
+    ops = plan(responses, cores=96)
+    assert commands(ops, "pct set 105") == ["pct set 105 --cores 96"]
+    assert commands(ops, "pct reboot") == []
+
+
+def test_old_pve_container_gets_raw_lines_with_recorded_majors():
+    responses = {**gpu_host_responses("installed 4.4-6"), **container_answers(None, None),
+                 FileContents().command(path="/etc/pve/lxc/105.conf").get_raw_value(): "arch: amd64\n"}
+    ops = plan(responses)
+    assert commands(ops, "--dev0") == []
+    [upload] = commands(ops, "upload /etc/pve/lxc/105.conf")
+    # Majors as the H200 machine's /proc/devices has them: 195, nvidia-uvm 238, nvidia-caps 241.
+    assert upload.splitlines()[1:] == [
+        "arch: amd64",
+        "lxc.cgroup2.devices.allow: c 195:0 rwm",
+        "lxc.cgroup2.devices.allow: c 195:255 rwm",
+        "lxc.cgroup2.devices.allow: c 238:* rwm",
+        "lxc.cgroup2.devices.allow: c 241:* rwm",
+        "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file",
+        "lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file",
+        "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file",
+        "lxc.mount.entry: /dev/nvidia-uvm-tools dev/nvidia-uvm-tools none bind,optional,create=file",
+        "lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir",
+    ]
+
+
+def test_hmm_on_in_running_module_warns_without_reload(caplog):
+    responses = {**gpu_host_responses(), **container_answers(None, None),
+                 UvmDisableHmm().command(): h200("UvmDisableHmm")}  # the H200 machine: N
+    ops = plan(responses)
+    assert commands(ops, "modprobe -r nvidia_uvm") == []
+    assert "uvm_disable_hmm is N in the running nvidia_uvm" in caplog.text
+
+
+def test_hmm_reload_when_allowed_and_idle():
+    responses = {**gpu_host_responses(), **container_answers(None, None),
+                 UvmDisableHmm().command(): "N"}
+    defaults = load_defaults()
+    ct = {**defaults, "pct_vmid": 105, "pve_host": "@fake/pve1", "platform": "pve"}
+    ops = plan_deploy(
+        host_phase,
+        hosts=[("pve1", {**defaults, "reload_modules": True, "containers": ["@fake/ct105"]}),
+               ("ct105", ct)],
+        responses=responses,
+        groups={"pve_hosts": ["pve1"], "gpu_containers": ["ct105"]},
+    )["pve1"]
+    assert len(commands(ops, "modprobe -r nvidia_uvm")) == 1
+
+
+def test_driver_missing_stops_before_any_change():
+    responses = {**gpu_host_responses(), **container_answers(None, None),
+                 NvidiaDriverVersion().command(): ""}
+    with pytest.raises(PreflightError, match="no NVIDIA driver loaded.*nothing was changed"):
+        plan(responses)
+
+
+def test_gpu_index_not_on_host_names_field_and_allowed_values():
+    with pytest.raises(PreflightError, match=r"field 'gpus' = \[0, 3\].*allowed: 'all' or a subset of \[0\]"):
+        plan({**gpu_host_responses(), **container_answers(None, None)}, gpus=[0, 3])
+
+
+def test_tp_larger_than_host_gpus_stops():
+    with pytest.raises(PreflightError, match="field 'tp_size' = 8 is larger than the 1 GPUs"):
+        plan({**gpu_host_responses(), **container_answers(None, None)}, tp_size=8)
+
+
+def test_vm_host_warns_about_p2p(caplog):
+    responses = {**gpu_host_responses(), **container_answers(None, None),
+                 VirtualMachineType().command(): "kvm"}
+    plan(responses)
+    assert "this host is a virtual machine (kvm)" in caplog.text

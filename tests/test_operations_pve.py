@@ -1,0 +1,179 @@
+"""Proxmox and plain-LXC container operations: recorded facts in, commands out.
+
+There is no Proxmox host here: the ``pct``/``pveam`` outputs are recorded real outputs from
+public sources (tests/fixtures/public, see its README), parsed by the real fact classes.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from harness import fact_value, op_commands
+from pve_sglang.config_lines import owned_by_gpu_passthrough
+from pve_sglang.facts.pve import LxcContainerStatus, PctConfig, PctStatus, PveamTemplates
+from pve_sglang.operations import lxc, owned, pct
+from pyinfra.facts.files import Directory, File, FileContents
+
+PUBLIC = Path(__file__).parent / "fixtures" / "public"
+
+
+def recorded(name: str) -> str:
+    return (PUBLIC / name).read_text()
+
+
+CONFIG_104 = fact_value(PctConfig, recorded("pve_pct_config_104_pct-notes.txt"))
+CONFIG_115 = fact_value(PctConfig, recorded("pve8_pct_config_115_dev_passthrough_jellyfin-notes.txt"))
+TEMPLATES = fact_value(PveamTemplates, recorded("pve_pveam_list_local_notes-ru.txt"))
+MISSING = fact_value(PctStatus, recorded("pve_pct_missing_ct_pve-nas-issue6.txt"))
+RUNNING = fact_value(PctStatus, recorded("pve_pct_status_running_ops-notes.txt"))
+LIVE_104 = {"hostname": "webserver-ct-1", "cores": "1", "memory": "512", "swap": "512",
+            "net0": "name=eth0,bridge=vmbr0,ip=dhcp", "onboot": "1"}
+
+
+def test_recorded_pveam_list_template_prefix_present_means_no_download():
+    assert op_commands(pct.template, storage="local", template="debian-12-standard",
+                       facts={(PveamTemplates, ("local",)): TEMPLATES}) == []
+
+
+def test_recorded_pveam_list_missing_template_is_downloaded_newest_of_prefix():
+    commands = op_commands(pct.template, storage="local", template="ubuntu-22.04-standard",
+                           facts={(PveamTemplates, ("local",)): TEMPLATES})
+    assert len(commands) == 1
+    assert "pveam available --section system" in commands[0]
+    assert "grep '^ubuntu\\-22\\.04\\-standard'" in commands[0] and "sort -V" in commands[0]
+    assert commands[0].endswith('pveam download local "$T"')
+
+
+def test_exact_template_name_downloads_that_file():
+    assert op_commands(pct.template, storage="local", template="debian-12-standard_12.9-1_amd64.tar.zst",
+                       facts={(PveamTemplates, ("local",)): TEMPLATES}) == [
+        "pveam update && pveam download local debian-12-standard_12.9-1_amd64.tar.zst"
+    ]
+
+
+def test_recorded_missing_container_is_created_with_explicit_unprivileged():
+    assert MISSING is None
+    commands = op_commands(
+        pct.create, vmid=105, storage="local", template="debian-12-standard",
+        options={"hostname": "glm5", "cores": "64", "memory": "524288", "swap": "0",
+                 "net0": "name=eth0,bridge=vmbr0,ip=dhcp", "onboot": "1",
+                 "rootfs": "local-lvm:300", "features": "nesting=1",
+                 "mp0": "/tank/models,mp=/models,ro=1"},
+        unprivileged=True,
+        facts={(PctStatus, (105,)): MISSING, (PveamTemplates, ("local",)): TEMPLATES},
+    )
+    assert commands == [
+        "pct create 105 local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst --hostname glm5 "
+        "--cores 64 --memory 524288 --swap 0 --net0 name=eth0,bridge=vmbr0,ip=dhcp --onboot 1 "
+        "--rootfs local-lvm:300 --features nesting=1 --mp0 /tank/models,mp=/models,ro=1 "
+        "--unprivileged 1 --start 0"
+    ]
+
+
+def test_existing_container_is_not_recreated():
+    assert op_commands(pct.create, vmid=104, storage="local", template="debian-12-standard",
+                       options={}, unprivileged=True,
+                       facts={(PctStatus, (104,)): RUNNING}) == []
+
+
+def test_recorded_config_converged_gives_no_command():
+    # Proxmox adds hwaddr, type and firewall to net0: the settings' options are a subset.
+    assert op_commands(pct.config, vmid=104, options=LIVE_104,
+                       facts={(PctConfig, (104,)): CONFIG_104}) == []
+
+
+def test_recorded_config_changed_keys_are_set_and_only_those():
+    options = {**LIVE_104, "cores": "8", "memory": "16384"}
+    assert op_commands(pct.config, vmid=104, options=options,
+                       facts={(PctConfig, (104,)): CONFIG_104}) == [
+        "pct set 104 --cores 8 --memory 16384"
+    ]
+
+
+def test_recorded_config_gpu_devices_take_free_keys_and_leave_user_devices():
+    devices = ["/dev/nvidia0,mode=0666", "/dev/nvidiactl,mode=0666", "/dev/nvidia-uvm,mode=0666"]
+    commands = op_commands(pct.config, vmid=115, options={}, devices=devices,
+                           facts={(PctConfig, (115,)): CONFIG_115})
+    assert commands == [
+        "pct set 115 --dev4 /dev/nvidia0,mode=0666 --dev5 /dev/nvidiactl,mode=0666 "
+        "--dev6 /dev/nvidia-uvm,mode=0666"
+    ]
+    converged = {**CONFIG_115, "dev4": devices[0], "dev5": devices[1], "dev6": devices[2]}
+    assert op_commands(pct.config, vmid=115, options={}, devices=devices,
+                       facts={(PctConfig, (115,)): converged}) == []
+
+
+def test_gpu_no_longer_selected_is_deleted_user_devices_kept():
+    current = {**CONFIG_115, "dev4": "/dev/nvidia0,mode=0666", "dev5": "/dev/nvidia1,mode=0666",
+               "dev6": "/dev/nvidiactl,mode=0666"}
+    assert op_commands(pct.config, vmid=115, options={},
+                       devices=["/dev/nvidia0,mode=0666", "/dev/nvidiactl,mode=0666"],
+                       facts={(PctConfig, (115,)): current}) == ["pct set 115 --delete dev5"]
+
+
+def test_recorded_config_mount_keeps_key_of_same_path():
+    mounts = ["/mnt/data/ccna,mp=/media/ccna,ro=1", "/tank/models,mp=/models"]
+    assert op_commands(pct.config, vmid=115, options={}, mounts=mounts,
+                       facts={(PctConfig, (115,)): CONFIG_115}) == [
+        "pct set 115 --mp2 /mnt/data/ccna,mp=/media/ccna,ro=1 --mp6 /tank/models,mp=/models"
+    ]
+
+
+@pytest.mark.parametrize("size, expected", [
+    (16, []), (32, ["pct resize 115 rootfs 32G"]), (8, []),
+])
+def test_recorded_rootfs_grows_never_shrinks(size, expected):
+    assert op_commands(pct.rootfs_size, vmid=115, size_gib=size,
+                       facts={(PctConfig, (115,)): CONFIG_115}) == expected
+
+
+@pytest.mark.parametrize("status, restart, expected", [
+    (None, False, ["pct start 105"]),            # just created
+    ("stopped", True, ["pct start 105"]),        # a start picks the new config up: no reboot
+    ("running", True, ["pct reboot 105"]),       # config changed: exactly one restart
+    ("running", False, []),                      # converged: nothing
+])
+def test_power_starts_or_restarts_once(status, restart, expected):
+    assert op_commands(pct.power, vmid=105, restart=lambda: restart,
+                       facts={(PctStatus, (105,)): status}) == expected
+
+
+def test_recorded_raw_lines_added_to_pve_conf_and_converged_after():
+    owned_fn = owned_by_gpu_passthrough([195, 238, 241])
+    lines = ["lxc.cgroup2.devices.allow: c 195:* rwm", "lxc.cgroup2.devices.allow: c 238:* rwm",
+             "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file"]
+    conf = recorded("pve_pct_config_104_pct-notes.txt").splitlines()
+    path = "/etc/pve/lxc/104.conf"
+    # files.put's own facts: the conf is replaced whole (pmxcfs takes a write, not an edit).
+    put_facts = {(File, (path,)): None, (Directory, (path,)): None,
+                 (Directory, ("/etc/pve/lxc",)): {"mode": 755}}
+    commands = op_commands(owned.lines, path=path, lines=lines, owned=owned_fn,
+                           facts={(FileContents, (path,)): conf, **put_facts})
+    upload = [c for c in commands if isinstance(c, list) and c[0] == "upload"]
+    assert len(upload) == 1 and upload[0][2] == "/etc/pve/lxc/104.conf"
+    assert upload[0][1].splitlines()[-3:] == lines
+    assert op_commands(owned.lines, path="/etc/pve/lxc/104.conf", lines=lines, owned=owned_fn,
+                       facts={(FileContents, ("/etc/pve/lxc/104.conf",)): conf + lines}) == []
+
+
+def test_lxc_container_created_from_tarball_or_template():
+    facts = {(LxcContainerStatus, ("c1", "/var/lib/lxc")): None}
+    assert op_commands(lxc.create, container="c1", lxc_path="/var/lib/lxc", release="bookworm",
+                       facts=facts) == ["lxc-create -P /var/lib/lxc -n c1 -t debian -- -r bookworm"]
+    [command] = op_commands(lxc.create, container="c1", lxc_path="/var/lib/lxc", release="bookworm",
+                            rootfs_tarball="/srv/rootfs.tar.zst", facts=facts)
+    assert "tar -xpf /srv/rootfs.tar.zst -C /var/lib/lxc/c1/rootfs" in command
+    assert command.endswith("> /var/lib/lxc/c1/config")  # config last: a failed unpack re-runs
+    assert op_commands(lxc.create, container="c1", lxc_path="/var/lib/lxc", release="bookworm",
+                       facts={(LxcContainerStatus, ("c1", "/var/lib/lxc")): "RUNNING"}) == []
+
+
+@pytest.mark.parametrize("status, restart, expected", [
+    ("STOPPED", False, ["lxc-start -P /l -n c1 && lxc-wait -P /l -n c1 -s RUNNING -t 60"]),
+    ("RUNNING", True, ["lxc-stop -P /l -n c1 -t 120 && lxc-start -P /l -n c1 && "
+                       "lxc-wait -P /l -n c1 -s RUNNING -t 60"]),
+    ("RUNNING", False, []),
+])
+def test_lxc_power(status, restart, expected):
+    assert op_commands(lxc.power, container="c1", lxc_path="/l", restart=lambda: restart,
+                       facts={(LxcContainerStatus, ("c1", "/l")): status}) == expected
