@@ -333,3 +333,15 @@ def test_lxc_unprivileged_container_files_belong_to_container_root(lxc_container
     assert put[host].did_change()
     assert container.attach("stat -c '%u %a' /etc/unpriv.conf").stdout == "0 600\n"
     disconnect_all(state)
+
+
+def test_lxc_env_reset_restores_pristine_rootfs(lxc_container_factory):
+    (container,) = lxc_container_factory(1)
+    container.attach("echo dirty > /root/marker && rm /etc/issue")
+    container.reset()
+    assert container.attach("test -e /root/marker", check=False).returncode == 1
+    assert container.attach("test -s /etc/issue", check=False).returncode == 0
+    assert container.attach("systemctl is-system-running", check=False).stdout.strip() in (
+        "running",
+        "degraded",
+    )
