@@ -24,12 +24,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from pyinfra import host, logger
-from pyinfra.api.exceptions import OperationError
-from pyinfra.operations import files, python
+from pyinfra.operations import files
 
-from pve_sglang.facts.nvidia import GpuCheck, NvidiaP2pMatrix, NvidiaTopoMatrix
-from pve_sglang.facts.system import IommuAcs, VirtualMachineType
-from pve_sglang.p2p import build_report, format_report
+from pve_sglang.operations import verify
 
 GROUP = "pve_hosts"
 SCRIPT = Path(__file__).resolve().parent / "pve_sglang" / "gpu_checks.py"
@@ -46,35 +43,6 @@ def _truthy(value) -> bool:
     return bool(value)
 
 
-def p2p_report(p2p_python: str | None, script: str, size_mib: int, iters: int, timeout: int,
-               strict: bool) -> None:
-    """Read the facts at execute time, run the bandwidth check if asked, print the report."""
-    checks = None
-    if p2p_python:
-        checks = host.get_fact(
-            GpuCheck,
-            python=p2p_python,
-            script=script,
-            check="p2p",
-            args=("--size-mib", str(size_mib), "--iters", str(iters)),
-            timeout=timeout,
-        )
-    report = build_report(
-        host.get_fact(NvidiaTopoMatrix),
-        host.get_fact(NvidiaP2pMatrix, mode="r"),
-        host.get_fact(NvidiaP2pMatrix, mode="w"),
-        checks=checks,
-        virt=host.get_fact(VirtualMachineType),
-        iommu_acs=host.get_fact(IommuAcs),
-    )
-    text = format_report(report)
-    print("\n".join(f"[{host.name}] {line}" for line in text.splitlines()), flush=True)
-    for warning in report["warnings"]:
-        logger.warning(f"[{host.name}] P2P: {warning}")
-    if strict and report["warnings"]:
-        raise OperationError(f"P2P preflight: {len(report['warnings'])} warning(s)")
-
-
 if _applies():
     p2p_python = host.data.get("p2p_python")
     remote_script = host.data.get("p2p_script_path", "/tmp/pve_sglang_gpu_checks.py")
@@ -85,10 +53,9 @@ if _applies():
             dest=remote_script,
             mode="0644",
         )
-    python.call(
+    verify.p2p_preflight(
         name="GPU P2P preflight report",
-        function=p2p_report,
-        p2p_python=p2p_python,
+        python=p2p_python,
         script=remote_script,
         size_mib=int(host.data.get("p2p_size_mib", 256)),
         iters=int(host.data.get("p2p_iters", 5)),

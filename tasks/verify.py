@@ -42,6 +42,8 @@ def verify_steps() -> None:
     verify.gpus_visible(name=f"{expected} GPUs visible in the container", expected=expected)
     verify.cuda_initialises(name="CUDA initialises on every GPU", python=py, script=script,
                             expected=expected)
+    if expected > 1:
+        verify.p2p_preflight(name=f"P2P between the {expected} GPUs", python=py, script=script)
     # The server itself binds to server_host; checks run inside the container.
     address = "127.0.0.1" if cs.server_host in ("0.0.0.0", "::") else cs.server_host
     env_file = env_file_path(cs)

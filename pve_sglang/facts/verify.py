@@ -5,30 +5,10 @@ Checks are facts, not commands, so a verified, converged deploy reports no chang
 
 from __future__ import annotations
 
-import json
 import shlex
 
 from pyinfra.api import FactBase
 from typing_extensions import override
-
-
-class JsonCheck(FactBase["dict | None"]):
-    """
-    Returns the JSON line ``PYTHON SCRIPT ARGS`` prints (``gpu_checks.py cuda``), or None when
-    the script or that Python is not there yet.
-    """
-
-    @override
-    def command(self, python: str, script: str, args: str) -> str:
-        py, sc = shlex.quote(python), shlex.quote(script)
-        return f"[ -x {py} ] && [ -f {sc} ] || exit 0; {py} {sc} {args} 2>/dev/null; true"
-
-    @override
-    def process(self, output: list[str]) -> dict | None:
-        for line in reversed(output):
-            if line.strip().startswith("{"):
-                return json.loads(line)
-        return None
 
 
 class VisibleGpus(FactBase[list[str]]):

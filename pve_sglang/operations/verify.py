@@ -12,7 +12,10 @@ from pyinfra.context import state
 from pyinfra.facts.server import Command
 
 from ..bench_serving import bench_shell, parse_bench_output, summary_table
-from ..facts.verify import HttpStatus, JsonCheck, VisibleGpus
+from ..facts.nvidia import GpuCheck, NvidiaP2pMatrix, NvidiaTopoMatrix
+from ..facts.system import IommuAcs, VirtualMachineType
+from ..facts.verify import HttpStatus, VisibleGpus
+from ..p2p import build_report, format_report
 
 HMM_HINT = (
     "if nvidia-smi works but CUDA does not initialise (cuInit error 3), nvidia_uvm runs with "
@@ -47,7 +50,7 @@ def gpus_visible(expected: int):
 def cuda_initialises(python: str, script: str, expected: int):
     """Fail unless torch initialises CUDA and runs a matmul on every GPU."""
     if _after_execution("CUDA on every GPU"):
-        result = host.get_fact(JsonCheck, python=python, script=script, args="cuda")
+        result = host.get_fact(GpuCheck, python=python, script=script, check="cuda")
         if not result or not result.get("ok") or result.get("device_count", 0) < expected:
             error = (result or {}).get("error") or "no result"
             raise OperationError(f"CUDA check failed: {error}; {HMM_HINT}")
@@ -55,6 +58,40 @@ def cuda_initialises(python: str, script: str, expected: int):
         logger.info(f"{host.name}: CUDA initialised on {result['device_count']} GPUs ({names}), "
                     f"torch {result.get('torch')}")
         host.noop("CUDA initialised on every GPU")
+    yield from ()
+
+
+@operation()
+def p2p_preflight(
+    python: str | None, script: str, size_mib: int = 256, iters: int = 5, timeout: int = 600,
+    strict: bool = False,
+):
+    """
+    Report P2P between every GPU pair: the topology and the driver's P2P status (nvidia-smi
+    topo), and, when PYTHON (with torch) is given, peer access and copy bandwidth measured by
+    SCRIPT (gpu_checks.py). Warns where the topology promises P2P that is missing (a VM, ACS);
+    STRICT fails the host then.
+    """
+    if _after_execution("P2P between GPUs"):
+        checks = None
+        if python:
+            checks = host.get_fact(GpuCheck, python=python, script=script, check="p2p",
+                                   args=("--size-mib", str(size_mib), "--iters", str(iters)),
+                                   timeout=timeout)
+        report = build_report(
+            host.get_fact(NvidiaTopoMatrix),
+            host.get_fact(NvidiaP2pMatrix, mode="r"),
+            host.get_fact(NvidiaP2pMatrix, mode="w"),
+            checks=checks,
+            virt=host.get_fact(VirtualMachineType),
+            iommu_acs=host.get_fact(IommuAcs),
+        )
+        logger.info("\n".join(f"[{host.name}] {line}" for line in format_report(report).splitlines()))
+        for warning in report["warnings"]:
+            logger.warning(f"[{host.name}] P2P: {warning}")
+        if strict and report["warnings"]:
+            raise OperationError(f"P2P preflight: {len(report['warnings'])} warning(s)")
+        host.noop("P2P report printed")
     yield from ()
 
 
