@@ -137,6 +137,8 @@ def test_container_has_patched_sglang_enabled_unit_and_private_env(deploy, first
     runner = deploy.attach(f"cat {site}/srt/model_executor/model_runner.py")
     assert '"flashinfer_cutlass",  # pve-sglang: autotune enabled' in runner
     assert deploy.attach("systemctl is-enabled sglang.service") == "enabled"
+    # It shares the host's network: an sshd in it would listen on the host's port 22.
+    assert deploy.attach("systemctl is-enabled ssh.service", check=False) == "masked"
     deploy.attach(f"systemd-analyze verify {UNIT}")
     assert deploy.attach("stat -c '%a %U' /etc/sglang/sglang.env") == "600 root"
     assert "HF_TOKEN=" in deploy.attach("cat /etc/sglang/sglang.env")

@@ -53,8 +53,14 @@ def create(container: str, lxc_path: str, release: str, rootfs_tarball: str | No
         return
     base = f"{lxc_path.rstrip('/')}/{name}"
     p, n = shlex.quote(lxc_path), shlex.quote(name)
+    # The deploy reaches the container through lxc-attach; an sshd in a container that shares
+    # the host's network (the default lxc_config) would listen on the host's port 22.
+    mask_ssh = " && ".join(
+        f"ln -sf /dev/null {shlex.quote(base)}/rootfs/etc/systemd/system/{unit}"
+        for unit in ("ssh.service", "ssh.socket")
+    )
     if rootfs_tarball is None:
-        yield f"lxc-create -P {p} -n {n} -t debian -- -r {shlex.quote(release)}"
+        yield f"lxc-create -P {p} -n {n} -t debian -- -r {shlex.quote(release)} && {mask_ssh}"
         return
     # The config the debian template would write; the deploy's own lines are added after.
     config = [
@@ -65,7 +71,7 @@ def create(container: str, lxc_path: str, release: str, rootfs_tarball: str | No
     ]
     yield (
         f"mkdir -p {shlex.quote(base)}/rootfs && "
-        f"tar -xpf {shlex.quote(rootfs_tarball)} -C {shlex.quote(base)}/rootfs && "
+        f"tar -xpf {shlex.quote(rootfs_tarball)} -C {shlex.quote(base)}/rootfs && {mask_ssh} && "
         f"printf '%s\\n' {' '.join(shlex.quote(line) for line in config)} > {shlex.quote(base)}/config"
     )
 
