@@ -29,9 +29,9 @@ from pve_sglang.bench_serving import (
     summary_table,
 )
 from pve_sglang.settings import ContainerSettings, load_defaults
+from wheels import wheel
 
 REPO = Path(__file__).resolve().parents[1]
-CACHE = REPO / ".cache" / "wheels"
 FIXTURE = REPO / "tests" / "fixtures" / "bench" / "bench_serving_0.5.9.txt"
 BENCH_SOURCE = {"0.5.9": "sglang/bench_serving.py", "0.5.23": "sglang/benchmark/serving.py"}
 
@@ -82,10 +82,7 @@ def settings(**overrides) -> ContainerSettings:
 
 @functools.lru_cache(maxsize=None)
 def wheel_text(version: str, member: str) -> str:
-    found = sorted(CACHE.glob(f"sglang-{version}-*.whl"))
-    if not found:
-        pytest.fail(f"no cached sglang {version} wheel in {CACHE}")
-    with zipfile.ZipFile(found[0]) as archive:
+    with zipfile.ZipFile(wheel(version)) as archive:
         return archive.read(member).decode()
 
 
@@ -200,10 +197,7 @@ def test_summary_table():
 )
 def test_bench_module_matches_the_wheel(release, module):
     path = module.replace(".", "/") + ".py"
-    found = sorted(CACHE.glob(f"sglang-{release}-*.whl"))
-    if not found:
-        pytest.fail(f"no cached sglang {release} wheel")
-    with zipfile.ZipFile(found[0]) as archive:
+    with zipfile.ZipFile(wheel(release)) as archive:
         names = set(archive.namelist())
     assert bench_module(release) == module
     assert path in names

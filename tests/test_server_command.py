@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
@@ -29,9 +28,9 @@ from pve_sglang.server_command import (
     venv_python,
 )
 from pve_sglang.settings import ContainerSettings, load_defaults
+from wheels import wheel
 
 REPO = Path(__file__).resolve().parents[1]
-CACHE = REPO / ".cache" / "wheels"
 PY = "/opt/sglang/venv/bin/python"
 H100 = ["9.0"] * 8
 RTX_PRO_6000 = ["12.0"] * 8
@@ -57,21 +56,13 @@ def pairs(argv) -> dict[str, str]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _wheel(version: str) -> Path:
-    found = sorted(CACHE.glob(f"sglang-{version}-*.whl"))
-    if not found:
-        pytest.fail(f"no cached sglang {version} wheel in {CACHE}")
-    return found[0]
-
-
 @pytest.fixture(scope="session")
 def site(tmp_path_factory):
     """Per release, a site-packages folder holding only the files known_flags reads."""
     roots = {}
     for version in RELEASES:
         root = tmp_path_factory.mktemp(f"sglang-{version}")
-        with zipfile.ZipFile(_wheel(version)) as archive:
+        with zipfile.ZipFile(wheel(version)) as archive:
             for name in archive.namelist():
                 if name in ("sglang/srt/server_args.py", "sglang/_version.py") or (
                     name.startswith("sglang/srt/arg_groups/") and name.endswith(".py")
