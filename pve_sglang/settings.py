@@ -280,6 +280,12 @@ def check_vmid(host: str, platform: str, key: Any) -> None:
         )
 
 
+def container_hostname(host_data: Any) -> str:
+    """A container's hostname: the setting, else ``sglang-<VMID or name>``."""
+    ident = host_data.get("pct_vmid") or host_data.get("lxc_name")
+    return host_data.get("hostname") or f"sglang-{ident}"
+
+
 def settings_for(host_data: Any, model: type[BaseModel]) -> Any:
     """Build settings from a pyinfra host's merged data (group_data plus host data)."""
     return model.model_validate(

@@ -25,7 +25,7 @@ from pve_sglang.server_command import (
     unit_name,
     venv_python,
 )
-from pve_sglang.settings import ContainerSettings, settings_for
+from pve_sglang.settings import ContainerSettings, container_hostname, settings_for
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = "/opt/sglang"
@@ -48,7 +48,9 @@ def container_phase() -> None:
 
 def run_when_container_exists(steps, what: str) -> None:
     """Run STEPS now, or, when the container is created later in this run, once it runs."""
-    if host.connector.container_ready():
+    ready = getattr(host.connector, "container_ready", None)
+    # A container reached some other way (e.g. plain SSH into it) is there already.
+    if ready is None or ready():
         steps()
         return
     logger.info(
@@ -57,7 +59,7 @@ def run_when_container_exists(steps, what: str) -> None:
     )
 
     def when_running() -> None:
-        if not host.connector.container_ready():
+        if not ready():
             raise OperationError(
                 f"{host.name} is not running after the host phase (see its errors above): "
                 f"the {what} steps did not run"
@@ -97,7 +99,7 @@ def container_steps() -> None:
 
     nodes_rank, nnodes = node_rank_for(host.name, cs.nodes)
     rank0 = state.inventory.get_host(cs.nodes[0]) if cs.nodes else None
-    address = cs.dist_init_addr or (rank0.data.get("hostname") if rank0 else None)
+    address = cs.dist_init_addr or (container_hostname(rank0.data) if rank0 else None)
     argv = server_argv(
         cs,
         gpu_count=len(selected) or 1,

@@ -20,7 +20,12 @@ from pve_sglang.preflight import (
     check_container_tools,
     gpu_host,
 )
-from pve_sglang.settings import ContainerSettings, HostSettings, settings_for
+from pve_sglang.settings import (
+    ContainerSettings,
+    HostSettings,
+    container_hostname,
+    settings_for,
+)
 
 UVM_CONF = "/etc/modprobe.d/nvidia-uvm.conf"
 UVM_UNIT = "nvidia-uvm-devices.service"
@@ -97,10 +102,10 @@ def nvidia_uvm(settings: HostSettings, gpu: GpuHost) -> None:
     )
 
 
-def _pve_options(cs: ContainerSettings, vmid: int) -> dict[str, str]:
+def _pve_options(cs: ContainerSettings, ct: Host) -> dict[str, str]:
     """``pct`` options Proxmox applies to a running container without a restart."""
     return {
-        "hostname": cs.hostname or f"sglang-{vmid}",
+        "hostname": container_hostname(ct.data),
         "cores": str(cs.cores),
         "memory": str(cs.memory_mib),
         "swap": str(cs.swap_mib),
@@ -138,7 +143,7 @@ def pve_container(
         storage=hs.template_storage,
         template=hs.template,
         options={
-            **_pve_options(cs, vmid),
+            **_pve_options(cs, ct),
             "rootfs": f"{cs.rootfs_storage}:{cs.rootfs_size_gib}",
             "features": features,
             **{f"mp{i}": value for i, value in enumerate(_mount_values(cs))},
@@ -146,7 +151,7 @@ def pve_container(
         unprivileged=cs.unprivileged,
     )
     pct.config(name=f"Container {vmid} size and network", vmid=vmid,
-               options=_pve_options(cs, vmid))
+               options=_pve_options(cs, ct))
     pct.rootfs_size(name=f"Container {vmid} disk size", vmid=vmid, size_gib=cs.rootfs_size_gib)
     native = gpu is not None and gpu.native_dev
     needs_restart = [

@@ -45,6 +45,11 @@ class PythonPackages(FactBase[dict[str, str]]):
         )
         return f"if [ -x {shlex.quote(python)} ]; then {shlex.quote(python)} -c {shlex.quote(script)}; fi"
 
+    @staticmethod
+    @override
+    def default() -> dict[str, str]:
+        return {}
+
     @override
     def process(self, output: list[str]) -> dict[str, str]:
         raw = json.loads("".join(output) or "{}")

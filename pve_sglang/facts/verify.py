@@ -18,6 +18,11 @@ class VisibleGpus(FactBase[list[str]]):
     def command(self) -> str:
         return "nvidia-smi -L 2>/dev/null || true"
 
+    @staticmethod
+    @override
+    def default() -> list[str]:
+        return []
+
     @override
     def process(self, output: list[str]) -> list[str]:
         return [line for line in output if line.startswith("GPU ")]

@@ -1,0 +1,54 @@
+"""The container phase planned on a GPU host's recorded outputs (the H200 machine): the driver
+follows the host's version, and several nodes get their ranks. pyinfra's real API on ``@fake``
+hosts; the container's own answers are empty (a fresh container)."""
+
+from harness import plan_deploy
+from pve_sglang.settings import load_defaults
+from tasks.container import container_phase
+from test_host_phase_recorded import container_answers, gpu_host_responses
+
+NODES = ["@fake/ct105", "@fake/ct106"]
+
+
+def plan(**container):
+    defaults = load_defaults()
+    cts = [
+        (f"ct{vmid}", {**defaults, "pct_vmid": vmid, "pve_host": "@fake/pve1", "platform": "pve",
+                       **container})
+        for vmid in (105, 106)
+    ]
+    return plan_deploy(
+        container_phase,
+        hosts=[("pve1", {**defaults}), *cts],
+        responses={**container_answers(None, None), **gpu_host_responses()},
+        groups={"pve_hosts": ["pve1"], "gpu_containers": ["ct105", "ct106"]},
+    )
+
+
+def unit(ops):
+    [upload] = [c for _, cmds in ops for c in cmds if c.startswith("upload /etc/systemd/system/")]
+    return upload
+
+
+def test_userspace_driver_is_the_recorded_host_version():
+    ops = plan()["ct105"]
+    downloads = [name for name, cmds in ops if "Download NVIDIA driver runfile" in name and cmds]
+    assert downloads == ["GPU container | Download NVIDIA driver runfile 580.159.04"]
+    assert any("sh /var/cache/pve-sglang/NVIDIA-Linux-x86_64-580.159.04.run "
+               "--no-kernel-modules --silent" in c for _, cmds in ops for c in cmds)
+    assert any("cuda-toolkit-12-8" in c for _, cmds in ops for c in cmds)
+
+
+def test_single_node_unit_has_the_tuned_flags_for_the_recorded_gpu():
+    text = unit(plan()["ct105"])
+    assert "--tp-size 1" in text and "--moe-runner-backend flashinfer_cutlass" in text
+    assert "--max-running-requests" not in text and "--nnodes" not in text
+
+
+def test_two_nodes_get_ranks_and_rank0_address():
+    result = plan(nodes=NODES, tp_size=2)
+    for name, rank in (("ct105", 0), ("ct106", 1)):
+        text = unit(result[name])
+        assert "--nnodes 2" in text and f"--node-rank {rank}" in text, text
+        assert "--dist-init-addr sglang-105:50000" in text
+        assert "--tp-size 2" in text
