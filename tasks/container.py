@@ -43,19 +43,43 @@ def container_phase() -> None:
     """Install the pinned stack and the SGLang unit in a GPU container."""
     if "gpu_containers" not in host.groups:
         return
-    run_when_container_exists(container_steps, "container setup")
+    run_when_container_exists(container_steps, "container setup", planned_container_steps)
 
 
-def run_when_container_exists(steps, what: str) -> None:
-    """Run STEPS now, or, when the container is created later in this run, once it runs."""
+def planned_container_steps() -> list[str]:
+    """What the container setup will do, in words, for a plan made before the container runs."""
+    cs = settings_for(host.data, ContainerSettings)
+    driver, _ = host_gpus()
+    steps = ["trust the extra CA certificates"] if cs.ca_certificates else []
+    steps.append("install the base packages")
+    if driver:
+        steps += [f"install the NVIDIA user-space driver {driver} (the host's version)",
+                  f"install the CUDA toolkit {cs.cuda_toolkit_version}"]
+    pins = f"sglang=={cs.sglang_version}" + (
+        f", torch=={cs.torch_version}, flashinfer-python=={cs.flashinfer_version}"
+        if cs.stack_install == "pinned" else " (no dependencies)"
+    )
+    steps += [f"create the venv {cs.venv_path} with uv {cs.uv_version} and install {pins}",
+              "apply the FlashInfer CUTLASS MoE autotune patch where the release needs it",
+              f"write /etc/sglang/{cs.service_name}.env (mode 0600) and "
+              f"{unit_name(cs)}, enable it" + (" and start it" if driver else "")]
+    return steps
+
+
+def run_when_container_exists(steps, what: str, planned=None) -> None:
+    """Run STEPS now, or, when the container is created later in this run, once it runs.
+
+    PLANNED says in words what STEPS will do, for the plan shown before the container exists.
+    """
     ready = getattr(host.connector, "container_ready", None)
     # A container reached some other way (e.g. plain SSH into it) is there already.
     if ready is None or ready():
         steps()
         return
+    plan = "".join(f"\n      - {step}" for step in planned()) if planned else ""
     logger.info(
         f"{host.name}: the container does not run yet (it is created or started earlier in "
-        f"this run): the {what} steps are planned once it runs"
+        f"this run): the {what} steps run once it does{':' if plan else ''}{plan}"
     )
 
     def when_running() -> None:

@@ -22,7 +22,17 @@ def verify_phase() -> None:
     """Check the container end to end."""
     if "gpu_containers" not in host.groups:
         return
-    run_when_container_exists(verify_steps, "verify")
+    run_when_container_exists(verify_steps, "verify", planned_checks)
+
+
+def planned_checks() -> list[str]:
+    """What verify will check, in words, for a plan made before the container runs."""
+    cs = settings_for(host.data, ContainerSettings)
+    if not host_gpus()[0]:
+        return ["nothing: the host has no NVIDIA GPU"]
+    checks = ["GPUs visible in the container", "CUDA initialises on every GPU",
+              f"the server answers /health within {cs.health_timeout_s}s"]
+    return checks + ([f"benchmark at concurrency {cs.bench_concurrencies}"] if cs.bench else [])
 
 
 def verify_steps() -> None:
