@@ -88,6 +88,11 @@ nvidia_runfile_path = None
 service_name = "sglang"
 # Model directory in the container (--model-path).
 model_path = "/models/model"
+# Hugging Face repo to download into model_path when it holds no model yet (HF token from the
+# env file); null: the model comes from a mount (mounts) or is there already.
+model_download = None
+# Revision (branch, tag or commit) of model_download; null: the default branch.
+model_revision = None
 # Name the API serves the model as; null: the model path.
 served_model_name = None
 # Address the server binds to; 127.0.0.1 unless you expose it on purpose.

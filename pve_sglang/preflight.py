@@ -6,6 +6,7 @@ changed; problems that only cost speed are warnings.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from pyinfra import logger
@@ -149,6 +150,23 @@ def _warn_about_p2p(host: Host, gpu_count: int) -> None:
         )
 
 
+# Blackwell (compute capability 10.x and 12.x) needs torch built for CUDA 12.8 or later.
+_CUDA_BUILD = re.compile(r"/cu(\d{2})(\d)\b")
+
+
+def _check_torch_build(where: str, settings: ContainerSettings, caps: list[str]) -> None:
+    """A torch index for a CUDA build older than 12.8 cannot drive Blackwell GPUs."""
+    match = _CUDA_BUILD.search(settings.torch_index_url or "")
+    blackwell = [cap for cap in caps if int(cap.split(".")[0]) >= 10]
+    if match and blackwell and (int(match.group(1)), int(match.group(2))) < (12, 8):
+        raise PreflightError(
+            f"{where}: field 'torch_index_url' = {settings.torch_index_url!r} serves CUDA "
+            f"{match.group(1)}.{match.group(2)} builds, but the GPUs have compute capability "
+            f"{', '.join(blackwell)} (Blackwell): allowed: a CUDA 12.8+ index (cu128, cu129, "
+            "cu130), or null for torch's PyPI build"
+        )
+
+
 def check_container(where: str, settings: ContainerSettings, gpu: GpuHost | None) -> list[int]:
     """The container's GPU indices, after checking them and TP against the host."""
     if gpu is None:
@@ -160,6 +178,7 @@ def check_container(where: str, settings: ContainerSettings, gpu: GpuHost | None
             f"{where}: field 'tp_size' = {settings.tp_size} is larger than the {ranks} GPUs "
             f"passed through; allowed: 1..{ranks}"
         )
+    _check_torch_build(where, settings, gpu.compute_caps)
     if any(cap.startswith("12.") for cap in gpu.compute_caps):
         if settings.moe_runner_backend == "flashinfer_cutlass":
             logger.warning(

@@ -123,6 +123,8 @@ class ContainerSettings(_Strict):
 
     service_name: str = Field(pattern=r"^[A-Za-z0-9_.@-]+$")
     model_path: str
+    model_download: str | None
+    model_revision: str | None
     served_model_name: str | None
     server_host: str
     server_port: int = Field(ge=1, le=65535)

@@ -234,6 +234,10 @@ def server_unit(cs: ContainerSettings, py: str, argv: list[str], stack_ops: list
     files.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
     env = files.put(name=f"Server environment {env_file} (secrets, mode 0600)",
                     src=StringIO(render_env(cs)), dest=env_file, mode="600")
+    if cs.model_download:
+        stack.model_download(name=f"Model {cs.model_download} in {cs.model_path}", python=py,
+                             repo=cs.model_download, revision=cs.model_revision,
+                             path=cs.model_path, env_file=env_file)
     unit = unit_name(cs)
     unit_file = files.put(name=f"systemd unit {unit}", src=StringIO(render_unit(cs, argv)),
                           dest=f"/etc/systemd/system/{unit}", mode="644")

@@ -197,3 +197,14 @@ def test_vm_host_warns_about_p2p(caplog):
                  VirtualMachineType().command(): "kvm"}
     plan(responses)
     assert "this host is a virtual machine (kvm)" in caplog.text
+
+
+def test_old_cuda_torch_index_on_blackwell_is_refused():
+    # An nvidia-smi line in the recorded H200 layout, with a Blackwell GPU's values (no such
+    # GPU here to record from).
+    blackwell = "0, NVIDIA RTX PRO 6000 Blackwell Server Edition, 00000000:01:00.0, 12.0, 97887, 580.159.04"
+    responses = {**gpu_host_responses(), **container_answers(None, None),
+                 NvidiaGpus().command(): blackwell}
+    with pytest.raises(PreflightError, match="torch_index_url.*CUDA 12.6 builds.*12.0.*cu128"):
+        plan(responses, torch_index_url="https://download.pytorch.org/whl/cu126")
+    plan(responses, torch_index_url="https://download.pytorch.org/whl/cu128")

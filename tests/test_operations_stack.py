@@ -1,5 +1,7 @@
 """Container-phase operations: facts in, commands out (changed and converged cases)."""
 
+import shlex
+
 import pytest
 from pyinfra.api import OperationError
 from pyinfra.facts.files import File
@@ -122,3 +124,17 @@ def test_venv_created_once():
     facts = {(File, ("/opt/sglang/venv/pyvenv.cfg",)): {"mode": 644}}
     assert op_commands(stack.venv, uv="/u", path="/opt/sglang/venv", python="/usr/bin/python3",
                        facts=facts) == []
+
+
+def test_model_downloaded_once_with_the_token_from_the_env_file():
+    facts = {(File, ("/models/glm/config.json",)): None}
+    [command] = op_commands(stack.model_download, python=PY, repo="zai-org/GLM-5", revision=None,
+                            path="/models/glm", env_file="/etc/sglang/sglang.env", facts=facts)
+    assert command.startswith("set -a; [ -r /etc/sglang/sglang.env ] && . /etc/sglang/sglang.env")
+    python_code = shlex.split(command.split("; set +a; ", 1)[1])[2]
+    assert python_code.endswith(
+        "snapshot_download(repo_id='zai-org/GLM-5', revision=None, local_dir='/models/glm')")
+    assert "HF_TOKEN" not in command
+    facts = {(File, ("/models/glm/config.json",)): {"mode": 644}}
+    assert op_commands(stack.model_download, python=PY, repo="zai-org/GLM-5", revision=None,
+                       path="/models/glm", env_file="/e", facts=facts) == []

@@ -148,3 +148,23 @@ def venv(uv: str, path: str, python: str):
         host.noop(f"venv {path} exists")
         return
     yield f"UV_PYTHON_DOWNLOADS=never {shlex.quote(uv)} venv --python {shlex.quote(python)} {shlex.quote(path)}"
+
+
+@operation()
+def model_download(python: str, repo: str, revision: str | None, path: str, env_file: str):
+    """
+    Download Hugging Face REPO into PATH with the venv's huggingface_hub when PATH holds no
+    model yet (no ``config.json``); the token comes from ENV_FILE, never from the command.
+    """
+    if host.get_fact(File, path=f"{path.rstrip('/')}/config.json"):
+        host.noop(f"model in {path}")
+        return
+    call = (
+        "from huggingface_hub import snapshot_download; "
+        f"snapshot_download(repo_id={repo!r}, revision={revision!r}, local_dir={path!r})"
+    )
+    env = shlex.quote(env_file)
+    yield (
+        f"set -a; [ -r {env} ] && . {env}; set +a; "
+        f"{shlex.quote(python)} -c {shlex.quote(call)}"
+    )
