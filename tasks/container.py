@@ -5,11 +5,12 @@ from __future__ import annotations
 import glob
 from io import StringIO
 from pathlib import Path
+from weakref import WeakKeyDictionary
 
 from pyinfra import host, logger
 from pyinfra.api import OperationError, deploy
 from pyinfra.context import state
-from pyinfra.operations import apt, files, pip, python, server, systemd
+from pyinfra.operations import apt, files, python, server, systemd
 
 from pve_sglang.facts.nvidia import NvidiaDriverVersion, NvidiaGpus
 from pve_sglang.operations import stack
@@ -93,11 +94,19 @@ def run_when_container_exists(steps, what: str, planned=None) -> None:
     python.call(name=f"{what.capitalize()} (after the container starts)", function=when_running)
 
 
+# The GPU host's driver and GPUs, read once per run and host: every container of the host asks,
+# in the container and in the verify phase (pyinfra does not cache facts).
+_HOST_GPUS: WeakKeyDictionary = WeakKeyDictionary()
+
+
 def host_gpus() -> tuple[str | None, list[dict]]:
     """The container host's driver version and GPUs (facts of the Proxmox host)."""
     parent = state.inventory.get_host(host.data.get("pve_host"))
-    driver = parent.get_fact(NvidiaDriverVersion)
-    return driver, parent.get_fact(NvidiaGpus) if driver else []
+    known = _HOST_GPUS.setdefault(host.state, {})
+    if parent.name not in known:
+        driver = parent.get_fact(NvidiaDriverVersion)
+        known[parent.name] = (driver, parent.get_fact(NvidiaGpus) if driver else [])
+    return known[parent.name]
 
 
 def container_steps() -> None:
@@ -193,9 +202,8 @@ def cuda_toolkit(cs: ContainerSettings) -> None:
 def python_stack(cs: ContainerSettings, py: str) -> list:
     """uv, the venv, the pinned packages, the autotune patch; the ops that need a restart."""
     tools = f"{TOOLS}/tools"
-    pip.venv(name="Tools venv (uv)", path=tools, python="python3")
-    pip.packages(name=f"uv {cs.uv_version}", packages=[f"uv=={cs.uv_version}"],
-                 virtualenv=tools)
+    stack.tools_venv(name=f"Tools venv with uv {cs.uv_version}", path=tools,
+                     uv_version=cs.uv_version)
     uv = f"{tools}/bin/uv"
     stack.venv(name=f"sglang venv {cs.venv_path}", uv=uv, path=cs.venv_path, python="/usr/bin/python3")
     pins = {"sglang": cs.sglang_version}
@@ -215,8 +223,9 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
         ),
     )
     script = f"{TOOLS}/autotune_patch.py"
+    # TOOLS exists: the tools venv is in it (no Directory read for the upload).
     files.put(name="Upload the autotune patch", src=str(REPO / "tasks" / "autotune_patch.py"),
-              dest=script, mode="644")
+              dest=script, mode="644", create_remote_dir=False)
     patch = stack.autotune_patch(name="FlashInfer CUTLASS MoE autotune (sglang patch)",
                                  python=py, script=script)
     return [packages, patch]
@@ -225,22 +234,26 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
 def server_unit(cs: ContainerSettings, py: str, argv: list[str], stack_ops: list, start: bool) -> None:
     """The server's env file (0600), unit and state; restarted only when something changed."""
     flags = f"{TOOLS}/sglang_flags.py"
+    # create_remote_dir=False where the directory exists by then (TOOLS: the tools venv's
+    # parent; the env file's: the step before; systemd's unit directory): one read less each.
     files.put(name="Upload the server flag lister", src=StringIO(flags_script()), dest=flags,
-              mode="644")
+              mode="644", create_remote_dir=False)
     stack.server_flags(name=f"Server flags exist in sglang {cs.sglang_version}",
                        python=py, script=flags, argv=list(argv))
     files.directory(name="sglang cache directory", path=cs.sglang_cache_dir, mode="755")
     env_file = env_file_path(cs)
     files.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
     env = files.put(name=f"Server environment {env_file} (secrets, mode 0600)",
-                    src=StringIO(render_env(cs)), dest=env_file, mode="600")
+                    src=StringIO(render_env(cs)), dest=env_file, mode="600",
+                    create_remote_dir=False)
     if cs.model_download:
         stack.model_download(name=f"Model {cs.model_download} in {cs.model_path}", python=py,
                              repo=cs.model_download, revision=cs.model_revision,
                              path=cs.model_path, env_file=env_file)
     unit = unit_name(cs)
     unit_file = files.put(name=f"systemd unit {unit}", src=StringIO(render_unit(cs, argv)),
-                          dest=f"/etc/systemd/system/{unit}", mode="644")
+                          dest=f"/etc/systemd/system/{unit}", mode="644",
+                          create_remote_dir=False)
     systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
     systemd.service(name=f"Enable {unit} at boot", service=unit, running=None, enabled=True)
     stack.service_running(

@@ -141,6 +141,23 @@ def server_flags(python: str, script: str, argv: list[str]):
 
 
 @operation()
+def tools_venv(path: str, uv_version: str):
+    """
+    The tools venv at PATH (from the system python3) with uv UV_VERSION in it. One read when
+    converged, of the venv's distributions (``pip.venv`` with ``pip.packages`` sends three,
+    ``pip freeze`` among them: half a second of CPU per container and run).
+    """
+    installed = host.get_fact(PythonPackages, python=f"{path.rstrip('/')}/bin/python")
+    if installed.get("uv") == uv_version:
+        host.noop(f"uv {uv_version} is installed in {path}")
+        return
+    p = shlex.quote(path)
+    if not installed:
+        yield f"python3 -m venv {p}"
+    yield f"{p}/bin/pip install uv=={shlex.quote(uv_version)}"
+
+
+@operation()
 def venv(uv: str, path: str, python: str):
     """Create the venv at PATH with uv from the system PYTHON (uv downloads no Python)."""
     # pyvenv.cfg, not bin/python: that is a symlink, which the File fact does not count.
