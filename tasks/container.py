@@ -13,7 +13,7 @@ from pyinfra.context import state
 from pyinfra.operations import apt, files, python, server, systemd
 
 from pve_sglang.facts.nvidia import NvidiaDriverVersion, NvidiaGpus
-from pve_sglang.operations import stack
+from pve_sglang.operations import stack, upload
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.server_command import (
     dist_init_addr,
@@ -151,8 +151,8 @@ def trust_ca_certificates(cs: ContainerSettings) -> None:
     """Add the given CA certificates to the container's store (a proxy's CA, for pip and uv)."""
     paths = sorted({match for pattern in cs.ca_certificates for match in glob.glob(pattern)})
     uploads = [
-        files.put(name=f"CA certificate {Path(path).name}", src=path,
-                  dest=f"/usr/local/share/ca-certificates/{Path(path).stem}.crt", mode="644")
+        upload.put(name=f"CA certificate {Path(path).name}", src=path,
+                   dest=f"/usr/local/share/ca-certificates/{Path(path).stem}.crt", mode="644")
         for path in paths
     ]
     if uploads:
@@ -206,6 +206,11 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
                      uv_version=cs.uv_version)
     uv = f"{tools}/bin/uv"
     stack.venv(name=f"sglang venv {cs.venv_path}", uv=uv, path=cs.venv_path, python="/usr/bin/python3")
+    # The venv's state is read by one Python start that runs these two scripts too.
+    upload.put(name="Upload the autotune patch", src=str(REPO / "tasks" / "autotune_patch.py"),
+               dest=f"{TOOLS}/autotune_patch.py", mode="644")
+    upload.put(name="Upload the server flag lister", src=StringIO(flags_script()),
+               dest=f"{TOOLS}/sglang_flags.py", mode="644")
     pins = {"sglang": cs.sglang_version}
     if cs.stack_install == "pinned":
         pins |= {"torch": cs.torch_version, "flashinfer-python": cs.flashinfer_version}
@@ -213,6 +218,7 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
         name="sglang " + ", ".join(f"{n}=={v}" for n, v in pins.items()),
         uv=uv,
         python=py,
+        tools=TOOLS,
         pins=pins,
         args=stack.install_args(
             [f"{name}=={version}" for name, version in pins.items()],
@@ -222,42 +228,31 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
             no_deps=cs.stack_install == "sglang-no-deps",
         ),
     )
-    script = f"{TOOLS}/autotune_patch.py"
-    # TOOLS exists: the tools venv is in it (no Directory read for the upload).
-    files.put(name="Upload the autotune patch", src=str(REPO / "tasks" / "autotune_patch.py"),
-              dest=script, mode="644", create_remote_dir=False)
     patch = stack.autotune_patch(name="FlashInfer CUTLASS MoE autotune (sglang patch)",
-                                 python=py, script=script)
+                                 python=py, tools=TOOLS)
     return [packages, patch]
 
 
 def server_unit(cs: ContainerSettings, py: str, argv: list[str], stack_ops: list, start: bool) -> None:
     """The server's env file (0600), unit and state; restarted only when something changed."""
-    flags = f"{TOOLS}/sglang_flags.py"
-    # create_remote_dir=False where the directory exists by then (TOOLS: the tools venv's
-    # parent; the env file's: the step before; systemd's unit directory): one read less each.
-    files.put(name="Upload the server flag lister", src=StringIO(flags_script()), dest=flags,
-              mode="644", create_remote_dir=False)
     stack.server_flags(name=f"Server flags exist in sglang {cs.sglang_version}",
-                       python=py, script=flags, argv=list(argv))
+                       python=py, tools=TOOLS, argv=list(argv))
     files.directory(name="sglang cache directory", path=cs.sglang_cache_dir, mode="755")
     env_file = env_file_path(cs)
     files.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
-    env = files.put(name=f"Server environment {env_file} (secrets, mode 0600)",
-                    src=StringIO(render_env(cs)), dest=env_file, mode="600",
-                    create_remote_dir=False)
+    env = upload.put(name=f"Server environment {env_file} (secrets, mode 0600)",
+                     src=StringIO(render_env(cs)), dest=env_file, mode="600")
     if cs.model_download:
         stack.model_download(name=f"Model {cs.model_download} in {cs.model_path}", python=py,
                              repo=cs.model_download, revision=cs.model_revision,
                              path=cs.model_path, env_file=env_file)
     unit = unit_name(cs)
-    unit_file = files.put(name=f"systemd unit {unit}", src=StringIO(render_unit(cs, argv)),
-                          dest=f"/etc/systemd/system/{unit}", mode="644",
-                          create_remote_dir=False)
+    unit_file = upload.put(name=f"systemd unit {unit}", src=StringIO(render_unit(cs, argv)),
+                           dest=f"/etc/systemd/system/{unit}", mode="644")
     systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
-    systemd.service(name=f"Enable {unit} at boot", service=unit, running=None, enabled=True)
     stack.service_running(
-        name=f"{unit} running (restarted only when its unit, env, stack or patch changed)",
+        name=f"{unit} enabled and running (restarted only when its unit, env, stack or patch "
+        "changed)",
         unit=unit,
         start=start,
         restart=any_changed(unit_file, env, *stack_ops),

@@ -166,8 +166,8 @@ def test_changing_one_flag_restarts_the_running_server_exactly_once(deploy, firs
     assert set(changed(results)) == {
         "GPU container | systemd unit sglang.service",
         "GPU container | Reload systemd units",
-        "GPU container | sglang.service running (restarted only when its unit, env, stack or "
-        "patch changed)",
+        "GPU container | sglang.service enabled and running (restarted only when its unit, env, "
+        "stack or patch changed)",
     }
     assert int(deploy.attach(stops)) == stops_before + 1
     assert "--mem-fraction-static 0.85" in deploy.attach(f"cat {UNIT}")
@@ -191,8 +191,8 @@ def test_reinstall_drops_patch_and_next_run_restores_it(deploy, first_run):
     results, _ = deploy.run()
     assert changed(results) == [
         "GPU container | FlashInfer CUTLASS MoE autotune (sglang patch)",
-        "GPU container | sglang.service running (restarted only when its unit, env, stack or "
-        "patch changed)",
+        "GPU container | sglang.service enabled and running (restarted only when its unit, env, "
+        "stack or patch changed)",
     ]
     assert "pve-sglang: autotune enabled" in deploy.attach(
         f"cat {site}/srt/model_executor/model_runner.py"

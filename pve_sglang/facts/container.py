@@ -31,72 +31,107 @@ class NvidiaUserspaceVersion(FactBase[str | None]):
         return max(versions, key=lambda v: [int(p) for p in v.split(".")]) if versions else None
 
 
-class PythonPackages(FactBase[dict[str, str]]):
+# One Python start in the venv answers three questions: the installed distributions, what the
+# autotune patch script says, and which server flags the release knows. Scripts run in-process
+# (runpy) with their own argv; each one's stdout is kept.
+_VENV_STATE_SCRIPT = r"""
+import contextlib, importlib.metadata as m, importlib.util as u, io, json, os, runpy, sys
+tools = sys.argv[1]
+out = {"packages": {d.metadata["Name"]: d.version for d in m.distributions()}}
+spec = u.find_spec("sglang")
+if spec and spec.submodule_search_locations:
+    package = list(spec.submodule_search_locations)[0]
+    for key, script, args in (("patch", "autotune_patch.py", ["--check", package]),
+                              ("flags", "sglang_flags.py", [])):
+        path = os.path.join(tools, script)
+        if not os.path.exists(path):
+            continue
+        buf = io.StringIO()
+        sys.argv = [path, *args]
+        try:
+            with contextlib.redirect_stdout(buf):
+                runpy.run_path(path, run_name="__main__")
+        except SystemExit:
+            pass
+        out[key] = buf.getvalue()
+print(json.dumps(out))
+"""
+
+
+class SglangVenv(FactBase[dict]):
     """
-    Returns the distributions installed in the Python at PYTHON as ``{normalised name:
-    version}`` (``{}`` when that Python does not exist, e.g. before the venv is made).
+    Returns the state of the sglang venv at PYTHON: ``packages`` (``{normalised name:
+    version}``), ``patch`` (the last line of ``TOOLS/autotune_patch.py --check``: needs-patch,
+    already-patched, upstream-enabled, unrecognised: ...) and ``flags`` (the release's server
+    flags from ``TOOLS/sglang_flags.py``, with attribute ``version``); None for what is not
+    there yet. ``{"packages": {}}`` before the venv exists.
     """
 
     @override
-    def command(self, python: str) -> str:
-        script = (
-            "import importlib.metadata as m, json; "
-            "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
-        )
-        return f"if [ -x {shlex.quote(python)} ]; then {shlex.quote(python)} -c {shlex.quote(script)}; fi"
+    def command(self, python: str, tools: str) -> str:
+        py = shlex.quote(python)
+        return f"[ -x {py} ] || exit 0; {py} -c {shlex.quote(_VENV_STATE_SCRIPT)} {shlex.quote(tools)}"
 
     @staticmethod
     @override
-    def default() -> dict[str, str]:
-        return {}
+    def default() -> dict:
+        return {"packages": {}, "patch": None, "flags": None}
 
     @override
-    def process(self, output: list[str]) -> dict[str, str]:
-        raw = json.loads("".join(output) or "{}")
-        return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in raw.items()}
+    def process(self, output: list[str]) -> dict:
+        from ..server_command import parse_flags_output
+
+        raw = json.loads("".join(output))
+        patch_lines = [line.strip() for line in raw.get("patch", "").splitlines() if line.strip()]
+        flags = raw.get("flags", "")
+        return {
+            "packages": {re.sub(r"[-_.]+", "-", n).lower(): v for n, v in raw["packages"].items()},
+            "patch": patch_lines[-1] if patch_lines else None,
+            "flags": parse_flags_output(flags) if flags.startswith("version ") else None,
+        }
 
 
-class AutotunePatchState(FactBase[str | None]):
-    """
-    Returns what ``autotune_patch.py --check`` says of the sglang package in the venv at
-    PYTHON: ``needs-patch``, ``already-patched``, ``upstream-enabled``, ``unrecognised: ...``;
-    None when sglang or the script is not there yet.
-    """
+class UvVersion(FactBase["str | None"]):
+    """Returns the version of the uv at UV (``uv --version``), or None when it is not there."""
 
     @override
-    def command(self, python: str, script: str) -> str:
-        find = (
-            "import importlib.util as u; s = u.find_spec('sglang'); "
-            "print(s.submodule_search_locations[0] if s else '')"
-        )
-        py, sc = shlex.quote(python), shlex.quote(script)
-        return (
-            f"[ -x {py} ] && [ -f {sc} ] || exit 0; "
-            f"dir=$({py} -c {shlex.quote(find)}); [ -n \"$dir\" ] || exit 0; "
-            f"{py} {sc} --check \"$dir\"; true"
-        )
+    def command(self, uv: str) -> str:
+        return f"[ -x {shlex.quote(uv)} ] && {shlex.quote(uv)} --version; true"
 
     @override
     def process(self, output: list[str]) -> str | None:
-        lines = [line.strip() for line in output if line.strip()]
-        return lines[-1] if lines else None
+        words = " ".join(output).split()
+        return words[1] if len(words) > 1 and words[0] == "uv" else None
 
 
-class SglangServerFlags(FactBase["set[str] | None"]):
-    """
-    Returns the ``--flag`` spellings the sglang installed for PYTHON accepts, as printed by
-    SCRIPT (``server_command.flags_script()``, uploaded by the deploy), with the release as
-    attribute ``version``; None when sglang or the script is not there yet.
-    """
+class FileDigest(FactBase["dict | None"]):
+    """Returns ``{"mode": "644", "sha1": ...}`` of the file at PATH in one read, or None."""
 
     @override
-    def command(self, python: str, script: str) -> str:
-        py, sc = shlex.quote(python), shlex.quote(script)
-        return f"[ -x {py} ] && [ -f {sc} ] || exit 0; {py} {sc} 2>/dev/null || true"
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return f"[ -f {p} ] && stat -c %a {p} && sha1sum {p}; true"
 
     @override
-    def process(self, output: list[str]):
-        from ..server_command import parse_flags_output
+    def process(self, output: list[str]) -> dict | None:
+        if len(output) < 2:
+            return None
+        return {"mode": output[0].strip(), "sha1": output[1].split()[0]}
 
-        text = "\n".join(output)
-        return parse_flags_output(text) if text.startswith("version ") else None
+
+class UnitState(FactBase[dict]):
+    """Returns ``{"active": "active", "enabled": "enabled"}`` of systemd UNIT in one read."""
+
+    @override
+    def command(self, unit: str) -> str:
+        return f"systemctl show -p ActiveState -p UnitFileState {shlex.quote(unit)} 2>/dev/null; true"
+
+    @staticmethod
+    @override
+    def default() -> dict:
+        return {"active": None, "enabled": None}
+
+    @override
+    def process(self, output: list[str]) -> dict:
+        values = dict(line.strip().split("=", 1) for line in output if "=" in line)
+        return {"active": values.get("ActiveState"), "enabled": values.get("UnitFileState")}

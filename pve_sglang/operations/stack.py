@@ -4,22 +4,38 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
+from weakref import WeakKeyDictionary
 
 from pyinfra import host
 from pyinfra.api import OperationError, operation
 from pyinfra.facts.files import File
-from pyinfra.facts.systemd import SystemdStatus
 
-from ..facts.container import (
-    AutotunePatchState,
-    NvidiaUserspaceVersion,
-    PythonPackages,
-    SglangServerFlags,
-)
+from ..facts.container import NvidiaUserspaceVersion, SglangVenv, UnitState, UvVersion
 from ..server_command import check_flags
 
 RUNFILE_URL = "https://us.download.nvidia.com/XFree86/Linux-x86_64/{v}/NVIDIA-Linux-x86_64-{v}.run"
 PATCH_DONE = ("already-patched", "upstream-enabled")
+
+# The sglang venv's state, read once per run stage and container and shared by the operations
+# below (one Python start in a converged run instead of three); an operation that changes the
+# venv forgets it, so the next one reads it again.
+_VENV_STATE: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def venv_state(python: str, tools: str) -> dict:
+    """The ``SglangVenv`` fact of this container, read once until the venv changes."""
+    key = (host.name, python, tools, host.state.is_executing)
+    known = _VENV_STATE.setdefault(host.state, {})
+    if key not in known:
+        known[key] = host.get_fact(SglangVenv, python=python, tools=tools)
+    return known[key]
+
+
+def venv_changed() -> None:
+    """Forget this container's venv state: an operation changed the venv."""
+    known = _VENV_STATE.get(host.state, {})
+    for key in [key for key in known if key[0] == host.name]:
+        del known[key]
 
 
 @operation()
@@ -60,12 +76,12 @@ def install_args(
 
 
 @operation()
-def venv_packages(uv: str, python: str, pins: dict[str, str], args: list[str]):
+def venv_packages(uv: str, python: str, tools: str, pins: dict[str, str], args: list[str]):
     """
     Install the pinned PACKAGES (``{name: version}``) into the venv at PYTHON with uv when any
     installed version differs from its pin; a converged venv costs one read.
     """
-    installed = host.get_fact(PythonPackages, python=python)
+    installed = venv_state(python, tools)["packages"]
     wrong = {name: installed.get(name) for name, version in pins.items()
              if installed.get(name) != version}
     if not wrong:
@@ -76,16 +92,17 @@ def venv_packages(uv: str, python: str, pins: dict[str, str], args: list[str]):
         [shlex.quote(uv), "pip", "install", "--system-certs", "--python", shlex.quote(python),
          *(shlex.quote(a) for a in args)]
     )
+    venv_changed()
 
 
 @operation()
-def autotune_patch(python: str, script: str):
+def autotune_patch(python: str, tools: str):
     """
     Enable FlashInfer's CUTLASS MoE autotune in the installed sglang (see
     ``tasks/autotune_patch.py``); checked on every run, since a reinstall drops it silently.
     Code the patch does not recognise stops the deploy, naming the version and file.
     """
-    state = host.get_fact(AutotunePatchState, python=python, script=script)
+    state = venv_state(python, tools)["patch"]
     if state in PATCH_DONE:
         host.noop(f"sglang autotune for flashinfer_cutlass: {state}")
         return
@@ -98,35 +115,40 @@ def autotune_patch(python: str, script: str):
         "import importlib.util as u; print(u.find_spec('sglang').submodule_search_locations[0])"
     )
     py = shlex.quote(python)
-    yield f"{py} {shlex.quote(script)} --apply \"$({py} -c {shlex.quote(find)})\""
+    script = shlex.quote(f"{tools}/autotune_patch.py")
+    yield f"{py} {script} --apply \"$({py} -c {shlex.quote(find)})\""
+    venv_changed()
 
 
 @operation()
 def service_running(unit: str, start: bool, restart: Callable[[], bool]):
     """
-    Keep UNIT running: start it when it is down (only if START: the server needs a GPU), and
-    restart it once when RESTART says its unit, environment, stack or patch changed. A
-    converged run restarts nothing: a restart reloads the model, minutes of downtime.
+    Keep UNIT enabled at boot and running: start it when it is down (only if START: the server
+    needs a GPU), and restart it once when RESTART says its unit, environment, stack or patch
+    changed. A converged run restarts nothing: a restart reloads the model, minutes of downtime.
     """
-    running = host.get_fact(SystemdStatus, services=[unit]).get(unit)
-    if running:
+    unit_state = host.get_fact(UnitState, unit=unit)
+    quoted = shlex.quote(unit)
+    if unit_state["enabled"] != "enabled":
+        yield f"systemctl enable {quoted}"
+    if unit_state["active"] in ("active", "activating", "reloading"):
         if restart():
-            yield f"systemctl restart {shlex.quote(unit)}"
+            yield f"systemctl restart {quoted}"
         else:
             host.noop(f"{unit} is running and unchanged")
     elif start:
-        yield f"systemctl start {shlex.quote(unit)}"
+        yield f"systemctl start {quoted}"
     else:
         host.noop(f"{unit} not started: the server needs a GPU")
 
 
 @operation()
-def server_flags(python: str, script: str, argv: list[str]):
+def server_flags(python: str, tools: str, argv: list[str]):
     """
     Stop the deploy before the unit is written when the server command uses a flag the
     installed sglang release does not know (spellings change between releases).
     """
-    known = host.get_fact(SglangServerFlags, python=python, script=script)
+    known = venv_state(python, tools)["flags"]
     if known is None:
         host.noop("server flags are checked once sglang is installed")
         return
@@ -142,18 +164,13 @@ def server_flags(python: str, script: str, argv: list[str]):
 
 @operation()
 def tools_venv(path: str, uv_version: str):
-    """
-    The tools venv at PATH (from the system python3) with uv UV_VERSION in it. One read when
-    converged, of the venv's distributions (``pip.venv`` with ``pip.packages`` sends three,
-    ``pip freeze`` among them: half a second of CPU per container and run).
-    """
-    installed = host.get_fact(PythonPackages, python=f"{path.rstrip('/')}/bin/python")
-    if installed.get("uv") == uv_version:
+    """The tools venv at PATH (from the system python3) with uv UV_VERSION; one read converged."""
+    uv = f"{path.rstrip('/')}/bin/uv"
+    if host.get_fact(UvVersion, uv=uv) == uv_version:
         host.noop(f"uv {uv_version} is installed in {path}")
         return
     p = shlex.quote(path)
-    if not installed:
-        yield f"python3 -m venv {p}"
+    yield f"[ -x {p}/bin/pip ] || python3 -m venv {p}"
     yield f"{p}/bin/pip install uv=={shlex.quote(uv_version)}"
 
 
