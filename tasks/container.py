@@ -10,10 +10,10 @@ from weakref import WeakKeyDictionary
 from pyinfra import host, logger
 from pyinfra.api import OperationError, deploy
 from pyinfra.context import state
-from pyinfra.operations import apt, files, python, server, systemd
+from pyinfra.operations import files, python, server, systemd
 
 from pve_sglang.facts.nvidia import NvidiaDriverVersion, NvidiaGpus
-from pve_sglang.operations import stack, upload
+from pve_sglang.operations import paths, stack
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.server_command import (
     dist_init_addr,
@@ -116,9 +116,17 @@ def container_steps() -> None:
     indices = [g["index"] for g in gpus] if cs.gpus == "all" else [i for i in cs.gpus]
     selected = [g for g in gpus if g["index"] in indices]
     py = venv_python(cs)
+    env_file = env_file_path(cs)
+    # Every path the steps below manage, so one read answers them all.
+    paths.watch(
+        *(ca_dest(path) for path in ca_files(cs)),
+        f"{TOOLS}/autotune_patch.py", f"{TOOLS}/sglang_flags.py", f"{cs.venv_path}/pyvenv.cfg",
+        cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
+        f"/etc/systemd/system/{unit_name(cs)}", f"{cs.model_path}/config.json",
+    )
 
     trust_ca_certificates(cs)
-    apt.packages(name="Base packages", packages=BASE_PACKAGES, update=True, cache_time=86400)
+    stack.deb_packages(name="Base packages", packages=BASE_PACKAGES)
     stack_ops = []
     if driver:
         stack_ops.append(nvidia_userspace(cs, driver))
@@ -147,13 +155,22 @@ def container_steps() -> None:
     server_unit(cs, py, argv, stack_ops, start=bool(driver))
 
 
+def ca_files(cs: ContainerSettings) -> list[str]:
+    """The CA certificate files on this machine that ``ca_certificates`` names (globs too)."""
+    return sorted({match for pattern in cs.ca_certificates for match in glob.glob(pattern)})
+
+
+def ca_dest(path: str) -> str:
+    """Where a CA certificate goes in the container's store."""
+    return f"/usr/local/share/ca-certificates/{Path(path).stem}.crt"
+
+
 def trust_ca_certificates(cs: ContainerSettings) -> None:
     """Add the given CA certificates to the container's store (a proxy's CA, for pip and uv)."""
-    paths = sorted({match for pattern in cs.ca_certificates for match in glob.glob(pattern)})
     uploads = [
-        upload.put(name=f"CA certificate {Path(path).name}", src=path,
-                   dest=f"/usr/local/share/ca-certificates/{Path(path).stem}.crt", mode="644")
-        for path in paths
+        paths.put(name=f"CA certificate {Path(path).name}", src=path, dest=ca_dest(path),
+                  mode="644")
+        for path in ca_files(cs)
     ]
     if uploads:
         server.shell(name="Update the CA store", commands=["update-ca-certificates"],
@@ -191,11 +208,9 @@ def cuda_toolkit(cs: ContainerSettings) -> None:
                  commands=["dpkg -i /var/cache/pve-sglang/cuda-keyring.deb"],
                  _if=keyring.did_change)
     version = cs.cuda_toolkit_version.replace(".", "-")
-    apt.packages(
+    stack.deb_packages(
         name=f"CUDA toolkit {cs.cuda_toolkit_version} and a host compiler (FlashInfer JIT)",
         packages=[f"cuda-toolkit-{version}", *JIT_PACKAGES],
-        update=True,
-        cache_time=3600,
     )
 
 
@@ -207,9 +222,9 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
     uv = f"{tools}/bin/uv"
     stack.venv(name=f"sglang venv {cs.venv_path}", uv=uv, path=cs.venv_path, python="/usr/bin/python3")
     # The venv's state is read by one Python start that runs these two scripts too.
-    upload.put(name="Upload the autotune patch", src=str(REPO / "tasks" / "autotune_patch.py"),
+    paths.put(name="Upload the autotune patch", src=str(REPO / "tasks" / "autotune_patch.py"),
                dest=f"{TOOLS}/autotune_patch.py", mode="644")
-    upload.put(name="Upload the server flag lister", src=StringIO(flags_script()),
+    paths.put(name="Upload the server flag lister", src=StringIO(flags_script()),
                dest=f"{TOOLS}/sglang_flags.py", mode="644")
     pins = {"sglang": cs.sglang_version}
     if cs.stack_install == "pinned":
@@ -235,19 +250,21 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
 
 def server_unit(cs: ContainerSettings, py: str, argv: list[str], stack_ops: list, start: bool) -> None:
     """The server's env file (0600), unit and state; restarted only when something changed."""
+    unit = unit_name(cs)
+    unit_text = render_unit(cs, argv)
     stack.server_flags(name=f"Server flags exist in sglang {cs.sglang_version}",
-                       python=py, tools=TOOLS, argv=list(argv))
-    files.directory(name="sglang cache directory", path=cs.sglang_cache_dir, mode="755")
+                       python=py, tools=TOOLS, argv=list(argv),
+                       unit_path=f"/etc/systemd/system/{unit}", unit_text=unit_text)
+    paths.directory(name="sglang cache directory", path=cs.sglang_cache_dir, mode="755")
     env_file = env_file_path(cs)
-    files.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
-    env = upload.put(name=f"Server environment {env_file} (secrets, mode 0600)",
+    paths.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
+    env = paths.put(name=f"Server environment {env_file} (secrets, mode 0600)",
                      src=StringIO(render_env(cs)), dest=env_file, mode="600")
     if cs.model_download:
         stack.model_download(name=f"Model {cs.model_download} in {cs.model_path}", python=py,
                              repo=cs.model_download, revision=cs.model_revision,
                              path=cs.model_path, env_file=env_file)
-    unit = unit_name(cs)
-    unit_file = upload.put(name=f"systemd unit {unit}", src=StringIO(render_unit(cs, argv)),
+    unit_file = paths.put(name=f"systemd unit {unit}", src=StringIO(unit_text),
                            dest=f"/etc/systemd/system/{unit}", mode="644")
     systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
     stack.service_running(

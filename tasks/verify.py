@@ -9,7 +9,7 @@ from pyinfra.api import deploy
 
 
 from pve_sglang.bench_serving import bench_argv
-from pve_sglang.operations import upload, verify
+from pve_sglang.operations import paths, verify
 from pve_sglang.server_command import env_file_path, venv_python
 from pve_sglang.settings import ContainerSettings, settings_for
 from tasks.container import TOOLS, host_gpus, run_when_container_exists
@@ -48,7 +48,7 @@ def verify_steps() -> None:
     expected = len(gpus) if cs.gpus == "all" else len(cs.gpus)
     py = venv_python(cs)
     script = f"{TOOLS}/gpu_checks.py"
-    upload.put(name="Upload the GPU checks", src=str(GPU_CHECKS), dest=script, mode="644")
+    paths.put(name="Upload the GPU checks", src=str(GPU_CHECKS), dest=script, mode="644")
     verify.gpus_visible(name=f"{expected} GPUs visible in the container", expected=expected)
     verify.cuda_initialises(name="CUDA initialises on every GPU", python=py, script=script,
                             expected=expected)

@@ -67,14 +67,18 @@ class Deploy:
         }
         self.hosts_file.write_text(yaml.safe_dump(hosts))
 
-    def run(self, *args: str) -> tuple[dict, str]:
-        """Run the deploy; returns pyinfra's JSON results and its log (stderr)."""
+    def run_cli(self, *args: str) -> subprocess.CompletedProcess:
+        """Run the deploy through pyinfra's CLI against the hosts file."""
         self.write_hosts()
         env = {**os.environ, "PVE_SGLANG_HOSTS": str(self.hosts_file)}
-        done = subprocess.run(
+        return subprocess.run(
             [str(PYINFRA), "inventory.py", "deploy.py", "-y", "--json", *args],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
         )
+
+    def run(self, *args: str) -> tuple[dict, str]:
+        """Run the deploy, which must succeed; returns pyinfra's JSON results and its log."""
+        done = self.run_cli(*args)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
         return json.loads(done.stdout), done.stderr
 
@@ -197,3 +201,15 @@ def test_reinstall_drops_patch_and_next_run_restores_it(deploy, first_run):
     assert "pve-sglang: autotune enabled" in deploy.attach(
         f"cat {site}/srt/model_executor/model_runner.py"
     )
+
+
+def test_flag_the_release_does_not_know_stops_before_the_unit_changes(deploy, first_run):
+    unit_before = deploy.attach(f"cat {UNIT}")
+    deploy.container["extra_server_args"] = ["--no-such-flag"]
+    done = deploy.run_cli()
+    assert done.returncode != 0
+    assert "sglang 0.5.9 does not know --no-such-flag" in done.stderr
+    assert deploy.attach(f"cat {UNIT}") == unit_before
+    deploy.container["extra_server_args"] = []
+    results, _ = deploy.run()
+    assert changed(results) == []

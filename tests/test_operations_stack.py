@@ -7,26 +7,31 @@ from pyinfra.api import OperationError
 from io import StringIO
 
 from pyinfra.api.util import get_file_sha1
-from pyinfra.facts.files import File
 
 from harness import fact_value, op_commands
 from pve_sglang.facts.container import (
-    FileDigest,
     NvidiaUserspaceVersion,
+    PathStates,
+    SglangServerFlags,
     SglangVenv,
     UnitState,
     UvVersion,
 )
-from pve_sglang.operations import stack, upload
+from pve_sglang.operations import paths, stack
 from pve_sglang.server_command import KnownFlags
 
 PY = "/opt/sglang/venv/bin/python"
 TOOLS = "/opt/sglang"
 
 
-def venv(packages=None, patch=None, flags=None) -> dict:
+def path_facts(**states) -> dict:
+    """PathStates values: one read per path, as an operation asks for one unwatched path."""
+    return {(PathStates, ((path,),)): {path: value} for path, value in states.items()}
+
+
+def venv(packages=None, patch=None) -> dict:
     """A fact value of SglangVenv for PY and TOOLS."""
-    return {(SglangVenv, (PY, TOOLS)): {"packages": packages or {}, "patch": patch, "flags": flags}}
+    return {(SglangVenv, (PY, TOOLS)): {"packages": packages or {}, "patch": patch}}
 RUNFILE = "/var/cache/pve-sglang/NVIDIA-Linux-x86_64-580.159.04.run"
 # `ls` of /usr/lib/x86_64-linux-gnu after NVIDIA's runfile (file names as it installs them).
 LIBS_580 = "libcuda.so\nlibcuda.so.1\nlibcuda.so.580.159.04\n"
@@ -51,12 +56,13 @@ def test_userspace_driver_follows_the_host_version(libs, expected):
 
 def test_venv_fact_normalises_names_and_reads_the_scripts_output():
     output = ('{"packages": {"sglang": "0.5.9", "flashinfer_python": "0.6.3", "Torch": "2.9.1"}, '
-              '"patch": "needs-patch\\n", "flags": "version 0.5.9\\n--model-path\\n--tp-size\\n"}')
+              '"patch": "needs-patch\\n"}')
     value = fact_value(SglangVenv, output)
     assert value["packages"] == {"sglang": "0.5.9", "flashinfer-python": "0.6.3", "torch": "2.9.1"}
     assert value["patch"] == "needs-patch"
-    assert value["flags"] == {"--model-path", "--tp-size"} and value["flags"].version == "0.5.9"
-    assert fact_value(SglangVenv, "") == {"packages": {}, "patch": None, "flags": None}
+    assert fact_value(SglangVenv, "") == {"packages": {}, "patch": None}
+    flags = fact_value(SglangServerFlags, "version 0.5.9\n--model-path\n--tp-size\n")
+    assert flags == {"--model-path", "--tp-size"} and flags.version == "0.5.9"
 
 
 PINS = {"sglang": "0.5.9", "torch": "2.9.1", "flashinfer-python": "0.6.3"}
@@ -125,27 +131,40 @@ def test_unit_state_fact_and_enable_when_disabled():
         "systemctl enable sglang.service", "systemctl start sglang.service"]
 
 
+UNIT = "/etc/systemd/system/sglang.service"
+
+
 def test_unknown_server_flag_stops_before_the_unit_is_written():
-    facts = venv(flags=KnownFlags({"--model-path", "--tp-size"}, "0.5.9"))
-    assert op_commands(stack.server_flags, python=PY, tools=TOOLS,
+    flags = {(SglangServerFlags, (PY, f"{TOOLS}/sglang_flags.py")):
+             KnownFlags({"--model-path", "--tp-size"}, "0.5.9")}
+    facts = {**flags, **path_facts(**{UNIT: None})}
+    assert op_commands(stack.server_flags, python=PY, tools=TOOLS, unit_path=UNIT, unit_text="new",
                        argv=[PY, "-m", "sglang.launch_server", "--tp-size", "8"], facts=facts) == []
     with pytest.raises(OperationError, match="sglang 0.5.9 does not know --tp-sise.*extra_server_args"):
-        op_commands(stack.server_flags, python=PY, tools=TOOLS,
+        op_commands(stack.server_flags, python=PY, tools=TOOLS, unit_path=UNIT, unit_text="new",
                     argv=[PY, "--tp-sise", "8"], facts=facts)
 
 
+def test_unchanged_unit_is_not_checked_again():
+    written = {"type": "file", "mode": "644", "sha1": get_file_sha1(StringIO("same"))}
+    # No SglangServerFlags value given: reading it would fail the test.
+    assert op_commands(stack.server_flags, python=PY, tools=TOOLS, unit_path=UNIT,
+                       unit_text="same", argv=[PY, "--tp-sise"],
+                       facts=path_facts(**{UNIT: written})) == []
+
+
 def test_venv_created_once():
-    facts = {(File, ("/opt/sglang/venv/pyvenv.cfg",)): None}
+    facts = path_facts(**{"/opt/sglang/venv/pyvenv.cfg": None})
     assert op_commands(stack.venv, uv="/u", path="/opt/sglang/venv", python="/usr/bin/python3",
                        facts=facts) == [
         "UV_PYTHON_DOWNLOADS=never /u venv --python /usr/bin/python3 /opt/sglang/venv"]
-    facts = {(File, ("/opt/sglang/venv/pyvenv.cfg",)): {"mode": 644}}
+    facts = path_facts(**{"/opt/sglang/venv/pyvenv.cfg": {"type": "file", "mode": "644", "sha1": "0"}})
     assert op_commands(stack.venv, uv="/u", path="/opt/sglang/venv", python="/usr/bin/python3",
                        facts=facts) == []
 
 
 def test_model_downloaded_once_with_the_token_from_the_env_file():
-    facts = {(File, ("/models/glm/config.json",)): None}
+    facts = path_facts(**{"/models/glm/config.json": None})
     [command] = op_commands(stack.model_download, python=PY, repo="zai-org/GLM-5", revision=None,
                             path="/models/glm", env_file="/etc/sglang/sglang.env", facts=facts)
     assert command.startswith("set -a; [ -r /etc/sglang/sglang.env ] && . /etc/sglang/sglang.env")
@@ -153,7 +172,7 @@ def test_model_downloaded_once_with_the_token_from_the_env_file():
     assert python_code.endswith(
         "snapshot_download(repo_id='zai-org/GLM-5', revision=None, local_dir='/models/glm')")
     assert "HF_TOKEN" not in command
-    facts = {(File, ("/models/glm/config.json",)): {"mode": 644}}
+    facts = path_facts(**{"/models/glm/config.json": {"type": "file", "mode": "644", "sha1": "0"}})
     assert op_commands(stack.model_download, python=PY, repo="zai-org/GLM-5", revision=None,
                        path="/models/glm", env_file="/e", facts=facts) == []
 
@@ -175,8 +194,8 @@ ENV = "HF_TOKEN=\"x\"\n"
 
 
 def test_upload_new_secret_file_is_created_private_before_its_content():
-    facts = {(FileDigest, ("/etc/sglang/sglang.env",)): None}
-    commands = op_commands(upload.put, src=StringIO(ENV), dest="/etc/sglang/sglang.env", mode="600",
+    facts = path_facts(**{"/etc/sglang/sglang.env": None})
+    commands = op_commands(paths.put, src=StringIO(ENV), dest="/etc/sglang/sglang.env", mode="600",
                            facts=facts)
     assert commands[0] == "mkdir -p /etc/sglang && install -m 600 /dev/null /etc/sglang/sglang.env"
     assert commands[1][0] == "upload" and commands[1][2] == "/etc/sglang/sglang.env"
@@ -184,18 +203,53 @@ def test_upload_new_secret_file_is_created_private_before_its_content():
 
 
 def test_upload_same_content_and_mode_sends_nothing_and_mode_alone_is_fixed():
-    digest = {"mode": "600", "sha1": get_file_sha1(StringIO(ENV))}
-    facts = {(FileDigest, ("/e",)): digest}
-    assert op_commands(upload.put, src=StringIO(ENV), dest="/e", mode="600", facts=facts) == []
-    facts = {(FileDigest, ("/e",)): {**digest, "mode": "644"}}
-    assert op_commands(upload.put, src=StringIO(ENV), dest="/e", mode="600", facts=facts) == [
-        "chmod 600 /e"]
-    facts = {(FileDigest, ("/e",)): {**digest, "sha1": "0" * 40}}
+    digest = {"type": "file", "mode": "600", "sha1": get_file_sha1(StringIO(ENV))}
+    assert op_commands(paths.put, src=StringIO(ENV), dest="/e", mode="600",
+                       facts=path_facts(**{"/e": digest})) == []
+    assert op_commands(paths.put, src=StringIO(ENV), dest="/e", mode="600",
+                       facts=path_facts(**{"/e": {**digest, "mode": "644"}})) == ["chmod 600 /e"]
     assert [c if isinstance(c, str) else c[0] for c in
-            op_commands(upload.put, src=StringIO(ENV), dest="/e", mode="600", facts=facts)] == [
+            op_commands(paths.put, src=StringIO(ENV), dest="/e", mode="600",
+                        facts=path_facts(**{"/e": {**digest, "sha1": "0" * 40}}))] == [
         "upload", "chmod 600 /e"]
 
 
-def test_file_digest_fact_reads_mode_and_sha1():
-    assert fact_value(FileDigest, "600\nabc123  /e\n") == {"mode": "600", "sha1": "abc123"}
-    assert fact_value(FileDigest, "") is None
+@pytest.mark.parametrize("current, expected", [
+    (None, ["mkdir -p /etc/sglang && chmod 700 /etc/sglang"]),
+    ({"type": "dir", "mode": "755", "sha1": None}, ["chmod 700 /etc/sglang"]),
+    ({"type": "dir", "mode": "700", "sha1": None}, []),
+])
+def test_directory(current, expected):
+    assert op_commands(paths.directory, path="/etc/sglang", mode="700",
+                       facts=path_facts(**{"/etc/sglang": current})) == expected
+
+
+def test_path_states_fact_reads_files_dirs_and_missing_in_one_output():
+    output = "/e|file|600|abc123\n/etc/sglang|dir|700|\n/nope|missing||\n"
+    assert fact_value(PathStates, output) == {
+        "/e": {"type": "file", "mode": "600", "sha1": "abc123"},
+        "/etc/sglang": {"type": "dir", "mode": "700", "sha1": None},
+        "/nope": None,
+    }
+
+
+def test_path_states_command_on_this_machine(tmp_path):
+    """The fact's shell command, run here for real, gives what process() expects."""
+    import subprocess
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "f").chmod(0o640)
+    cmd = PathStates().command(paths=(str(tmp_path / "f"), str(tmp_path), str(tmp_path / "nope")))
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, check=True).stdout
+    states = fact_value(PathStates, out)
+    assert states[str(tmp_path / "f")] == {"type": "file", "mode": "640",
+                                            "sha1": get_file_sha1(str(tmp_path / "f"))}
+    assert states[str(tmp_path)]["type"] == "dir" and states[str(tmp_path / "nope")] is None
+
+
+def test_deb_packages_installs_only_missing_after_refreshing_lists():
+    from pyinfra.facts.deb import DebPackages
+    facts = {DebPackages: {"curl": ["7.88"], "python3": ["3.11.2"]}}
+    assert op_commands(stack.deb_packages, packages=["curl", "python3"], facts=facts) == []
+    assert op_commands(stack.deb_packages, packages=["curl", "python3-venv", "g++"], facts=facts) == [
+        "DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive "
+        "apt-get install -y -q --no-install-recommends python3-venv g++"]

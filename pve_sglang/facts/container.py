@@ -31,9 +31,8 @@ class NvidiaUserspaceVersion(FactBase[str | None]):
         return max(versions, key=lambda v: [int(p) for p in v.split(".")]) if versions else None
 
 
-# One Python start in the venv answers three questions: the installed distributions, what the
-# autotune patch script says, and which server flags the release knows. Scripts run in-process
-# (runpy) with their own argv; each one's stdout is kept.
+# One Python start in the venv answers two questions: the installed distributions and what the
+# autotune patch script says (run in-process with runpy, its own argv, its stdout kept).
 _VENV_STATE_SCRIPT = r"""
 import contextlib, importlib.metadata as m, importlib.util as u, io, json, os, runpy, sys
 tools = sys.argv[1]
@@ -41,8 +40,7 @@ out = {"packages": {d.metadata["Name"]: d.version for d in m.distributions()}}
 spec = u.find_spec("sglang")
 if spec and spec.submodule_search_locations:
     package = list(spec.submodule_search_locations)[0]
-    for key, script, args in (("patch", "autotune_patch.py", ["--check", package]),
-                              ("flags", "sglang_flags.py", [])):
+    for key, script, args in (("patch", "autotune_patch.py", ["--check", package]),):
         path = os.path.join(tools, script)
         if not os.path.exists(path):
             continue
@@ -61,10 +59,9 @@ print(json.dumps(out))
 class SglangVenv(FactBase[dict]):
     """
     Returns the state of the sglang venv at PYTHON: ``packages`` (``{normalised name:
-    version}``), ``patch`` (the last line of ``TOOLS/autotune_patch.py --check``: needs-patch,
-    already-patched, upstream-enabled, unrecognised: ...) and ``flags`` (the release's server
-    flags from ``TOOLS/sglang_flags.py``, with attribute ``version``); None for what is not
-    there yet. ``{"packages": {}}`` before the venv exists.
+    version}``) and ``patch`` (the last line of ``TOOLS/autotune_patch.py --check``:
+    needs-patch, already-patched, upstream-enabled, unrecognised: ...; None when sglang or the
+    script is not there yet). ``{"packages": {}, "patch": None}`` before the venv exists.
     """
 
     @override
@@ -75,20 +72,36 @@ class SglangVenv(FactBase[dict]):
     @staticmethod
     @override
     def default() -> dict:
-        return {"packages": {}, "patch": None, "flags": None}
+        return {"packages": {}, "patch": None}
 
     @override
     def process(self, output: list[str]) -> dict:
-        from ..server_command import parse_flags_output
-
         raw = json.loads("".join(output))
         patch_lines = [line.strip() for line in raw.get("patch", "").splitlines() if line.strip()]
-        flags = raw.get("flags", "")
         return {
             "packages": {re.sub(r"[-_.]+", "-", n).lower(): v for n, v in raw["packages"].items()},
             "patch": patch_lines[-1] if patch_lines else None,
-            "flags": parse_flags_output(flags) if flags.startswith("version ") else None,
         }
+
+
+class SglangServerFlags(FactBase["set[str] | None"]):
+    """
+    Returns the ``--flag`` spellings the sglang installed for PYTHON accepts, as printed by
+    SCRIPT (``server_command.flags_script()``, uploaded by the deploy), with the release as
+    attribute ``version``; None when sglang or the script is not there yet.
+    """
+
+    @override
+    def command(self, python: str, script: str) -> str:
+        py, sc = shlex.quote(python), shlex.quote(script)
+        return f"[ -x {py} ] && [ -f {sc} ] || exit 0; {py} {sc} 2>/dev/null || true"
+
+    @override
+    def process(self, output: list[str]):
+        from ..server_command import parse_flags_output
+
+        text = "\n".join(output)
+        return parse_flags_output(text) if text.startswith("version ") else None
 
 
 class UvVersion(FactBase["str | None"]):
@@ -104,19 +117,36 @@ class UvVersion(FactBase["str | None"]):
         return words[1] if len(words) > 1 and words[0] == "uv" else None
 
 
-class FileDigest(FactBase["dict | None"]):
-    """Returns ``{"mode": "644", "sha1": ...}`` of the file at PATH in one read, or None."""
+class PathStates(FactBase[dict]):
+    """
+    Returns, for each of PATHS in one read, ``{"type": "file"|"dir", "mode": "644", "sha1":
+    ...}`` (sha1 for files only), or None when the path does not exist.
+    """
 
     @override
-    def command(self, path: str) -> str:
-        p = shlex.quote(path)
-        return f"[ -f {p} ] && stat -c %a {p} && sha1sum {p}; true"
+    def command(self, paths: tuple[str, ...]) -> str:
+        quoted = " ".join(shlex.quote(p) for p in paths)
+        return (
+            f"for p in {quoted}; do "
+            'if [ -f "$p" ]; then printf \'%s|file|%s|%s\\n\' "$p" "$(stat -c %a "$p")" '
+            '"$(sha1sum < "$p" | cut -d" " -f1)"; '
+            'elif [ -d "$p" ]; then printf \'%s|dir|%s|\\n\' "$p" "$(stat -c %a "$p")"; '
+            "else printf '%s|missing||\\n' \"$p\"; fi; done"
+        )
+
+    @staticmethod
+    @override
+    def default() -> dict:
+        return {}
 
     @override
-    def process(self, output: list[str]) -> dict | None:
-        if len(output) < 2:
-            return None
-        return {"mode": output[0].strip(), "sha1": output[1].split()[0]}
+    def process(self, output: list[str]) -> dict:
+        states: dict = {}
+        for line in output:
+            path, kind, mode, sha1 = line.rsplit("|", 3)
+            states[path] = None if kind == "missing" else {
+                "type": kind, "mode": mode, "sha1": sha1 or None}
+        return states
 
 
 class UnitState(FactBase[dict]):

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
+from io import StringIO
 from weakref import WeakKeyDictionary
 
 from pyinfra import host
 from pyinfra.api import OperationError, operation
-from pyinfra.facts.files import File
+from pyinfra.api.util import get_file_sha1
+from pyinfra.facts.deb import DebPackages
 
-from ..facts.container import NvidiaUserspaceVersion, SglangVenv, UnitState, UvVersion
+from ..facts.container import (
+    NvidiaUserspaceVersion,
+    SglangServerFlags,
+    SglangVenv,
+    UnitState,
+    UvVersion,
+)
 from ..server_command import check_flags
+from . import paths
 
 RUNFILE_URL = "https://us.download.nvidia.com/XFree86/Linux-x86_64/{v}/NVIDIA-Linux-x86_64-{v}.run"
 PATCH_DONE = ("already-patched", "upstream-enabled")
@@ -33,9 +42,15 @@ def venv_state(python: str, tools: str) -> dict:
 
 def venv_changed() -> None:
     """Forget this container's venv state: an operation changed the venv."""
-    known = _VENV_STATE.get(host.state, {})
+    known = _VENV_STATE.setdefault(host.state, {})
     for key in [key for key in known if key[0] == host.name]:
         del known[key]
+    known[(host.name, "changed", host.state.is_executing)] = True
+
+
+def venv_changed_in_this_run() -> bool:
+    """Whether an operation of this run changed this container's venv."""
+    return bool(_VENV_STATE.get(host.state, {}).get((host.name, "changed", host.state.is_executing)))
 
 
 @operation()
@@ -143,12 +158,18 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool]):
 
 
 @operation()
-def server_flags(python: str, tools: str, argv: list[str]):
+def server_flags(python: str, tools: str, argv: list[str], unit_path: str, unit_text: str):
     """
     Stop the deploy before the unit is written when the server command uses a flag the
-    installed sglang release does not know (spellings change between releases).
+    installed sglang release does not know (spellings change between releases). Checked when
+    the unit at UNIT_PATH is to change or the venv changed in this run: an unchanged unit's
+    flags were checked against this release when it was written.
     """
-    known = venv_state(python, tools)["flags"]
+    unit = paths.state(unit_path)
+    if unit and unit["sha1"] == get_file_sha1(StringIO(unit_text)) and not venv_changed_in_this_run():
+        host.noop("server flags were checked against this release when the unit was written")
+        return
+    known = host.get_fact(SglangServerFlags, python=python, script=f"{tools}/sglang_flags.py")
     if known is None:
         host.noop("server flags are checked once sglang is installed")
         return
@@ -177,8 +198,8 @@ def tools_venv(path: str, uv_version: str):
 @operation()
 def venv(uv: str, path: str, python: str):
     """Create the venv at PATH with uv from the system PYTHON (uv downloads no Python)."""
-    # pyvenv.cfg, not bin/python: that is a symlink, which the File fact does not count.
-    if host.get_fact(File, path=f"{path.rstrip('/')}/pyvenv.cfg"):
+    # pyvenv.cfg, not bin/python: that is a symlink.
+    if paths.state(f"{path.rstrip('/')}/pyvenv.cfg"):
         host.noop(f"venv {path} exists")
         return
     yield f"UV_PYTHON_DOWNLOADS=never {shlex.quote(uv)} venv --python {shlex.quote(python)} {shlex.quote(path)}"
@@ -190,7 +211,7 @@ def model_download(python: str, repo: str, revision: str | None, path: str, env_
     Download Hugging Face REPO into PATH with the venv's huggingface_hub when PATH holds no
     model yet (no ``config.json``); the token comes from ENV_FILE, never from the command.
     """
-    if host.get_fact(File, path=f"{path.rstrip('/')}/config.json"):
+    if paths.state(f"{path.rstrip('/')}/config.json"):
         host.noop(f"model in {path}")
         return
     call = (
@@ -201,4 +222,21 @@ def model_download(python: str, repo: str, revision: str | None, path: str, env_
     yield (
         f"set -a; [ -r {env} ] && . {env}; set +a; "
         f"{shlex.quote(python)} -c {shlex.quote(call)}"
+    )
+
+
+@operation()
+def deb_packages(packages: list[str]):
+    """
+    Install the Debian PACKAGES that are missing, refreshing the package lists first; one read
+    when all are there (``apt.packages`` with ``cache_time`` reads three facts to decide).
+    """
+    installed = host.get_fact(DebPackages)
+    missing = [name for name in packages if name not in installed]
+    if not missing:
+        host.noop("Debian packages installed: " + ", ".join(packages))
+        return
+    yield (
+        "DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive "
+        "apt-get install -y -q --no-install-recommends " + " ".join(shlex.quote(m) for m in missing)
     )
