@@ -298,6 +298,9 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
+sys.path.insert(0, str(REPO / "tests"))
+import lxc_env  # noqa: E402  (tests/lxc_env.py: the rootfs cache the tests build)
+
 # --------------------------------------------------------------------------------------------
 # The LXC test bed
 # --------------------------------------------------------------------------------------------
@@ -306,16 +309,6 @@ def spread(values: list[float]) -> dict[str, float]:
 def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
     kwargs.setdefault("check", True)
     return subprocess.run(cmd, **kwargs)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def destroy_containers(lxc_path: Path) -> None:
@@ -335,7 +328,7 @@ def remove_stale_workdirs() -> None:
             owner = int((work / OWNER_FILE).read_text().strip())
         except (OSError, ValueError):
             continue
-        if not _pid_alive(owner):
+        if not lxc_env._pid_alive(owner):
             log(f"removing stale bench dir {work} (owner {owner} is gone)")
             destroy_containers(work / "lxc")
             shutil.rmtree(work, ignore_errors=True)
@@ -343,8 +336,6 @@ def remove_stale_workdirs() -> None:
 
 def bench_tarball(work: Path) -> Path:
     """The tests' cached rootfs with their test-time additions, repacked for ``lxc.create``."""
-    sys.path.insert(0, str(REPO / "tests"))
-    import lxc_env  # tests/lxc_env.py
 
     source = lxc_env.ensure_rootfs_tarball()
     base = work / "rootfs-build"
