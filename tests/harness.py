@@ -121,8 +121,3 @@ def _command_text(command: Any) -> str:
         body = src.getvalue() if hasattr(src, "getvalue") else f"<file {src}>"
         return f"upload {command.dest}\n{body}"
     return str(command)
-
-
-def changed_ops(plan_for_host: list[tuple[str, list[str]]]) -> list[str]:
-    """Names of the operations that would change something."""
-    return [name for name, commands in plan_for_host if commands]

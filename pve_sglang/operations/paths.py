@@ -18,9 +18,10 @@ from pyinfra.api import FileUploadCommand, OperationError, operation
 from pyinfra.api.util import get_file_sha1
 
 from ..facts.container import PathStates
+from .memo import forget as forget_memo
+from .memo import memo
 
 _WATCHED: WeakKeyDictionary = WeakKeyDictionary()
-_KNOWN: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def watch(*paths: str) -> None:
@@ -30,7 +31,7 @@ def watch(*paths: str) -> None:
 
 def state(path: str) -> dict | None:
     """What PATH is now (see ``PathStates``), from one read of every watched path not known."""
-    known = _KNOWN.setdefault(host.state, {}).setdefault((host.name, host.state.is_executing), {})
+    known = memo("paths")
     if path not in known:
         watched = _WATCHED.get(host.state, {}).get(host.name, set())
         wanted = tuple(sorted((watched - known.keys()) | {path}))
@@ -40,9 +41,7 @@ def state(path: str) -> dict | None:
 
 def forget(path: str) -> None:
     """An operation changed PATH: the next question about it reads it again."""
-    for (name, _), known in _KNOWN.get(host.state, {}).items():
-        if name == host.name:
-            known.pop(path, None)
+    forget_memo("paths", path)
 
 
 def _mode(mode: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from io import StringIO
-from weakref import WeakKeyDictionary
 
 from pyinfra import host
 from pyinfra.api import OperationError, operation
@@ -21,36 +20,32 @@ from ..facts.container import (
 )
 from ..server_command import check_flags
 from . import paths
+from .memo import forget, memo
 
 RUNFILE_URL = "https://us.download.nvidia.com/XFree86/Linux-x86_64/{v}/NVIDIA-Linux-x86_64-{v}.run"
 PATCH_DONE = ("already-patched", "upstream-enabled")
 
-# The sglang venv's state, read once per run stage and container and shared by the operations
-# below (one Python start in a converged run instead of three); an operation that changes the
-# venv forgets it, so the next one reads it again.
-_VENV_STATE: WeakKeyDictionary = WeakKeyDictionary()
+# The sglang venv's state is read once per run stage and shared by the operations below (one
+# Python start in a converged run instead of three); one that changes the venv forgets it.
 
 
 def venv_state(python: str, tools: str) -> dict:
     """The ``SglangVenv`` fact of this container, read once until the venv changes."""
-    key = (host.name, python, tools, host.state.is_executing)
-    known = _VENV_STATE.setdefault(host.state, {})
-    if key not in known:
-        known[key] = host.get_fact(SglangVenv, python=python, tools=tools)
-    return known[key]
+    known = memo("venv")
+    if (python, tools) not in known:
+        known[(python, tools)] = host.get_fact(SglangVenv, python=python, tools=tools)
+    return known[(python, tools)]
 
 
 def venv_changed() -> None:
-    """Forget this container's venv state: an operation changed the venv."""
-    known = _VENV_STATE.setdefault(host.state, {})
-    for key in [key for key in known if key[0] == host.name]:
-        del known[key]
-    known[(host.name, "changed", host.state.is_executing)] = True
+    """Forget this container's venv state, and remember that this run changed the venv."""
+    forget("venv")
+    memo("venv")["changed"] = True
 
 
 def venv_changed_in_this_run() -> bool:
     """Whether an operation of this run changed this container's venv."""
-    return bool(_VENV_STATE.get(host.state, {}).get((host.name, "changed", host.state.is_executing)))
+    return bool(memo("venv").get("changed"))
 
 
 @operation()
