@@ -8,7 +8,7 @@ from pyinfra.api.host import Host
 from pyinfra.context import state
 from pyinfra.operations import files, server, systemd
 
-from pve_sglang.config_lines import owned_by_gpu_passthrough
+from pve_sglang.config_lines import owned_by_gpu_passthrough, owned_by_settings
 from pve_sglang.facts.nvidia import NvidiaGpuProcesses, UvmDisableHmm
 from pve_sglang.facts.pve import PctConfig
 from pve_sglang.operations import lxc, owned, pct
@@ -166,10 +166,10 @@ def pve_container(
     if gpu is not None and not native:
         needs_restart.append(
             owned.lines(
-                name=f"Container {vmid} GPU passthrough (raw lxc lines, majors from /proc/devices)",
+                name=f"Container {vmid} GPU passthrough (raw lxc lines, NVIDIA majors from /proc/devices)",
                 path=f"/etc/pve/lxc/{vmid}.conf",
                 lines=gpu.raw_lines(indices, style="pve"),
-                owned=owned_by_gpu_passthrough(gpu.majors.values()),
+                owned=owned_by_gpu_passthrough(gpu.majors),
             )
         )
     pct.power(name=f"Container {vmid} running", vmid=vmid, restart=any_changed(*needs_restart))
@@ -183,10 +183,10 @@ def lxc_container(
     lxc.create(name=f"Create container {name}", container=name, lxc_path=hs.lxc_path,
                release=hs.lxc_release, rootfs_tarball=hs.lxc_rootfs_tarball)
     lines = list(hs.lxc_config)
-    owners = [lxc.owned_by_settings(lines)]
+    owners = [owned_by_settings(lines)]
     if gpu is not None:
         lines += gpu.raw_lines(indices, style="lxc")
-        owners.append(owned_by_gpu_passthrough(gpu.majors.values()))
+        owners.append(owned_by_gpu_passthrough(gpu.majors))
     config = owned.lines(
         name=f"Container {name} config (network, GPU passthrough)",
         path=lxc.config_path(name, hs.lxc_path),

@@ -139,7 +139,7 @@ def test_power_starts_or_restarts_once(status, restart, expected):
 
 
 def test_recorded_raw_lines_added_to_pve_conf_and_converged_after():
-    owned_fn = owned_by_gpu_passthrough([195, 238, 241])
+    owned_fn = owned_by_gpu_passthrough({"nvidia": 195, "nvidia-uvm": 238, "nvidia-caps": 241})
     lines = ["lxc.cgroup2.devices.allow: c 195:* rwm", "lxc.cgroup2.devices.allow: c 238:* rwm",
              "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file"]
     conf = recorded("pve_pct_config_104_pct-notes.txt").splitlines()

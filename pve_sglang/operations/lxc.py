@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Callable
 
@@ -10,30 +9,6 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from ..facts.pve import LxcContainerStatus
-
-_INDEXED_KEY = re.compile(r"^(lxc\.\w+\.\d+\.)")
-
-
-def _key(line: str) -> str:
-    return line.split("=", 1)[0].strip()
-
-
-def owned_by_settings(lines: list[str]) -> Callable[[str], bool]:
-    """Lines whose key the settings set; an indexed key (``lxc.net.0.type``) owns its siblings."""
-    exact, families = set(), set()
-    for line in lines:
-        key = _key(line)
-        match = _INDEXED_KEY.match(key)
-        (families.add(match.group(1)) if match else exact.add(key))
-
-    def owned(line: str) -> bool:
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#") or "=" not in stripped:
-            return False
-        key = _key(stripped)
-        return key in exact or any(key.startswith(family) for family in families)
-
-    return owned
 
 
 def config_path(name: str, lxc_path: str) -> str:

@@ -1,0 +1,372 @@
+"""Nothing the user wrote in a container config is lost (issue 10, item 5).
+
+Realistic existing configs (a TUN rule and its mount, a user's own ``devN`` for /dev/dri, bind
+mounts, comments and the description, ``lxc.apparmor``/``lxc.idmap`` lines, a snapshot
+section) go through the host phase on both platforms:
+
++ Proxmox, on recorded facts (no Proxmox host here): the H200 machine's driver, GPUs, majors and
+  nodes (tests/fixtures/h200) and public ``pct config`` / ``/etc/pve/lxc/VMID.conf`` files
+  (tests/fixtures/public). The planned file write or ``pct set`` is applied to the config and
+  the result compared line by line.
++ Plain LXC, in a real container on this machine: the host phase's real container steps run
+  through pyinfra against it (lxc-* tools, its real config file); only the GPU facts are the
+  H200 machine's recorded answers, as no GPU exists here.
+
+Each proves that every user line survives byte for byte, that the NVIDIA lines are the wanted
+ones, and that no restart happens when only user lines differ.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.deploy import add_deploy, deploy
+from pyinfra.api.host import Host
+from pyinfra.api.operations import run_ops
+from pyinfra.context import host as ctx_host_proxy
+from pyinfra.context import state as ctx_state_proxy
+from pyinfra.facts.files import FileContents
+
+from harness import fact_value
+from pve_sglang.facts.nvidia import (
+    CharDeviceMajors,
+    NvidiaDeviceNodes,
+    NvidiaDriverVersion,
+    NvidiaGpus,
+)
+from pve_sglang.facts.system import CgroupVersion, VirtualMachineType
+from pve_sglang.hosts_file import build_groups
+from pve_sglang.preflight import check_container, check_container_tools, gpu_host
+from pve_sglang.settings import ContainerSettings, HostSettings, load_defaults, settings_for
+from tasks.host import lxc_container
+from test_host_phase_recorded import (
+    DEVICES_ALL,
+    PUBLIC,
+    commands,
+    container_answers,
+    converged_config,
+    gpu_host_responses,
+    h200,
+    plan,
+)
+
+CONF = "/etc/pve/lxc/105.conf"
+# The raw passthrough lines for the H200 machine's recorded majors (195, nvidia-uvm 238,
+# nvidia-caps 241) and nodes, in Proxmox's style.
+NVIDIA_PVE = [
+    "lxc.cgroup2.devices.allow: c 195:0 rwm",
+    "lxc.cgroup2.devices.allow: c 195:255 rwm",
+    "lxc.cgroup2.devices.allow: c 238:* rwm",
+    "lxc.cgroup2.devices.allow: c 241:* rwm",
+    "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file",
+    "lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file",
+    "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file",
+    "lxc.mount.entry: /dev/nvidia-uvm-tools dev/nvidia-uvm-tools none bind,optional,create=file",
+    "lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir",
+]
+NVIDIA_LXC = [line.replace(": ", " = ", 1) for line in NVIDIA_PVE]
+
+# What a user adds by hand: the description (Proxmox keeps it as '#' lines at the top), a TUN
+# device for a VPN client and its mount, the DRI render nodes, an id map, a bind mount of a
+# host directory in raw form, an AppArmor profile.
+USER_DESCRIPTION = ["#GLM-5 box%3A keep the TUN device for tailscale", "#owner%3A ops team"]
+USER_RAW_PVE = [
+    "lxc.cgroup2.devices.allow: c 10:200 rwm",
+    "lxc.mount.entry: /dev/net/tun dev/net/tun none bind,create=file",
+    "lxc.cgroup2.devices.allow: c 226:* rwm",
+    "lxc.mount.entry: /dev/dri dev/dri none bind,optional,create=dir",
+    "lxc.mount.entry: /srv/nvidia-models srv/models none bind,optional,create=dir",
+    "lxc.idmap: u 0 100000 65536",
+    "lxc.idmap: g 0 100000 65536",
+    "lxc.apparmor.profile: unconfined",
+]
+# A snapshot section keeps its own copy of the config as it was (Proxmox writes them after
+# the main section); it must stay byte for byte, old NVIDIA lines included.
+SNAPSHOT = """
+[pre-upgrade]
+#GLM-5 box before the upgrade
+arch: amd64
+cores: 32
+hostname: glm5
+lxc.cgroup2.devices.allow: c 10:200 rwm
+lxc.cgroup2.devices.allow: c 195:* rwm
+lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file
+snaptime: 1764000000
+"""
+# Keys the deploy sets on a Proxmox container (settings), the rest of a config is the user's.
+DEPLOY_KEYS = {"hostname", "cores", "memory", "swap", "net0", "onboot", "features"}
+
+
+def is_nvidia(line: str) -> bool:
+    """A line about the recorded host's NVIDIA nodes: a rule for its majors, a /dev/nvidia*
+    mount (the test's own reading of the recorded facts)."""
+    return "/dev/nvidia" in line or any(f"c {major}:" in line for major in (195, 238, 241))
+
+
+def pct_config_output(conf: str) -> str:
+    """What ``pct config`` prints for a config file: keys sorted (the '#' description as one
+    URL-encoded ``description`` key), raw ``lxc.*`` lines last, no snapshot sections."""
+    main = conf.split("\n[", 1)[0]
+    description, keys, raw = [], [], []
+    for line in main.splitlines():
+        if line.startswith("#"):
+            description.append(line[1:])
+        elif line.startswith("lxc."):
+            raw.append(line)
+        elif line.strip():
+            keys.append(line)
+    if description:
+        keys.append(f"description: {'%0A'.join(description)}%0A")
+    return "\n".join(sorted(keys) + raw) + "\n"
+
+
+def sections(conf: str) -> tuple[list[str], str]:
+    """The main section's lines and the rest (snapshot sections) as text."""
+    lines = conf.splitlines()
+    end = next((i for i, line in enumerate(lines) if line.startswith("[")), len(lines))
+    return lines[:end], "\n".join(lines[end:])
+
+
+def apply_pct_set(conf: str, args: list[str]) -> str:
+    """``pct set`` on a config file: each ``--key value`` replaces that key's line in the main
+    section (or is added before the raw lines), ``--delete a,b`` removes those keys."""
+    main, rest = sections(conf)
+    pairs = list(zip(args[::2], args[1::2]))
+    for flag, value in pairs:
+        key = flag.removeprefix("--")
+        if key == "delete":
+            drop = set(value.split(","))
+            main = [line for line in main if line.split(":", 1)[0] not in drop]
+            continue
+        line = f"{key}: {value}"
+        at = next((i for i, old in enumerate(main) if old.split(":", 1)[0] == key), None)
+        if at is not None:
+            main[at] = line
+        else:
+            raw = next((i for i, old in enumerate(main) if old.startswith("lxc.")), len(main))
+            main.insert(raw, line)
+    return "\n".join(main) + ("\n" + rest if rest else "") + "\n"
+
+
+def apply_plan(conf: str, ops: list) -> str:
+    """The config after the plan's writes of it: an upload of the file, then ``pct set``.
+
+    At execution the file write reads the config again after an earlier ``pct set``; the
+    plan's upload was made from the config as it was. ``pct set`` changes keys, the upload
+    only raw lines, so applying the upload first gives what execution writes.
+    """
+    planned = [command for _, cmds in ops for command in cmds]
+    for command in planned:
+        if command.startswith(f"upload {CONF}\n"):
+            conf = command.split("\n", 1)[1]
+    for command in planned:
+        if command.startswith("pct set 105 "):
+            conf = apply_pct_set(conf, shlex.split(command)[3:])
+    return conf
+
+
+def assert_kept(before: list[str], after: list[str], user: list[str]) -> None:
+    """Each user line of BEFORE is in AFTER, byte for byte and in the same order."""
+    missing = [line for line in user if line not in after]
+    assert not missing, f"user lines lost: {missing}"
+    assert [line for line in after if line in user] == [line for line in before if line in user]
+
+
+def raw_plan(conf: str, status: str = "running") -> list:
+    """The host phase on an old pve-container (raw lines) with CONF as the container config."""
+    return plan({**gpu_host_responses("installed 4.4-6"),
+                 **container_answers(pct_config_output(conf), status),
+                 FileContents().command(path=CONF).get_raw_value(): conf})
+
+
+def converged_base() -> list[str]:
+    return converged_config([]).splitlines()
+
+
+# Proxmox, raw lxc.* path (pve-container < 5.0.7), on recorded facts
+
+
+def test_recorded_raw_path_first_deploy_keeps_every_user_line_and_snapshot():
+    # The public /etc/pve/lxc/116.conf (a guide's NVIDIA lines for another host's majors, an
+    # allow-all rule, an empty cap.drop) with the user's own lines and a snapshot.
+    recorded = (PUBLIC / "pve8_lxc_conf_116_nvidia_raw_lines_inventory.txt").read_text()
+    conf = "\n".join(USER_DESCRIPTION) + "\n" + recorded + "\n".join(USER_RAW_PVE) + "\n" + SNAPSHOT
+    before, snapshot = sections(conf)
+    ops = raw_plan(conf)
+    after_conf = apply_plan(conf, ops)
+    after, after_snapshot = sections(after_conf)
+
+    # Theirs: every line but the deploy's keys and the lines for the recorded NVIDIA majors
+    # and nodes (a guide's c 195:* rule and /dev/nvidia* mounts are replaced by the wanted).
+    user = [line for line in before if line.strip()
+            and line.split(":", 1)[0] not in DEPLOY_KEYS and not is_nvidia(line)]
+    assert "lxc.cgroup2.devices.allow: c 511:* rwm" in user  # another host's majors: theirs
+    assert_kept(before, after, user)
+    assert after_snapshot == snapshot
+    assert [line for line in after if is_nvidia(line)] == NVIDIA_PVE
+    # NVIDIA lines changed (the guide's c 195:* became per-node rules): one reboot.
+    assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
+
+
+def test_recorded_raw_path_only_user_lines_differ_no_write_no_reboot():
+    conf = "\n".join(USER_DESCRIPTION + converged_base() + USER_RAW_PVE[:3] + NVIDIA_PVE
+                     + USER_RAW_PVE[3:]) + "\n" + SNAPSHOT
+    ops = raw_plan(conf)
+    assert apply_plan(conf, ops) == conf
+    assert commands(ops, f"upload {CONF}") == []
+    assert commands(ops, "pct ") == []  # no pct set, no pct reboot
+
+
+def test_recorded_raw_path_stopped_container_keeps_user_lines_and_starts_once():
+    conf = "\n".join(converged_base() + USER_RAW_PVE) + "\n" + SNAPSHOT
+    ops = raw_plan(conf, status="stopped")
+    before, snapshot = sections(conf)
+    after, after_snapshot = sections(apply_plan(conf, ops))
+    assert_kept(before, after, USER_RAW_PVE)
+    assert after_snapshot == snapshot
+    assert [line for line in after if is_nvidia(line)] == NVIDIA_PVE
+    assert commands(ops, "pct start 105") == ["pct start 105"]
+    assert commands(ops, "pct reboot") == []
+
+
+# Proxmox, native devN path (pve-container >= 5.0.7), on recorded facts
+
+
+def native_plan(conf: str, **container: object) -> list:
+    return plan({**gpu_host_responses("installed 5.2.3"),
+                 **container_answers(pct_config_output(conf), "running")}, **container)
+
+
+def test_recorded_native_path_keeps_users_dri_devs_and_mounts():
+    # The public `pct config 115` (dev0-dev3 for /dev/dri, mp0-mp5, a description), with the
+    # settings' own mount at another path and the user's TUN lines.
+    recorded = (PUBLIC / "pve8_pct_config_115_dev_passthrough_jellyfin-notes.txt").read_text()
+    conf = recorded + "\n".join(USER_RAW_PVE[:2]) + "\n"
+    ops = native_plan(conf, mounts=[{"host_path": "/tank/models", "path": "/models"}])
+    before, _ = sections(conf)
+    after, _ = sections(apply_plan(conf, ops))
+    user = [line for line in before if line.split(":", 1)[0] not in DEPLOY_KEYS]
+    assert_kept(before, after, user)
+    devs = [line for line in after if line.startswith("dev") and "/dev/nvidia" in line]
+    assert devs == [f"dev{4 + i}: {d}" for i, d in enumerate(DEVICES_ALL)]  # free keys
+    assert "mp6: /tank/models,mp=/models" in after
+    assert not [c for c in commands(ops, "pct set") if "--delete" in c]
+
+
+def test_recorded_native_path_only_user_lines_differ_no_reboot():
+    ours = [f"dev{4 + i}: {d}" for i, d in enumerate(DEVICES_ALL)]
+    users_devs = ["dev0: /dev/dri/renderD128,gid=993", "dev1: /dev/dri/card0,gid=44",
+                  "mp2: /mnt/data/ccna,mp=/media/ccna"]
+    conf = "\n".join(USER_DESCRIPTION + sorted(converged_base() + users_devs + ours)
+                     + USER_RAW_PVE) + "\n" + SNAPSHOT
+    ops = native_plan(conf)
+    assert commands(ops, "pct ") == []
+
+
+# Plain LXC, in a real container on this machine
+
+
+# The GPU facts of the H200 machine, answered for this machine (which has no GPU); every
+# other fact (lxc-info, the container's config file, id -u, which) is read for real.
+RECORDED_GPU = {
+    NvidiaDriverVersion: h200("NvidiaDriverVersion"),
+    NvidiaGpus: h200("NvidiaGpus"),
+    CharDeviceMajors: h200("CharDeviceMajors"),
+    NvidiaDeviceNodes: h200("NvidiaDeviceNodes"),
+    CgroupVersion: "cgroup2fs",
+    VirtualMachineType: "none",
+}
+
+
+@deploy("Proxmox host (the container steps)")
+def host_container_steps() -> None:
+    """The host phase's container steps: ``host_phase`` without ``nvidia_uvm``, which would
+    rewrite this machine's modprobe config and initramfs."""
+    settings = settings_for(ctx_host_proxy.data, HostSettings)
+    check_container_tools(ctx_host_proxy, settings)
+    gpu = gpu_host(ctx_host_proxy, settings)
+    for name in ctx_host_proxy.data.get("containers"):
+        ct = ctx_state_proxy.inventory.get_host(name)
+        cs = settings_for(ct.data, ContainerSettings)
+        indices = check_container(f"container {ct.name}", cs, gpu)
+        lxc_container(ct, cs, settings, gpu, indices)
+
+
+def run_host_phase(container, monkeypatch) -> dict:
+    """The container steps on this machine for CONTAINER, through pyinfra's API; returns
+    {operation name: commands run}."""
+    real_get_fact = Host.get_fact
+
+    def get_fact(self, cls, *args, **kwargs):
+        if cls in RECORDED_GPU:
+            return fact_value(cls, RECORDED_GPU[cls])
+        return real_get_fact(self, cls, *args, **kwargs)
+
+    monkeypatch.setattr(Host, "get_fact", get_fact)
+    hosts = {"local": {"platform": "lxc", "lxc_path": str(container.lxc_path),
+                       "containers": [{"name": container.name}]}}
+    pve_hosts, gpu_containers = build_groups(hosts)
+    defaults = load_defaults()
+    inventory = Inventory(
+        ([(name, {**defaults, **data}) for name, data in pve_hosts + gpu_containers], {}),
+        pve_hosts=([name for name, _ in pve_hosts], {}),
+        gpu_containers=([name for name, _ in gpu_containers], {}),
+    )
+    state = State(inventory, Config())
+    local = inventory.get_host("@local")
+    local.connect()
+    state.activate_host(local)
+    add_deploy(state, host_container_steps, host=local)
+    run_ops(state)
+    assert not state.failed_hosts, "the host phase failed"
+    ran = {}
+    for op_hash in state.get_op_order():
+        meta = state.ops[local].get(op_hash)
+        if meta is not None and meta.operation_meta.executed:
+            name = ", ".join(sorted(state.get_op_meta(op_hash).names))
+            ran[name] = [str(c) for c in meta.operation_meta._commands]
+    return ran
+
+
+def init_pid(container) -> str:
+    return subprocess.run(["lxc-info", "-P", str(container.lxc_path), "-n", container.name,
+                           "-p", "-H"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+USER_RAW_LXC = [line.replace(": ", " = ", 1) for line in USER_RAW_PVE
+                if not line.startswith("lxc.idmap")]  # an id map would make it unprivileged
+
+
+def test_real_lxc_container_keeps_user_lines_and_restarts_only_for_nvidia_lines(
+    lxc_container_factory, monkeypatch
+):
+    user = ["# TUN for the VPN client, added by hand", *USER_RAW_LXC[:2],
+            "", "# DRI render nodes", *USER_RAW_LXC[2:]]
+    (container,) = lxc_container_factory(1, extra_config=user)
+    path = Path(container.config_path)
+    before = path.read_text().splitlines()
+    pid = init_pid(container)
+
+    ran = run_host_phase(container, monkeypatch)
+    after = path.read_text().splitlines()
+    assert_kept(before, after, [line for line in before if line.strip()])
+    assert [line for line in after if is_nvidia(line)] == NVIDIA_LXC
+    # The NVIDIA lines were new: one restart, and the TUN mount works in the new boot.
+    assert init_pid(container) != pid
+    assert [name for name in ran if "running" in name], ran
+    container.wait_ready()
+    tun = container.attach("stat -c '%t:%T' /dev/net/tun").stdout.strip()
+    assert tun == "a:c8"  # 10:200
+
+    # Now the user edits their own lines only: a comment and a FUSE rule.
+    edited = path.read_text() + "# FUSE for sshfs\nlxc.cgroup2.devices.allow = c 10:229 rwm\n"
+    path.write_text(edited)
+    pid = init_pid(container)
+    ran = run_host_phase(container, monkeypatch)
+    assert path.read_text() == edited  # byte for byte: not even rewritten
+    assert ran == {}, f"operations changed something: {ran}"
+    assert init_pid(container) == pid
