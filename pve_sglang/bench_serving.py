@@ -17,7 +17,7 @@ import re
 import shlex
 from typing import Any
 
-from pve_sglang.settings import ContainerSettings
+from pve_sglang.settings import ContainerSettings, base_url
 
 RESULT_HEADER = " Serving Benchmark Result "
 # First release whose benchmark lives in sglang/benchmark/serving.py.
@@ -102,7 +102,8 @@ def bench_argv(
     if concurrency < 1:
         raise ValueError(f"bench concurrency {concurrency}: must be >= 1")
     argv = [python, "-m", bench_module(release), "--backend", "sglang"]
-    argv += ["--host", host, "--port", str(port)]
+    # --base-url too: 0.5.9 builds http://{host}:{port} itself, unbracketed for IPv6.
+    argv += ["--host", host, "--port", str(port), "--base-url", base_url(host, port)]
     argv += ["--model", settings.model_path, "--tokenizer", settings.model_path]
     if settings.served_model_name:
         argv += ["--served-model-name", settings.served_model_name]

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from .connectors.container import LOCAL_HOSTNAMES as LOCAL_NAMES
 from .settings import (
     CONTAINER_FIELDS,
     HOST_FIELDS,
@@ -28,7 +29,6 @@ HOSTS_FILE_ENV = "PVE_SGLANG_HOSTS"
 DEFAULT_HOSTS_FILE = "hosts.yml"
 # Used when no hosts file exists: a local Debian LXC container on this machine.
 EMBEDDED_HOSTS_FILE = Path(__file__).resolve().parent / "embedded_hosts.yml"
-LOCAL_NAMES = ("@local", "localhost", "local")
 
 Group = list[tuple[str, dict[str, Any]]]
 

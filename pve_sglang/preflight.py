@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 from pyinfra.api.host import Host
+from pyinfra.api.inventory import Inventory
 from pyinfra.facts.server import Command, Which
 from packaging.version import Version
 
@@ -19,7 +20,16 @@ from .facts.nvidia import CharDeviceMajors, NvidiaDeviceNodes, NvidiaDriverVersi
 from .facts.pve import PveContainerVersion
 from .facts.system import CgroupVersion, IommuAcs, VirtualMachineType
 from .passthrough import pve_dev_entries, raw_lxc_lines
-from .settings import ContainerSettings, HostSettings
+from .server_command import (
+    ServerArgv,
+    dist_init_addr,
+    node_rank_for,
+    render_env,
+    render_unit,
+    server_argv,
+    venv_python,
+)
+from .settings import ContainerSettings, HostSettings, container_hostname, tensor_parallel_size
 
 # Created at boot by the nvidia-uvm-devices unit this deploy installs, before containers start.
 UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -27,6 +37,24 @@ UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 class PreflightError(DeployError):
     """A host cannot take the deploy as it is; nothing has been changed."""
+
+
+def select_gpus(wanted: str | list[int], gpus: list[dict], where: str) -> list[dict]:
+    """The host's GPUs a container gets (``gpus: all`` or a list of indices, in that order).
+
+    The one home of the GPU selection: the passthrough, the server's flags and verify's expected
+    count all come from it. An index the host lacks is an error.
+    """
+    by_index = {gpu["index"]: gpu for gpu in gpus}
+    if wanted == "all":
+        return list(gpus)
+    missing = [index for index in wanted if index not in by_index]
+    if missing:
+        raise PreflightError(
+            f"{where}: field 'gpus' = {wanted}: GPU {missing} not on the host; "
+            f"allowed: 'all' or a subset of {list(by_index)}"
+        )
+    return [by_index[index] for index in wanted]
 
 
 @dataclass
@@ -43,16 +71,7 @@ class GpuHost:
 
     def indices(self, wanted: str | list[int], where: str) -> list[int]:
         """The GPU indices a container gets; an index the host lacks is an error."""
-        present = [gpu["index"] for gpu in self.gpus]
-        if wanted == "all":
-            return present
-        missing = [index for index in wanted if index not in present]
-        if missing:
-            raise PreflightError(
-                f"{where}: field 'gpus' = {wanted}: GPU {missing} not on the host; "
-                f"allowed: 'all' or a subset of {present}"
-            )
-        return list(wanted)
+        return [gpu["index"] for gpu in select_gpus(wanted, self.gpus, where)]
 
     def dev_entries(self, indices: list[int]) -> list[str]:
         """Proxmox ``devN`` values for these GPUs (keys are chosen against the live config)."""
@@ -172,12 +191,10 @@ def check_container(where: str, settings: ContainerSettings, gpu: GpuHost | None
     if gpu is None:
         return []
     indices = gpu.indices(settings.gpus, where)
-    ranks = len(indices) * max(1, len(settings.nodes))
-    if settings.tp_size and settings.tp_size > ranks:
-        raise PreflightError(
-            f"{where}: field 'tp_size' = {settings.tp_size} is larger than the {ranks} GPUs "
-            f"passed through; allowed: 1..{ranks}"
-        )
+    try:
+        tensor_parallel_size(settings.tp_size, len(indices), len(settings.nodes))
+    except ValueError as error:
+        raise PreflightError(f"{where}: {error}") from None
     _check_torch_build(where, settings, gpu.compute_caps)
     if any(cap.startswith("12.") for cap in gpu.compute_caps):
         if settings.moe_runner_backend == "flashinfer_cutlass":
@@ -187,3 +204,48 @@ def check_container(where: str, settings: ContainerSettings, gpu: GpuHost | None
                 "issues 2077, 3558, 4049); watch the first start's log"
             )
     return indices
+
+
+@dataclass
+class ServerFiles:
+    """What the container phase writes for the server: its command line, unit and env file."""
+
+    argv: ServerArgv
+    unit: str
+    env: str
+
+
+def server_files(
+    name: str, settings: ContainerSettings, gpus: list[dict], inventory: Inventory
+) -> ServerFiles:
+    """Render the server's argv, unit and env file for container NAME on these GPUs.
+
+    The one place they are rendered: the container phase writes what this returns, and the host
+    phase's preflight calls it for every container (new ones too, whose container phase is
+    deferred until they run), so a render error stops the run before any change, in ``--dry``
+    as in a real run. Raises ValueError.
+    """
+    node_rank, nnodes = node_rank_for(name, settings.nodes)
+    address = settings.dist_init_addr
+    if address is None and settings.nodes:
+        address = container_hostname(inventory.get_host(settings.nodes[0]).data)
+    argv = server_argv(
+        settings,
+        gpu_count=len(gpus) or 1,
+        compute_caps=[gpu["compute_cap"] for gpu in gpus],
+        node_rank=node_rank,
+        nnodes=nnodes,
+        dist_init_addr=dist_init_addr(address, settings.dist_init_port) if nnodes > 1 else None,
+        python=venv_python(settings),
+    )
+    return ServerFiles(argv, render_unit(settings, argv), render_env(settings))
+
+
+def check_server_files(
+    where: str, name: str, settings: ContainerSettings, gpus: list[dict], inventory: Inventory
+) -> ServerFiles:
+    """``server_files``, with a render error as a PreflightError naming WHERE."""
+    try:
+        return server_files(name, settings, gpus, inventory)
+    except ValueError as error:
+        raise PreflightError(f"{where}: the server's command line, unit or env file: {error}") from None

@@ -25,7 +25,7 @@ from typing import Iterable, Mapping
 
 import jinja2
 
-from pve_sglang.settings import ContainerSettings
+from pve_sglang.settings import ContainerSettings, tensor_parallel_size
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 UNIT_TEMPLATE = "sglang.service.j2"
@@ -33,8 +33,6 @@ ENV_TEMPLATE = "sglang.env.j2"
 ENV_DIR = "/etc/sglang"
 API_KEY_VAR = "SGLANG_API_KEY"
 HF_TOKEN_VAR = "HF_TOKEN"
-# Flags that carry secrets: they must come from settings (api_key), never from extra_server_args.
-SECRET_FLAGS = ("--api-key", "--admin-api-key")
 
 
 class EnvRef(str):
@@ -88,13 +86,7 @@ def server_argv(
         raise ValueError(f"gpu_count {gpu_count}: the container sees no GPU")
     if nnodes < 1:
         raise ValueError(f"nnodes {nnodes}: must be >= 1")
-    total = gpu_count * nnodes
-    tp = settings.tp_size or total
-    where = f"{gpu_count} GPU(s) per node x {nnodes} node(s)"
-    if tp > total:
-        raise ValueError(f"tp_size {tp} is larger than the {total} GPUs available ({where}); allowed: 1..{total}")
-    if nnodes > 1 and tp % nnodes:
-        raise ValueError(f"tp_size {tp} does not split evenly over {nnodes} nodes ({where})")
+    tp = tensor_parallel_size(settings.tp_size, gpu_count, nnodes)
     warnings: list[str] = []
 
     argv = [python, "-m", "sglang.launch_server"]
@@ -134,12 +126,7 @@ def server_argv(
         argv += ["--dist-init-addr", dist_init_addr]
     if settings.api_key is not None:
         argv += ["--api-key", EnvRef(API_KEY_VAR)]
-    for arg in settings.extra_server_args:
-        if arg.split("=", 1)[0] in SECRET_FLAGS:
-            raise ValueError(
-                f"extra_server_args: {arg.split('=', 1)[0]} would put a secret into the unit "
-                "file; set api_key instead (it goes to the 0600 EnvironmentFile)"
-            )
+    # Secret flags in extra_server_args are refused by the settings (settings.server_argument).
     argv += list(settings.extra_server_args)
     return ServerArgv(argv, warnings)
 

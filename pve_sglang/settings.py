@@ -7,20 +7,30 @@ Every field is required here, because the data they validate always carries the 
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
+import posixpath
+import re
 import runpy
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
+from urllib.parse import urlsplit
 
+from packaging.version import InvalidVersion, Version
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+
+from .connectors.pct import VMID_MAX, VMID_MIN
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GROUP_DATA_FILE = REPO_ROOT / "group_data" / "all.py"
@@ -52,7 +62,6 @@ ATTENTION_BACKENDS = (
     "trtllm_mha",
     "dual_chunk_flash_attn",
 )
-VMID_MIN, VMID_MAX = 100, 999_999_999
 
 # Keys that belong to pyinfra's connectors rather than to us; pyinfra checks their types.
 CONNECTOR_KEY_PREFIXES = ("ssh_",)
@@ -63,12 +72,330 @@ class SettingsError(ValueError):
     """Bad host data: names the host, the field, the value and what is allowed."""
 
 
+# --- field rules ----------------------------------------------------------------------------
+# One function per rule; each returns the value or raises ValueError saying what is allowed
+# (the value itself is shown by the caller, except for secrets).
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_WHITESPACE_OR_CONTROL = re.compile(r"[\s\x00-\x1f\x7f]")
+# Flags whose value is a secret: set api_key instead (it goes to the 0600 EnvironmentFile).
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
+# Flags the deploy renders from a setting; the same flag in extra_server_args would override the
+# setting behind the checks' back (argparse keeps the last one).
+SETTING_FLAGS = {
+    "--model-path": "model_path", "--model": "model_path",
+    "--host": "server_host", "--port": "server_port",
+    "--tp-size": "tp_size", "--tensor-parallel-size": "tp_size",
+    "--moe-runner-backend": "moe_runner_backend", "--attention-backend": "attention_backend",
+    "--mem-fraction-static": "mem_fraction_static",
+    "--max-running-requests": "max_running_requests",
+    "--served-model-name": "served_model_name",
+    "--nnodes": "nodes", "--node-rank": "nodes",
+    "--dist-init-addr": "dist_init_addr", "--nccl-init-addr": "dist_init_addr",
+}
+# Proxmox's net0 keys ($netconf_desc in pve-container src/PVE/LXC/Config.pm); name is required.
+NET_KEYS = ("name", "bridge", "hwaddr", "mtu", "ip", "gw", "ip6", "gw6", "firewall", "tag",
+            "trunks", "rate", "link_down", "type", "host-managed")
+# A DNS name as Proxmox checks ``hostname`` (pve-common JSONSchema.pm pve_verify_dns_name), with
+# RFC 1123's 63 characters a label; at most 255 in all (pve-container Config.pm maxLength).
+_DNS_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DNS_NAME = re.compile(rf"(?:{_DNS_LABEL}\.)*{_DNS_LABEL}")
+
+
+def _not_bool(value: Any) -> Any:
+    """YAML's ``yes``/``true`` is not a number (pydantic would read it as 1)."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not allowed here; allowed: a whole number")
+    return value
+
+
+def _version_text(value: Any) -> Any:
+    """YAML reads ``12.10`` as the number 12.1: versions must be quoted strings."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise ValueError(f"a number, not a string: write it quoted, e.g. '{value}' (YAML reads "
+                         "12.10 as 12.1)")
+    return value
+
+
+def _path(value: str, *, mount: bool = False) -> str:
+    """An absolute path without whitespace, control characters, ``.`` or ``..`` (not ``/``),
+    returned normalised: repeated and trailing slashes dropped."""
+    if _WHITESPACE_OR_CONTROL.search(value):
+        raise ValueError("holds whitespace or a control character; allowed: an absolute path "
+                         "without spaces, tabs or newlines")
+    if not value.startswith("/"):
+        raise ValueError("not an absolute path; allowed: a path starting with '/'")
+    parts = [part for part in value.split("/") if part]
+    if "." in parts or ".." in parts:
+        # Proxmox refuses them in mount points too (verify_lxc_mp_string in pve-container's
+        # src/PVE/LXC/Config.pm); with a symlink on the way, '..' means another directory.
+        raise ValueError(f"holds '.' or '..'; allowed: a normalised path, e.g. "
+                         f"{posixpath.normpath(value)!r}")
+    value = "/" + "/".join(parts)
+    if value == "/":
+        raise ValueError("'/' is not allowed; allowed: an absolute path below /")
+    if mount and ("," in value or "=" in value):
+        # pct reads mpN as key=value,key=value: '/tank,backup=1' would add a mount option.
+        raise ValueError("holds ',' or '=', which Proxmox reads as further mpN options; allowed: "
+                         "a path without ',' and '='")
+    return value
+
+
+def container_path(value: str) -> str:
+    """A path in the container (or on the host) as the deploy writes it into units and configs."""
+    return _path(value)
+
+
+def mount_path(value: str) -> str:
+    """A Proxmox mount point path (``mpN``): a container path without ',' or '='."""
+    return _path(value, mount=True)
+
+
+def local_path(value: str) -> str:
+    """A path (or glob) on the machine running pyinfra: anything but an empty one or a newline."""
+    if not value or _CONTROL.search(value):
+        raise ValueError("empty, or holds a newline or control character; allowed: a path on "
+                         "this machine")
+    return value
+
+
+def exact_version(value: str) -> str:
+    """An exact PEP 440 release in its normal form (``0.5.9``, ``2.9.1+cu128``), not ``latest``."""
+    try:
+        normal = str(Version(value))
+    except InvalidVersion:
+        raise ValueError("not an exact version; allowed: a PEP 440 version such as '0.5.9' "
+                         "(not 'latest', a range or a specifier)") from None
+    if normal != value:
+        raise ValueError(f"allowed: the version in its normal form, {normal!r}")
+    return value
+
+
+def major_minor(value: str) -> str:
+    """``MAJOR.MINOR``, e.g. ``12.8`` (NVIDIA's cuda-toolkit-12-8 package)."""
+    if not re.fullmatch(r"\d+\.\d+", value):
+        raise ValueError("allowed: MAJOR.MINOR, e.g. '12.8'")
+    return value
+
+
+def http_url(value: str) -> str:
+    """An http(s) URL with a host, without whitespace or control characters."""
+    parts = urlsplit(value) if not _WHITESPACE_OR_CONTROL.search(value) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("allowed: an http:// or https:// URL with a host and no whitespace")
+    return value
+
+
+def storage_id(value: str) -> str:
+    """A Proxmox storage id (pve-common JSONSchema.pm parse_id: 2+ characters)."""
+    if not re.fullmatch(r"[a-z][a-z0-9\-_.]*[a-z0-9]", value, re.I):
+        raise ValueError(r"allowed: a Proxmox storage id, [a-z][a-z0-9\-_.]*[a-z0-9], e.g. "
+                         "'local-lvm'")
+    return value
+
+
+def template_name(value: str) -> str:
+    """A container template file name or name prefix, as pveam lists them."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", value):
+        raise ValueError("allowed: a template name or prefix of letters, digits and . _ + -, "
+                         "e.g. 'debian-12-standard'")
+    return value
+
+
+def dns_name(value: str) -> str:
+    """A hostname as Proxmox accepts it (labels of letters, digits and '-', joined by dots)."""
+    if len(value) > 255 or not _DNS_NAME.fullmatch(value):
+        raise ValueError("allowed: a DNS name: labels of letters, digits and '-' (not first or "
+                         "last, 63 at most) joined by '.'")
+    return value
+
+
+def ip_address(value: str) -> str:
+    """An IPv4 or IPv6 address without a zone (the server binds to it and is reached by it)."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError("not an IP address; allowed: an IPv4 or IPv6 address, e.g. '127.0.0.1', "
+                         "'0.0.0.0' (every interface), '::1' or '::'") from None
+    if "%" in value:
+        raise ValueError("an IPv6 zone (%...) is not allowed; allowed: an address without one")
+    return value
+
+
+def address(value: str) -> str:
+    """An IP address or a DNS name, without a port."""
+    try:
+        return ip_address(value)
+    except ValueError:
+        pass
+    try:
+        return dns_name(value)
+    except ValueError:
+        raise ValueError("allowed: an IP address or a DNS name, without a port (that is "
+                         "dist_init_port)") from None
+
+
+def hf_repo_id(value: str) -> str:
+    """A Hugging Face repo id, as huggingface_hub's validate_repo_id checks it: ``NAME`` or
+    ``ORG/NAME`` of letters, digits, '-', '_', '.', 96 characters at most, no '--' or '..'."""
+    part = r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?"
+    if (len(value) > 96 or not re.fullmatch(rf"(?:{part}/)?{part}", value, re.A)
+            or "--" in value or ".." in value):
+        raise ValueError("allowed: a Hugging Face repo id, ORG/NAME of letters, digits, '-', "
+                         "'_' and '.' (no '--' or '..', 96 characters at most)")
+    return value
+
+
+def git_revision(value: str) -> str:
+    """A branch, tag or commit name (letters, digits, ``. _ / -``; no ``..``)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", value) or ".." in value:
+        raise ValueError("allowed: a branch, tag or commit of letters, digits and . _ / - "
+                         "(no '..')")
+    return value
+
+
+def model_name(value: str) -> str:
+    """A name the API serves the model as: letters, digits and ``. _ : / @ + -``."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}", value):
+        raise ValueError("allowed: letters, digits and . _ : / @ + - (no spaces), e.g. 'glm-5'")
+    return value
+
+
+def unit_word(value: str) -> str:
+    """A systemd unit name without its ``.service`` suffix (and the env file's name)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", value):
+        raise ValueError("allowed: letters, digits and _ . - (no '@': that names a template "
+                         "unit), e.g. 'sglang'")
+    return value
+
+
+def net_options(value: str) -> str:
+    """Proxmox's ``net0``: ``key=value,...`` with Proxmox's keys; ``name`` is required."""
+    keys = []
+    for item in value.split(","):
+        key, sep, val = item.partition("=")
+        # ';' separates VLAN ids in trunks only.
+        chars = r"[A-Za-z0-9_.:/+;-]+" if key == "trunks" else r"[A-Za-z0-9_.:/+-]+"
+        if not sep or key not in NET_KEYS or not re.fullmatch(chars, val):
+            raise ValueError(f"item {item!r} is not allowed; allowed: key=value items joined by "
+                             f"',' with keys {', '.join(NET_KEYS)} and values of letters, digits "
+                             "and . _ : / + - (';' in trunks)")
+        keys.append(key)
+    if "name" not in keys or len(set(keys)) != len(keys):
+        raise ValueError("allowed: each key once, name= included, e.g. "
+                         "'name=eth0,bridge=vmbr0,ip=dhcp'")
+    return value
+
+
+def lxc_config_line(value: str) -> str:
+    """One LXC config line ``lxc.key = value``, without a newline."""
+    key, sep, val = value.partition("=")
+    if not sep or not re.fullmatch(r"lxc\.[a-z0-9_.]+", key.strip()) or _CONTROL.search(value):
+        raise ValueError(f"line {value!r} is not allowed; allowed: 'lxc.key = value' on one line, "
+                         "e.g. 'lxc.net.0.type = none'")
+    return value
+
+
+def server_argument(value: str) -> str:
+    """One extra server argument: one word of the command line, no secret, no flag of a setting."""
+    if _CONTROL.search(value):
+        raise ValueError("an item holds a newline or control character; allowed: one argument "
+                         "per item, on one line")
+    if not value.startswith("-"):
+        return value
+    flag = value.split("=", 1)[0]
+    # argparse also takes an unambiguous prefix ("--api-k"), so prefixes count too.
+    if len(flag) > 2 and any(secret.startswith(flag) for secret in SECRET_FLAGS):
+        raise ValueError(f"{flag} would put a secret on the server's command line; set api_key "
+                         "instead (it goes to the 0600 EnvironmentFile)")
+    if re.search(r"\s", flag):
+        raise ValueError(f"{value!r} holds a space; allowed: one argument per item, e.g. "
+                         f"{value.split()!r}")
+    if flag in SETTING_FLAGS:
+        raise ValueError(f"{flag} is rendered from the setting {SETTING_FLAGS[flag]}; set that "
+                         "instead")
+    return value
+
+
+def lxc_release(value: str) -> str:
+    """A Debian release name for the debian template (``bookworm``, ``trixie``)."""
+    if not re.fullmatch(r"[a-z][a-z0-9-]*", value):
+        raise ValueError("allowed: a Debian release name, e.g. 'bookworm'")
+    return value
+
+
+def check_secret(value: str) -> str:
+    """A secret: not empty, no whitespace or control characters. Never echoed in a message."""
+    if not value:
+        raise ValueError("empty; allowed: a non-empty value (or null for none)")
+    if _WHITESPACE_OR_CONTROL.search(value):
+        raise ValueError("holds whitespace or a control character; allowed: a value without "
+                         "spaces, tabs or newlines")
+    return value
+
+
+def tensor_parallel_size(tp_size: int | None, gpus_per_node: int | None, nnodes: int) -> int | None:
+    """The TP size the server runs with: ``tp_size``, else one rank per GPU on every node.
+
+    The one home of the TP rule (settings, preflight and the server argv use it): TP splits
+    evenly over the nodes and each node's share fits its GPUs. ``gpus_per_node`` None (``gpus:
+    all`` before the host's GPUs are known) checks the split alone and returns ``tp_size``.
+    """
+    nnodes = max(1, nnodes)
+    total = gpus_per_node * nnodes if gpus_per_node is not None else None
+    allowed = (f"1..{total}" if nnodes == 1 else
+               f"multiples of {nnodes} up to {total}" if total else f"multiples of {nnodes}")
+    where = f" ({gpus_per_node} GPU(s) per node x {nnodes} node(s))" if total is not None else ""
+    if tp_size is not None and tp_size % nnodes:
+        raise ValueError(f"tp_size {tp_size} does not split evenly over {nnodes} nodes"
+                         f"{where}; allowed: {allowed}")
+    if total is None:
+        return tp_size
+    tp = tp_size or total
+    if tp > total:
+        raise ValueError(f"tp_size {tp} is larger than the {total} GPUs passed through"
+                         f"{where}; allowed: {allowed}")
+    return tp
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets."""
+    bare = host.strip("[]")
+    try:
+        if ipaddress.ip_address(bare).version == 6:
+            return f"[{bare}]:{port}"
+    except ValueError:
+        pass
+    return f"{bare}:{port}"
+
+
+def base_url(host: str, port: int) -> str:
+    """The server's base URL, ``http://host:port`` (``http://[::1]:30000`` for IPv6)."""
+    return f"http://{host_port(host, port)}"
+
+
+def client_address(server_host: str) -> str:
+    """Where a client in the container reaches a server bound to ``server_host``: a wildcard
+    address (every interface) is reached on loopback."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(server_host, server_host)
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+ContainerPath = Annotated[str, AfterValidator(container_path)]
+MountPath = Annotated[str, AfterValidator(mount_path)]
+LocalPath = Annotated[str, AfterValidator(local_path)]
+ExactVersion = Annotated[str, BeforeValidator(_version_text), AfterValidator(exact_version)]
+HttpUrl = Annotated[str, AfterValidator(http_url)]
+StorageId = Annotated[str, AfterValidator(storage_id)]
+Port = Annotated[Int, Field(ge=1, le=65535)]
+
+
 class Mount(BaseModel):
     """A host directory bind-mounted into the container."""
 
     model_config = ConfigDict(extra="forbid")
-    host_path: str
-    path: str
+    host_path: MountPath
+    path: MountPath
     read_only: bool = False
 
 
@@ -82,81 +409,101 @@ class HostSettings(_Strict):
     platform: Literal["pve", "lxc"]
     require_gpu: bool
     reload_modules: bool
-    lxc_path: str
-    lxc_release: str
-    lxc_rootfs_tarball: str | None
-    lxc_config: list[str]
-    template_storage: str
-    template: str
-    pve_container_native_dev_min: str
+    lxc_path: ContainerPath
+    lxc_release: Annotated[str, AfterValidator(lxc_release)]
+    lxc_rootfs_tarball: ContainerPath | None
+    lxc_config: list[Annotated[str, AfterValidator(lxc_config_line)]]
+    template_storage: StorageId
+    template: Annotated[str, AfterValidator(template_name)]
+    pve_container_native_dev_min: ExactVersion
 
 
 class ContainerSettings(_Strict):
     """Settings of one GPU container and the SGLang server inside it."""
 
-    hostname: str | None = Field(pattern=r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
-    rootfs_storage: str
-    rootfs_size_gib: int = Field(gt=0)
-    cores: int = Field(gt=0)
-    memory_mib: int = Field(ge=1024)
-    swap_mib: int = Field(ge=0)
-    net0: str
+    hostname: Annotated[str, AfterValidator(dns_name)] | None
+    rootfs_storage: StorageId
+    # Ranges as pve-container's src/PVE/LXC/Config.pm declares them: cores 1..8192, memory
+    # (MiB) >= 16, swap (MiB) >= 0; a new rootfs is STORAGE:SIZE_GiB ($NEW_DISK_RE in
+    # src/PVE/LXC.pm), where 0 would mean no disk image at all, so at least 1.
+    rootfs_size_gib: Int = Field(ge=1)
+    cores: Int = Field(ge=1, le=8192)
+    memory_mib: Int = Field(ge=16)
+    swap_mib: Int = Field(ge=0)
+    net0: Annotated[str, AfterValidator(net_options)]
     unprivileged: bool
     onboot: bool
     nesting: bool
-    gpus: Union[Literal["all"], list[int]]
+    gpus: Union[Literal["all"], list[Annotated[Int, Field(ge=0)]]]
     mounts: list[Mount]
 
-    sglang_version: str
-    torch_version: str
-    flashinfer_version: str
-    cuda_toolkit_version: str
-    uv_version: str
-    venv_path: str
-    pip_index_url: str | None
-    ca_certificates: list[str]
-    wheelhouse: str | None
-    torch_index_url: str | None
+    sglang_version: ExactVersion
+    torch_version: ExactVersion
+    flashinfer_version: ExactVersion
+    cuda_toolkit_version: Annotated[str, BeforeValidator(_version_text), AfterValidator(major_minor)]
+    uv_version: ExactVersion
+    venv_path: ContainerPath
+    pip_index_url: HttpUrl | None
+    ca_certificates: list[LocalPath]
+    wheelhouse: ContainerPath | None
+    torch_index_url: HttpUrl | None
     stack_install: Literal["pinned", "sglang-no-deps"]
-    nvidia_runfile_url: str | None
-    nvidia_runfile_path: str | None
+    nvidia_runfile_url: HttpUrl | None
+    nvidia_runfile_path: LocalPath | None
 
-    service_name: str = Field(pattern=r"^[A-Za-z0-9_.@-]+$")
-    model_path: str
-    model_download: str | None
-    model_revision: str | None
-    served_model_name: str | None
-    server_host: str
-    server_port: int = Field(ge=1, le=65535)
-    tp_size: int | None = Field(ge=1)
+    service_name: Annotated[str, AfterValidator(unit_word)]
+    model_path: ContainerPath
+    model_download: Annotated[str, AfterValidator(hf_repo_id)] | None
+    model_revision: Annotated[str, AfterValidator(git_revision)] | None
+    served_model_name: Annotated[str, AfterValidator(model_name)] | None
+    # An IP address, not a host name: the server binds to it (a name may resolve to several
+    # addresses, or to none in the container) and verify reaches the server by it.
+    server_host: Annotated[str, AfterValidator(ip_address)]
+    server_port: Port
+    tp_size: Int | None = Field(ge=1)
     moe_runner_backend: Literal[MOE_RUNNER_BACKENDS]  # type: ignore[valid-type]
     attention_backend: Literal[ATTENTION_BACKENDS]  # type: ignore[valid-type]
     mem_fraction_static: float = Field(gt=0, lt=1)
-    max_running_requests: int | None = Field(ge=1)
+    max_running_requests: Int | None = Field(ge=1)
     disable_cuda_graph: bool
     enable_flashinfer_allreduce_fusion: bool
-    extra_server_args: list[str]
-    sglang_cache_dir: str
+    extra_server_args: list[Annotated[str, AfterValidator(server_argument)]]
+    sglang_cache_dir: ContainerPath
     hf_token: SecretStr | None
     api_key: SecretStr | None
-    health_timeout_s: int = Field(gt=0)
-    nodes: list[str]
-    dist_init_addr: str | None
-    dist_init_port: int = Field(ge=1, le=65535)
+    # Up to a day: a 400 GB model loads in many minutes, not in days (a longer value is a typo).
+    health_timeout_s: Int = Field(ge=1, le=86400)
+    nodes: list[Annotated[str, Field(min_length=1)]]
+    dist_init_addr: Annotated[str, AfterValidator(address)] | None
+    dist_init_port: Port
 
     bench: bool
-    bench_concurrencies: list[int]
-    bench_num_prompts: int = Field(gt=0)
-    bench_input_len: int = Field(gt=0)
-    bench_output_len: int = Field(gt=0)
+    bench_concurrencies: list[Annotated[Int, Field(ge=1)]] = Field(min_length=1)
+    bench_num_prompts: Int = Field(ge=1)
+    bench_input_len: Int = Field(ge=1)
+    bench_output_len: Int = Field(ge=1)
 
-    @field_validator("gpus")
+    @field_validator("gpus", "nodes", "bench_concurrencies")
     @classmethod
-    def _gpus_unique(cls, value: Any) -> Any:
-        """GPU indices must be distinct and non-negative."""
+    def _distinct(cls, value: Any, info: ValidationInfo) -> Any:
+        """A GPU, node or concurrency listed twice is a mistake; ``gpus: []`` passes no GPU."""
+        if info.field_name == "gpus" and value == []:
+            raise ValueError("an empty list passes no GPU; allowed: 'all' or a list of GPU "
+                             "indices, e.g. [0, 1]")
         if isinstance(value, list):
-            if any(index < 0 for index in value) or len(set(value)) != len(value):
-                raise ValueError("GPU indices must be distinct numbers >= 0, or 'all'")
+            repeated = sorted({item for item in value if value.count(item) > 1})
+            if repeated:
+                raise ValueError(f"{repeated} listed more than once; allowed: distinct values")
+        return value
+
+    @field_validator("mounts")
+    @classmethod
+    def _mount_points_distinct(cls, value: list[Mount]) -> list[Mount]:
+        """Two mounts on one container path hide each other."""
+        paths = [mount.path for mount in value]
+        repeated = sorted({path for path in paths if paths.count(path) > 1})
+        if repeated:
+            raise ValueError(f"mount path {repeated} used more than once; allowed: one mount a path")
         return value
 
     @field_validator("hf_token", "api_key", mode="before")
@@ -170,14 +517,24 @@ class ContainerSettings(_Strict):
             return os.environ[name]
         return value
 
+    @field_validator("hf_token", "api_key")
+    @classmethod
+    def _secret_is_usable(cls, value: Any) -> Any:
+        """An empty key would leave the unit unable to start; a space or newline cannot be
+        passed through the EnvironmentFile unchanged."""
+        if value is not None:
+            check_secret(value.get_secret_value())
+        return value
+
     @model_validator(mode="after")
     def _tp_fits_gpus(self) -> ContainerSettings:
-        """TP cannot be larger than the GPUs passed through."""
-        if isinstance(self.gpus, list) and self.tp_size and self.tp_size > len(self.gpus):
-            raise ValueError(
-                f"tp_size {self.tp_size} is larger than the {len(self.gpus)} GPUs passed "
-                f"through (gpus: {self.gpus}); allowed: 1..{len(self.gpus)}"
-            )
+        """TP against the GPUs: as far as the settings alone tell (``gpus: all`` waits for the
+        host's GPU count, in preflight)."""
+        per_node = len(self.gpus) if isinstance(self.gpus, list) else None
+        tensor_parallel_size(self.tp_size, per_node, len(self.nodes))
+        if self.dist_init_port == self.server_port:
+            raise ValueError(f"dist_init_port {self.dist_init_port} is server_port too; allowed: "
+                             "two different ports")
         return self
 
     @property
@@ -210,19 +567,50 @@ def _allowed_hint(key: str, allowed: frozenset[str]) -> str:
     return f"{hint}; allowed fields: {', '.join(sorted(allowed))}"
 
 
+def _shown(top: str, value: Any) -> Any:
+    """A value as an error message may show it: secrets masked, also inside extra_server_args."""
+    if top in ("hf_token", "api_key"):
+        return "<secret>"
+    if top == "extra_server_args" and isinstance(value, (list, str)):
+        items = value if isinstance(value, list) else [value]
+        shown, hide = [], False
+        for arg in items:
+            secret = isinstance(arg, str) and len(flag := arg.split("=", 1)[0]) > 2 and any(
+                name.startswith(flag) for name in SECRET_FLAGS)
+            shown.append("<secret>" if hide or (secret and "=" in arg) else arg)
+            hide = secret and "=" not in arg
+        return shown if isinstance(value, list) else shown[0]
+    return value
+
+
+def _union_branch(part: Any) -> bool:
+    """pydantic names the member of a union in an error's location (``list[...]``)."""
+    return isinstance(part, str) and ("[" in part or part.startswith("function-"))
+
+
 def _format_error(where: str, error: ValidationError, data: dict[str, Any]) -> str:
     lines = []
     for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "(settings)"
-        top = str(item["loc"][0]) if item["loc"] else None
-        value = data.get(top, "<missing>") if top else None
-        if top in ("hf_token", "api_key"):
-            value = "<secret>"
-        message = item["msg"]
+        loc = [part for part in item["loc"] if not _union_branch(part)]
+        message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "literal_error":
             message = "not allowed; " + message.replace("Input should be", "allowed:")
-        shown = f" = {value!r}" if top else ""
-        lines.append(f"{where}: field '{field}'{shown}: {message}")
+        if not loc:
+            # A rule over several fields: its message names them.
+            lines.append(f"{where}: {message}")
+            continue
+        top = str(loc[0])
+        # A union tried each member: keep the errors of the member the value's type meant.
+        branch = next((part for part in item["loc"] if _union_branch(part)), None)
+        value = data.get(top, "<missing>")
+        if branch and (branch.startswith("literal") != isinstance(value, str)):
+            continue
+        if len(loc) > 1 and item["type"] != "missing":
+            value = item["input"]
+        field = ".".join(str(part) for part in loc)
+        line = f"{where}: field '{field}' = {_shown(top, value)!r}: {message}"
+        if line not in lines:
+            lines.append(line)
     return "\n".join(lines)
 
 

@@ -15,18 +15,14 @@ from pyinfra.operations import files, python, server, systemd
 from pve_sglang.facts.nvidia import NvidiaDriverVersion, NvidiaGpus
 from pve_sglang.operations import paths, stack
 from pve_sglang.operations.changes import any_changed
+from pve_sglang.preflight import ServerFiles, select_gpus, server_files
 from pve_sglang.server_command import (
-    dist_init_addr,
     env_file_path,
     flags_script,
-    node_rank_for,
-    render_env,
-    render_unit,
-    server_argv,
     unit_name,
     venv_python,
 )
-from pve_sglang.settings import ContainerSettings, container_hostname, settings_for
+from pve_sglang.settings import ContainerSettings, settings_for
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = "/opt/sglang"
@@ -113,8 +109,7 @@ def container_steps() -> None:
     """Every step of the container phase, in order."""
     cs = settings_for(host.data, ContainerSettings)
     driver, gpus = host_gpus()
-    indices = [g["index"] for g in gpus] if cs.gpus == "all" else [i for i in cs.gpus]
-    selected = [g for g in gpus if g["index"] in indices]
+    selected = select_gpus(cs.gpus, gpus, host.name) if driver else []
     py = venv_python(cs)
     env_file = env_file_path(cs)
     # Every path the steps below manage, so one read answers them all.
@@ -138,21 +133,11 @@ def container_steps() -> None:
         )
     stack_ops += python_stack(cs, py)
 
-    nodes_rank, nnodes = node_rank_for(host.name, cs.nodes)
-    rank0 = state.inventory.get_host(cs.nodes[0]) if cs.nodes else None
-    address = cs.dist_init_addr or (container_hostname(rank0.data) if rank0 else None)
-    argv = server_argv(
-        cs,
-        gpu_count=len(selected) or 1,
-        compute_caps=[g["compute_cap"] for g in selected],
-        node_rank=nodes_rank,
-        nnodes=nnodes,
-        dist_init_addr=dist_init_addr(address, cs.dist_init_port) if nnodes > 1 else None,
-        python=py,
-    )
-    for warning in argv.warnings:
+    # Rendered as the host phase's preflight rendered it (one function for both).
+    server = server_files(host.name, cs, selected, state.inventory)
+    for warning in server.argv.warnings:
         logger.warning(f"{host.name}: {warning}")
-    server_unit(cs, py, argv, stack_ops, start=bool(driver))
+    server_unit(cs, py, server, stack_ops, start=bool(driver))
 
 
 def ca_files(cs: ContainerSettings) -> list[str]:
@@ -248,10 +233,11 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
     return [packages, patch]
 
 
-def server_unit(cs: ContainerSettings, py: str, argv: list[str], stack_ops: list, start: bool) -> None:
+def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: list,
+                start: bool) -> None:
     """The server's env file (0600), unit and state; restarted only when something changed."""
     unit = unit_name(cs)
-    unit_text = render_unit(cs, argv)
+    argv, unit_text = server.argv, server.unit
     stack.server_flags(name=f"Server flags exist in sglang {cs.sglang_version}",
                        python=py, tools=TOOLS, argv=list(argv),
                        unit_path=f"/etc/systemd/system/{unit}", unit_text=unit_text)
@@ -259,7 +245,7 @@ def server_unit(cs: ContainerSettings, py: str, argv: list[str], stack_ops: list
     env_file = env_file_path(cs)
     paths.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
     env = paths.put(name=f"Server environment {env_file} (secrets, mode 0600)",
-                     src=StringIO(render_env(cs)), dest=env_file, mode="600")
+                     src=StringIO(server.env), dest=env_file, mode="600")
     if cs.model_download:
         stack.model_download(name=f"Model {cs.model_download} in {cs.model_path}", python=py,
                              repo=cs.model_download, revision=cs.model_revision,

@@ -18,7 +18,9 @@ from pve_sglang.preflight import (
     PreflightError,
     check_container,
     check_container_tools,
+    check_server_files,
     gpu_host,
+    select_gpus,
 )
 from pve_sglang.settings import (
     ContainerSettings,
@@ -40,9 +42,16 @@ def host_phase() -> None:
     check_container_tools(host, settings)
     gpu = gpu_host(host, settings)
     containers = [state.inventory.get_host(name) for name in host.data.get("containers") or []]
-    # Check every container against the host before the first change.
+    # Check every container against the host before the first change, and render what its
+    # container phase will write (deferred for a container created in this run), so --dry
+    # shows the same errors as a run, for new and existing containers alike.
     plans = [(ct, settings_for(ct.data, ContainerSettings)) for ct in containers]
-    indices = {ct.name: check_container(f"container {ct.name}", cs, gpu) for ct, cs in plans}
+    indices = {}
+    for ct, cs in plans:
+        where = f"host {host.name}, container {ct.name}"
+        indices[ct.name] = check_container(where, cs, gpu)
+        gpus = select_gpus(cs.gpus, gpu.gpus, where) if gpu is not None else []
+        check_server_files(where, ct.name, cs, gpus, state.inventory)
     if gpu is not None:
         nvidia_uvm(settings, gpu)
     for ct, cs in plans:

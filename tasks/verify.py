@@ -11,7 +11,8 @@ from pyinfra.api import deploy
 from pve_sglang.bench_serving import bench_argv
 from pve_sglang.operations import paths, verify
 from pve_sglang.server_command import env_file_path, venv_python
-from pve_sglang.settings import ContainerSettings, settings_for
+from pve_sglang.preflight import select_gpus
+from pve_sglang.settings import ContainerSettings, base_url, client_address, settings_for
 from tasks.container import TOOLS, host_gpus, run_when_container_exists
 
 GPU_CHECKS = Path(__file__).resolve().parent.parent / "pve_sglang" / "gpu_checks.py"
@@ -45,7 +46,7 @@ def verify_steps() -> None:
             "host has no NVIDIA GPU"
         )
         return
-    expected = len(gpus) if cs.gpus == "all" else len(cs.gpus)
+    expected = len(select_gpus(cs.gpus, gpus, host.name))
     py = venv_python(cs)
     script = f"{TOOLS}/gpu_checks.py"
     paths.put(name="Upload the GPU checks", src=str(GPU_CHECKS), dest=script, mode="644")
@@ -55,11 +56,11 @@ def verify_steps() -> None:
     if expected > 1:
         verify.p2p_preflight(name=f"P2P between the {expected} GPUs", python=py, script=script)
     # The server itself binds to server_host; checks run inside the container.
-    address = "127.0.0.1" if cs.server_host in ("0.0.0.0", "::") else cs.server_host
+    address = client_address(cs.server_host)
     env_file = env_file_path(cs)
     verify.server_healthy(
         name=f"Server answers /health (up to {cs.health_timeout_s}s)",
-        url=f"http://{address}:{cs.server_port}/health",
+        url=f"{base_url(address, cs.server_port)}/health",
         env_file=env_file,
         timeout_s=cs.health_timeout_s,
     )

@@ -188,7 +188,8 @@ def test_gpu_index_not_on_host_names_field_and_allowed_values():
 
 
 def test_tp_larger_than_host_gpus_stops():
-    with pytest.raises(PreflightError, match="field 'tp_size' = 8 is larger than the 1 GPUs"):
+    with pytest.raises(PreflightError, match=r"host @fake/pve1, container @fake/ct105: tp_size 8 "
+                       r"is larger than the 1 GPUs passed through .*allowed: 1\.\.1"):
         plan({**gpu_host_responses(), **container_answers(None, None)}, tp_size=8)
 
 

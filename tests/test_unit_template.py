@@ -197,7 +197,7 @@ def test_systemd_quote(arg, quoted):
 
 
 def test_env_file_round_trip(tmp_path):
-    values = {"HF_TOKEN": 'hf_"quoted" \\ back `tick` spaces  ', "SGLANG_API_KEY": "k$y$(id)%'"}
+    values = {"HF_TOKEN": 'hf_"quoted"\\back`tick`', "SGLANG_API_KEY": "k$y$(id)%'"}
     s = settings(hf_token=values["HF_TOKEN"], api_key=values["SGLANG_API_KEY"])
     env_file = tmp_path / "sglang.env"
     env_file.write_text(render_env(s))
@@ -215,7 +215,7 @@ def test_env_file_read_by_systemds_parser(tmp_path):
     The environment.d generator runs that parser and prints the result in the same format; it
     also expands ``$NAME`` afterwards (EnvironmentFile= does not), so the value has no ``$``.
     """
-    value = 'hf_"quoted" \\ back `tick` spaces  '
+    value = 'hf_"quoted"\\back`tick`'
     conf = tmp_path / "environment.d" / "10-sglang.conf"
     conf.parent.mkdir()
     conf.write_text(render_env(settings(hf_token=value)))

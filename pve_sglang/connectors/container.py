@@ -50,8 +50,9 @@ if TYPE_CHECKING:
     from pyinfra.api.host import Host
     from pyinfra.api.state import State
 
-#: Host names that mean "this machine": the outer connector is then ``LocalConnector``.
-LOCAL_HOSTNAMES = frozenset({"localhost", "@local"})
+#: Host names that mean "this machine": the outer connector is then ``LocalConnector``. The one
+#: home of these names: the hosts file reads them too (``local`` is the embedded host's name).
+LOCAL_HOSTNAMES = frozenset({"localhost", "@local", "local"})
 
 #: The PATH given to commands run through an exec tool that clears the environment.
 CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

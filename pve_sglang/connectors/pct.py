@@ -15,7 +15,8 @@ from pyinfra.connectors.util import CommandOutput
 
 from .container import ContainerConnector, is_local_hostname
 
-#: Proxmox VE's VMID range (``pve-vmid``).
+#: Proxmox VE's VMID range, the one home of it (settings import it): ``pve-vmid`` in pve-common's
+#: src/PVE/JSONSchema.pm accepts ``^[1-9][0-9]{2,8}$``, i.e. 100..999999999.
 VMID_MIN = 100
 VMID_MAX = 999_999_999
 
