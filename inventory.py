@@ -1,16 +1,24 @@
 """pyinfra inventory: the Proxmox hosts and their GPU containers, from the hosts file.
 
 The hosts file is ``$PVE_SGLANG_HOSTS``, else ``hosts.yml`` here, else the embedded default
-(a local Debian LXC container). Every value is validated now, before pyinfra connects.
+(a local Debian LXC container). Every value, including those given with ``--data``, is
+validated now, before pyinfra connects.
 """
 
 import sys
 
-from pve_sglang.hosts_file import build_groups, hosts_file_path, read_hosts_file
+from pve_sglang.hosts_file import (
+    build_groups,
+    cli_override_data,
+    hosts_file_path,
+    read_hosts_file,
+)
 from pve_sglang.settings import SettingsError
 
 try:
-    pve_hosts, gpu_containers = build_groups(read_hosts_file(hosts_file_path()))
+    pve_hosts, gpu_containers = build_groups(
+        read_hosts_file(hosts_file_path()), override=cli_override_data()
+    )
 except SettingsError as error:
     # A clean message and a non-zero exit, before any host is contacted or changed.
     sys.stderr.write(f"pve-sglang: invalid settings\n{error}\n")

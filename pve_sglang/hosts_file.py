@@ -1,22 +1,36 @@
 """The user's hosts file (YAML) turned into pyinfra inventory groups.
 
-A host entry holds host settings, connection keys (``ssh_*``) and container settings that
-act as defaults for its containers; ``containers`` lists the containers, each with ``vmid``
-(Proxmox) or ``name`` (plain LXC) and its own overrides.
+A host entry holds host settings, connection keys (``ssh_*``, and the container connector's own
+keys as defaults for its containers) and container settings that act as defaults for its
+containers; ``containers`` lists the containers, each with ``vmid`` (Proxmox) or ``name`` (plain
+LXC) and its own overrides.
+
+Every problem of the file (YAML syntax, structure, names, fields) and of values given with
+``pyinfra --data`` is a ``SettingsError`` naming the file and line where known, the host, the
+field, the value (never a secret's) and what is allowed: nothing here raises anything else.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
+import typing
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import SecretStr
+from pyinfra.api.exceptions import ConnectorDataTypeError
+from pyinfra.api.util import raise_if_bad_type
 
+from .connectors import connector_data_types
 from .connectors.container import LOCAL_HOSTNAMES as LOCAL_NAMES
 from .settings import (
     CONTAINER_FIELDS,
     HOST_FIELDS,
+    ContainerSettings,
     SettingsError,
     check_container_keys,
     check_vmid,
@@ -30,7 +44,60 @@ DEFAULT_HOSTS_FILE = "hosts.yml"
 # Used when no hosts file exists: a local Debian LXC container on this machine.
 EMBEDDED_HOSTS_FILE = Path(__file__).resolve().parent / "embedded_hosts.yml"
 
+#: platform -> (connector entry point, key naming a container in the file, connector data key).
+PLATFORMS = {"pve": ("pct", "vmid", "pct_vmid"), "lxc": ("lxc", "name", "lxc_name")}
+#: The connector that reaches a host (and, from a container connector, the host it lives on).
+HOST_CONNECTOR = "ssh"
+#: Keys this module writes into host data; a hosts file or ``--data`` cannot set them.
+INVENTORY_KEYS = frozenset(
+    {"pve_host", "containers", *(data_key for _, _, data_key in PLATFORMS.values())}
+)
+#: Keys that decide the inventory's shape (names, connectors): ``--data`` cannot change them,
+#: because pyinfra applies ``--data`` after the inventory was built from the file.
+SHAPE_KEYS = frozenset({"platform", "ssh_hostname"})
+#: A host's name: pyinfra's inventory name, the SSH host name when ``ssh_hostname`` is unset,
+#: and part of its containers' ``@pct/HOST/VMID`` names (so no ``/``, ``@`` or spaces).
+HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+HOST_NAME_ALLOWED = "letters, digits, '.', '-' and '_' (not first or last), or '@local'"
+
 Group = list[tuple[str, dict[str, Any]]]
+Lines = dict[tuple[Any, ...], int]
+
+
+def _is_secret_type(annotation: Any) -> bool:
+    return annotation is SecretStr or SecretStr in typing.get_args(annotation)
+
+
+#: Settings that hold secrets (their values are never shown), from their pydantic types.
+SECRET_FIELDS = frozenset(
+    name for name, field in ContainerSettings.model_fields.items() if _is_secret_type(field.annotation)
+)
+#: Connector keys that hold secrets.
+SECRET_CONNECTOR_KEYS = frozenset(
+    key for key in connector_data_types(HOST_CONNECTOR) if key.endswith("password")
+)
+ENV_PREFIX = "env:"
+
+
+class HostSecret(SecretStr):
+    """A secret written literally in the hosts file, as it sits in pyinfra host data.
+
+    pyinfra prints host data (``debug-inventory``) through ``to_json``, so the value shows
+    masked; the settings take it as the ``SecretStr`` it is.
+    """
+
+    def to_json(self) -> str:
+        """What pyinfra prints for it."""
+        return "<secret>"
+
+
+class HostsDocument(dict):
+    """A parsed hosts file: host name -> entry, plus the file's path and the line of each node."""
+
+    def __init__(self, content: dict, path: Path | None = None, lines: Lines | None = None):
+        super().__init__(content)
+        self.path = path
+        self.lines: Lines = lines or {}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -39,10 +106,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # "<<: *anchor": merged keys may be overridden, that is the point
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # SafeConstructor reports it ("found unhashable key")
             if key in seen:
                 raise SettingsError(
-                    f"hosts file line {key_node.start_mark.line + 1}: key {key!r} appears twice"
+                    f"line {key_node.start_mark.line + 1}: key {key!r} appears twice"
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
@@ -59,17 +130,318 @@ def hosts_file_path(cwd: Path | None = None) -> Path:
     return path if path.is_file() else EMBEDDED_HOSTS_FILE
 
 
-def read_hosts_file(path: Path) -> dict[str, Any]:
-    """Parse the YAML hosts file, rejecting duplicate keys."""
-    with open(path) as handle:
-        content = yaml.load(handle, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
-    if not isinstance(content, dict) or not content:
-        raise SettingsError(f"{path}: expected a mapping of host names to host entries")
-    return content
+def _yaml_error(path: Path, text: str, error: yaml.YAMLError) -> str:
+    """A YAML error as file, line, column and problem, without PyYAML's snippet of the line
+    (it could show a secret written on it)."""
+    if isinstance(error, yaml.reader.ReaderError):
+        line = text.count("\n", 0, error.position) + 1
+        char = error.character if isinstance(error.character, int) else ord(error.character[:1])
+        return f"{path} line {line}: character U+{char:04X} is not allowed in YAML"
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    where = f"{path} line {mark.line + 1}, column {mark.column + 1}" if mark else f"{path}"
+    parts = [getattr(error, "context", None), getattr(error, "problem", None)]
+    problem = ": ".join(part for part in parts if part) or type(error).__name__
+    if "'\\t'" in problem:
+        problem += " (YAML indents with spaces only; replace the tab)"
+    return f"{where}: YAML syntax error: {problem}"
 
 
-def _connection_data(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in data.items() if k.startswith("ssh_")}
+def _node_lines(loader: yaml.SafeLoader, node: yaml.Node, path: tuple = (), depth: int = 5) -> Lines:
+    """The line of every node down to ``depth`` levels, keyed by its path of keys and indices."""
+    lines = {path: node.start_mark.line + 1}
+    if depth == 0:
+        return lines
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                key = loader.construct_object(key_node)
+                if isinstance(key, Hashable):
+                    lines.update(_node_lines(loader, value_node, (*path, key), depth - 1))
+                    lines[(*path, key)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            lines.update(_node_lines(loader, item, (*path, index), depth - 1))
+    return lines
+
+
+def read_hosts_file(path: Path) -> HostsDocument:
+    """Parse the YAML hosts file: UTF-8, one document, a mapping, no duplicate keys."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as error:
+        raise SettingsError(f"{path}: cannot read the hosts file: {error.strerror}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise SettingsError(
+            f"{path} line {line}: not UTF-8 text (byte 0x{raw[error.start]:02x} at offset "
+            f"{error.start}); save the hosts file as UTF-8"
+        ) from None
+    loader = None
+    try:
+        loader = _UniqueKeyLoader(text)
+        node = loader.get_single_node()
+        content = loader.construct_document(node) if node is not None else None
+        lines = _node_lines(loader, node) if node is not None else {}
+    except SettingsError as error:
+        raise SettingsError(f"{path} {error}") from None
+    except yaml.YAMLError as error:
+        raise SettingsError(_yaml_error(path, text, error)) from None
+    except RecursionError:
+        raise SettingsError(f"{path}: YAML nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    if content is None:
+        raise SettingsError(
+            f"{path}: the hosts file is empty; expected a mapping of host names to host "
+            "entries (see hosts.example.yml)"
+        )
+    if not isinstance(content, dict):
+        raise SettingsError(
+            f"{path} line {lines.get((), 1)}: the top level is {_kind(content)}; expected a "
+            "mapping of host names to host entries (see hosts.example.yml)"
+        )
+    if not content:
+        raise SettingsError(f"{path}: no hosts; expected a mapping of host names to host entries")
+    return HostsDocument(content, Path(path), lines)
+
+
+def _kind(value: Any) -> str:
+    """What a YAML value is, for a message: "a list", "an integer", ..."""
+    kinds = {
+        dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+        float: "a number", type(None): "null",
+    }
+    return kinds.get(type(value), f"a {type(value).__name__}")
+
+
+def _at(hosts: Any, *path: Any) -> str:
+    """`` (FILE line N)`` for a node of the file, when the file told where it is."""
+    lines: Lines = getattr(hosts, "lines", {})
+    source = getattr(hosts, "path", None)
+    for end in range(len(path), 0, -1):
+        if path[:end] in lines:
+            return f" ({source or 'hosts file'} line {lines[path[:end]]})"
+    return f" ({source})" if source else ""
+
+
+def _mentions(text: str, key: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", text) is not None
+
+
+def _located(
+    error: SettingsError, hosts: Any, *paths: tuple, override: dict | None = None
+) -> SettingsError:
+    """``error`` with a file line: of the field it names under one of ``paths`` (first match),
+    else of the entry at the first path; none when the value came from ``--data``."""
+    first, _, rest = str(error).partition("\n")
+    if " line " in first or any(_mentions(first, key) for key in override or {}):
+        return error
+    lines: Lines = getattr(hosts, "lines", {})
+    fields = re.findall(r"(?:field|key) '([^'.]+)", first)
+    found = next(((*path, f) for f in fields for path in paths if (*path, f) in lines), None)
+    at = _at(hosts, *found) if found else _at(hosts, *paths[0])
+    return SettingsError(f"{first}{at}" + (f"\n{rest}" if rest else ""))
+
+
+def _shown(key: Any, value: Any) -> str:
+    """A value for an error message: secrets masked."""
+    return "<secret>" if key in SECRET_FIELDS | SECRET_CONNECTOR_KEYS else repr(value)
+
+
+# Connector keys
+
+
+def _close(key: str, allowed: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(allowed), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _user_connector_keys(platform: str) -> dict[str, Any]:
+    """Keys of a platform's container connector that a user may set (the others the inventory
+    sets: the container's name, the host from the host entry, ``lxc_path`` from the setting)."""
+    connector = PLATFORMS[platform][0]
+    host_keys = connector_data_types(HOST_CONNECTOR)
+    return {
+        key: type_
+        for key, type_ in connector_data_types(connector).items()
+        if key not in INVENTORY_KEYS and key not in host_keys and key not in HOST_FIELDS
+    }
+
+
+def _connector_prefixes() -> tuple[str, ...]:
+    keys = set(connector_data_types(HOST_CONNECTOR))
+    for connector, _, _ in PLATFORMS.values():
+        keys |= set(connector_data_types(connector))
+    return tuple(sorted({key.split("_", 1)[0] + "_" for key in keys}))
+
+
+def _check_connector_value(where: str, key: str, value: Any, type_: Any) -> None:
+    """The type pyinfra will check when it builds the connector, checked now."""
+    try:
+        raise_if_bad_type(value, type_, ConnectorDataTypeError, "")
+    except ConnectorDataTypeError as error:
+        detail = str(error).lstrip(": ")
+        raise SettingsError(
+            f"{where}: field '{key}' = {_shown(key, value)}: {detail}; allowed: "
+            f"{getattr(type_, '__name__', type_)}"
+        ) from None
+
+
+def _check_entry_connector_keys(where: str, data: dict, platform: str, level: str) -> None:
+    """Connector keys of a host entry (``level`` "host") or container entry ("container").
+
+    A host entry may hold the SSH connector's keys (how pyinfra reaches the host) and the user
+    keys of its platform's container connector (defaults for its containers); a container entry
+    only the latter. Keys of the other platform's connector, keys the inventory sets, and typos
+    are refused with what is allowed.
+    """
+    host_keys = connector_data_types(HOST_CONNECTOR)
+    allowed = dict(_user_connector_keys(platform))
+    if level == "host":
+        allowed.update(host_keys)
+    for key, value in data.items():
+        if key in HOST_FIELDS or key in CONTAINER_FIELDS:
+            continue
+        if key in allowed:
+            _check_connector_value(where, key, value, allowed[key])
+        elif key in INVENTORY_KEYS:
+            raise SettingsError(
+                f"{where}: field '{key}' is set by the inventory itself (from the hosts file's "
+                "structure: host names, vmid, name); remove it"
+            )
+        elif level == "container" and key in host_keys:
+            raise SettingsError(
+                f"{where}: field '{key}' says how to reach the host; set it on the host entry"
+            )
+        elif any(key in _user_connector_keys(other) for other in PLATFORMS if other != platform):
+            raise SettingsError(
+                f"{where}: field '{key}' belongs to another platform's connector (this host's "
+                f"platform is {platform}); allowed connector keys here: {', '.join(sorted(allowed))}"
+            )
+        elif key.startswith(_connector_prefixes()):
+            raise SettingsError(
+                f"{where}: unknown connector key '{key}'{_close(key, allowed)}; allowed "
+                f"connector keys here: {', '.join(sorted(allowed))}"
+            )
+
+
+# --data
+
+
+def cli_override_data() -> dict[str, Any]:
+    """The data pyinfra's CLI gives every host over the inventory (``--data``, ``--user``, ...).
+
+    pyinfra computes it before it loads the inventory and does not pass it in; this reads the
+    options of the running ``pyinfra`` command through click and computes it with pyinfra's own
+    function, so the values are exactly the ones pyinfra will use. Outside the CLI: none.
+    """
+    import click
+
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return {}
+    params = context.find_root().params
+    if "data" not in params:
+        return {}
+    from pyinfra_cli.cli import _set_override_data
+
+    for item in params["data"]:
+        if "=" not in item:
+            raise SettingsError(f"--data {item!r}: expected KEY=VALUE")
+    return _set_override_data(
+        params["data"],
+        params.get("ssh_user"),
+        params.get("ssh_key"),
+        params.get("ssh_key_password"),
+        params.get("ssh_port"),
+        params.get("ssh_password"),
+    )
+
+
+def _check_override(override: dict[str, Any]) -> None:
+    """Keys given with ``--data``: known, not shaping the inventory, no literal secret."""
+    connector_keys = dict(connector_data_types(HOST_CONNECTOR))
+    for platform in PLATFORMS:
+        connector_keys.update(_user_connector_keys(platform))
+    known = HOST_FIELDS | CONTAINER_FIELDS | set(connector_keys)
+    for key, value in override.items():
+        where = f"--data {key}"
+        if key in SECRET_FIELDS and not (
+            value is None or (isinstance(value, str) and value.startswith(ENV_PREFIX))
+        ):
+            raise SettingsError(
+                f"{where}: a secret given on the command line is visible to every user of this "
+                f"machine (ps, /proc/*/cmdline); put it in an environment variable and give its "
+                f"name: --data {key}={ENV_PREFIX}NAME"
+            )
+        if key in INVENTORY_KEYS or key in SHAPE_KEYS:
+            raise SettingsError(
+                f"{where}: '{key}' decides the inventory's hosts and connectors, which pyinfra "
+                "builds before it applies --data; set it in the hosts file"
+            )
+        if key not in known:
+            raise SettingsError(
+                f"{where}: unknown field '{key}'{_close(key, known)}; allowed fields: see "
+                "README.md (Settings) and the connectors' keys (ssh_*, pct_local, lxc_local, "
+                "lxc_home)"
+            )
+        if key in connector_keys:
+            _check_connector_value(where, key, value, connector_keys[key])
+
+
+def _with_override_note(error: SettingsError, override: dict[str, Any]) -> SettingsError:
+    notes = [
+        f"(field '{key}' is given with --data)"
+        for key in override
+        if _mentions(str(error), key)
+    ]
+    return SettingsError("\n".join([str(error), *notes])) if notes else error
+
+
+# Structure
+
+
+def _check_host_name(hosts: Any, name: Any) -> None:
+    if not isinstance(name, str) or not name.strip():
+        raise SettingsError(
+            f"host name {name!r}{_at(hosts, name)}: a host name must be a non-empty string "
+            f"(it is {_kind(name)}); allowed: {HOST_NAME_ALLOWED}"
+        )
+    if name != "@local" and not HOST_NAME.match(name):
+        raise SettingsError(
+            f"host name {name!r}{_at(hosts, name)}: not allowed; allowed: {HOST_NAME_ALLOWED} "
+            "(set the address with ssh_hostname)"
+        )
+
+
+def _check_entry_keys(where: str, at: str, entry: dict) -> None:
+    for key in entry:
+        if not isinstance(key, str) or not key:
+            raise SettingsError(
+                f"{where}{at}: key {key!r} is {_kind(key)}; keys are setting names (strings)"
+            )
+
+
+def _mapping(where: str, at: str, value: Any, what: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SettingsError(
+            f"{where}{at}: the {what} is {_kind(value)} ({value!r:.60}); expected a mapping "
+            "of setting names to values"
+        )
+    _check_entry_keys(where, at, value)
+    return dict(value)
+
+
+def _container_inventory_name(platform: str, host: str, key: Any, local: bool) -> str:
+    connector = PLATFORMS[platform][0]
+    if platform == "pve":
+        return f"@{connector}/{host}/{key}"
+    return f"@{connector}/{key}" if local else f"@{connector}/{host}/{key}"
 
 
 def _host_inventory_name(name: str, data: dict[str, Any]) -> str:
@@ -78,72 +450,143 @@ def _host_inventory_name(name: str, data: dict[str, Any]) -> str:
     return name
 
 
-def _container_inventory_name(platform: str, host: str, key: Any, local: bool) -> str:
-    if platform == "pve":
-        return f"@pct/{host}/{key}"
-    return f"@lxc/{key}" if local else f"@lxc/{host}/{key}"
+def _hide_secrets(data: dict[str, Any]) -> dict[str, Any]:
+    """Literal secrets become ``HostSecret`` in host data (``env:NAME`` stays: it is a name)."""
+    return {
+        key: HostSecret(value)
+        if key in SECRET_FIELDS and isinstance(value, str) and not value.startswith(ENV_PREFIX)
+        else value
+        for key, value in data.items()
+    }
 
 
 def build_groups(
-    hosts: dict[str, Any], defaults: dict[str, Any] | None = None
+    hosts: dict[str, Any],
+    defaults: dict[str, Any] | None = None,
+    override: dict[str, Any] | None = None,
 ) -> tuple[Group, Group]:
     """Validate every host and container, then return (pve_hosts, gpu_containers).
 
-    Raises SettingsError on the first bad value, before anything connects or changes.
+    ``override`` is the data pyinfra's ``--data`` gives every host: it wins over the file, so
+    each host and container is validated with it. Raises SettingsError on the first bad value,
+    before anything connects or changes.
     """
     defaults = load_defaults() if defaults is None else defaults
+    override = dict(override or {})
+    _check_override(override)
+    if not isinstance(hosts, dict) or not hosts:
+        raise SettingsError("expected a mapping of host names to host entries")
     pve_hosts: Group = []
     gpu_containers: Group = []
-    for host_name, entry in hosts.items():
-        entry = dict(entry or {})
-        containers = entry.pop("containers", None) or []
+    effective: Group = []
+    for host_name, raw_entry in hosts.items():
+        _check_host_name(hosts, host_name)
+        where = f"host {host_name}"
+        entry = _mapping(where, _at(hosts, host_name), raw_entry, "host entry")
+        containers = entry.pop("containers", None)
+        if containers is None:
+            containers = []
         if not isinstance(containers, list):
-            raise SettingsError(f"host {host_name}: field 'containers' must be a list of entries")
-        host_settings = validate_host(host_name, entry, defaults)
+            raise SettingsError(
+                f"{where}{_at(hosts, host_name, 'containers')}: field 'containers' is "
+                f"{_kind(containers)}; expected a list of container entries (each with vmid or name)"
+            )
+        try:
+            pairs = _build_host(host_name, entry, containers, defaults, override, hosts)
+        except SettingsError as error:
+            raise _with_override_note(error, override) from None
         inventory_name = _host_inventory_name(host_name, entry)
-        local = inventory_name == "@local"
-        identity = "vmid" if host_settings.platform == "pve" else "name"
-        host_data = {k: v for k, v in entry.items() if k in HOST_FIELDS or k.startswith("ssh_")}
-        container_defaults = {k: v for k, v in entry.items() if k in CONTAINER_FIELDS}
-
-        seen: set[Any] = set()
+        host_keys = connector_data_types(HOST_CONNECTOR)
+        host_data = {k: v for k, v in entry.items() if k in HOST_FIELDS or k in host_keys}
         names = []
-        for container in containers:
-            container = dict(container or {})
-            if identity not in container:
-                raise SettingsError(
-                    f"host {host_name}: a container entry has no '{identity}' "
-                    f"(platform {host_settings.platform} names containers by {identity})"
-                )
-            key = container.pop(identity)
-            check_vmid(host_name, host_settings.platform, key)
+        for name, data in pairs:
+            names.append(name)
+            effective.append((name, {**data, **override}))
+            gpu_containers.append((name, _hide_secrets(data)))
+        pve_hosts.append((inventory_name, {**host_data, "containers": names}))
+    try:
+        _check_nodes(effective)
+    except SettingsError as error:
+        raise _with_override_note(error, override) from None
+    return pve_hosts, gpu_containers
+
+
+def _build_host(
+    host_name: str,
+    entry: dict[str, Any],
+    containers: list,
+    defaults: dict[str, Any],
+    override: dict[str, Any],
+    hosts: Any,
+) -> Group:
+    """Validate one host entry and its containers; return its containers' names and data."""
+    where = f"host {host_name}"
+    host_path = (host_name,)
+    try:
+        platform = {**defaults, **entry, **override}.get("platform")
+        if platform in PLATFORMS:
+            _check_entry_connector_keys(where, entry, platform, "host")
+        host_settings = validate_host(host_name, {**entry, **override}, defaults)
+    except SettingsError as error:
+        raise _located(error, hosts, host_path, override=override) from None
+    platform = host_settings.platform
+    _, identity, data_key = PLATFORMS[platform]
+    inventory_name = _host_inventory_name(host_name, entry)
+    local = inventory_name == "@local"
+    host_keys = connector_data_types(HOST_CONNECTOR)
+    user_keys = _user_connector_keys(platform)
+    connection = {k: v for k, v in entry.items() if k in host_keys or k in user_keys}
+    container_defaults = {k: v for k, v in entry.items() if k in CONTAINER_FIELDS}
+    if not containers:
+        # Nothing uses the host's container settings yet: still refuse a bad one now.
+        try:
+            validate_container(host_name, "(defaults)", {**container_defaults, **override}, defaults)
+        except SettingsError as error:
+            raise _located(error, hosts, host_path, override=override) from None
+
+    seen: set[Any] = set()
+    pairs: Group = []
+    for index, raw in enumerate(containers):
+        path = (host_name, "containers", index)
+        at = _at(hosts, *path)
+        container = _mapping(f"{where}, container #{index + 1}", at, raw, "container entry")
+        if identity not in container:
+            other = next((i for _, i, _ in PLATFORMS.values() if i != identity), None)
+            hint = f"; '{other}' names containers on the other platform" if other in container else ""
+            raise SettingsError(
+                f"{where}, container #{index + 1}{at}: no '{identity}' (platform "
+                f"{platform} names containers by {identity}){hint}"
+            )
+        key = container.pop(identity)
+        try:
+            check_vmid(host_name, platform, key)
             if key in seen:
                 raise SettingsError(
-                    f"host {host_name}: {identity} {key} is declared twice; each container "
+                    f"{where}: {identity} {key} is declared twice; each container "
                     f"on a host needs its own {identity}"
                 )
             seen.add(key)
+            _check_entry_connector_keys(f"{where}, container {key}", container, platform, "container")
             check_container_keys(host_name, str(key), container)
             data = {**container_defaults, **container}
-            validate_container(host_name, str(key), data, defaults)
-            name = _container_inventory_name(host_settings.platform, host_name, key, local)
-            names.append(name)
-            gpu_containers.append(
-                (
-                    name,
-                    {
-                        **_connection_data(entry),
-                        **data,
-                        "pve_host": inventory_name,
-                        "platform": host_settings.platform,
-                        **({"pct_vmid": key} if identity == "vmid" else {"lxc_name": key}),
-                        **({"lxc_path": host_settings.lxc_path} if identity == "name" else {}),
-                    },
-                )
+            validate_container(host_name, str(key), {**data, **override}, defaults)
+        except SettingsError as error:
+            raise _located(error, hosts, path, host_path, override=override) from None
+        name = _container_inventory_name(platform, host_name, key, local)
+        pairs.append(
+            (
+                name,
+                {
+                    **connection,
+                    **data,
+                    "pve_host": inventory_name,
+                    "platform": platform,
+                    data_key: key,
+                    **({"lxc_path": host_settings.lxc_path} if platform == "lxc" else {}),
+                },
             )
-        pve_hosts.append((inventory_name, {**host_data, "containers": names}))
-    _check_nodes(gpu_containers)
-    return pve_hosts, gpu_containers
+        )
+    return pairs
 
 
 def _check_nodes(gpu_containers: Group) -> None:

@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from .connectors import connector_data_keys
 from .connectors.pct import VMID_MAX, VMID_MIN
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -63,9 +64,9 @@ ATTENTION_BACKENDS = (
     "dual_chunk_flash_attn",
 )
 
-# Keys that belong to pyinfra's connectors rather than to us; pyinfra checks their types.
-CONNECTOR_KEY_PREFIXES = ("ssh_",)
-CONNECTOR_KEYS = ("lxc_attach_wrapper", "pct_local")
+# Keys that belong to the connectors (pyinfra's SSH, our @pct and @lxc) rather than to us, from
+# the connectors' own data definitions; hosts_file checks where each may be set and its type.
+CONNECTOR_KEYS = connector_data_keys()
 
 
 class SettingsError(ValueError):
@@ -558,7 +559,7 @@ def load_defaults(path: Path = GROUP_DATA_FILE) -> dict[str, Any]:
 
 
 def _is_connector_key(key: str) -> bool:
-    return key.startswith(CONNECTOR_KEY_PREFIXES) or key in CONNECTOR_KEYS
+    return key in CONNECTOR_KEYS
 
 
 def _allowed_hint(key: str, allowed: frozenset[str]) -> str:
@@ -607,6 +608,9 @@ def _format_error(where: str, error: ValidationError, data: dict[str, Any]) -> s
             continue
         if len(loc) > 1 and item["type"] != "missing":
             value = item["input"]
+            if top == "extra_server_args" and isinstance(data.get(top), list):
+                # Masked by its place: the item after --api-key is the key.
+                value = _shown(top, data[top])[loc[1]]
         field = ".".join(str(part) for part in loc)
         line = f"{where}: field '{field}' = {_shown(top, value)!r}: {message}"
         if line not in lines:
