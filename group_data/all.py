@@ -35,9 +35,9 @@ hostname = None
 rootfs_storage = "local-lvm"
 # Root disk size in GiB (grown when larger, never shrunk).
 rootfs_size_gib = 200
-# CPU cores of the container.
+# CPU cores of the container (Proxmox allows 1..8192).
 cores = 32
-# Memory of the container in MiB.
+# Memory of the container in MiB (Proxmox allows 16 and more).
 memory_mib = 262144
 # Swap of the container in MiB.
 swap_mib = 0
@@ -55,7 +55,8 @@ gpus = "all"
 mounts = []
 
 # --- Stack in the container ---------------------------------------------------------------
-# The sglang release; torch and flashinfer below must be the versions it pins.
+# The sglang release (an exact version, quoted); torch and flashinfer below must be the
+# versions it pins.
 sglang_version = "0.5.9"
 # torch version, as sglang_version pins it.
 torch_version = "2.9.1"
@@ -95,7 +96,8 @@ model_download = None
 model_revision = None
 # Name the API serves the model as; null: the model path.
 served_model_name = None
-# Address the server binds to; 127.0.0.1 unless you expose it on purpose.
+# IP address the server binds to (IPv4 or IPv6; 0.0.0.0 or :: for every interface); 127.0.0.1
+# unless you expose it on purpose.
 server_host = "127.0.0.1"
 # Port of the server's HTTP API.
 server_port = 30000
@@ -121,7 +123,7 @@ sglang_cache_dir = "/var/cache/sglang"
 hf_token = None
 # API key the server requires ("env:NAME" reads it from the environment); only in the env file.
 api_key = None
-# Seconds to wait for /health after a (re)start: a 400 GB model loads for many minutes.
+# Seconds to wait for /health after a (re)start (1..86400): a 400 GB model loads for many minutes.
 health_timeout_s = 3600
 # Containers serving one model together (inventory names, rank 0 first); [] for one node.
 nodes = []

@@ -176,7 +176,8 @@ _CUDA_BUILD = re.compile(r"/cu(\d{2})(\d)\b")
 def _check_torch_build(where: str, settings: ContainerSettings, caps: list[str]) -> None:
     """A torch index for a CUDA build older than 12.8 cannot drive Blackwell GPUs."""
     match = _CUDA_BUILD.search(settings.torch_index_url or "")
-    blackwell = [cap for cap in caps if int(cap.split(".")[0]) >= 10]
+    # nvidia-smi prints "[N/A]" where it cannot tell: such a GPU is not known to be Blackwell.
+    blackwell = [cap for cap in caps if re.match(r"(\d+)\.", cap) and int(cap.split(".")[0]) >= 10]
     if match and blackwell and (int(match.group(1)), int(match.group(2))) < (12, 8):
         raise PreflightError(
             f"{where}: field 'torch_index_url' = {settings.torch_index_url!r} serves CUDA "

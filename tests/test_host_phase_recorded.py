@@ -209,3 +209,52 @@ def test_old_cuda_torch_index_on_blackwell_is_refused():
     with pytest.raises(PreflightError, match="torch_index_url.*CUDA 12.6 builds.*12.0.*cu128"):
         plan(responses, torch_index_url="https://download.pytorch.org/whl/cu126")
     plan(responses, torch_index_url="https://download.pytorch.org/whl/cu128")
+
+
+# --- preflight renders the container phase's files: --dry tells what a run would ------------
+
+EXISTING = {"config": converged_config(DEVICES_ALL), "status": "running"}
+NEW = {"config": None, "status": None}
+
+
+@pytest.mark.parametrize("container", [NEW, EXISTING], ids=["new container", "existing container"])
+def test_server_files_render_error_stops_the_host_phase_before_any_change(container):
+    """A value only rendering the unit can refuse (a secret that is also a command-line value)
+    stops the host phase at prepare time, for a container created in this run (whose container
+    phase is deferred until it runs) as for an existing one; the secret is not in the message."""
+    responses = {**gpu_host_responses(), **container_answers(container["config"], container["status"])}
+    with pytest.raises(PreflightError) as error:
+        plan(responses, hf_token="glm-5-token", served_model_name="glm-5-token")
+    message = str(error.value)
+    assert message.startswith("host @fake/pve1, container @fake/ct105: the server's command line")
+    assert "holds a secret value" in message and "glm-5-token" not in message
+
+
+@pytest.mark.parametrize("container", [NEW, EXISTING], ids=["new container", "existing container"])
+def test_compute_capability_the_server_flags_cannot_read_stops_the_host_phase(container):
+    """The recorded H200 line with its compute capability as nvidia-smi prints an unknown field
+    ("[N/A]", a variation of the recording): with allreduce fusion on, the flags depend on it."""
+    h200_na = h200("NvidiaGpus").replace(", 9.0, ", ", [N/A], ")
+    responses = {**gpu_host_responses(), **container_answers(container["config"], container["status"]),
+                 NvidiaGpus().command(): h200_na}
+    with pytest.raises(PreflightError, match=r"container @fake/ct105: .*compute capability '\[N/A\]'"):
+        plan(responses, enable_flashinfer_allreduce_fusion=True)
+    plan(responses)  # without the flag nothing depends on it
+
+
+def test_tp_counts_the_nodes_against_the_host_gpus():
+    """One recorded H200 GPU per node: TP 2 over two nodes fits, TP 4 does not (one rule)."""
+    responses = {**gpu_host_responses(), **container_answers(None, None)}
+    nodes = ["@fake/ct105", "@fake/ct106"]
+    ops = plan(responses, nodes=nodes, tp_size=2)
+    assert commands(ops, "pct create 105")
+    with pytest.raises(PreflightError, match=r"tp_size 4 is larger than the 2 GPUs passed through "
+                       r"\(1 GPU\(s\) per node x 2 node\(s\)\); allowed: multiples of 2 up to 2"):
+        plan(responses, nodes=nodes, tp_size=4)
+
+
+def test_gpu_index_missing_is_refused_for_an_existing_container_too():
+    responses = {**gpu_host_responses(), **container_answers(converged_config(DEVICES_ALL), "running")}
+    with pytest.raises(PreflightError, match=r"container @fake/ct105: field 'gpus' = \[1\]: GPU \[1\] "
+                       r"not on the host; allowed: 'all' or a subset of \[0\]"):
+        plan(responses, gpus=[1])

@@ -9,7 +9,17 @@ import pytest
 import yaml
 
 from pve_sglang.hosts_file import build_groups, read_hosts_file
-from pve_sglang.settings import ContainerSettings, SettingsError, load_defaults, settings_for
+from pve_sglang.settings import (
+    ContainerSettings,
+    SettingsError,
+    base_url,
+    client_address,
+    load_defaults,
+    settings_for,
+    tensor_parallel_size,
+    validate_container,
+    validate_host,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "hosts.example.yml"
@@ -134,3 +144,202 @@ def test_nodes_must_name_known_containers():
     first_container(hosts)["nodes"] = ["@pct/pve1/105", "@pct/pve9/105"]
     with pytest.raises(SettingsError, match="'@pct/pve9/105', which is not a container"):
         build_groups(hosts)
+
+
+# --- field rules, unit level: each bad value is refused naming field, value and what is allowed -
+
+def check(**values) -> str:
+    """The error validating one container of host pve1 with VALUES over the defaults."""
+    with pytest.raises(SettingsError) as error:
+        validate_container("pve1", "105", values, load_defaults())
+    return str(error.value)
+
+
+def accepted(**values) -> ContainerSettings:
+    return validate_container("pve1", "105", values, load_defaults())
+
+
+M = {"host_path": "/tank/models", "path": "/models"}
+REFUSED = {
+    "gpus empty": ({"gpus": []}, ["field 'gpus' = []", "passes no GPU", "allowed: 'all'"]),
+    "gpus repeated": ({"gpus": [0, 0]}, ["field 'gpus' = [0, 0]", "more than once"]),
+    "gpus negative": ({"gpus": [-1]}, ["field 'gpus.0' = -1", "greater than or equal to 0"]),
+    "gpus boolean": ({"gpus": [True]}, ["field 'gpus.0' = True", "a whole number"]),
+    "cores boolean": ({"cores": True}, ["field 'cores' = True", "a whole number"]),
+    "bench concurrency 0": ({"bench_concurrencies": [0]},
+                            ["field 'bench_concurrencies.0' = 0", "greater than or equal to 1"]),
+    "bench concurrencies empty": ({"bench_concurrencies": []},
+                                  ["field 'bench_concurrencies' = []", "at least 1 item"]),
+    "server_host not an ip": ({"server_host": "not an ip"},
+                              ["field 'server_host' = 'not an ip'", "allowed: an IPv4 or IPv6"]),
+    "server_host a name": ({"server_host": "localhost"}, ["'localhost'", "not an IP address"]),
+    "server_host zone": ({"server_host": "fe80::1%eth0"}, ["zone"]),
+    "model_path relative": ({"model_path": "models/glm"},
+                            ["field 'model_path' = 'models/glm'", "not an absolute path"]),
+    "venv_path dotdot": ({"venv_path": "/opt/../venv"}, ["'/opt/../venv'", "'..'", "'/venv'"]),
+    "venv_path root": ({"venv_path": "/"}, ["field 'venv_path' = '/'", "below /"]),
+    "cache dir space": ({"sglang_cache_dir": "/var/cache/my cache"},
+                        ["field 'sglang_cache_dir'", "whitespace", "absolute path without spaces"]),
+    "wheelhouse newline": ({"wheelhouse": "/srv/wheels\n/etc"}, ["field 'wheelhouse'", "newlines"]),
+    "mount host_path comma": ({"mounts": [{**M, "host_path": "/tank,backup=1"}]},
+                              ["field 'mounts.0.host_path' = '/tank,backup=1'", "mpN options"]),
+    "mount path equals": ({"mounts": [{**M, "path": "/models=x"}]}, ["field 'mounts.0.path'", "'='"]),
+    "mount path relative": ({"mounts": [{**M, "path": "models"}]}, ["mounts.0.path", "absolute"]),
+    "mount path twice": ({"mounts": [M, {**M, "host_path": "/tank/b"}]},
+                         ["field 'mounts'", "['/models'] used more than once"]),
+    "runfile path newline": ({"nvidia_runfile_path": "/tmp/a\nb.run"}, ["nvidia_runfile_path", "newline"]),
+    "ca certificate newline": ({"ca_certificates": ["/etc/ca\n.crt"]}, ["ca_certificates.0", "newline"]),
+    "sglang latest": ({"sglang_version": "latest"},
+                      ["field 'sglang_version' = 'latest'", "PEP 440", "not 'latest'"]),
+    "torch range": ({"torch_version": ">=2.9"}, ["field 'torch_version' = '>=2.9'", "PEP 440"]),
+    "flashinfer not normal": ({"flashinfer_version": "v0.6.3"}, ["'v0.6.3'", "normal form, '0.6.3'"]),
+    "uv a number": ({"uv_version": 0.13}, ["field 'uv_version' = 0.13", "write it quoted"]),
+    "cuda a number": ({"cuda_toolkit_version": 12.8}, ["field 'cuda_toolkit_version' = 12.8", "quoted"]),
+    "cuda three parts": ({"cuda_toolkit_version": "12.8.1"}, ["'12.8.1'", "MAJOR.MINOR"]),
+    "cores too many": ({"cores": 100_000_000}, ["field 'cores' = 100000000", "less than or equal to 8192"]),
+    "cores zero": ({"cores": 0}, ["field 'cores' = 0", "greater than or equal to 1"]),
+    "memory below proxmox": ({"memory_mib": 8}, ["field 'memory_mib' = 8", "greater than or equal to 16"]),
+    "swap negative": ({"swap_mib": -1}, ["field 'swap_mib' = -1", "greater than or equal to 0"]),
+    "rootfs zero": ({"rootfs_size_gib": 0}, ["field 'rootfs_size_gib' = 0", "greater than or equal to 1"]),
+    "net0 extra option": ({"net0": "name=eth0,bridge=vmbr0;reboot"}, ["field 'net0'", "'bridge=vmbr0;reboot'"]),
+    "net0 unknown key": ({"net0": "name=eth0,bridge=vmbr0,evil=1"}, ["'evil=1' is not allowed", "bridge"]),
+    "net0 without name": ({"net0": "bridge=vmbr0,ip=dhcp"}, ["name= included"]),
+    "rootfs storage": ({"rootfs_storage": "local lvm"}, ["field 'rootfs_storage' = 'local lvm'", "storage id"]),
+    "hostname underscore": ({"hostname": "glm_5"}, ["field 'hostname' = 'glm_5'", "DNS name"]),
+    "service name at": ({"service_name": "sglang@"}, ["field 'service_name' = 'sglang@'", "template"]),
+    "served model name space": ({"served_model_name": "glm 5"}, ["field 'served_model_name'", "no spaces"]),
+    "model download url": ({"model_download": "https://huggingface.co/Qwen/Qwen3-8B"},
+                           ["field 'model_download'", "ORG/NAME"]),
+    "model download dashes": ({"model_download": "org/a--b"}, ["no '--'"]),
+    "model revision dotdot": ({"model_revision": "main/../x"}, ["field 'model_revision'", "no '..'"]),
+    "api key flag": ({"extra_server_args": ["--api-key", "sk-x"]},
+                     ["field 'extra_server_args.0' = '--api-key'", "set api_key instead"]),
+    "api key flag with value": ({"extra_server_args": ["--api-key=sk-x"]},
+                                ["extra_server_args.0", "set api_key instead"]),
+    "admin key prefix": ({"extra_server_args": ["--admin-api=sk-x"]}, ["--admin-api would put a secret"]),
+    "flag of a setting": ({"extra_server_args": ["--tp-size", "4"]}, ["--tp-size is rendered from the setting tp_size"]),
+    "two words in one item": ({"extra_server_args": ["--chunked-prefill-size 4096"]},
+                              ["holds a space", "['--chunked-prefill-size', '4096']"]),
+    "extra arg newline": ({"extra_server_args": ["--enable-metrics\n--x"]}, ["newline"]),
+    "health timeout zero": ({"health_timeout_s": 0}, ["field 'health_timeout_s' = 0"]),
+    "health timeout days": ({"health_timeout_s": 864_000}, ["less than or equal to 86400"]),
+    "server port zero": ({"server_port": 0}, ["field 'server_port' = 0"]),
+    "dist port too large": ({"dist_init_port": 70_000}, ["field 'dist_init_port' = 70000"]),
+    "ports equal": ({"dist_init_port": 30000}, ["dist_init_port 30000 is server_port too"]),
+    "dist addr with port": ({"dist_init_addr": "10.0.0.1:50000"}, ["field 'dist_init_addr'", "without a port"]),
+    "nodes repeated": ({"nodes": ["a", "b", "a"]}, ["field 'nodes'", "['a'] listed more than once"]),
+    "pip index not http": ({"pip_index_url": "file:///srv/simple"}, ["field 'pip_index_url'", "http://"]),
+    "torch index space": ({"torch_index_url": "https://x/ cu128"}, ["field 'torch_index_url'"]),
+    "runfile url no host": ({"nvidia_runfile_url": "https:///x.run"}, ["field 'nvidia_runfile_url'"]),
+    "tp not split over nodes": ({"tp_size": 3, "nodes": ["a", "b"]},
+                                ["tp_size 3 does not split evenly over 2 nodes", "multiples of 2"]),
+    "tp larger than listed gpus": ({"tp_size": 4, "gpus": [0, 1]},
+                                   ["tp_size 4 is larger than the 2 GPUs", "allowed: 1..2"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_field_rule_refuses(case):
+    values, expected = REFUSED[case]
+    message = check(**values)
+    assert message.startswith("host pve1, container 105: "), message
+    for text in expected:
+        assert text in message, f"{text!r} not in {message!r}"
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_value_stays_refused_when_set_on_the_host(case):
+    """A host entry's container values are its containers' defaults: validated the same way."""
+    values, _ = REFUSED[case]
+    hosts = example()
+    hosts["pve1"]["containers"] = [{"vmid": 105}]
+    hosts["pve1"].update(values)
+    with pytest.raises(SettingsError):
+        build_groups(hosts)
+
+
+SECRET = "sk-do-not-show-me"
+SECRETS_REFUSED = {
+    "api key empty": ({"api_key": ""}, "empty"),
+    "api key space": ({"api_key": f"{SECRET} x"}, "whitespace"),
+    "hf token newline": ({"hf_token": f"{SECRET}\n"}, "whitespace"),
+    "api key flag value": ({"extra_server_args": [f"--api-key={SECRET}"]}, "set api_key"),
+    "api key flag next item": ({"extra_server_args": ["--api-key", SECRET, "--x y"]}, "holds a space"),
+    "api key flag next item bad": ({"extra_server_args": ["--api-key", f"{SECRET}\n"]}, "newline"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SECRETS_REFUSED))
+def test_secret_refused_without_showing_it(case):
+    values, expected = SECRETS_REFUSED[case]
+    message = check(**values)
+    assert expected in message, message
+    assert SECRET not in message
+
+
+def test_secret_from_an_empty_environment_variable_is_refused(monkeypatch):
+    monkeypatch.setenv("TEST_EMPTY_KEY", "")
+    assert "field 'api_key' = '<secret>': empty" in check(api_key="env:TEST_EMPTY_KEY")
+
+
+def test_values_the_rules_allow():
+    s = accepted(
+        gpus=[0, 1], tp_size=4, nodes=["@pct/pve1/105", "@pct/pve2/105"],
+        server_host="::", hostname="glm5.lab.example", net0="name=eth0,bridge=vmbr0,ip=dhcp,tag=20,trunks=10;20",
+        mounts=[{"host_path": "/tank/models/", "path": "//models"}], venv_path="/opt/sglang/venv/",
+        model_download="Qwen/Qwen3-8B", model_revision="refs/pr/1", served_model_name="org/glm-5:fp4",
+        torch_version="2.9.1+cu128", sglang_version="0.5.12.post1", cuda_toolkit_version="12.8",
+        pip_index_url="https://mirror.example/simple", dist_init_addr="fd00::11",
+        extra_server_args=["--chat-template", "/models/my template.jinja", "--api-key-prefix-is-not-a-flag"],
+        api_key="sk-abc$'\"", hf_token="hf_x", bench_concurrencies=[1, 64], memory_mib=16,
+    )
+    # Harmless spellings are normalised, so every step sees one path.
+    assert (s.mounts[0].host_path, s.mounts[0].path, s.venv_path) == ("/tank/models", "/models", "/opt/sglang/venv")
+
+
+def test_two_hosts_of_two_gpus_serve_tp4_over_two_nodes():
+    """Issue 10: the inventory refused this valid multi-node setup (nodes not counted)."""
+    hosts = {
+        name: {"ssh_hostname": address, "containers": [{"vmid": 105, "gpus": [0, 1], "tp_size": 4,
+                                                        "nodes": ["@pct/pve1/105", "@pct/pve2/105"]}]}
+        for name, address in (("pve1", "192.0.2.10"), ("pve2", "192.0.2.11"))
+    }
+    _, containers = build_groups(hosts)
+    assert [name for name, _ in containers] == ["@pct/pve1/105", "@pct/pve2/105"]
+
+
+def test_host_field_rules():
+    defaults = load_defaults()
+    cases = {
+        "lxc_path": ("var/lib/lxc", "not an absolute path"),
+        "lxc_release": ("Bookworm 12", "Debian release name"),
+        "lxc_rootfs_tarball": ("rootfs.tar", "not an absolute path"),
+        "lxc_config": (["lxc.net.0.type = none\nlxc.hook.pre-start = /x"], "on one line"),
+        "template_storage": ("local;x", "storage id"),
+        "template": ("debian$(id)", "template name"),
+        "pve_container_native_dev_min": ("newest", "PEP 440"),
+    }
+    for field, (value, expected) in cases.items():
+        with pytest.raises(SettingsError) as error:
+            validate_host("pve1", {field: value}, defaults)
+        message = str(error.value)
+        assert message.startswith(f"host pve1: field '{field}"), message
+        assert expected in message, message
+
+
+def test_tensor_parallel_size_is_one_rule():
+    assert tensor_parallel_size(None, 8, 1) == 8
+    assert tensor_parallel_size(None, 2, 2) == 4
+    assert tensor_parallel_size(4, 2, 2) == 4
+    assert tensor_parallel_size(4, None, 2) == 4  # gpus: all, before the host's GPUs are known
+    with pytest.raises(ValueError, match="larger than the 4 GPUs"):
+        tensor_parallel_size(6, 2, 2)
+    with pytest.raises(ValueError, match="does not split evenly over 2 nodes"):
+        tensor_parallel_size(3, None, 2)
+
+
+def test_base_url_brackets_ipv6():
+    assert base_url("127.0.0.1", 30000) == "http://127.0.0.1:30000"
+    assert base_url("::1", 30000) == "http://[::1]:30000"
+    assert base_url(client_address("::"), 8) == "http://[::1]:8"
+    assert client_address("0.0.0.0") == "127.0.0.1"
