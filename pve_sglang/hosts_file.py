@@ -70,7 +70,9 @@ def _is_secret_type(annotation: Any) -> bool:
 
 #: Settings that hold secrets (their values are never shown), from their pydantic types.
 SECRET_FIELDS = frozenset(
-    name for name, field in ContainerSettings.model_fields.items() if _is_secret_type(field.annotation)
+    name
+    for name, field in ContainerSettings.model_fields.items()
+    if _is_secret_type(field.annotation)
 )
 #: Connector keys that hold secrets.
 SECRET_CONNECTOR_KEYS = frozenset(
@@ -146,7 +148,9 @@ def _yaml_error(path: Path, text: str, error: yaml.YAMLError) -> str:
     return f"{where}: YAML syntax error: {problem}"
 
 
-def _node_lines(loader: yaml.SafeLoader, node: yaml.Node, path: tuple = (), depth: int = 5) -> Lines:
+def _node_lines(
+    loader: yaml.SafeLoader, node: yaml.Node, path: tuple = (), depth: int = 5
+) -> Lines:
     """The line of every node down to ``depth`` levels, keyed by its path of keys and indices."""
     lines = {path: node.start_mark.line + 1}
     if depth == 0:
@@ -319,7 +323,8 @@ def _check_entry_connector_keys(where: str, data: dict, platform: str, level: st
         elif any(key in _user_connector_keys(other) for other in PLATFORMS if other != platform):
             raise SettingsError(
                 f"{where}: field '{key}' belongs to another platform's connector (this host's "
-                f"platform is {platform}); allowed connector keys here: {', '.join(sorted(allowed))}"
+                f"platform is {platform}); allowed connector keys here: "
+                f"{', '.join(sorted(allowed))}"
             )
         elif key.startswith(_connector_prefixes()):
             raise SettingsError(
@@ -348,9 +353,6 @@ def cli_override_data() -> dict[str, Any]:
         return {}
     from pyinfra_cli.cli import _set_override_data
 
-    for item in params["data"]:
-        if "=" not in item:
-            raise SettingsError(f"--data {item!r}: expected KEY=VALUE")
     return _set_override_data(
         params["data"],
         params.get("ssh_user"),
@@ -489,7 +491,8 @@ def build_groups(
         if not isinstance(containers, list):
             raise SettingsError(
                 f"{where}{_at(hosts, host_name, 'containers')}: field 'containers' is "
-                f"{_kind(containers)}; expected a list of container entries (each with vmid or name)"
+                f"{_kind(containers)}; expected a list of container entries (each with vmid "
+                "or name)"
             )
         try:
             pairs = _build_host(host_name, entry, containers, defaults, override, hosts)
@@ -540,7 +543,8 @@ def _build_host(
     if not containers:
         # Nothing uses the host's container settings yet: still refuse a bad one now.
         try:
-            validate_container(host_name, "(defaults)", {**container_defaults, **override}, defaults)
+            merged = {**container_defaults, **override}
+            validate_container(host_name, "(defaults)", merged, defaults)
         except SettingsError as error:
             raise _located(error, hosts, host_path, override=override) from None
 
@@ -552,7 +556,9 @@ def _build_host(
         container = _mapping(f"{where}, container #{index + 1}", at, raw, "container entry")
         if identity not in container:
             other = next((i for _, i, _ in PLATFORMS.values() if i != identity), None)
-            hint = f"; '{other}' names containers on the other platform" if other in container else ""
+            hint = (
+                f"; '{other}' names containers on the other platform" if other in container else ""
+            )
             raise SettingsError(
                 f"{where}, container #{index + 1}{at}: no '{identity}' (platform "
                 f"{platform} names containers by {identity}){hint}"
@@ -566,7 +572,8 @@ def _build_host(
                     f"on a host needs its own {identity}"
                 )
             seen.add(key)
-            _check_entry_connector_keys(f"{where}, container {key}", container, platform, "container")
+            label = f"{where}, container {key}"
+            _check_entry_connector_keys(label, container, platform, "container")
             check_container_keys(host_name, str(key), container)
             data = {**container_defaults, **container}
             validate_container(host_name, str(key), {**data, **override}, defaults)
@@ -601,4 +608,6 @@ def _check_nodes(gpu_containers: Group) -> None:
                     f"of this inventory; allowed: {', '.join(sorted(known))}"
                 )
         if nodes and name not in nodes:
-            raise SettingsError(f"container {name}: field 'nodes' must include the container itself")
+            raise SettingsError(
+                f"container {name}: field 'nodes' must include the container itself"
+            )

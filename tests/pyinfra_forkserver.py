@@ -16,7 +16,8 @@ import sys
 import time
 
 # Not this directory: the console script's sys.path has no tests/ in it.
-sys.path = [path for path in sys.path if os.path.abspath(path or ".") != os.path.dirname(os.path.abspath(__file__))]
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path = [path for path in sys.path if os.path.abspath(path or ".") != HERE]
 
 from pyinfra_cli.main import main  # noqa: E402 (patches the stdlib for gevent, as the CLI does)
 

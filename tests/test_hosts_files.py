@@ -340,6 +340,19 @@ def test_debug_inventory_never_prints_literal_secrets(run_cli, flags):
     assert "@lxc/lab1/c2" in output
 
 
+def test_literal_secret_is_masked_in_host_data_but_reaches_the_settings():
+    """The mask is only for printing: the server's env file still gets the real values."""
+    from pve_sglang.hosts_file import HostSecret, build_groups
+    from pve_sglang.settings import ContainerSettings, load_defaults, settings_for
+
+    _, containers = build_groups(yaml.safe_load(secret_hosts_file()))
+    data = dict(containers)["@lxc/lab1/c1"]
+    assert isinstance(data["api_key"], HostSecret) and isinstance(data["hf_token"], HostSecret)
+    assert SECRETS["api_key"] not in json.dumps(data, default=lambda value: value.to_json())
+    settings = settings_for({**load_defaults(), **data}, ContainerSettings)
+    assert settings.secrets == {"HF_TOKEN": SECRETS["hf_token"], "SGLANG_API_KEY": SECRETS["api_key"]}
+
+
 def test_secret_by_environment_name_is_shown_as_the_name(run_cli):
     hosts = pve({"api_key": "env:PVE_SGLANG_TEST_KEY"})
     result = run_cli(hosts, env={"PVE_SGLANG_TEST_KEY": "sk-from-env-0b7e"})
