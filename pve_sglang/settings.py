@@ -160,6 +160,15 @@ def local_path(value: str) -> str:
     return value
 
 
+def local_file(value: str) -> str:
+    """A file on the machine running pyinfra, which the deploy uploads: it must be there now."""
+    local_path(value)
+    if not os.path.isfile(value):
+        raise ValueError("no such file on this machine; allowed: the path of an existing file "
+                         "on the machine that runs pyinfra")
+    return value
+
+
 def exact_version(value: str) -> str:
     """An exact PEP 440 release in its normal form (``0.5.9``, ``2.9.1+cu128``), not ``latest``."""
     try:
@@ -450,7 +459,7 @@ class ContainerSettings(_Strict):
     torch_index_url: HttpUrl | None
     stack_install: Literal["pinned", "sglang-no-deps"]
     nvidia_runfile_url: HttpUrl | None
-    nvidia_runfile_path: LocalPath | None
+    nvidia_runfile_path: Annotated[str, AfterValidator(local_file)] | None
 
     service_name: Annotated[str, AfterValidator(unit_word)]
     model_path: ContainerPath

@@ -188,6 +188,8 @@ REFUSED = {
     "mount path twice": ({"mounts": [M, {**M, "host_path": "/tank/b"}]},
                          ["field 'mounts'", "['/models'] used more than once"]),
     "runfile path newline": ({"nvidia_runfile_path": "/tmp/a\nb.run"}, ["nvidia_runfile_path", "newline"]),
+    "runfile path missing": ({"nvidia_runfile_path": "/nonexistent/NVIDIA-Linux-x86_64-580.run"},
+                             ["field 'nvidia_runfile_path'", "no such file on this machine"]),
     "ca certificate newline": ({"ca_certificates": ["/etc/ca\n.crt"]}, ["ca_certificates.0", "newline"]),
     "sglang latest": ({"sglang_version": "latest"},
                       ["field 'sglang_version' = 'latest'", "PEP 440", "not 'latest'"]),
@@ -343,3 +345,9 @@ def test_base_url_brackets_ipv6():
     assert base_url("::1", 30000) == "http://[::1]:30000"
     assert base_url(client_address("::"), 8) == "http://[::1]:8"
     assert client_address("0.0.0.0") == "127.0.0.1"
+
+
+def test_runfile_path_on_this_machine_is_accepted(tmp_path):
+    runfile = tmp_path / "NVIDIA-Linux-x86_64-580.159.04.run"
+    runfile.write_text("#!/bin/sh\n")
+    assert accepted(nvidia_runfile_path=str(runfile)).nvidia_runfile_path == str(runfile)
