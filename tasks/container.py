@@ -245,7 +245,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
     env_file = env_file_path(cs)
     paths.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
     env = paths.put(name=f"Server environment {env_file} (secrets, mode 0600)",
-                     src=StringIO(server.env), dest=env_file, mode="600")
+                     src=StringIO(server.env), dest=env_file, mode="600", secret=True)
     if cs.model_download:
         stack.model_download(name=f"Model {cs.model_download} in {cs.model_path}", python=py,
                              repo=cs.model_download, revision=cs.model_revision,
@@ -258,7 +258,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
         "changed)",
         unit=unit,
         start=start,
-        restart=any_changed(unit_file, env, *stack_ops),
+        restart=any_changed(unit_file, env, *stack_ops, restarts=unit),
     )
     if not start:
         logger.warning(f"{host.name}: {unit} not started: the SGLang server needs a GPU")

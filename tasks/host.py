@@ -181,7 +181,8 @@ def pve_container(
                 owned=owned_by_gpu_passthrough(gpu.majors),
             )
         )
-    pct.power(name=f"Container {vmid} running", vmid=vmid, restart=any_changed(*needs_restart))
+    pct.power(name=f"Container {vmid} running", vmid=vmid,
+              restart=any_changed(*needs_restart, restarts=f"container {vmid} (pct reboot)"))
 
 
 def lxc_container(
@@ -203,4 +204,4 @@ def lxc_container(
         owned=lambda line: any(owner(line) for owner in owners),
     )
     lxc.power(name=f"Container {name} running", container=name, lxc_path=hs.lxc_path,
-              restart=any_changed(config))
+              restart=any_changed(config, restarts=f"container {name} (lxc-stop, lxc-start)"))

@@ -76,11 +76,13 @@ def plan_deploy(
     hosts: list[tuple[str, dict[str, Any]]],
     responses: dict[str | re.Pattern, Any],
     groups: dict[str, list[str]] | None = None,
+    config: Config | None = None,
 ) -> dict[str, list[tuple[str, list[str]]]]:
     """Prepare a deploy on ``@fake`` hosts and list each operation's commands per host.
 
     ``responses`` maps a command substring (or compiled regex) to its recorded output, as the
     ``@fake`` connector's ``fake_responses``; unmatched commands succeed with no output.
+    ``config``: pyinfra's run config (``Config(DIFF=True)`` is ``--diff``).
     """
     names = [f"@fake/{name}" for name, _ in hosts]
     host_data = {
@@ -92,7 +94,7 @@ def plan_deploy(
         for group, members in (groups or {}).items()
     }
     inventory = Inventory(([(name, host_data[name]) for name in names], {}), **group_args)
-    state = State(inventory, Config())
+    state = State(inventory, config or Config())
     connect_all(state)
     for host in inventory:
         add_deploy(state, deploy_fn, host=host)

@@ -3,21 +3,51 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from weakref import WeakKeyDictionary
 
-from pyinfra import context
+from pyinfra import context, logger
 from pyinfra.api.operation import OperationMeta
 
+_REASONS_LOGGED: WeakKeyDictionary = WeakKeyDictionary()
 
-def any_changed(*metas: OperationMeta) -> Callable[[], bool]:
+
+def operation_name(meta: OperationMeta) -> str:
+    """The name an operation was given (``name=``), without the deploy's ``Deploy | `` prefix."""
+    names = context.state.get_op_meta(meta._hash).names if getattr(meta, "_hash", None) else ()
+    return ", ".join(sorted(name.rsplit(" | ", 1)[-1] for name in names)) or "an operation"
+
+
+def restart_reason(restarts: str, changed: list[OperationMeta], planned: bool) -> str:
+    """``WHAT will restart because: op A changes, op B changes`` (``restarts because`` and
+    ``changed`` once they ran)."""
+    verb, change = ("will restart", "changes") if planned else ("restarts", "changed")
+    return f"{restarts} {verb} because: " + ", ".join(
+        f"{operation_name(meta)} {change}" for meta in changed
+    )
+
+
+def any_changed(*metas: OperationMeta, restarts: str | None = None) -> Callable[[], bool]:
     """A callable for operations that act only after others changed something.
 
     pyinfra's own ``any_changed`` may only be asked after execution; at prepare time (``--dry``)
     this answers from what each operation plans to do, so the plan shows the restart too.
+    RESTARTS names what a yes restarts (``sglang.service``, ``container 105``): the answer is
+    then logged once per host with the operations that cause it, in the plan, or at execution
+    when the plan skipped change detection (``-y``), so a user about to reload a model sees
+    exactly why.
     """
 
     def check() -> bool:
-        if context.state.is_executing:
-            return any(meta.is_complete() and meta.did_change() for meta in metas)
-        return any(meta.will_change for meta in metas)
+        planned = not context.state.is_executing
+        if planned:
+            changed = [meta for meta in metas if meta.will_change]
+        else:
+            changed = [meta for meta in metas if meta.is_complete() and meta.did_change()]
+        if changed and restarts:
+            logged = _REASONS_LOGGED.setdefault(context.state, set())
+            if (context.host.name, restarts) not in logged:
+                logged.add((context.host.name, restarts))
+                logger.warning(f"{context.host.name}: {restart_reason(restarts, changed, planned)}")
+        return bool(changed)
 
     return check

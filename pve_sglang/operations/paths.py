@@ -8,20 +8,28 @@ operation that changes a path forgets it, so the next one reads it again.
 
 from __future__ import annotations
 
+import difflib
 import posixpath
-import shlex
+import re
+from collections.abc import Iterator
 from typing import IO
 from weakref import WeakKeyDictionary
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, OperationError, operation
-from pyinfra.api.util import get_file_sha1
+from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.output import format_text
+from pyinfra.api.util import get_file_io, get_file_sha1
+from pyinfra.facts.files import FileContents
 
 from ..facts.container import PathStates
 from .memo import forget as forget_memo
 from .memo import memo
 
 _WATCHED: WeakKeyDictionary = WeakKeyDictionary()
+_DIFFS_SHOWN: WeakKeyDictionary = WeakKeyDictionary()
+SECRET_MASK = "<secret>"
+_ENV_KEY = re.compile(r"\s*(export\s+)?[A-Za-z_][A-Za-z0-9_]*")
 
 
 def watch(*paths: str) -> None:
@@ -48,26 +56,124 @@ def _mode(mode: str) -> str:
     return mode.lstrip("0").rjust(3, "0")
 
 
+def mask_secret(line: str) -> str:
+    """LINE of a secret file as it may be shown: ``KEY=<secret>``; comments and blank lines
+    as they are, any other line wholly masked."""
+    text = line.rstrip("\r\n")
+    if not text.strip() or text.lstrip().startswith("#"):
+        return text
+    key, sep, _ = text.partition("=")
+    return f"{key}={SECRET_MASK}" if sep and _ENV_KEY.fullmatch(key) else SECRET_MASK
+
+
+def diff_wanted() -> bool:
+    """``--diff`` is on, and no diff was shown for this operation yet: at prepare time, or at
+    execution when the plan skipped change detection (``-y``), as files.put shows it."""
+    if not host.state.config.DIFF:
+        return False
+    key = (host.name, host.current_op_hash)
+    return key not in _DIFFS_SHOWN.get(host.state, set())
+
+
+def color_diff(current: list[str], desired: list[str], secret: bool = False) -> Iterator[str]:
+    """The unified diff pyinfra's files.put prints (``generate_color_diff``), with each line
+    passed through ``mask_secret`` when SECRET: the diff is of the real lines, so a changed
+    value shows as a changed line without its value."""
+    def show(line: str) -> str:
+        return mask_secret(line) if secret else line.rstrip()
+
+    def span(start: int, stop: int) -> str:
+        length = stop - start
+        if length == 1:
+            return f"{start + 1}"
+        return f"{start if not length else start + 1},{length}"
+
+    for group in difflib.SequenceMatcher(None, current, desired).get_grouped_opcodes(2):
+        first, last = group[0], group[-1]
+        yield f"@@ -{span(first[1], last[2])} +{span(first[3], last[4])} @@"
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                yield from ("  " + show(line) for line in current[i1:i2])
+                continue
+            if tag in {"replace", "delete"}:
+                yield from (format_text("- " + show(line), "red") for line in current[i1:i2])
+            if tag in {"replace", "insert"}:
+                yield from (format_text("+ " + show(line), "green") for line in desired[j1:j2])
+
+
+def show_diff(dest: str, current: list[str] | None, desired: list[str] | None,
+              secret: bool = False) -> None:
+    """Log, once per operation, what writing DEST changes, as files.put does with --diff:
+    CURRENT is None for a new file, DESIRED None for binary content."""
+    shown = _DIFFS_SHOWN.setdefault(host.state, set())
+    key = (host.name, host.current_op_hash)
+    if key in shown:
+        return
+    shown.add(key)
+    host.log(f"Will {'create' if current is None else 'modify'} {format_text(dest, bold=True)}",
+             logger.info)
+    if desired is None:
+        logger.info("Binary file uploaded")
+    else:
+        for line in color_diff(current or [], desired, secret):
+            logger.info("  %s", line)
+    logger.info("")
+
+
+def _local_lines(src: str | IO) -> list[str] | None:
+    try:
+        with get_file_io(src, "r") as f:
+            return f.readlines()
+    except UnicodeDecodeError:
+        return None
+
+
+def _remote_lines(dest: str, secret: bool) -> list[str]:
+    """DEST's lines, for the diff. A secret file is read with pyinfra's printing of fact
+    output (``-vvv``) off for that one read: its values reach this process, never the log."""
+    state = host.state
+    printing = getattr(state, "print_fact_output", False)
+    if secret:
+        state.print_fact_output = False
+    try:
+        content = host.get_fact(FileContents, path=dest)
+    finally:
+        if secret:
+            state.print_fact_output = printing
+    return [line + "\n" for line in content or []]
+
+
 @operation()
-def put(src: str | IO, dest: str, mode: str):
+def put(src: str | IO, dest: str, mode: str, secret: bool = False):
     """
     Upload SRC (a local path or a file-like object) to DEST with MODE when DEST is missing or
     its content differs, and set MODE when only that differs. A new file is created with MODE
     before its content arrives, so a secret is never readable by others, even briefly.
+
+    With ``--diff`` the plan shows the change as ``files.put`` does; DEST is read for it only
+    then, and only when it changes. SECRET (an env file of tokens): every value is masked.
     """
     remote = state(dest)
     if hasattr(src, "seek"):
         src.seek(0)
     same = remote is not None and remote["sha1"] == get_file_sha1(src)
-    target = shlex.quote(dest)
+    target = QuoteString(dest)
+    if not same and diff_wanted():
+        current = None if remote is None else _remote_lines(dest, secret)
+        show_diff(dest, current, _local_lines(src), secret)
+    elif same and remote["mode"] != _mode(mode) and diff_wanted():
+        _DIFFS_SHOWN.setdefault(host.state, set()).add((host.name, host.current_op_hash))
+        logger.info("mode %s", format_text(remote["mode"], "red"))
+        logger.info("mode %s", format_text(_mode(mode), "green"))
     if remote is None:
-        directory = shlex.quote(posixpath.dirname(dest) or "/")
-        yield f"mkdir -p {directory} && install -m {mode} /dev/null {target}"
+        directory = QuoteString(posixpath.dirname(dest) or "/")
+        yield StringCommand("mkdir", "-p", directory, "&&", "install", "-m", QuoteString(mode),
+                            "/dev/null", target)
     if not same:
         yield FileUploadCommand(src, dest, remote_temp_filename=host.get_temp_filename(dest))
-        yield f"chmod {mode} {target}"
+        yield StringCommand("chmod", QuoteString(mode), target)
     elif remote["mode"] != _mode(mode):
-        yield f"chmod {mode} {target}"
+        yield StringCommand("chmod", QuoteString(mode), target)
     else:
         host.noop(f"{dest} is up to date")
         return
@@ -78,13 +184,13 @@ def put(src: str | IO, dest: str, mode: str):
 def directory(path: str, mode: str):
     """A directory at PATH with MODE (parents created as needed)."""
     current = state(path)
-    target = shlex.quote(path)
+    target = QuoteString(path)
     if current is None:
-        yield f"mkdir -p {target} && chmod {mode} {target}"
+        yield StringCommand("mkdir", "-p", target, "&&", "chmod", QuoteString(mode), target)
     elif current["type"] != "dir":
         raise OperationError(f"{path} exists and is not a directory")
     elif current["mode"] != _mode(mode):
-        yield f"chmod {mode} {target}"
+        yield StringCommand("chmod", QuoteString(mode), target)
     else:
         host.noop(f"{path} exists")
         return
