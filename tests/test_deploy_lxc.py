@@ -35,15 +35,16 @@ NO_GPU_DROPIN = "[Service]\nExecStartPre=\nExecStart=\nExecStart=/bin/sleep infi
 class Deploy:
     """A hosts file for one local LXC container, and the pyinfra CLI run against it."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, name: str = NAME):
         self.root = root
+        self.name = name
         self.lxc_path = root / "lxc"
         self.wheelhouse = root / "wheelhouse"
         self.lxc_path.mkdir(parents=True)
         self.wheelhouse.mkdir()
         shutil.copy(wheel("0.5.9"), self.wheelhouse)
         self.container: dict = {
-            "name": NAME,
+            "name": name,
             "wheelhouse": "/opt/wheelhouse",
             "stack_install": "sglang-no-deps",
             "ca_certificates": [str(lxc_env.HOST_CA_DIR / "*.crt")],
@@ -67,14 +68,17 @@ class Deploy:
         }
         self.hosts_file.write_text(yaml.safe_dump(hosts))
 
-    def run_cli(self, *args: str) -> subprocess.CompletedProcess:
-        """Run the deploy through pyinfra's CLI against the hosts file."""
+    def cli(self, *args: str) -> tuple[list[str], dict]:
+        """The pyinfra command line and environment of a deploy against the hosts file."""
         self.write_hosts()
         env = {**os.environ, "PVE_SGLANG_HOSTS": str(self.hosts_file)}
-        return subprocess.run(
-            [str(PYINFRA), "inventory.py", "deploy.py", "-y", "--json", *args],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
-        )
+        return [str(PYINFRA), "inventory.py", "deploy.py", "-y", "--json", *args], env
+
+    def run_cli(self, *args: str) -> subprocess.CompletedProcess:
+        """Run the deploy through pyinfra's CLI against the hosts file."""
+        command, env = self.cli(*args)
+        return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=900)
 
     def run(self, *args: str) -> tuple[dict, str]:
         """Run the deploy, which must succeed; returns pyinfra's JSON results and its log."""
@@ -84,7 +88,7 @@ class Deploy:
 
     def attach(self, command: str, check: bool = True) -> str:
         done = subprocess.run(
-            ["lxc-attach", "-P", str(self.lxc_path), "-n", NAME, "--clear-env",
+            ["lxc-attach", "-P", str(self.lxc_path), "-n", self.name, "--clear-env",
              "-v", f"PATH={lxc_env.CONTAINER_PATH}", "--", "sh", "-c", command],
             capture_output=True, text=True, timeout=120,
         )
@@ -93,8 +97,10 @@ class Deploy:
         return done.stdout.strip()
 
     def destroy(self) -> None:
-        subprocess.run(["lxc-stop", "-P", str(self.lxc_path), "-n", NAME, "-k"], capture_output=True)
-        subprocess.run(["lxc-destroy", "-P", str(self.lxc_path), "-n", NAME], capture_output=True)
+        subprocess.run(["lxc-stop", "-P", str(self.lxc_path), "-n", self.name, "-k"],
+                       capture_output=True)
+        subprocess.run(["lxc-destroy", "-P", str(self.lxc_path), "-n", self.name],
+                       capture_output=True)
 
 
 def changed(results: dict) -> list[str]:

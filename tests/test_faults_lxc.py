@@ -1,0 +1,422 @@
+"""Faults, in real LXC containers with systemd, through the real pyinfra CLI (as
+tests/test_deploy_lxc.py), and one on a GPU host's recorded outputs.
+
++ The deploy killed with SIGKILL in the middle of the stack install (``uv pip install``) and in
+  the middle of the unit write: the next run completes and ends in the state of a run that was
+  never killed; the run after it changes nothing.
++ A server process that exits 1 is restarted by systemd (the deploy's own rendered unit).
++ A host driver upgrade moves the container's user-space driver (recorded H200 outputs).
+
+How the kill is modelled: the deploying machine dies, so pyinfra and everything it started get
+SIGKILL at once (its process group). On this machine the container is local and reached with
+``lxc-attach`` without a terminal: the command inside stays in pyinfra's process group and dies
+with it (each test records whether anything of the killed command outlived the kill, and kills
+it if so). Over SSH (``pct exec`` on a Proxmox host) the command inside would instead run on
+until it writes to the closed connection, which can only finish more of the step; dying
+mid-step, as here, is the harder case. To make the kill land inside the step every time, the
+step is frozen (SIGSTOP) at the point of interest: the uv process once some of the sglang
+wheel's files are in place, or the ``cat`` that writes the unit (a stand-in for the container's
+``cat``, for that one file) once it wrote part or all of the bytes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import lxc_env
+from harness import plan_deploy
+from test_deploy_lxc import NO_GPU_DROPIN, REPO, UNIT, Deploy, changed, failed
+
+SITE = "/opt/sglang/venv/lib/python3.11/site-packages"
+SERVICE = "sglang.service"
+RESTART_OP = (f"GPU container | {SERVICE} enabled and running (restarted only when its unit, "
+              "env, stack or patch changed)")
+STOPS = f"journalctl -u {SERVICE} --no-pager -o cat | grep -c '^Stopping' || true"
+# What a finished deploy leaves in the container, as text to compare between two containers:
+# the deploy's files, the unit's state, and every file and link of the venv (no bytecode;
+# uv's cache record holds times, so it and its line in RECORD are left out).
+DIGEST = (
+    f"sha1sum {UNIT} /etc/sglang/sglang.env /opt/sglang/autotune_patch.py "
+    f"/opt/sglang/sglang_flags.py; systemctl is-enabled {SERVICE}; "
+    "systemctl show -p NeedDaemonReload sglang.service; cd /opt/sglang/venv && "
+    "find . -name __pycache__ -prune -o -type f ! -name uv_cache.json ! -name RECORD -print0 "
+    "| sort -z | xargs -0 sha1sum && "
+    "find . -name __pycache__ -prune -o -type l -printf '%p -> %l\\n' | sort && "
+    "cat lib/python3*/site-packages/*.dist-info/RECORD | grep -v uv_cache.json | sort | sha1sum"
+)
+# The files of the sglang wheel that its RECORD lists and that are missing or differ (the
+# autotune patch changes one on purpose).
+RECORD_CHECK = r"""
+import base64, csv, glob, hashlib, os, sys
+site = sys.argv[1]
+[record] = glob.glob(os.path.join(site, "sglang-*.dist-info", "RECORD"))
+bad = []
+for path, digest, _ in csv.reader(open(record)):
+    if not digest:
+        continue
+    full = os.path.join(site, path)
+    algo, _, want = digest.partition("=")
+    try:
+        got = base64.urlsafe_b64encode(hashlib.new(algo, open(full, "rb").read()).digest())
+    except FileNotFoundError:
+        bad.append(path)
+        continue
+    if got.rstrip(b"=").decode() != want:
+        bad.append(path)
+print(" ".join(bad))
+"""
+
+
+def log(message: str) -> None:
+    print(f"[faults] {message}", flush=True)
+
+
+def processes() -> dict[int, list[str]]:
+    """Every process of this machine (containers' too) and its argv."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            found[int(entry)] = [a.decode(errors="replace") for a in argv if a]
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running or stopped, not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class KilledDeploy:
+    """A deploy started in its own process group, to be killed there like a crashed machine."""
+
+    def __init__(self, deploy: Deploy):
+        command, env = deploy.cli()
+        self.log_path = deploy.root / f"killed-{time.monotonic_ns()}.log"
+        self.proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                     stderr=open(self.log_path, "w"), start_new_session=True)
+        self.started = time.monotonic()
+
+    def wait_for(self, found, what: str, timeout: float = 600):
+        """Poll FOUND() every few milliseconds until it returns something; that thing."""
+        while time.monotonic() - self.started < timeout:
+            result = found()
+            if result:
+                return result
+            if self.proc.poll() is not None:
+                pytest.fail(f"the deploy ended ({self.proc.returncode}) before {what}:\n"
+                            f"{self.log_path.read_text()[-3000:]}")
+            time.sleep(0.005)
+        pytest.fail(f"no {what} after {timeout}s")
+
+    def kill(self, inside: list[int]) -> list[int]:
+        """SIGKILL the deploy's process group; then the in-container PIDs that outlived it
+        (returned), as the container's own processes are not always in that group."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        time.sleep(0.5)
+        survivors = [pid for pid in inside if alive(pid)]
+        for pid in survivors:
+            os.kill(pid, signal.SIGKILL)
+        log(f"killed after {time.monotonic() - self.started:.1f}s; in-container processes "
+            f"that outlived the process group: {survivors or 'none'}")
+        return survivors
+
+
+def digest(deploy: Deploy) -> str:
+    return deploy.attach(DIGEST)
+
+
+def assert_same_state(deploy: Deploy, reference: Deploy) -> None:
+    mine, theirs = digest(deploy), digest(reference)
+    assert mine == theirs, "\n".join(difflib.unified_diff(
+        theirs.splitlines(), mine.splitlines(), "never killed", "killed, then re-run",
+        lineterm="", n=0))
+
+
+def converge(deploy: Deploy) -> tuple[int, list[list[str]]]:
+    """Run until a run changes nothing (at most 3 runs); the runs and each run's changes."""
+    runs: list[list[str]] = []
+    while not runs or runs[-1]:
+        assert len(runs) < 3, f"no convergence: {runs}"
+        started = time.monotonic()
+        results, _ = deploy.run()
+        runs.append(changed(results))
+        assert failed(results) == []
+        log(f"run {len(runs) + 1} after the kill: {len(runs[-1])} changes, "
+            f"{time.monotonic() - started:.1f}s")
+    return len(runs), runs
+
+
+def new_deploy(tmp_path_factory, name: str) -> Deploy:
+    missing = lxc_env.missing_requirements()
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
+    return Deploy(tmp_path_factory.mktemp(name), name=name)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """A container deployed once, never killed: the state a killed deploy must end in."""
+    deploy = new_deploy(tmp_path_factory, "pvs-f-ref")
+    started = time.monotonic()
+    deploy.run()
+    log(f"reference deploy (never killed): {time.monotonic() - started:.1f}s")
+    yield deploy
+    deploy.destroy()
+
+
+# The stack install
+#
+
+
+def test_killed_during_the_stack_install_converges_on_the_next_run(tmp_path_factory, reference):
+    deploy = new_deploy(tmp_path_factory, "pvs-f-stack")
+    try:
+        killed = KilledDeploy(deploy)
+
+        def uv_install() -> int | None:
+            for pid, argv in processes().items():
+                if argv and argv[0].endswith("/uv") and argv[1:3] == ["pip", "install"]:
+                    return pid
+            return None
+
+        uv = killed.wait_for(uv_install, "uv pip install")
+        os.kill(uv, signal.SIGSTOP)
+        site = Path(f"/proc/{uv}/root{SITE}")
+
+        def part_installed() -> bool:
+            # Let uv run a few milliseconds at a time until some, not all, files are there.
+            metadata = list(site.glob("sglang-*.dist-info/METADATA"))
+            if metadata and (site / "sglang").is_dir():
+                return True
+            os.kill(uv, signal.SIGCONT)
+            time.sleep(0.003)
+            os.kill(uv, signal.SIGSTOP)
+            return False
+
+        killed.wait_for(part_installed, "part of the sglang wheel in the venv")
+        killed.kill([uv])
+
+        # The fault landed: the version reads right but files are missing.
+        version = deploy.attach(f"sed -n 's/^Version: //p' {SITE}/sglang-*.dist-info/METADATA")
+        check = f"/opt/sglang/venv/bin/python -c '{RECORD_CHECK}' {SITE}"
+        missing = deploy.attach(check).split()
+        log(f"after the kill: sglang METADATA says {version}, {len(missing)} wheel files "
+            "missing or partial")
+        assert version == "0.5.9" and len(missing) > 10
+
+        runs, changes = converge(deploy)
+        assert any("sglang==0.5.9" in name for name in changes[0]), changes
+        assert deploy.attach(check) == reference.attach(check)
+        assert_same_state(deploy, reference)
+        log(f"stack install kill: {runs} runs to converge, changes per run "
+            f"{[len(c) for c in changes]}")
+        assert runs == 2 and changes[-1] == []
+    finally:
+        deploy.destroy()
+
+
+# The unit write
+#
+
+# Stands in for the container's cat for the unit only (the connector writes files with
+# `cat > DEST`): writes some or all of the bytes, says so, then hangs like a lost connection.
+CAT_FAULT = """#!/bin/sh
+if [ "$(readlink /proc/$$/fd/1)" = {unit} ]; then
+  {copy}
+  touch /run/pvs-fault-hit
+  exec sleep 600
+fi
+exec /usr/bin/cat "$@"
+"""
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory):
+    """A deployed container whose server runs (a drop-in replaces only ExecStart: no GPU)."""
+    deploy = new_deploy(tmp_path_factory, "pvs-f-unit")
+    deploy.run()
+    deploy.attach(f"mkdir -p /etc/systemd/system/{SERVICE}.d && printf '%s' '{NO_GPU_DROPIN}' > "
+                  f"/etc/systemd/system/{SERVICE}.d/no-gpu.conf && systemctl daemon-reload && "
+                  f"systemctl start {SERVICE}")
+    yield deploy
+    deploy.destroy()
+
+
+@pytest.mark.parametrize("written, fraction", [("half", 0.85), ("all", 0.8)])
+def test_killed_during_the_unit_write_converges_on_the_next_run(serving, written, fraction):
+    deploy = serving
+    before = deploy.attach(f"cat {UNIT}")
+    old = before.split("--mem-fraction-static ", 1)[1].split()[0]
+    expected = before.replace(f"--mem-fraction-static {old}", f"--mem-fraction-static {fraction}")
+    pid = deploy.attach(f"systemctl show -p MainPID --value {SERVICE}")
+    stops = int(deploy.attach(STOPS))
+    copy = f"head -c {len(expected) // 2}" if written == "half" else "/usr/bin/cat"
+    deploy.attach(f"cat > /usr/local/bin/cat <<'EOF'\n{CAT_FAULT.format(unit=UNIT, copy=copy)}"
+                  "EOF\nchmod 755 /usr/local/bin/cat && rm -f /run/pvs-fault-hit")
+    deploy.container["mem_fraction_static"] = fraction
+    try:
+        killed = KilledDeploy(deploy)
+        init = subprocess.run(["lxc-info", "-P", str(deploy.lxc_path), "-n", deploy.name, "-p",
+                               "-H"], capture_output=True, text=True, check=True).stdout.strip()
+        root = Path(f"/proc/{init}/root")
+
+        def writer() -> list[int]:
+            if not (root / "run/pvs-fault-hit").exists():
+                return []
+            return [pid for pid, argv in processes().items() if argv[:2] == ["sleep", "600"]]
+
+        hung = killed.wait_for(writer, "the unit write", timeout=300)
+        killed.kill(hung)
+    finally:
+        deploy.attach("rm -f /usr/local/bin/cat /run/pvs-fault-hit")
+
+    on_disk = deploy.attach(f"cat {UNIT}")
+    assert on_disk == (expected[: len(expected) // 2] if written == "half" else expected).strip()
+    assert deploy.attach(f"systemctl show -p MainPID --value {SERVICE}") == pid
+
+    runs, changes = converge(deploy)
+    log(f"unit write kill ({written} written): {runs} runs to converge, changes per run "
+        f"{[len(c) for c in changes]}")
+    # As a run that was never killed: the new unit loaded, the server restarted once.
+    assert deploy.attach(f"cat {UNIT}") == expected.strip()
+    assert deploy.attach(f"systemctl show -p NeedDaemonReload --value {SERVICE}") == "no"
+    assert int(deploy.attach(STOPS)) == stops + 1
+    assert deploy.attach(f"systemctl show -p MainPID --value {SERVICE}") not in ("0", pid)
+    assert RESTART_OP in changes[0]
+    assert runs == 2 and changes[-1] == []
+
+
+# The server process
+#
+
+
+def test_server_process_exiting_1_is_restarted_by_systemd(reference):
+    """The deploy's own unit, started as is: without a GPU (and sglang installed without its
+    dependencies) the real ``python -m sglang.launch_server`` exits 1 at import."""
+    deploy = reference
+    assert "Restart=on-failure" in deploy.attach(f"cat {UNIT}")
+    deploy.attach(f"systemctl start {SERVICE}")
+    try:
+        started = time.monotonic()
+        restarts = 0
+        while restarts < 2:
+            assert time.monotonic() - started < 120, "systemd did not restart the server twice"
+            time.sleep(1)
+            restarts = int(deploy.attach(f"systemctl show -p NRestarts --value {SERVICE}"))
+        journal = deploy.attach(f"journalctl -u {SERVICE} --no-pager -o cat")
+        log(f"NRestarts {restarts} after {time.monotonic() - started:.0f}s")
+    finally:
+        deploy.attach(f"systemctl stop {SERVICE}")
+    assert "Main process exited, code=exited, status=1/FAILURE" in journal, journal[-2000:]
+    assert "Scheduled restart job, restart counter is at 2" in journal, journal[-2000:]
+
+
+# A host driver upgrade (recorded outputs)
+#
+
+
+def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_facts():
+    """The H200 machine's recorded driver (580.159.04) is the host's new version; the container
+    was converged on an older one (570.133.20): the plan downloads and installs the new
+    runfile and restarts the server, and nothing else. With the container on the host's
+    version the same plan changes nothing (the control)."""
+    from pve_sglang.facts.container import (
+        NvidiaUserspaceVersion,
+        PathStates,
+        SglangVenv,
+        UnitState,
+        UvVersion,
+    )
+    from pve_sglang.settings import load_defaults
+    from tasks.container import container_phase
+    from test_host_phase_recorded import gpu_host_responses
+
+    defaults = load_defaults()
+    host_version = "580.159.04"
+    runfile = f"/var/cache/pve-sglang/NVIDIA-Linux-x86_64-{host_version}.run"
+    data = {**defaults, "pct_vmid": 105, "pve_host": "@fake/pve1", "platform": "pve"}
+
+    def plan(responses: dict) -> list[tuple[str, list[str]]]:
+        responses = dict(sorted({**gpu_host_responses(), **responses}.items(),
+                                key=lambda item: -len(str(item[0]))))
+        return plan_deploy(container_phase, hosts=[("pve1", {**defaults}), ("ct105", data)],
+                           responses=responses,
+                           groups={"pve_hosts": ["pve1"], "gpu_containers": ["ct105"]})["ct105"]
+
+    # A fresh container's plan tells what every managed file must hold.
+    fresh = plan({})
+    uploads: dict[str, str] = {}
+    for _, commands in fresh:
+        for command in commands:
+            if command.startswith("upload "):
+                dest, _, body = command.removeprefix("upload ").partition("\n")
+                if body.startswith("<file "):
+                    body = Path(body.removeprefix("<file ").rstrip(">")).read_text()
+                uploads[dest] = body
+    assert f"/etc/systemd/system/{SERVICE}" in uploads
+
+    def converged(libcuda: str) -> dict:
+        import hashlib
+
+        modes = {"/etc/sglang/sglang.env": "600"}
+        lines = [f"{dest}|file|{modes.get(dest, '644')}|{hashlib.sha1(body.encode()).hexdigest()}"
+                 for dest, body in uploads.items()]
+        lines += [f"{defaults['sglang_cache_dir']}|dir|755|", "/etc/sglang|dir|700|",
+                  f"{defaults['venv_path']}/pyvenv.cfg|file|644|0"]
+        pins = {"sglang": defaults["sglang_version"], "torch": defaults["torch_version"],
+                "flashinfer_python": defaults["flashinfer_version"]}
+        debs = ["ca-certificates", "curl", "python3", "python3-venv", "g++", "make",
+                f"cuda-toolkit-{defaults['cuda_toolkit_version'].replace('.', '-')}"]
+        py = f"{defaults['venv_path']}/bin/python"
+        return {
+            NvidiaUserspaceVersion().command(): f"libcuda.so\nlibcuda.so.1\nlibcuda.so.{libcuda}\n",
+            # One read of every watched path: answer any PathStates command with all of them.
+            'if [ -f "$p" ]; then printf': "\n".join(lines),
+            # The runfile of the host's version is kept once downloaded (files.download).
+            **({f"test -e {runfile}": f"user=root group=root mode=-rwxr-xr-x atime=0 mtime=0 "
+                                      f"ctime=0 size=1 '{runfile}'"} if libcuda == host_version
+               else {}),
+            SglangVenv().command(py, "/opt/sglang"): json.dumps(
+                {"packages": pins, "patch": "already-patched\n"}),
+            UvVersion().command("/opt/sglang/tools/bin/uv"): f"uv {defaults['uv_version']}",
+            UnitState().command(SERVICE): "ActiveState=active\nUnitFileState=enabled",
+            "dpkg -l": "\n".join(f"ii  {d}  1.0  amd64  x" for d in debs),
+        }
+
+    def changes(ops) -> dict[str, list[str]]:
+        # Left out: the CUDA keyring (read with pyinfra's own file facts, not recorded here:
+        # planned either way, no restart) and the ops whose `_if` (an earlier op changed) the
+        # plan does not evaluate: the keyring install and the daemon reload.
+        skip = ("keyring", "Reload systemd units")
+        return {name: cmds for name, cmds in ops
+                if cmds and not any(word in name for word in skip)}
+
+    same = changes(plan(converged(host_version)))
+    assert same == {}, same
+
+    upgraded = changes(plan(converged("570.133.20")))
+    assert set(upgraded) == {
+        f"GPU container | Download NVIDIA driver runfile {host_version}",
+        f"GPU container | NVIDIA user-space driver {host_version} (the host's version)",
+        RESTART_OP,
+    }, upgraded
+    assert any(host_version in c for c in
+               upgraded[f"GPU container | Download NVIDIA driver runfile {host_version}"])
+    assert upgraded[f"GPU container | NVIDIA user-space driver {host_version} (the host's "
+                    "version)"] == [f"sh {runfile} --no-kernel-modules --silent"]
+    assert upgraded[RESTART_OP] == [f"systemctl restart {SERVICE}"]
