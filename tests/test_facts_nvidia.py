@@ -255,7 +255,7 @@ def test_gpu_check_parses_recorded_h200_cuda_result():
 
 def test_gpu_check_command_quotes_and_times_out(tmp_path):
     command = GpuCheck().command(python="/opt/venv/bin/python", script="/tmp/x y.py", check="p2p",
-                                 args=("--size-mib", "16"), timeout=30)
+                                 args=("--size-mib", "16"), timeout=30).get_raw_value()
     assert "timeout 30 /opt/venv/bin/python '/tmp/x y.py' p2p --size-mib 16" in command
     fake = fake_bin(tmp_path, "fakepython", stdout="progress\n" + json.dumps({"ok": True}) + "\n")
     done = run_command(GpuCheck().command(python=str(fake), script="s.py"))

@@ -53,7 +53,7 @@ def gpu_host_responses(pve_container: str = "installed 5.2.3") -> dict:
         CgroupVersion().command(): "cgroup2fs",  # Proxmox VE 7+ is pure cgroup2
         VirtualMachineType().command(): "none",
         PveContainerVersion().command(): pve_container,
-        PveamTemplates().command("local"): (PUBLIC / "pve_pveam_list_local_notes-ru.txt").read_text(),
+        PveamTemplates().command("local").get_raw_value(): (PUBLIC / "pve_pveam_list_local_notes-ru.txt").read_text(),
         Which().command("pct").get_raw_value(): "/usr/sbin/pct",
         "id -u": "0",
     }

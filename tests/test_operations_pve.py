@@ -4,6 +4,7 @@ There is no Proxmox host here: the ``pct``/``pveam`` outputs are recorded real o
 public sources (tests/fixtures/public, see its README), parsed by the real fact classes.
 """
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,32 @@ def test_recorded_pveam_list_missing_template_is_downloaded_newest_of_prefix():
                            facts={(PveamTemplates, ("local",)): TEMPLATES})
     assert len(commands) == 1
     assert "pveam available --section system" in commands[0]
-    assert "grep '^ubuntu\\-22\\.04\\-standard'" in commands[0] and "sort -V" in commands[0]
+    assert "P=ubuntu-22.04-standard awk" in commands[0] and "sort -V" in commands[0]
     assert commands[0].endswith('pveam download local "$T"')
+
+
+def test_template_prefix_is_matched_as_text_and_the_newest_is_downloaded(tmp_path):
+    """The command, run by sh against a stand-in pveam: a prefix, not a regex; newest by -V."""
+    pveam = tmp_path / "pveam"
+    pveam.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        "available) printf '%s\\n' 'system  debian-12-standard_12.2-1_amd64.tar.zst' "
+        "'system  debian-12-standard_12.12-1_amd64.tar.zst' 'system  debianx12-standard_13.0-1_amd64.tar.zst';;\n"
+        'download) echo "download $2 $3";;\n'
+        "esac\n"
+    )
+    pveam.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    for prefix, expected in (("debian-12", "download local debian-12-standard_12.12-1_amd64.tar.zst"),
+                             ("debian.12", None)):
+        [command] = op_commands(pct.template, storage="local", template=prefix,
+                                facts={(PveamTemplates, ("local",)): []})
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
+        if expected:
+            assert done.returncode == 0 and done.stdout.strip() == expected
+        else:
+            assert done.returncode == 1 and "no template matching debian.12" in done.stderr
 
 
 def test_exact_template_name_downloads_that_file():

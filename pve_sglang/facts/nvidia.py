@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from typing import TypedDict
 
-from pyinfra.api import FactBase
+from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from pve_sglang.p2p import parse_p2p_matrix, parse_topo_matrix
 
@@ -429,15 +428,13 @@ class GpuCheck(FactBase[dict]):
         check: str = "p2p",
         args: tuple[str, ...] | list[str] = (),
         timeout: int = 600,
-    ) -> str:
+    ) -> StringCommand:
         if check not in _CHECKS:
             raise ValueError(f"gpu_checks.py has no check {check!r}: {sorted(_CHECKS)}")
-        argv = " ".join(shlex.quote(str(arg)) for arg in args)
-        run = f"{shlex.quote(python)} {shlex.quote(script)} {check} {argv}".rstrip()
-        return (
-            f"if command -v timeout >/dev/null 2>&1; then timeout {int(timeout)} {run} 2>&1; "
-            f"else {run} 2>&1; fi; true"
-        )
+        run = StringCommand(QuoteString(python), QuoteString(script), check,
+                            *(QuoteString(str(arg)) for arg in args), "2>&1;")
+        return StringCommand("if command -v timeout >/dev/null 2>&1; then timeout",
+                             str(int(timeout)), run, "else", run, "fi; true")
 
     @staticmethod
     @override

@@ -8,9 +8,8 @@ A container that does not exist is an answer (``None``), not an error: the deplo
 from __future__ import annotations
 
 import re
-import shlex
 
-from pyinfra.api import FactBase
+from pyinfra.api import FactBase, QuoteString, StringCommand
 
 try:
     from typing_extensions import override
@@ -206,10 +205,12 @@ class PveamTemplates(FactBase[list[str]]):
     """
 
     @override
-    def command(self, storage: str = "local") -> str:
+    def command(self, storage: str = "local") -> StringCommand:
         if not _STORAGE_ID.match(storage):
             raise ValueError(f"not a storage id: {storage!r}")
-        return f"if command -v pveam >/dev/null 2>&1; then pveam list {storage}; fi"
+        listing = StringCommand("pveam list", QuoteString(storage))
+        return StringCommand("if command -v pveam >/dev/null 2>&1; then ", listing, "; fi",
+                             _separator="")
 
     @staticmethod
     @override
@@ -221,8 +222,8 @@ class PveamTemplates(FactBase[list[str]]):
         return parse_pveam_list(output)
 
 
-def _lxc_path_args(lxc_path: str | None) -> str:
-    return f" -P {shlex.quote(lxc_path)}" if lxc_path else ""
+def _lxc_path_args(lxc_path: str | None) -> list:
+    return ["-P", QuoteString(lxc_path)] if lxc_path else []
 
 
 def parse_lxc_info_state(lines: list[str]) -> str | None:
@@ -243,12 +244,11 @@ class LxcContainerStatus(FactBase[str | None]):
     """
 
     @override
-    def command(self, container: str, lxc_path: str | None = None) -> str:
+    def command(self, container: str, lxc_path: str | None = None) -> StringCommand:
         # lxc-info prints "NAME doesn't exist" on stderr and exits 1 for a missing container.
-        return (
-            "if command -v lxc-info >/dev/null 2>&1; then "
-            f"lxc-info{_lxc_path_args(lxc_path)} -s -n {shlex.quote(container)} 2>/dev/null || true; "
-            "fi"
+        return StringCommand(
+            "if command -v lxc-info >/dev/null 2>&1; then lxc-info", *_lxc_path_args(lxc_path),
+            "-s -n", QuoteString(container), "2>/dev/null || true; fi",
         )
 
     @override
@@ -277,9 +277,10 @@ class LxcContainerConfig(FactBase["list[tuple[str, str]] | None"]):
     """
 
     @override
-    def command(self, container: str, lxc_path: str = "/var/lib/lxc") -> str:
-        path = shlex.quote(f"{lxc_path.rstrip('/')}/{container}/config")
-        return f"if [ -f {path} ]; then echo '# present'; cat {path}; fi"
+    def command(self, container: str, lxc_path: str = "/var/lib/lxc") -> StringCommand:
+        path = QuoteString(f"{lxc_path.rstrip('/')}/{container}/config")
+        return StringCommand("if [ -f", path, "]; then echo '# present'; cat",
+                             StringCommand(path, ";", _separator=""), "fi")
 
     @override
     def process(self, output: list[str]) -> list[tuple[str, str]] | None:

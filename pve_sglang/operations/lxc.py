@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 
 from pyinfra import host
-from pyinfra.api import operation
+from pyinfra.api import QuoteString, StringCommand, operation
 
 from ..facts.pve import LxcContainerStatus
 
@@ -27,15 +26,17 @@ def create(container: str, lxc_path: str, release: str, rootfs_tarball: str | No
         host.noop(f"container {name} exists")
         return
     base = f"{lxc_path.rstrip('/')}/{name}"
-    p, n = shlex.quote(lxc_path), shlex.quote(name)
+    where = ["-P", QuoteString(lxc_path), "-n", QuoteString(name)]
     # The deploy reaches the container through lxc-attach; an sshd in a container that shares
     # the host's network (the default lxc_config) would listen on the host's port 22.
-    mask_ssh = " && ".join(
-        f"ln -sf /dev/null {shlex.quote(base)}/rootfs/etc/systemd/system/{unit}"
+    service, socket = (
+        StringCommand("ln -sf /dev/null", QuoteString(f"{base}/rootfs/etc/systemd/system/{unit}"))
         for unit in ("ssh.service", "ssh.socket")
     )
+    mask_ssh = StringCommand(service, "&&", socket)
     if rootfs_tarball is None:
-        yield f"lxc-create -P {p} -n {n} -t debian -- -r {shlex.quote(release)} && {mask_ssh}"
+        yield StringCommand("lxc-create", *where, "-t debian -- -r", QuoteString(release),
+                            "&&", mask_ssh)
         return
     # The config the debian template would write; the deploy's own lines are added after.
     config = [
@@ -44,10 +45,12 @@ def create(container: str, lxc_path: str, release: str, rootfs_tarball: str | No
         f"lxc.uts.name = {name}",
         f"lxc.rootfs.path = dir:{base}/rootfs",
     ]
-    yield (
-        f"mkdir -p {shlex.quote(base)}/rootfs && "
-        f"tar -xpf {shlex.quote(rootfs_tarball)} -C {shlex.quote(base)}/rootfs && {mask_ssh} && "
-        f"printf '%s\\n' {' '.join(shlex.quote(line) for line in config)} > {shlex.quote(base)}/config"
+    yield StringCommand(
+        "mkdir -p", QuoteString(f"{base}/rootfs"),
+        "&& tar -xpf", QuoteString(rootfs_tarball), "-C", QuoteString(f"{base}/rootfs"),
+        "&&", mask_ssh,
+        "&& printf '%s\\n'", *(QuoteString(line) for line in config),
+        ">", QuoteString(f"{base}/config"),
     )
 
 
@@ -56,11 +59,11 @@ def power(container: str, lxc_path: str, restart: Callable[[], bool]):
     """Start container CONTAINER when it is not running; restart it once when RESTART says so."""
     name = container
     status = host.get_fact(LxcContainerStatus, container=name, lxc_path=lxc_path)
-    p, n = shlex.quote(lxc_path), shlex.quote(name)
-    start = f"lxc-start -P {p} -n {n} && lxc-wait -P {p} -n {n} -s RUNNING -t 60"
+    where = ["-P", QuoteString(lxc_path), "-n", QuoteString(name)]
+    start = StringCommand("lxc-start", *where, "&& lxc-wait", *where, "-s RUNNING -t 60")
     if status != "RUNNING":
         yield start
     elif restart():
-        yield f"lxc-stop -P {p} -n {n} -t 120 && {start}"
+        yield StringCommand("lxc-stop", *where, "-t 120 &&", start)
     else:
         host.noop(f"container {name} is running")

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Callable
 
 from pyinfra import host, logger
-from pyinfra.api import operation
+from pyinfra.api import QuoteString, StringCommand, operation
 
 from ..facts.pve import PctConfig, PctStatus, PveamTemplates
 
@@ -39,15 +38,17 @@ def template(storage: str, template: str):
         host.noop(f"template {present} is present")
         return
     if template.endswith(TEMPLATE_SUFFIXES):
-        yield f"pveam update && pveam download {shlex.quote(storage)} {shlex.quote(template)}"
+        yield StringCommand("pveam update && pveam download", QuoteString(storage),
+                            QuoteString(template))
         return
-    # The newest system template with this prefix, as pveam lists them today.
-    yield (
-        "pveam update >/dev/null && "
-        "T=$(pveam available --section system | awk '{print $2}' | "
-        f"grep '^{re.escape(template)}' | sort -V | tail -n 1) && "
-        f'[ -n "$T" ] || {{ echo "no template matching {template} in pveam available" >&2; exit 1; }}; '
-        f'pveam download {shlex.quote(storage)} "$T"'
+    # The newest system template with this prefix, as pveam lists them today. The prefix is
+    # compared as text (awk's index, from the environment: no regex, no escapes).
+    yield StringCommand(
+        "pveam update >/dev/null && T=$(pveam available --section system |",
+        StringCommand("P=", QuoteString(template), _separator=""),
+        "awk 'index($2, ENVIRON[\"P\"]) == 1 {print $2}' | sort -V | tail -n 1) && [ -n \"$T\" ] ||",
+        "{ printf '%s\\n'", QuoteString(f"no template matching {template} in pveam available"),
+        ">&2; exit 1; }; pveam download", QuoteString(storage), '"$T"',
     )
 
 
@@ -86,11 +87,9 @@ def create(
         return
     volid = find_template(host.get_fact(PveamTemplates, storage=storage), storage, template)
     volid = volid or f"{storage}:vztmpl/{template}"
-    args = [f"--{key} {shlex.quote(str(value))}" for key, value in options.items()]
-    yield " ".join(
-        ["pct create", str(vmid), shlex.quote(volid), *args,
-         f"--unprivileged {int(unprivileged)}", "--start 0"]
-    )
+    args = [bit for key, value in options.items() for bit in (f"--{key}", QuoteString(str(value)))]
+    yield StringCommand("pct create", str(int(vmid)), QuoteString(volid), *args,
+                        f"--unprivileged {int(unprivileged)}", "--start 0")
 
 
 def _differs(desired: str, current: str | None) -> bool:
@@ -138,10 +137,10 @@ def config(
     if not changes and not deletes:
         host.noop(f"container {vmid} config is up to date")
         return
-    args = [f"--{key} {shlex.quote(value)}" for key, value in changes.items()]
+    args = [bit for key, value in changes.items() for bit in (f"--{key}", QuoteString(value))]
     if deletes:
         args.append(f"--delete {','.join(deletes)}")
-    yield f"pct set {vmid} {' '.join(args)}"
+    yield StringCommand("pct set", str(int(vmid)), *args)
 
 
 @operation()
@@ -155,7 +154,7 @@ def rootfs_size(vmid: int, size_gib: int):
     scale = {"K": 1 / 1024**2, "M": 1 / 1024, "G": 1, "T": 1024}[match.group(2)]
     have = float(match.group(1)) * scale
     if have < size_gib:
-        yield f"pct resize {vmid} rootfs {size_gib}G"
+        yield StringCommand("pct resize", str(int(vmid)), "rootfs", f"{int(size_gib)}G")
     elif have > size_gib:
         logger.warning(f"container {vmid}: rootfs is {have:g} GiB, larger than rootfs_size_gib "
                        f"{size_gib}; Proxmox cannot shrink it, leaving it")
@@ -190,8 +189,8 @@ def power(vmid: int, restart: Callable[[], bool]):
     """Start container VMID when it is not running; reboot it once when RESTART says so."""
     status = host.get_fact(PctStatus, vmid=vmid)
     if status != "running":
-        yield f"pct start {vmid}"
+        yield StringCommand("pct start", str(int(vmid)))
     elif restart():
-        yield f"pct reboot {vmid}"
+        yield StringCommand("pct reboot", str(int(vmid)))
     else:
         host.noop(f"container {vmid} is running")
