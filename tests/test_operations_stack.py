@@ -238,7 +238,7 @@ def test_path_states_command_on_this_machine(tmp_path):
     import subprocess
     (tmp_path / "f").write_text("x")
     (tmp_path / "f").chmod(0o640)
-    cmd = PathStates().command(paths=(str(tmp_path / "f"), str(tmp_path), str(tmp_path / "nope")))
+    cmd = PathStates().command(paths=(str(tmp_path / "f"), str(tmp_path), str(tmp_path / "nope"))).get_raw_value()
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, check=True).stdout
     states = fact_value(PathStates, out)
     assert states[str(tmp_path / "f")] == {"type": "file", "mode": "640",

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 
-from pyinfra.api import FactBase
+from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 _LIBCUDA = re.compile(r"libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
@@ -65,9 +64,10 @@ class SglangVenv(FactBase[dict]):
     """
 
     @override
-    def command(self, python: str, tools: str) -> str:
-        py = shlex.quote(python)
-        return f"[ -x {py} ] || exit 0; {py} -c {shlex.quote(_VENV_STATE_SCRIPT)} {shlex.quote(tools)}"
+    def command(self, python: str, tools: str) -> StringCommand:
+        py = QuoteString(python)
+        return StringCommand("[ -x", py, "] || exit 0;", py, "-c", QuoteString(_VENV_STATE_SCRIPT),
+                             QuoteString(tools))
 
     @staticmethod
     @override
@@ -92,9 +92,10 @@ class SglangServerFlags(FactBase["set[str] | None"]):
     """
 
     @override
-    def command(self, python: str, script: str) -> str:
-        py, sc = shlex.quote(python), shlex.quote(script)
-        return f"[ -x {py} ] && [ -f {sc} ] || exit 0; {py} {sc} 2>/dev/null || true"
+    def command(self, python: str, script: str) -> StringCommand:
+        py, sc = QuoteString(python), QuoteString(script)
+        return StringCommand("[ -x", py, "] && [ -f", sc, "] || exit 0;", py, sc,
+                             "2>/dev/null || true")
 
     @override
     def process(self, output: list[str]):
@@ -108,8 +109,8 @@ class UvVersion(FactBase["str | None"]):
     """Returns the version of the uv at UV (``uv --version``), or None when it is not there."""
 
     @override
-    def command(self, uv: str) -> str:
-        return f"[ -x {shlex.quote(uv)} ] && {shlex.quote(uv)} --version; true"
+    def command(self, uv: str) -> StringCommand:
+        return StringCommand("[ -x", QuoteString(uv), "] &&", QuoteString(uv), "--version; true")
 
     @override
     def process(self, output: list[str]) -> str | None:
@@ -124,14 +125,15 @@ class PathStates(FactBase[dict]):
     """
 
     @override
-    def command(self, paths: tuple[str, ...]) -> str:
-        quoted = " ".join(shlex.quote(p) for p in paths)
-        return (
-            f"for p in {quoted}; do "
+    def command(self, paths: tuple[str, ...]) -> StringCommand:
+        return StringCommand(
+            StringCommand("for p in", *(QuoteString(p) for p in paths)),
+            "; do "
             'if [ -f "$p" ]; then printf \'%s|file|%s|%s\\n\' "$p" "$(stat -c %a "$p")" '
             '"$(sha1sum < "$p" | cut -d" " -f1)"; '
             'elif [ -d "$p" ]; then printf \'%s|dir|%s|\\n\' "$p" "$(stat -c %a "$p")"; '
-            "else printf '%s|missing||\\n' \"$p\"; fi; done"
+            "else printf '%s|missing||\\n' \"$p\"; fi; done",
+            _separator="",
         )
 
     @staticmethod
@@ -153,8 +155,9 @@ class UnitState(FactBase[dict]):
     """Returns ``{"active": "active", "enabled": "enabled"}`` of systemd UNIT in one read."""
 
     @override
-    def command(self, unit: str) -> str:
-        return f"systemctl show -p ActiveState -p UnitFileState {shlex.quote(unit)} 2>/dev/null; true"
+    def command(self, unit: str) -> StringCommand:
+        return StringCommand("systemctl show -p ActiveState -p UnitFileState", QuoteString(unit),
+                             "2>/dev/null; true")
 
     @staticmethod
     @override

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import OperationError, operation
+from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.util import get_file_sha1
 from pyinfra.facts.deb import DebPackages
 
@@ -59,7 +58,7 @@ def userspace_driver(version: str, runfile: str):
     if installed == version:
         host.noop(f"user-space NVIDIA driver {version} is installed")
         return
-    yield f"sh {shlex.quote(runfile)} --no-kernel-modules --silent"
+    yield StringCommand("sh", QuoteString(runfile), "--no-kernel-modules --silent")
 
 
 def install_args(
@@ -98,10 +97,8 @@ def venv_packages(uv: str, python: str, tools: str, pins: dict[str, str], args: 
         host.noop("pinned packages are installed: " + ", ".join(f"{n}=={v}" for n, v in pins.items()))
         return
     # --system-certs: uv's own CA roots would ignore a proxy CA added to the system store.
-    yield " ".join(
-        [shlex.quote(uv), "pip", "install", "--system-certs", "--python", shlex.quote(python),
-         *(shlex.quote(a) for a in args)]
-    )
+    yield StringCommand(QuoteString(uv), "pip install --system-certs --python", QuoteString(python),
+                        *(QuoteString(a) for a in args))
     venv_changed()
 
 
@@ -124,9 +121,10 @@ def autotune_patch(python: str, tools: str):
     find = (
         "import importlib.util as u; print(u.find_spec('sglang').submodule_search_locations[0])"
     )
-    py = shlex.quote(python)
-    script = shlex.quote(f"{tools}/autotune_patch.py")
-    yield f"{py} {script} --apply \"$({py} -c {shlex.quote(find)})\""
+    package = StringCommand('"$(', StringCommand(QuoteString(python), "-c", QuoteString(find)), ')"',
+                            _separator="")
+    yield StringCommand(QuoteString(python), QuoteString(f"{tools}/autotune_patch.py"), "--apply",
+                        package)
     venv_changed()
 
 
@@ -138,16 +136,15 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool]):
     changed. A converged run restarts nothing: a restart reloads the model, minutes of downtime.
     """
     unit_state = host.get_fact(UnitState, unit=unit)
-    quoted = shlex.quote(unit)
     if unit_state["enabled"] != "enabled":
-        yield f"systemctl enable {quoted}"
+        yield StringCommand("systemctl enable", QuoteString(unit))
     if unit_state["active"] in ("active", "activating", "reloading"):
         if restart():
-            yield f"systemctl restart {quoted}"
+            yield StringCommand("systemctl restart", QuoteString(unit))
         else:
             host.noop(f"{unit} is running and unchanged")
     elif start:
-        yield f"systemctl start {quoted}"
+        yield StringCommand("systemctl start", QuoteString(unit))
     else:
         host.noop(f"{unit} not started: the server needs a GPU")
 
@@ -185,9 +182,9 @@ def tools_venv(path: str, uv_version: str):
     if host.get_fact(UvVersion, uv=uv) == uv_version:
         host.noop(f"uv {uv_version} is installed in {path}")
         return
-    p = shlex.quote(path)
-    yield f"[ -x {p}/bin/pip ] || python3 -m venv {p}"
-    yield f"{p}/bin/pip install uv=={shlex.quote(uv_version)}"
+    pip = QuoteString(f"{path}/bin/pip")
+    yield StringCommand("[ -x", pip, "] || python3 -m venv", QuoteString(path))
+    yield StringCommand(pip, "install", QuoteString(f"uv=={uv_version}"))
 
 
 @operation()
@@ -197,7 +194,8 @@ def venv(uv: str, path: str, python: str):
     if paths.state(f"{path.rstrip('/')}/pyvenv.cfg"):
         host.noop(f"venv {path} exists")
         return
-    yield f"UV_PYTHON_DOWNLOADS=never {shlex.quote(uv)} venv --python {shlex.quote(python)} {shlex.quote(path)}"
+    yield StringCommand("UV_PYTHON_DOWNLOADS=never", QuoteString(uv), "venv --python",
+                        QuoteString(python), QuoteString(path))
 
 
 @operation()
@@ -213,11 +211,9 @@ def model_download(python: str, repo: str, revision: str | None, path: str, env_
         "from huggingface_hub import snapshot_download; "
         f"snapshot_download(repo_id={repo!r}, revision={revision!r}, local_dir={path!r})"
     )
-    env = shlex.quote(env_file)
-    yield (
-        f"set -a; [ -r {env} ] && . {env}; set +a; "
-        f"{shlex.quote(python)} -c {shlex.quote(call)}"
-    )
+    env = QuoteString(env_file)
+    yield StringCommand("set -a; [ -r", env, "] && .", StringCommand(env, ";", _separator=""),
+                        "set +a;", QuoteString(python), "-c", QuoteString(call))
 
 
 @operation()
@@ -231,7 +227,7 @@ def deb_packages(packages: list[str]):
     if not missing:
         host.noop("Debian packages installed: " + ", ".join(packages))
         return
-    yield (
+    yield StringCommand(
         "DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive "
-        "apt-get install -y -q --no-install-recommends " + " ".join(shlex.quote(m) for m in missing)
+        "apt-get install -y -q --no-install-recommends", *(QuoteString(m) for m in missing)
     )
