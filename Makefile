@@ -3,10 +3,24 @@
 VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# Without a hosts file (hosts.yml here, or $PVE_SGLANG_HOSTS) the deploy targets the embedded
+# default: a local LXC container on this machine (pve_sglang/embedded_hosts.yml).
+EMBEDDED_DEFAULT := $(if $(PVE_SGLANG_HOSTS),,$(if $(wildcard hosts.yml),,yes))
 
-.PHONY: deploy test system-deps bench
+# apt-get install of $(1), as root, saying why ($(2)); anything else stops with what to install.
+define apt_install
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "make: $(2): install $(1) (as root on Debian: apt-get install $(1)), then re-run" >&2; exit 1; fi; \
+	echo "make: $(2): installing $(1) from Debian (apt-get, as root)"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null
+endef
 
+.PHONY: deploy deploy-deps test system-deps bench
+
+# Debian's python3 has no ensurepip without python3-venv: `python3 -m venv` fails there.
 $(STAMP): pyproject.toml
+	@$(PYTHON) -m venv $(VENV) >/dev/null 2>&1 || { \
+	  $(call apt_install,python3-venv,$(PYTHON) -m venv cannot work here (no ensurepip)); }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test,bench]'
@@ -17,7 +31,15 @@ system-deps:
 	@command -v lxc-start >/dev/null && command -v debootstrap >/dev/null && command -v zstd >/dev/null \
 	  || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lxc debootstrap zstd; }
 
-deploy: $(STAMP)
+# The embedded default creates its container with lxc-create's debian template (debootstrap).
+# With a hosts file nothing is installed here: the targets are other machines.
+deploy-deps:
+ifeq ($(EMBEDDED_DEFAULT),yes)
+	@command -v lxc-start >/dev/null && command -v debootstrap >/dev/null || { \
+	  $(call apt_install,lxc debootstrap,no hosts file: the embedded default deploys a local LXC container); }
+endif
+
+deploy: deploy-deps $(STAMP)
 	$(VENV)/bin/pyinfra inventory.py deploy.py $(ARGS)
 
 test: $(STAMP) system-deps
