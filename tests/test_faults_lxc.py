@@ -14,9 +14,16 @@ with it (each test records whether anything of the killed command outlived the k
 it if so). Over SSH (``pct exec`` on a Proxmox host) the command inside would instead run on
 until it writes to the closed connection, which can only finish more of the step; dying
 mid-step, as here, is the harder case. To make the kill land inside the step every time, the
-step is frozen (SIGSTOP) at the point of interest: the uv process once some of the sglang
-wheel's files are in place, or the ``cat`` that writes the unit (a stand-in for the container's
-``cat``, for that one file) once it wrote part or all of the bytes.
+step is held at the point of interest: the uv process is stopped (SIGSTOP, let on a few
+milliseconds at a time) until part of the sglang wheel is in place; the ``cat`` that writes the
+unit (a stand-in for the container's ``cat``, for that one file) writes half or all of the
+bytes and then hangs, as on a lost connection.
+
+Found and fixed with these tests (operations/stack.py, facts/container.py): a killed install
+left METADATA reporting 0.5.9 with 1,900+ files missing, and the next run stopped with
+"autotune patch: unrecognised" (now a marker in the venv makes it reinstall); a unit written
+in full but never loaded kept the old server running (now ``NeedDaemonReload`` loads it and
+restarts).
 """
 
 from __future__ import annotations
