@@ -99,6 +99,23 @@ def processes() -> dict[int, list[str]]:
     return found
 
 
+def init_pid(deploy: Deploy) -> int | None:
+    """The host PID of the container's init, None while it does not run."""
+    done = subprocess.run(["lxc-info", "-P", str(deploy.lxc_path), "-n", deploy.name, "-p", "-H"],
+                          capture_output=True, text=True)
+    return int(done.stdout) if done.returncode == 0 and done.stdout.strip().isdigit() else None
+
+
+def in_container(pid: int, init: int) -> bool:
+    """Whether PID runs in the container of INIT (the same root): other tests' containers on
+    this machine run the same commands."""
+    try:
+        mine, theirs = os.stat(f"/proc/{pid}/root"), os.stat(f"/proc/{init}/root")
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
+
+
 def alive(pid: int) -> bool:
     """Running or stopped, not a zombie."""
     try:
@@ -196,8 +213,10 @@ def test_killed_during_the_stack_install_converges_on_the_next_run(tmp_path_fact
         killed = KilledDeploy(deploy)
 
         def uv_install() -> int | None:
-            for pid, argv in processes().items():
-                if argv and argv[0].endswith("/uv") and argv[1:3] == ["pip", "install"]:
+            init = init_pid(deploy)
+            for pid, argv in processes().items() if init else ():
+                if (argv and argv[0].endswith("/uv") and argv[1:3] == ["pip", "install"]
+                        and in_container(pid, init)):
                     return pid
             return None
 
@@ -278,14 +297,14 @@ def test_killed_during_the_unit_write_converges_on_the_next_run(serving, written
     deploy.container["mem_fraction_static"] = fraction
     try:
         killed = KilledDeploy(deploy)
-        init = subprocess.run(["lxc-info", "-P", str(deploy.lxc_path), "-n", deploy.name, "-p",
-                               "-H"], capture_output=True, text=True, check=True).stdout.strip()
+        init = init_pid(deploy)
         root = Path(f"/proc/{init}/root")
 
         def writer() -> list[int]:
             if not (root / "run/pvs-fault-hit").exists():
                 return []
-            return [pid for pid, argv in processes().items() if argv[:2] == ["sleep", "600"]]
+            return [pid for pid, argv in processes().items()
+                    if argv[:2] == ["sleep", "600"] and in_container(pid, init)]
 
         hung = killed.wait_for(writer, "the unit write", timeout=300)
         killed.kill(hung)
