@@ -377,6 +377,9 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
     runfile = f"/var/cache/pve-sglang/NVIDIA-Linux-x86_64-{host_version}.run"
     data = {**defaults, "pct_vmid": 105, "pve_host": "@fake/pve1", "platform": "pve"}
 
+    def text(command) -> str:
+        return command if isinstance(command, str) else command.get_raw_value()
+
     def plan(responses: dict) -> list[tuple[str, list[str]]]:
         responses = dict(sorted({**gpu_host_responses(), **responses}.items(),
                                 key=lambda item: -len(str(item[0]))))
@@ -410,17 +413,18 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
                 f"cuda-toolkit-{defaults['cuda_toolkit_version'].replace('.', '-')}"]
         py = f"{defaults['venv_path']}/bin/python"
         return {
-            NvidiaUserspaceVersion().command(): f"libcuda.so\nlibcuda.so.1\nlibcuda.so.{libcuda}\n",
+            text(NvidiaUserspaceVersion().command()): f"libcuda.so\nlibcuda.so.1\nlibcuda.so.{libcuda}\n",
             # One read of every watched path: answer any PathStates command with all of them.
             'if [ -f "$p" ]; then printf': "\n".join(lines),
             # The runfile of the host's version is kept once downloaded (files.download).
             **({f"test -e {runfile}": f"user=root group=root mode=-rwxr-xr-x atime=0 mtime=0 "
                                       f"ctime=0 size=1 '{runfile}'"} if libcuda == host_version
                else {}),
-            SglangVenv().command(py, "/opt/sglang"): json.dumps(
+            text(SglangVenv().command(py, "/opt/sglang")): json.dumps(
                 {"packages": pins, "patch": "already-patched\n"}),
-            UvVersion().command("/opt/sglang/tools/bin/uv"): f"uv {defaults['uv_version']}",
-            UnitState().command(SERVICE): "ActiveState=active\nUnitFileState=enabled",
+            text(UvVersion().command("/opt/sglang/tools/bin/uv")):
+                f"uv {defaults['uv_version']}",
+            text(UnitState().command(SERVICE)): "ActiveState=active\nUnitFileState=enabled",
             "dpkg -l": "\n".join(f"ii  {d}  1.0  amd64  x" for d in debs),
         }
 

@@ -22,6 +22,7 @@ from pve_sglang.server_command import KnownFlags
 
 PY = "/opt/sglang/venv/bin/python"
 TOOLS = "/opt/sglang"
+MARKER = "/opt/sglang/venv/.pve-sglang-install-incomplete"
 
 
 def path_facts(**states) -> dict:
@@ -81,9 +82,23 @@ def test_venv_packages_one_pin_off_reinstalls_the_set():
                               wheelhouse=None, no_deps=False)
     assert op_commands(stack.venv_packages, uv="/opt/sglang/tools/bin/uv", python=PY, tools=TOOLS,
                        pins=PINS, args=args, facts=venv(installed)) == [
+        f"touch {MARKER}",
         f"/opt/sglang/tools/bin/uv pip install --system-certs --python {PY} --extra-index-url "
         "https://example.invalid/whl/cu128 --index-strategy unsafe-best-match sglang==0.5.9 "
-        "torch==2.9.1 flashinfer-python==0.6.3"
+        "torch==2.9.1 flashinfer-python==0.6.3",
+        f"rm -f {MARKER}",
+    ]
+
+
+def test_venv_packages_after_an_install_cut_short_reinstalls_with_the_right_versions():
+    state = {(SglangVenv, (PY, TOOLS)): {"packages": PINS, "patch": "needs-patch",
+                                          "incomplete": True}}
+    assert op_commands(stack.venv_packages, uv="/opt/sglang/tools/bin/uv", python=PY, tools=TOOLS,
+                       pins=PINS, args=["sglang==0.5.9"], facts=state) == [
+        f"touch {MARKER}",
+        f"/opt/sglang/tools/bin/uv pip install --system-certs --python {PY} --reinstall "
+        "sglang==0.5.9",
+        f"rm -f {MARKER}",
     ]
 
 
@@ -125,10 +140,17 @@ def test_service_restarts_only_on_change(active, start, restart, expected):
 
 def test_unit_state_fact_and_enable_when_disabled():
     state = fact_value(UnitState, "ActiveState=inactive\nUnitFileState=disabled\n")
-    assert state == {"active": "inactive", "enabled": "disabled"}
+    assert state == {"active": "inactive", "enabled": "disabled", "stale": False}
     assert op_commands(stack.service_running, unit="sglang.service", start=True,
                        restart=lambda: False, facts={(UnitState, ("sglang.service",)): state}) == [
         "systemctl enable sglang.service", "systemctl start sglang.service"]
+
+
+def test_unit_written_but_never_loaded_is_loaded_and_the_server_restarted():
+    state = fact_value(UnitState, "ActiveState=active\nUnitFileState=enabled\nNeedDaemonReload=yes\n")
+    assert op_commands(stack.service_running, unit="sglang.service", start=True,
+                       restart=lambda: False, facts={(UnitState, ("sglang.service",)): state}) == [
+        "systemctl daemon-reload", "systemctl restart sglang.service"]
 
 
 UNIT = "/etc/systemd/system/sglang.service"

@@ -30,12 +30,16 @@ class NvidiaUserspaceVersion(FactBase[str | None]):
         return max(versions, key=lambda v: [int(p) for p in v.split(".")]) if versions else None
 
 
+#: In the venv while ``uv pip install`` runs (operations/stack.py): an install cut short.
+INSTALL_MARKER = ".pve-sglang-install-incomplete"
+
 # One Python start in the venv answers two questions: the installed distributions and what the
 # autotune patch script says (run in-process with runpy, its own argv, its stdout kept).
-_VENV_STATE_SCRIPT = r"""
+_VENV_STATE_SCRIPT = f"MARKER = {INSTALL_MARKER!r}\n" + r"""
 import contextlib, importlib.metadata as m, importlib.util as u, io, json, os, runpy, sys
 tools = sys.argv[1]
-out = {"packages": {d.metadata["Name"]: d.version for d in m.distributions()}}
+out = {"packages": {d.metadata["Name"]: d.version for d in m.distributions()},
+       "incomplete": os.path.exists(os.path.join(sys.prefix, MARKER))}
 spec = u.find_spec("sglang")
 if spec and spec.submodule_search_locations:
     package = list(spec.submodule_search_locations)[0]
@@ -60,7 +64,8 @@ class SglangVenv(FactBase[dict]):
     Returns the state of the sglang venv at PYTHON: ``packages`` (``{normalised name:
     version}``) and ``patch`` (the last line of ``TOOLS/autotune_patch.py --check``:
     needs-patch, already-patched, upstream-enabled, unrecognised: ...; None when sglang or the
-    script is not there yet). ``{"packages": {}, "patch": None}`` before the venv exists.
+    script is not there yet) and ``incomplete`` (an install was cut short: ``INSTALL_MARKER``).
+    ``{"packages": {}, "patch": None}`` before the venv exists.
     """
 
     @override
@@ -81,6 +86,7 @@ class SglangVenv(FactBase[dict]):
         return {
             "packages": {re.sub(r"[-_.]+", "-", n).lower(): v for n, v in raw["packages"].items()},
             "patch": patch_lines[-1] if patch_lines else None,
+            "incomplete": bool(raw.get("incomplete")),
         }
 
 
@@ -152,12 +158,13 @@ class PathStates(FactBase[dict]):
 
 
 class UnitState(FactBase[dict]):
-    """Returns ``{"active": "active", "enabled": "enabled"}`` of systemd UNIT in one read."""
+    """Returns ``{"active": "active", "enabled": "enabled", "stale": False}`` of systemd UNIT in
+    one read; ``stale``: its file changed since systemd loaded it (``NeedDaemonReload``)."""
 
     @override
     def command(self, unit: str) -> StringCommand:
-        return StringCommand("systemctl show -p ActiveState -p UnitFileState", QuoteString(unit),
-                             "2>/dev/null; true")
+        return StringCommand("systemctl show -p ActiveState -p UnitFileState -p NeedDaemonReload",
+                             QuoteString(unit), "2>/dev/null; true")
 
     @staticmethod
     @override
@@ -167,4 +174,5 @@ class UnitState(FactBase[dict]):
     @override
     def process(self, output: list[str]) -> dict:
         values = dict(line.strip().split("=", 1) for line in output if "=" in line)
-        return {"active": values.get("ActiveState"), "enabled": values.get("UnitFileState")}
+        return {"active": values.get("ActiveState"), "enabled": values.get("UnitFileState"),
+                "stale": values.get("NeedDaemonReload") == "yes"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable
 from io import StringIO
 
@@ -11,6 +12,7 @@ from pyinfra.api.util import get_file_sha1
 from pyinfra.facts.deb import DebPackages
 
 from ..facts.container import (
+    INSTALL_MARKER,
     NvidiaUserspaceVersion,
     SglangServerFlags,
     SglangVenv,
@@ -90,15 +92,22 @@ def venv_packages(uv: str, python: str, tools: str, pins: dict[str, str], args: 
     Install the pinned PACKAGES (``{name: version}``) into the venv at PYTHON with uv when any
     installed version differs from its pin; a converged venv costs one read.
     """
-    installed = venv_state(python, tools)["packages"]
+    state = venv_state(python, tools)
+    installed = state["packages"]
     wrong = {name: installed.get(name) for name, version in pins.items()
              if installed.get(name) != version}
-    if not wrong:
+    # An install cut short (a killed deploy) leaves files, METADATA included, that report the
+    # pinned versions: the marker, made before uv starts and removed once it succeeded, tells.
+    incomplete = bool(state.get("incomplete"))
+    if not wrong and not incomplete:
         host.noop("pinned packages are installed: " + ", ".join(f"{n}=={v}" for n, v in pins.items()))
         return
+    marker = QuoteString(f"{posixpath.dirname(posixpath.dirname(python))}/{INSTALL_MARKER}")
+    yield StringCommand("touch", marker)
     # --system-certs: uv's own CA roots would ignore a proxy CA added to the system store.
     yield StringCommand(QuoteString(uv), "pip install --system-certs --python", QuoteString(python),
-                        *(QuoteString(a) for a in args))
+                        *(["--reinstall"] if incomplete else []), *(QuoteString(a) for a in args))
+    yield StringCommand("rm -f", marker)
     venv_changed()
 
 
@@ -113,7 +122,9 @@ def autotune_patch(python: str, tools: str):
     if state in PATCH_DONE:
         host.noop(f"sglang autotune for flashinfer_cutlass: {state}")
         return
-    if state and state.startswith("unrecognised"):
+    # Planned (--dry) after an install of this run: the code is read again once it ran.
+    planned_install = venv_changed_in_this_run() and not host.state.is_executing
+    if state and state.startswith("unrecognised") and not planned_install:
         raise OperationError(
             f"autotune patch: {state}: this sglang code is not one the patch knows, nothing "
             "was changed; pin a release from 0.5.7 on (0.5.13+ needs no patch)"
@@ -136,10 +147,15 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool]):
     changed. A converged run restarts nothing: a restart reloads the model, minutes of downtime.
     """
     unit_state = host.get_fact(UnitState, unit=unit)
+    # Written but never loaded (a deploy killed between the write and the reload): the server
+    # runs the old unit. Load it and restart, as the killed run would have.
+    stale = unit_state.get("stale", False)
+    if stale:
+        yield StringCommand("systemctl daemon-reload")
     if unit_state["enabled"] != "enabled":
         yield StringCommand("systemctl enable", QuoteString(unit))
     if unit_state["active"] in ("active", "activating", "reloading"):
-        if restart():
+        if stale or restart():
             yield StringCommand("systemctl restart", QuoteString(unit))
         else:
             host.noop(f"{unit} is running and unchanged")
