@@ -1,0 +1,695 @@
+"""Hostile strings in every string setting never inject into a shell (issue 10, item 1).
+
+For every string setting (each ``str``, ``list[str]``, optional ``str`` and secret field of
+``HostSettings``, ``ContainerSettings`` and ``Mount``, read from the models, plus the container
+names), hostile values (``$(touch F)``, a backtick form, ``'``, ``"``, ``;``, a newline, ``&&``,
+``|``, a space, a comma, and ``${IFS}`` forms without whitespace) are put through the hosts
+file's validation. A refusal must be a ``SettingsError``. Where the value is accepted, all three
+phases (host, container, verify) run on ``@fake`` hosts that answer with RECORDED outputs: the
+H200 GPU host (tests/fixtures/h200) and Proxmox's pct/pveam answers (tests/fixtures/public).
+No Proxmox host or GPU exists here. Every command the deploy would run, facts included, is
+then run for real by ``sh`` (dash, as on Debian and Proxmox): first ``sh -n`` (it must parse),
+then ``sh -c`` in a throwaway chroot whose only tools are stubs (``pct``, ``apt-get``,
+``systemctl``, ... exit 0; ``pct exec`` and ``lxc-attach`` run the command after ``--``, as the
+real tools do) and a few harmless coreutils, so no real tool is ever reached. Container
+commands are wrapped by the real ``@pct`` / ``@lxc`` connector code first. Uploaded files are
+written into the chroot, so the env file is sourced for real by the commands that read it.
+F (a file in the chroot) must never be created.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import inspect
+from io import StringIO
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Annotated, Any, Union, get_args, get_origin, get_type_hints
+
+import pytest
+from pydantic import BaseModel, SecretStr
+from pyinfra.api import Config, FactBase, Inventory, OperationError, State
+from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.connect import connect_all
+from pyinfra.api.deploy import add_deploy
+from pyinfra.api.operations import run_ops
+from pyinfra.connectors.fake import FakeConnector
+from pyinfra.connectors.util import make_unix_command_for_host
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra.facts.server import Which
+from pyinfra_testing.operations import parse_commands
+from pyinfra_testing.util import FakeHost, FakeState
+
+from pve_sglang.facts import container as container_facts
+from pve_sglang.facts import nvidia as nvidia_facts
+from pve_sglang.facts import pve as pve_facts
+from pve_sglang.facts import system as system_facts
+from pve_sglang.facts import verify as verify_facts
+from pve_sglang.facts.container import UnitState
+from pve_sglang.facts.pve import LxcContainerStatus, PctStatus
+from pve_sglang.hosts_file import build_groups
+from pve_sglang.operations import lxc, paths, pct, phase, stack
+from pve_sglang.preflight import PreflightError
+from pve_sglang.settings import ContainerSettings, HostSettings, Mount, SettingsError, load_defaults
+from tasks.container import container_phase
+from tasks.host import host_phase
+from tasks.verify import verify_phase
+from test_host_phase_recorded import container_answers, gpu_host_responses
+
+FIXTURES = Path(__file__).parent / "fixtures"
+F = "/hostile/F"  # in the chroot
+PAYLOADS = {
+    "dollar-paren": f"$(touch {F})",
+    "backtick": f"`touch {F}`",
+    "single-quote": f"';touch {F};'",
+    "double-quote": f'";touch {F};"',
+    "semicolon": f";touch {F}",
+    "newline": f"\ntouch {F}\n",
+    "and-and": f"&& touch {F}",
+    "pipe": f"|touch {F}",
+    "space": "a b",
+    "comma": ",backup=1",
+    # Without whitespace, for fields that refuse it.
+    "dollar-paren-ifs": f"$(touch${{IFS}}{F})",
+    "backtick-ifs": f"`touch${{IFS}}{F}`",
+    "single-quote-ifs": f"';touch${{IFS}}{F};'",
+    "double-quote-ifs": f'";touch${{IFS}}{F};"',
+    "semicolon-ifs": f";touch${{IFS}}{F}",
+    "and-and-ifs": f"&&touch${{IFS}}{F}",
+}
+URL_BASE = "https://example.invalid/"
+PATH_BASE = "/srv/x"
+
+# The base hosts file: one container per platform, with the optional steps switched on (model
+# download, benchmark, secrets, a mount), so that the values reach every command they can.
+CONTAINER_BASE = {
+    "bench": True,
+    "api_key": "k3y",
+    "hf_token": "hf_t0ken",
+    "model_download": "org/model",
+    "mounts": [{"host_path": "/tank/models", "path": "/models"}],
+}
+MOUNT_BASE = CONTAINER_BASE["mounts"][0]
+PLATFORMS = {"pve": ("pve1", "vmid", 105), "lxc": ("lxc1", "name", "ct1")}
+
+# Tools the commands call: stubs in the chroot that exit 0. Any other command a run does not
+# find gets a stub too (see Sandbox.run), so every command runs to its end.
+STUBS = ("pct pveam pveversion lxc-create lxc-start lxc-stop lxc-wait lxc-info lxc-attach "
+         "lxc-destroy apt-get dpkg dpkg-query systemctl curl wget uv pip python3 nvidia-smi "
+         "nvidia-modprobe update-initramfs update-ca-certificates modprobe fuser lspci "
+         "systemd-detect-virt debootstrap journalctl").split()
+# pct exec / lxc-attach run what follows "--"; timeout runs what follows its duration.
+PASS_THROUGH = {
+    "pct": 'if [ "$1" = exec ]; then while [ $# -gt 0 ] && [ "$1" != -- ]; do shift; done; '
+           'shift; exec "$@"; fi; exit 0',
+    "lxc-attach": 'while [ $# -gt 0 ] && [ "$1" != -- ]; do shift; done; shift; exec "$@"',
+    "timeout": 'shift; exec "$@"',
+}
+# Real tools, harmless inside the chroot (touch is what an injection would run).
+REAL_TOOLS = ("touch cat grep sed sort tail head cut tr stat sha1sum ls mkdir ln chmod install mv "
+              "rm cp awk env tar id true false").split()
+NOT_FOUND = re.compile(r"^(?:sh|/bin/sh|dash): \d+: (.+): not found$")
+
+
+# --- the string settings, read from the models --------------------------------------------
+
+
+def _is_stringy(annotation: Any) -> bool:
+    if get_origin(annotation) is Annotated:
+        return _is_stringy(get_args(annotation)[0])
+    if annotation in (str, SecretStr):
+        return True
+    if get_origin(annotation) in (Union, types.UnionType):
+        return any(_is_stringy(arg) for arg in get_args(annotation) if arg is not type(None))
+    return False
+
+
+def _is_string_list(annotation: Any) -> bool:
+    return get_origin(annotation) is list and _is_stringy(get_args(annotation)[0])
+
+
+def string_fields(model: type[BaseModel]) -> list[tuple[str, str]]:
+    """(field, "str" | "list") for every string or list-of-string field of MODEL."""
+    fields = []
+    for name, info in model.model_fields.items():
+        if _is_stringy(info.annotation):
+            fields.append((name, "str"))
+        elif _is_string_list(info.annotation):
+            fields.append((name, "list"))
+    return fields
+
+
+HOST_STRINGS = string_fields(HostSettings)
+CONTAINER_STRINGS = string_fields(ContainerSettings)
+MOUNT_STRINGS = [name for name, kind in string_fields(Mount) if kind == "str"]
+DEFAULTS = load_defaults()
+
+
+def _base(field: str) -> str:
+    default = DEFAULTS.get(field)
+    if isinstance(default, list):
+        default = next((item for item in default if isinstance(item, str)), None)
+    return default if isinstance(default, str) and default else PATH_BASE
+
+
+def forms(payload: str, base: str) -> list[str]:
+    """The payload alone, after a plausible value, and inside a URL."""
+    return [payload, base + payload, URL_BASE + payload]
+
+
+def settings_cases(platform: str, payload: str) -> list[tuple[str, str, Any, Any]]:
+    """(where, field, form index, value) for every string setting and this payload.
+
+    WHERE is "host", "container", "mount" or "key" (the container's VMID or name)."""
+    cases = []
+    for field, kind in HOST_STRINGS:
+        for index, value in enumerate(forms(payload, _base(field))):
+            cases.append(("host", field, index, [*DEFAULTS[field], value] if kind == "list" else value))
+    for field, kind in CONTAINER_STRINGS:
+        for index, value in enumerate(forms(payload, _base(field))):
+            cases.append(("container", field, index,
+                          [*DEFAULTS[field], value] if kind == "list" else value))
+    for field in MOUNT_STRINGS:
+        for index, value in enumerate(forms(payload, MOUNT_BASE[field])):
+            cases.append(("mount", field, index, value))
+    _, key, base = PLATFORMS[platform]
+    for index, value in enumerate(forms(payload, str(base))):
+        cases.append(("key", key, index, value))
+    return cases
+
+
+def hosts_file(platform: str, settings: list[tuple[str, str, Any]]) -> dict:
+    """The hosts file of PLATFORM's one host and container with SETTINGS (where, field, value)."""
+    name, key, ident = PLATFORMS[platform]
+    host: dict[str, Any] = {"platform": platform}
+    container: dict[str, Any] = {key: ident, **json.loads(json.dumps(CONTAINER_BASE))}
+    for where, field, value in settings:
+        if where == "host":
+            host[field] = value
+        elif where == "container":
+            container[field] = value
+        elif where == "mount":
+            container["mounts"][0][field] = value
+        else:
+            container[key] = value
+    return {name: {**host, "containers": [container]}}
+
+
+# --- the deploy on @fake hosts, every command recorded ------------------------------------
+
+
+def _responses(platform: str) -> dict:
+    """Recorded answers of the H200 GPU host and Proxmox; a verify that passes."""
+    answers = {
+        **gpu_host_responses(),
+        **container_answers(None, None),
+        Which().command("lxc-start").get_raw_value(): "/usr/bin/lxc-start",
+        "nvidia-smi -L": "GPU 0: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000000)",
+        "gpu_checks.py cuda": json.dumps({"ok": True, "device_count": 1, "torch": "2.9.1",
+                                          "devices": [{"name": "NVIDIA H200"}]}),
+        "curl -s -o /dev/null": "200",
+        "sglang.bench_serving": (FIXTURES / "bench" / "bench_serving_0.5.9.txt").read_text(),
+    }
+    # The @fake connector answers the first key contained in a command: longest first.
+    return dict(sorted(answers.items(), key=lambda item: -len(str(item[0]))))
+
+
+def _all_phases() -> None:
+    """deploy.py's phases."""
+    host_phase()
+    phase.done(name="Proxmox hosts done", phase="host")
+    container_phase()
+    phase.done(name="GPU containers done", phase="container")
+    verify_phase()
+
+
+class Deploy:
+    """One deploy of a validated hosts file on @fake hosts: prepare and execute."""
+
+    def __init__(self, platform: str, hosts: dict):
+        pve_hosts, gpu_containers = build_groups(hosts, DEFAULTS)
+        [(host_name, host_data)] = pve_hosts
+        [(ct_name, ct_data)] = gpu_containers
+        self.platform = platform
+        self.host, self.ct = "@fake/host", "@fake/ct"
+        self.ct_data = ct_data
+        responses = _responses(platform)
+        fake = {"fake_responses": responses, "fake_delay": 0, "fake_delay_jitter": 0}
+        data = {
+            self.host: {**DEFAULTS, **host_data, **fake, "containers": [self.ct]},
+            self.ct: {**DEFAULTS, **ct_data, **fake, "pve_host": self.host},
+        }
+        self.inventory = Inventory(
+            (list(data.items()), {}),
+            pve_hosts=([self.host], {}), gpu_containers=([self.ct], {}),
+        )
+        self.state = State(self.inventory, Config())
+
+    def run(self, monkeypatch) -> list[tuple]:
+        """Prepare and execute; the commands and uploads in order, per host."""
+        events: list[tuple] = []
+        run_shell_command, put_file = FakeConnector.run_shell_command, FakeConnector.put_file
+
+        def record_command(connector, command, *args, **kwargs):
+            text = command if isinstance(command, str) else command.get_raw_value()
+            events.append(("cmd", connector.host.name, text))
+            return run_shell_command(connector, command, *args, **kwargs)
+
+        def record_upload(connector, src, dest, *args, **kwargs):
+            if hasattr(src, "getvalue"):
+                content = src.getvalue()
+                content = content.encode() if isinstance(content, str) else content
+            else:
+                content = Path(src).read_bytes() if Path(src).is_file() else None
+            events.append(("put", connector.host.name, dest, content))
+            return put_file(connector, src, dest, *args, **kwargs)
+
+        monkeypatch.setattr(FakeConnector, "run_shell_command", record_command)
+        monkeypatch.setattr(FakeConnector, "put_file", record_upload)
+        try:
+            connect_all(self.state)
+            for host in self.inventory:
+                add_deploy(self.state, _all_phases, host=host)
+            run_ops(self.state)
+        finally:
+            monkeypatch.setattr(FakeConnector, "run_shell_command", run_shell_command)
+            monkeypatch.setattr(FakeConnector, "put_file", put_file)
+        failed = [host.name for host in self.state.failed_hosts]
+        assert not failed, f"hosts failed at execution: {failed}"
+        return events
+
+    def connector(self):
+        """The real container connector for this container (its exec and push commands)."""
+        if self.platform == "pve":
+            name = f"@pct/pve1/{self.ct_data['pct_vmid']}"
+            data = {"pct_vmid": self.ct_data["pct_vmid"], "ssh_hostname": "pve1"}
+        else:
+            name = f"@lxc/lxc1/{self.ct_data['lxc_name']}"
+            data = {"lxc_name": self.ct_data["lxc_name"], "lxc_path": self.ct_data["lxc_path"],
+                    "ssh_hostname": "lxc1"}
+        state = State(Inventory(([(name, data)], {})), Config())
+        host = state.inventory.get_host(name)
+        return state, host, host.connector
+
+
+# --- the sandbox ----------------------------------------------------------------------------
+
+
+def _copy_with_libraries(binary: str, root: Path) -> None:
+    """BINARY and the shared libraries it needs, at the same paths under ROOT."""
+    paths = [binary]
+    done = subprocess.run(["ldd", binary], capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        match = re.search(r"(/\S+) \(0x", line)
+        if match:
+            paths.append(match.group(1))
+    for path in paths:
+        target = root / path.lstrip("/")
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(path), target)
+
+
+def _write_stub(path: Path, body: str = "exit 0") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+class Sandbox:
+    """A throwaway chroot: dash, harmless coreutils, stub tools; commands run as root in it."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        for directory in ("usr/bin", "stub", "tmp", "dev", "hostile", "root"):
+            (root / directory).mkdir(parents=True, exist_ok=True)
+        (root / "bin").symlink_to("usr/bin")
+        os.mknod(root / "dev/null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        (root / "dev/null").chmod(0o666)
+        _copy_with_libraries("/bin/dash", root)
+        shutil.copy2("/bin/dash", root / "usr/bin/sh")
+        for tool in REAL_TOOLS:
+            found = shutil.which(tool, path="/usr/bin:/bin")
+            if found:
+                _copy_with_libraries(found, root)
+                if not (root / "usr/bin" / tool).exists():
+                    shutil.copy2(os.path.realpath(found), root / "usr/bin" / tool)
+        for tool in STUBS:
+            _write_stub(root / "stub" / tool, PASS_THROUGH.get(tool, "exit 0"))
+        _write_stub(root / "stub/timeout", PASS_THROUGH["timeout"])
+        self.chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+        self.flagged = root / F.lstrip("/")
+        self.runs = 0
+        self.parsed = 0
+        self.auto_stubs: set[str] = set()
+
+    def parses(self, command: str) -> str | None:
+        """None when ``sh -n`` parses COMMAND; else dash's message."""
+        self.parsed += 1
+        done = subprocess.run(["/bin/dash", "-n", "-c", command], capture_output=True, text=True,
+                              timeout=30)
+        return None if done.returncode == 0 else (done.stderr.strip() or f"rc {done.returncode}")
+
+    def _inside(self, path: str) -> Path | None:
+        target = (self.root / path.lstrip("/")).resolve()
+        return target if str(target).startswith(str(self.root.resolve()) + "/") else None
+
+    def run(self, command: str) -> tuple[int, str]:
+        """Run COMMAND with ``sh -c`` in the chroot, stubbing any tool it does not find."""
+        for _ in range(8):
+            self.runs += 1
+            done = subprocess.run(
+                [self.chroot, str(self.root), "/bin/sh", "-c", command],
+                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                env={"PATH": "/stub:/usr/bin:/bin", "HOME": "/root"},
+            )
+            missing = [m.group(1) for m in map(NOT_FOUND.match, done.stderr.splitlines()) if m]
+            new = [name for name in missing if name not in self.auto_stubs]
+            if not new:
+                return done.returncode, done.stderr
+            for name in new:
+                self.auto_stubs.add(name)
+                target = self._inside(name if "/" in name else f"/stub/{name}")
+                if target is not None and not target.exists():
+                    _write_stub(target)
+        return done.returncode, done.stderr
+
+    def write(self, dest: str, content: bytes) -> None:
+        """An upload: the file lands in the chroot, as pct push or lxc-attach would put it."""
+        target = self._inside(dest)
+        if target is not None and not target.is_dir():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+
+    def injected(self) -> bool:
+        """Whether F was created (and remove it for the next command)."""
+        if self.flagged.exists():
+            self.flagged.unlink()
+            return True
+        return False
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    if os.geteuid() != 0 or not shutil.which("chroot"):
+        pytest.skip("the sandbox is a chroot: needs root")
+    return Sandbox(tmp_path_factory.mktemp("hostile-root"))
+
+
+class Findings:
+    """What running one deploy's commands in the sandbox found."""
+
+    def __init__(self):
+        self.injections: list[str] = []
+        self.parse_failures: list[str] = []
+        self.commands = 0
+
+    @property
+    def clean(self) -> bool:
+        return not (self.injections or self.parse_failures)
+
+
+_SEEN: dict[tuple, tuple[bool, str | None]] = {}
+STATS: dict[str, int] = {"tried": 0, "refused": 0, "planned": 0, "preflight": 0, "commands": 0,
+                         "runs": 0}
+
+
+def replay(deploy: Deploy, events: list[tuple], sandbox: Sandbox) -> Findings:
+    """Run every recorded command in the sandbox, container ones through the connector."""
+    findings = Findings()
+    state, ct_host, connector = deploy.connector()
+    uploads = hashlib.sha1()
+
+    def check(host_command: str, layers: list[str]) -> None:
+        findings.commands += 1
+        key = (host_command, uploads.hexdigest())
+        if key not in _SEEN:
+            errors = [e for e in map(sandbox.parses, layers) if e]
+            rc, stderr = sandbox.run(host_command)
+            if "Syntax error" in stderr:
+                errors.append(stderr.strip())
+            _SEEN[key] = (sandbox.injected(), "; ".join(errors) or None)
+        injected, error = _SEEN[key]
+        if injected:
+            findings.injections.append(host_command)
+        if error:
+            findings.parse_failures.append(f"{host_command!r}: {error}")
+
+    for event in events:
+        in_container = event[1] == deploy.ct
+        if event[0] == "cmd":
+            command = event[2]
+            if not in_container:
+                check(command, [command])
+                continue
+            inner = make_unix_command_for_host(state, ct_host, StringCommand(command))
+            wrapped = StringCommand("cd", "/", "&&", connector.make_exec_command(inner))
+            check(wrapped.get_raw_value(), [command, inner.get_raw_value(), wrapped.get_raw_value()])
+        else:
+            _, _, dest, content = event
+            uploads.update(repr((dest, content)).encode())
+            if content is not None:
+                sandbox.write(dest, content)
+            if in_container:
+                temp = "/tmp/pyinfra-container-upload/upload"
+                sandbox.write(temp, content or b"")
+                push = StringCommand("cd", "/", "&&", connector.make_push_command(temp, dest))
+                check(push.get_raw_value(), [push.get_raw_value()])
+    return findings
+
+
+def attempt(platform: str, settings: list, sandbox: Sandbox, monkeypatch) -> Findings | Exception:
+    """Deploy SETTINGS on @fake hosts and run its commands in the sandbox; or what it raised."""
+    try:
+        deploy = Deploy(platform, hosts_file(platform, settings))
+        return replay(deploy, deploy.run(monkeypatch), sandbox)
+    except Exception as error:  # noqa: BLE001 - the caller reports it
+        return error
+
+
+def locate(platform: str, settings: list, sandbox: Sandbox, monkeypatch, problems: list) -> None:
+    """Deploy SETTINGS together; split them until each finding names its field."""
+    result = attempt(platform, settings, sandbox, monkeypatch)
+    if isinstance(result, Findings) and result.clean:
+        STATS["planned"] += len(settings)
+        STATS["commands"] += result.commands
+        return
+    if len(settings) > 1:
+        middle = len(settings) // 2
+        locate(platform, settings[:middle], sandbox, monkeypatch, problems)
+        locate(platform, settings[middle:], sandbox, monkeypatch, problems)
+        return
+    [(_, field, setting)] = settings
+    name = f"{field}={setting!r}"
+    if isinstance(result, PreflightError):
+        STATS["preflight"] += 1  # refused before any change, with a clean message
+    elif isinstance(result, Exception):
+        problems.append(f"{name}: accepted, then {type(result).__name__}: {result}")
+    else:
+        STATS["planned"] += 1
+        STATS["commands"] += result.commands
+        problems.extend(f"{name}: F created by: {c}" for c in result.injections)
+        problems.extend(f"{name}: does not parse: {e}" for e in result.parse_failures)
+
+
+# --- the tests ------------------------------------------------------------------------------
+
+
+def test_the_sandbox_sees_an_unquoted_value(sandbox):
+    """The check can fail: an unquoted value creates F, also through pct exec's wrapping."""
+    value = PAYLOADS["dollar-paren"]
+    sandbox.run(f"echo no template matching {value}")
+    assert sandbox.injected()
+    sandbox.run(f"pct exec 105 --keep-env 0 -- sh -c 'echo {value}'")
+    assert sandbox.injected()
+    sandbox.run(StringCommand("echo", QuoteString(value)).get_raw_value())
+    assert not sandbox.injected()
+    assert sandbox.parses("echo 'unterminated") is not None
+
+
+def test_string_settings_are_read_from_the_models():
+    """Every string field is tried, as the models define them (not a hand-kept list)."""
+    names = {name for name, _ in HOST_STRINGS + CONTAINER_STRINGS} | set(MOUNT_STRINGS)
+    assert {"template", "lxc_path", "lxc_config", "venv_path", "model_path", "api_key",
+            "extra_server_args", "host_path", "path"} <= names
+    assert "cores" not in names and "gpus" not in names
+
+
+
+
+@pytest.mark.parametrize("payload", list(PAYLOADS))
+@pytest.mark.parametrize("platform", list(PLATFORMS))
+def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
+    platform, payload, sandbox, monkeypatch
+):
+    value = PAYLOADS[payload]
+    accepted: dict[int, list[tuple[str, str, Any]]] = {}
+    refused = []
+    for where, field, index, setting in settings_cases(platform, value):
+        STATS["tried"] += 1
+        try:
+            build_groups(hosts_file(platform, [(where, field, setting)]), DEFAULTS)
+        except SettingsError:
+            refused.append((field, setting))
+            STATS["refused"] += 1
+            continue
+        accepted.setdefault(index, []).append((where, field, setting))
+
+    problems: list[str] = []
+    for settings in accepted.values():
+        # All accepted fields at once; halves of them when that finds something, down to the
+        # field that does.
+        locate(platform, settings, sandbox, monkeypatch, problems)
+    STATS["runs"] = sandbox.runs
+    print(f"{platform} {payload}: {STATS}")
+    assert not problems, "\n".join(problems)
+
+
+# --- below validation: every operation and fact quotes what it is given ---------------------
+# Validation refuses most hostile values (the test above); the commands must not depend on
+# that. Each operation and fact of the project gets the payloads in every string argument,
+# with the facts saying "nothing there yet" (and "running, changed" for the restart paths).
+
+OPERATION_MODULES = (pct, lxc, stack, paths)
+FACT_MODULES = (container_facts, nvidia_facts, pve_facts, system_facts, verify_facts)
+RUNNING = {PctStatus: "running", LxcContainerStatus: "RUNNING",
+           UnitState: {"active": "active", "enabled": "disabled"}}
+
+
+def _argument(annotation: Any, value: str) -> Any:
+    """A hostile argument of this type, or a harmless one for a type that holds no string."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return _argument(str if str in args else args[0], value)
+    if annotation is str:
+        return value
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is list:
+        return [_argument(args[0], value)]
+    if origin is tuple:
+        return (_argument(args[0], value),)
+    if origin is dict:
+        return {"hostname": _argument(args[1], value), "sglang": _argument(args[1], value)}
+    if annotation is bool:
+        return True
+    if annotation is int:
+        return 105
+    if origin is Callable or annotation is Callable:
+        return lambda: True
+    raise TypeError(f"no hostile argument for {annotation!r}")
+
+
+def _hostile_arguments(function: Callable, value: str, skip: tuple = ()) -> dict:
+    hints = get_type_hints(function, include_extras=False)
+    names = [n for n in inspect.signature(function).parameters if n not in ("self", *skip)]
+    return {name: _argument(hints.get(name, str), value) for name in names}
+
+
+class _DefaultFacts(FakeHost):
+    """A host whose every fact answers its default ("nothing there"), or WORLD's value."""
+
+    def __init__(self, world: dict):
+        super().__init__(FakeState(), "hostile", facts={}, data={})
+        self.world = world
+
+    def get_fact(self, fact_cls, *args, **kwargs):  # type: ignore[override]
+        return self.world[fact_cls] if fact_cls in self.world else fact_cls().default()
+
+
+def operations() -> list:
+    return [
+        (f"{module.__name__.rsplit('.', 1)[-1]}.{name}", op)
+        for module in OPERATION_MODULES
+        for name, op in vars(module).items()
+        if hasattr(op, "_inner") and getattr(op, "__module__", None) == module.__name__
+    ]
+
+
+def facts() -> list:
+    return [
+        (f"{module.__name__.rsplit('.', 1)[-1]}.{name}", cls)
+        for module in FACT_MODULES
+        for name, cls in vars(module).items()
+        if isinstance(cls, type) and issubclass(cls, FactBase) and cls.__module__ == module.__name__
+    ]
+
+
+def _run_all(sandbox: Sandbox, commands: list[str]) -> list[str]:
+    problems = []
+    for command in commands:
+        error = sandbox.parses(command)
+        if error:
+            problems.append(f"does not parse: {command!r}: {error}")
+        sandbox.run(command)
+        if sandbox.injected():
+            problems.append(f"F created by: {command!r}")
+    return problems
+
+
+@pytest.mark.parametrize("payload", list(PAYLOADS))
+def test_every_operation_quotes_its_string_arguments(payload, sandbox):
+    value = PAYLOADS[payload]
+    problems, planned = [], 0
+    for name, op in operations():
+        for world in ({}, RUNNING):
+            host = _DefaultFacts(world)
+            kwargs = _hostile_arguments(op._inner, value)
+            if "src" in kwargs:
+                kwargs["src"] = StringIO(value)
+            with ctx_state.use(host.state), ctx_host.use(host):
+                try:
+                    commands = parse_commands(list(op._inner(**kwargs)))
+                except (ValueError, OperationError):
+                    continue  # refused before any command: fine
+            shell = [c for c in commands if isinstance(c, str)]
+            planned += len(shell)
+            problems += [f"{name}: {p}" for p in _run_all(sandbox, shell)]
+    assert planned > 30  # the operations did plan their commands
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("payload", list(PAYLOADS))
+def test_every_fact_quotes_its_string_arguments(payload, sandbox):
+    value = PAYLOADS[payload]
+    problems, ran = [], 0
+    for name, cls in facts():
+        kwargs = _hostile_arguments(cls.command, value)
+        try:
+            command = cls().command(**kwargs)
+        except ValueError:
+            continue  # refused before any command: fine
+        text = command if isinstance(command, str) else command.get_raw_value()
+        ran += 1
+        problems += [f"{name}: {p}" for p in _run_all(sandbox, [text])]
+    assert ran > 20
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("platform", list(PLATFORMS))
+def test_values_that_cannot_be_quoted_into_their_target_are_refused(platform):
+    """Quoting cannot help a newline in a config line, a unit or a path, nor a comma or '=' in a
+    Proxmox mount path (pct reads mpN as key=value,...): validation refuses them, cleanly."""
+    accepted = []
+    for payload in ("\nx", "x\ny", "\r"):
+        for where, field, _, value in settings_cases(platform, payload):
+            try:
+                build_groups(hosts_file(platform, [(where, field, value)]), DEFAULTS)
+            except SettingsError:
+                continue
+            accepted.append((field, value))
+    for payload in (",backup=1", "=1"):
+        for field in MOUNT_STRINGS:
+            for value in forms(payload, MOUNT_BASE[field]):
+                try:
+                    build_groups(hosts_file(platform, [("mount", field, value)]), DEFAULTS)
+                except SettingsError:
+                    continue
+                accepted.append((f"mounts.{field}", value))
+    assert not accepted, f"accepted: {accepted}"
