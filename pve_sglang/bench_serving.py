@@ -7,8 +7,10 @@ random token ids (``random`` samples ShareGPT and downloads it unless ``--datase
 given). The tokenizer is read from ``model_path`` inside the container.
 
 The benchmark authenticates with ``OPENAI_API_KEY`` from its environment (``Authorization:
-Bearer``): ``bench_shell`` exports it from the server's EnvironmentFile, so the key is never on a
-command line the deploy prints.
+Bearer``; 0.5.9 ``bench_serving.py`` and 0.5.23 ``benchmark/serving.py`` alike): ``bench_shell``
+exports it from the server's EnvironmentFile, so the key is never on a command line, and its
+``benchmark_args=`` line (the argparse Namespace) holds no key. The verify operation masks the
+secrets in any benchmark output it shows all the same.
 """
 
 from __future__ import annotations
@@ -121,10 +123,11 @@ def bench_argv(
 
 def bench_shell(argv: list[str], env_file: str) -> str:
     """A ``sh -c`` body running the benchmark with the server's API key (if any) taken from
-    ``env_file`` as ``OPENAI_API_KEY``; the key itself never appears in the command."""
+    ``env_file`` as ``OPENAI_API_KEY``: the key itself never appears in the command or an argv,
+    and the env file's other variables (``HF_TOKEN``) are read but not exported."""
     env = shlex.quote(env_file)
     return (
-        f"set -a; . {env}; set +a; "
+        f". {env}; "
         'if [ -n "${SGLANG_API_KEY:-}" ]; then export OPENAI_API_KEY="$SGLANG_API_KEY"; fi; '
         "exec " + shlex.join(argv)
     )

@@ -4,14 +4,19 @@ Everything here is pure: settings and facts in, text out. The deploy decides whe
 
 How the API key reaches the server
     SGLang reads ``api_key`` only from ``--api-key`` (or a ``--config`` YAML file); no release up to
-    0.5.23 reads it from the environment. The key is stored in the 0600 EnvironmentFile as
-    ``SGLANG_API_KEY`` and the unit's ExecStart names only the variable: ``--api-key
-    ${SGLANG_API_KEY}``. systemd substitutes ``${NAME}`` from the EnvironmentFile at exec time as one
-    word, so the secret never appears in the unit, in ``systemctl cat`` or in the deploy's output.
-    No shell wrapper is needed. An ExecStartPre refuses to start when the variable is empty, since
-    ``--api-key ""`` would silently serve without a key. Inside the container the key is still
-    visible in the server process's argv (``ps``), and SGLang itself logs its ServerArgs (key
-    included) at start: the container's root user can always read it.
+    0.5.23 reads it from the environment, and both 0.5.9 and 0.5.23 log their whole ServerArgs,
+    key included, at start (``logger.info(f"{server_args=}")`` in 0.5.9's
+    ``sglang/srt/entrypoints/engine.py``; ``server_args=...resolved_dict()`` in 0.5.23). So the key
+    is stored in the 0600 EnvironmentFile as ``SGLANG_API_KEY`` and the unit starts the server
+    through ``sglang_launch.py`` (uploaded to ``LAUNCHER``), with
+    ``--arg-from-env=--api-key=SGLANG_API_KEY`` and ``--mask-env=HF_TOKEN``. The launcher reads the
+    key from its environment, refuses to start when it is empty (exit 78, which
+    ``RestartPreventExitStatus`` keeps from looping), runs ``sglang.launch_server`` in a forked
+    child with ``--api-key KEY`` added to ``sys.argv`` only, and copies every process's output to
+    the journal with each secret value masked (``<hidden SGLANG_API_KEY>``). The key is therefore
+    in no unit file, no ``/proc/PID/cmdline`` (``ps``), no journal line and no deploy output.
+    Still readable by the container's root: the EnvironmentFile, ``/proc/PID/environ`` of the
+    launcher, the server's memory, and sglang's own crash dumps (``--crash-dump-folder``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Iterable, Mapping
 
 import jinja2
 
+from pve_sglang import sglang_launch
 from pve_sglang.settings import ContainerSettings, tensor_parallel_size
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -33,12 +39,16 @@ ENV_TEMPLATE = "sglang.env.j2"
 ENV_DIR = "/etc/sglang"
 API_KEY_VAR = "SGLANG_API_KEY"
 HF_TOKEN_VAR = "HF_TOKEN"
+# Where the deploy uploads pve_sglang/sglang_launch.py: the unit's ExecStart runs it.
+LAUNCHER = "/opt/sglang/sglang_launch.py"
+LAUNCHER_SOURCE = Path(sglang_launch.__file__)
 
 
 class EnvRef(str):
-    """An argument that systemd fills in from the environment at exec time: ``${NAME}``.
+    """An argument whose value the launcher takes from the environment variable NAME.
 
-    ``systemd_quote`` leaves it unescaped; every other ``$`` is doubled.
+    It stands after its flag in the server argv (``--api-key``, ``EnvRef("SGLANG_API_KEY")``);
+    ``launch_argv`` turns the pair into a launcher option, so the value is never in a command line.
     """
 
     def __new__(cls, name: str) -> EnvRef:
@@ -374,12 +384,12 @@ def _spec_escape(value: str) -> str:
 def systemd_quote(arg: str) -> str:
     """One ExecStart argument in systemd's syntax.
 
-    ``%`` becomes ``%%`` (specifiers) and ``$`` becomes ``$$`` (variable expansion), except in an
-    ``EnvRef``, which is left for systemd to fill in. Arguments with whitespace, quotes,
-    backslashes, ``$``, ``%`` or ``;`` (or empty ones) are double-quoted with C-style escapes.
+    ``%`` becomes ``%%`` (specifiers) and ``$`` becomes ``$$`` (variable expansion): systemd expands
+    nothing in it. Arguments with whitespace, quotes, backslashes, ``$``, ``%`` or ``;`` (or empty
+    ones) are double-quoted with C-style escapes.
     """
     if isinstance(arg, EnvRef):
-        return str(arg)
+        raise ValueError(f"{arg.name}: an environment reference goes through launch_argv")
     arg = str(arg)
     if arg and not _NEEDS_QUOTES.search(arg):
         return arg
@@ -400,8 +410,9 @@ def systemd_command(argv: list[str]) -> str:
     if not argv or not str(argv[0]).startswith("/"):
         raise ValueError(f"ExecStart needs an absolute executable path, got {argv[:1]}")
     lines = [[systemd_quote(argv[0])]]
-    for arg in argv[1:]:
-        if isinstance(arg, str) and arg.startswith("--") and not isinstance(arg, EnvRef):
+    for index, arg in enumerate(argv[1:], 1):
+        # A launcher's ``-m MODULE`` after its own options starts a line too.
+        if isinstance(arg, str) and (arg.startswith("--") or (arg == "-m" and index > 1)):
             lines.append([])
         lines[-1].append(systemd_quote(arg))
     return " \\\n    ".join(" ".join(words) for words in lines)
@@ -475,35 +486,54 @@ def cache_environment(settings: ContainerSettings) -> dict[str, str]:
     }
 
 
+def launch_argv(argv: list[str], mask_vars: Iterable[str] = (), launcher: str = LAUNCHER) -> list[str]:
+    """The ExecStart argv: ARGV (``PYTHON -m MODULE ...``) started through the launcher.
+
+    Each ``FLAG EnvRef(VAR)`` pair of ARGV becomes ``--arg-from-env=FLAG=VAR`` and every VAR, with
+    MASK_VARS, is masked in the output. Raises ValueError for an ARGV not of that form.
+    """
+    if len(argv) < 3 or argv[1] != "-m" or isinstance(argv[2], EnvRef):
+        raise ValueError(f"the server argv must be PYTHON -m MODULE ..., got {list(argv[:3])}")
+    python, module, rest = argv[0], argv[2], list(argv[3:])
+    from_env, args = [], []
+    for index, arg in enumerate(rest):
+        if isinstance(arg, EnvRef):
+            if not args or not args[-1].startswith("-") or isinstance(rest[index - 1], EnvRef):
+                raise ValueError(f"{arg.name}: an environment reference must follow its flag")
+            from_env.append(f"{sglang_launch.ARG_FROM_ENV}{args.pop()}={arg.name}")
+        else:
+            args.append(arg)
+    named = {option.rpartition("=")[2] for option in from_env}
+    masks = [f"{sglang_launch.MASK_ENV}{name}" for name in sorted(set(mask_vars) - named)]
+    return [python, launcher, *from_env, *masks, "-m", module, *args]
+
+
 def render_unit(
     settings: ContainerSettings,
     argv: list[str],
     env_file: str | None = None,
     description: str | None = None,
     extra_environment: Mapping[str, str] | None = None,
+    launcher: str = LAUNCHER,
 ) -> str:
-    """The systemd unit for the server. Secrets stay in ``env_file`` (default
-    ``/etc/sglang/<service_name>.env``); the unit only names ``SGLANG_API_KEY``."""
+    """The systemd unit for the server, started through the launcher (``launch_argv``).
+
+    Secrets stay in ``env_file`` (default ``/etc/sglang/<service_name>.env``); the unit only names
+    their variables, and systemd expands none of them into a command line.
+    """
     for secret in settings.secrets.values():
         if any(str(arg) == secret or str(arg).endswith("=" + secret) for arg in argv):
             raise ValueError("the server argv holds a secret value; it must come from the EnvironmentFile")
     env_file = env_file or env_file_path(settings)
     environment = {**cache_environment(settings), **(extra_environment or {})}
-    exec_start_pre = []
-    if any(isinstance(arg, EnvRef) and arg.name == API_KEY_VAR for arg in argv):
-        check = (
-            f'test -n "${{{API_KEY_VAR}}}" || {{ echo "{API_KEY_VAR} is empty in {env_file}: '
-            'refusing to serve without the API key" >&2; exit 1; }'
-        )
-        exec_start_pre.append(systemd_command(["/bin/sh", "-c", check]))
     return _ENV.get_template(UNIT_TEMPLATE).render(
         description=_spec_escape(description or f"SGLang server ({settings.model_path})").replace("\n", " "),
         env_file=_plain_path("env_file", env_file),
         env_vars=sorted(settings.secrets),
         environment=[_environment_assignment(k, v) for k, v in environment.items()],
         working_directory=_plain_path("sglang_cache_dir", settings.sglang_cache_dir),
-        exec_start_pre=exec_start_pre,
-        exec_start=systemd_command(argv),
+        exec_start=systemd_command(launch_argv(argv, settings.secrets, launcher)),
+        launcher_config_error=sglang_launch.EX_CONFIG,
         timeout_start_s=settings.health_timeout_s,
     )
 

@@ -17,6 +17,8 @@ from pve_sglang.operations import paths, stack
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.preflight import ServerFiles, select_gpus, server_files
 from pve_sglang.server_command import (
+    LAUNCHER,
+    LAUNCHER_SOURCE,
     env_file_path,
     flags_script,
     unit_name,
@@ -115,7 +117,7 @@ def container_steps() -> None:
     # Every path the steps below manage, so one read answers them all.
     paths.watch(
         *(ca_dest(path) for path in ca_files(cs)),
-        f"{TOOLS}/autotune_patch.py", f"{TOOLS}/sglang_flags.py", f"{cs.venv_path}/pyvenv.cfg",
+        f"{TOOLS}/autotune_patch.py", f"{TOOLS}/sglang_flags.py", LAUNCHER, f"{cs.venv_path}/pyvenv.cfg",
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
         f"/etc/systemd/system/{unit_name(cs)}", f"{cs.model_path}/config.json",
     )
@@ -250,6 +252,9 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
         stack.model_download(name=f"Model {cs.model_download} in {cs.model_path}", python=py,
                              repo=cs.model_download, revision=cs.model_revision,
                              path=cs.model_path, env_file=env_file)
+    # ExecStart runs it: the key reaches the server without a command line, masked in the log.
+    launcher = paths.put(name="Upload the server launcher", src=str(LAUNCHER_SOURCE),
+                         dest=LAUNCHER, mode="644")
     unit_file = paths.put(name=f"systemd unit {unit}", src=StringIO(unit_text),
                            dest=f"/etc/systemd/system/{unit}", mode="644")
     systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
@@ -258,7 +263,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
         "changed)",
         unit=unit,
         start=start,
-        restart=any_changed(unit_file, env, *stack_ops, restarts=unit),
+        restart=any_changed(unit_file, env, launcher, *stack_ops, restarts=unit),
     )
     if not start:
         logger.warning(f"{host.name}: {unit} not started: the SGLang server needs a GPU")

@@ -17,14 +17,17 @@ import pytest
 
 from pve_sglang.server_command import (
     API_KEY_VAR,
+    LAUNCHER,
     EnvRef,
     check_flags,
     dist_init_addr,
     flags_script,
     known_flags,
+    launch_argv,
     node_rank_for,
     parse_flags_output,
     server_argv,
+    systemd_quote,
     venv_python,
 )
 from pve_sglang.settings import ContainerSettings, load_defaults
@@ -149,6 +152,35 @@ def test_api_key_is_a_variable_reference():
     assert isinstance(argv[index + 1], EnvRef) and argv[index + 1] == "${SGLANG_API_KEY}"
     assert argv[index + 1].name == API_KEY_VAR
     assert not any("secret" in arg for arg in argv)
+
+
+def test_launch_argv_hands_the_key_reference_to_the_launcher():
+    argv = argv_for(settings(api_key="sk-very-secret", hf_token="hf_secret",
+                             extra_server_args=["--enable-metrics"]))
+    start = launch_argv(argv, ["HF_TOKEN", API_KEY_VAR])
+    assert start[:4] == [PY, LAUNCHER, "--arg-from-env=--api-key=SGLANG_API_KEY", "--mask-env=HF_TOKEN"]
+    server = argv[1:argv.index("--api-key")] + argv[argv.index("--api-key") + 2:]
+    assert start[4:] == server and server[:2] == ["-m", "sglang.launch_server"]
+    assert server[-1] == "--enable-metrics"
+    assert not any(isinstance(arg, EnvRef) for arg in start)
+    assert launch_argv(argv_for(), ["HF_TOKEN"])[2:4] == ["--mask-env=HF_TOKEN", "-m"]
+
+
+@pytest.mark.parametrize("bad", [
+    [PY, "sglang.launch_server"],
+    [PY, "-m"],
+    [PY, "-m", "sglang.launch_server", EnvRef("X")],
+    [PY, "-m", "sglang.launch_server", "--a", "value", EnvRef("X")],
+    [PY, "-m", "sglang.launch_server", "--a", EnvRef("X"), EnvRef("Y")],
+])
+def test_launch_argv_refuses_what_it_cannot_start(bad):
+    with pytest.raises(ValueError):
+        launch_argv(bad)
+
+
+def test_an_environment_reference_is_never_left_for_systemd_to_expand():
+    with pytest.raises(ValueError, match="launch_argv"):
+        systemd_quote(EnvRef(API_KEY_VAR))
 
 
 @pytest.mark.parametrize("extra", [["--api-key", "x"], ["--api-key=x"], ["--admin-api-key", "y"]])

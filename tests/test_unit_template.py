@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from pve_sglang.server_command import (
+    LAUNCHER,
+    LAUNCHER_SOURCE,
     env_file_path,
     env_quote,
+    launch_argv,
     render_env,
     render_unit,
     server_argv,
@@ -37,12 +40,13 @@ def settings(**overrides) -> ContainerSettings:
     return ContainerSettings.model_validate({**data, **overrides})
 
 
-def write_unit(tmp_path: Path, s: ContainerSettings, argv: list[str]) -> tuple[Path, Path, str]:
+def write_unit(tmp_path: Path, s: ContainerSettings, argv: list[str],
+               launcher: str = LAUNCHER) -> tuple[Path, Path, str]:
     env_file = tmp_path / "etc" / f"{s.service_name}.env"
     env_file.parent.mkdir(parents=True, exist_ok=True)
     env_file.write_text(render_env(s))
     env_file.chmod(0o600)
-    text = render_unit(s, argv, env_file=str(env_file))
+    text = render_unit(s, argv, env_file=str(env_file), launcher=launcher)
     unit = tmp_path / f"{s.service_name}.service"
     unit.write_text(text)
     return unit, env_file, text
@@ -135,13 +139,16 @@ def test_no_secret_in_the_unit(tmp_path, secret_settings):
     for secret in (HF_TOKEN, API_KEY, "SecretToken", "sk-live"):
         assert secret not in text
     assert "hf_AbCdEfSecretToken123" in env_text and "sk-live-Secret" in env_text
-    assert "${SGLANG_API_KEY}" in text
-    # systemd hands the server the real key, read from the EnvironmentFile at exec time.
+    assert "${" not in text and "ExecStartPre" not in text
     env = sh_env(env_file)
     assert env["SGLANG_API_KEY"] == API_KEY and env["HF_TOKEN"] == HF_TOKEN
+    # systemd expands nothing: the command line it runs is the same with the secrets set.
     (start,) = parsed_commands(unit)["ExecStart"]
-    expanded = [exec_time(arg, env) for arg in start]
-    assert expanded[expanded.index("--api-key") + 1] == API_KEY
+    assert [exec_time(arg, env) for arg in start] == [exec_time(arg, {}) for arg in start]
+    assert start[:2] == [PYTHON, LAUNCHER]
+    assert "--arg-from-env=--api-key=SGLANG_API_KEY" in start and "--mask-env=HF_TOKEN" in start
+    assert "--api-key" not in start
+    assert start[start.index("-m"):] == [arg for arg in argv[1:] if arg not in ("--api-key", "${SGLANG_API_KEY}")]
 
 
 def test_secret_in_argv_is_refused(secret_settings):
@@ -151,21 +158,29 @@ def test_secret_in_argv_is_refused(secret_settings):
 
 
 def test_empty_api_key_variable_stops_the_start(tmp_path, secret_settings):
-    """The ExecStartPre guard, run as systemd would run it."""
+    """The unit's ExecStart, run as systemd would run it (the real launcher, this machine's
+    Python, no sglang here): an empty key stops it with the exit code that prevents restarts."""
     argv = server_argv(secret_settings, 8, [], None, 1, None, PYTHON)
-    unit, env_file, _ = write_unit(tmp_path, secret_settings, argv)
-    (pre,) = parsed_commands(unit)["ExecStartPre"]
-    for env, code in [(sh_env(env_file), 0), ({"PATH": "/usr/bin:/bin"}, 1)]:
-        command = [exec_time(arg, env) for arg in pre]
-        done = subprocess.run(command, env=env, capture_output=True, text=True)
-        assert done.returncode == code, done.stderr
-    assert "SGLANG_API_KEY is empty" in done.stderr
+    unit, env_file, text = write_unit(tmp_path, secret_settings, argv, launcher=str(LAUNCHER_SOURCE))
+    assert "RestartPreventExitStatus=78" in text.splitlines()
+    (start,) = parsed_commands(unit)["ExecStart"]
+    base = {"PATH": "/usr/bin:/bin"}
+    results = {}
+    for label, env in [("set", {**base, **sh_env(env_file)}), ("empty", {**base, "SGLANG_API_KEY": ""}),
+                       ("unset", base)]:
+        results[label] = subprocess.run(start, env=env, capture_output=True, text=True, timeout=60)
+    assert results["empty"].returncode == results["unset"].returncode == 78
+    assert "SGLANG_API_KEY is empty or unset" in results["empty"].stderr
+    # With the key, the launcher runs the module: this machine has no sglang.
+    assert results["set"].returncode == 1 and "No module named" in results["set"].stdout
+    for done in results.values():
+        assert API_KEY not in done.stdout + done.stderr
 
 
 def test_no_key_no_guard(tmp_path):
     s = settings(sglang_cache_dir=str(tmp_path / "cache"))
     unit, env_file, text = write_unit(tmp_path, s, server_argv(s, 1, [], None, 1, None, PYTHON))
-    assert "ExecStartPre" not in text and "--api-key" not in text
+    assert "--arg-from-env" not in text and "--api-key" not in text and "--mask-env" not in text
     assert [line for line in env_file.read_text().splitlines() if not line.startswith("#")] == []
     assert verify(unit).returncode == 0
 
@@ -184,7 +199,9 @@ def test_quoting_round_trip(tmp_path):
     unit, _, text = write_unit(tmp_path, s, argv)
     assert '"/models/my template %%i.jinja"' in text and '"100%%"' in text and "$$HOME" in text
     (start,) = parsed_commands(unit)["ExecStart"]
-    assert [exec_time(arg, {}) for arg in start] == list(argv)
+    expanded = [exec_time(arg, {}) for arg in start]
+    assert expanded == launch_argv(argv)
+    assert expanded[expanded.index("-m"):] == list(argv[1:])
 
 
 @pytest.mark.parametrize(

@@ -31,16 +31,21 @@ class VisibleGpus(FactBase[list[str]]):
 class HttpStatus(FactBase["int | None"]):
     """
     Returns the HTTP status of a GET of URL from inside the container (None: no answer), with
-    the server's API key from ENV_FILE when it sets one (the key never enters the command).
+    the server's API key from ENV_FILE when it sets one.
+
+    The key is read by the shell (not exported) and reaches curl on its standard input as a
+    header (``-H @-``, printed by the shell's builtin ``printf``), so it is in no process's argv
+    or environment, and the command itself holds only the variable's name.
     """
 
     @override
     def command(self, url: str, env_file: str) -> str:
         env = shlex.quote(env_file)
         return (
-            f"set -a; [ -r {env} ] && . {env}; set +a; "
-            "curl -s -o /dev/null -m 10 -w '%{http_code}' "
-            '${SGLANG_API_KEY:+-H "Authorization: Bearer $SGLANG_API_KEY"} '
+            f"[ -r {env} ] && . {env}; "
+            'if [ -n "${SGLANG_API_KEY:-}" ]; then '
+            "printf 'Authorization: Bearer %s\\n' \"$SGLANG_API_KEY\"; fi | "
+            "curl -s -o /dev/null -m 10 -w '%{http_code}' -H @- "
             f"{shlex.quote(url)} || true"
         )
 

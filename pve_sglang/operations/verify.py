@@ -16,6 +16,8 @@ from ..facts.nvidia import GpuCheck, NvidiaP2pMatrix, NvidiaTopoMatrix
 from ..facts.system import IommuAcs, VirtualMachineType
 from ..facts.verify import HttpStatus, VisibleGpus
 from ..p2p import build_report, format_report
+from ..settings import ContainerSettings, settings_for
+from ..sglang_launch import mask_text
 
 HMM_HINT = (
     "if nvidia-smi works but CUDA does not initialise (cuInit error 3), nvidia_uvm runs with "
@@ -131,8 +133,10 @@ def benchmark(runs: dict[int, list[str]], env_file: str):
             try:
                 rows.append({"concurrency": concurrency, **parse_bench_output(output)})
             except ValueError as error:
+                # The benchmark holds the key (OPENAI_API_KEY): none of its output is trusted.
+                secrets = settings_for(host.data, ContainerSettings).secrets
                 raise OperationError(f"benchmark at concurrency {concurrency}: {error}:\n"
-                                     + output[-2000:]) from None
+                                     + mask_text(output, secrets)[-2000:]) from None
         logger.info(f"{host.name}: benchmark summary\n" + summary_table(rows))
         host.noop("benchmark ran")
     yield from ()
