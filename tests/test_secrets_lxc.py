@@ -21,6 +21,7 @@ itself until it fails.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -177,6 +178,13 @@ def _download_wheelhouse(dest: Path) -> None:
 @pytest.fixture(scope="session")
 def server_args_venv(lxc_env) -> Path:
     """The cached venv (host path) holding sglang 0.5.9 and what its ServerArgs import needs."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f".{VENV_CACHE.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the others then reuse it
+        return _build_venv(lxc_env)
+
+
+def _build_venv(lxc_env) -> Path:
     venv_path = settings().venv_path
     stamp = VENV_CACHE / ".pvs-complete"
     if stamp.exists():
