@@ -193,6 +193,12 @@ def http_url(value: str) -> str:
     parts = urlsplit(value) if not _WHITESPACE_OR_CONTROL.search(value) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("allowed: an http:// or https:// URL with a host and no whitespace")
+    if parts.username is not None or parts.password is not None:
+        # The URL goes on uv's and curl's command lines, which ps shows to every user.
+        raise ValueError(
+            "credentials in a URL would be visible on command lines (ps) and in logs; allowed: "
+            "a URL without user:password@ (e.g. a mirror that trusts the container's network)"
+        )
     return value
 
 
@@ -581,6 +587,9 @@ def _shown(top: str, value: Any) -> Any:
     """A value as an error message may show it: secrets masked, also inside extra_server_args."""
     if top in ("hf_token", "api_key"):
         return "<secret>"
+    if isinstance(value, str) and top.endswith("_url"):
+        # user:password@ of a URL is a secret too.
+        return re.sub(r"(?<=://)[^/@]*@", "<secret>@", value)
     if top == "extra_server_args" and isinstance(value, (list, str)):
         items = value if isinstance(value, list) else [value]
         shown, hide = [], False

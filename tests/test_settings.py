@@ -268,6 +268,10 @@ SECRETS_REFUSED = {
     "api key flag value": ({"extra_server_args": [f"--api-key={SECRET}"]}, "set api_key"),
     "api key flag next item": ({"extra_server_args": ["--api-key", SECRET, "--x y"]}, "holds a space"),
     "api key flag next item bad": ({"extra_server_args": ["--api-key", f"{SECRET}\n"]}, "newline"),
+    "index url with credentials": ({"pip_index_url": f"https://bot:{SECRET}@mirror.example/simple"},
+                                   "credentials in a URL"),
+    "torch index url with user": ({"torch_index_url": f"https://{SECRET}@mirror.example/cu128"},
+                                  "credentials in a URL"),
 }
 
 
