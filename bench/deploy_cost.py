@@ -4,7 +4,7 @@
 
 Steps, all in a private LXC path under /tmp that is destroyed at the end (also on error):
 
-1. a rootfs tarball for the containers: ``tests/lxc_env.py``'s cached Debian rootfs with the
+1. a rootfs tarball for the containers: ``pve_sglang/testing/lxc_env.py``'s cached Debian rootfs with the
    test-time additions (resolv.conf, this machine's CA certificates, sshd and apt timers off);
 2. one hosts file per size (1, 2, 4 containers), every container installing the real sglang
    wheel (``stack_install: sglang-no-deps``) from a bind-mounted wheelhouse; the host has no
@@ -298,8 +298,7 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-sys.path.insert(0, str(REPO / "tests"))
-import lxc_env  # noqa: E402  (tests/lxc_env.py: the rootfs cache the tests build)
+from pve_sglang.testing import lxc_env  # noqa: E402  (the rootfs cache the tests build)
 
 # --------------------------------------------------------------------------------------------
 # The LXC test bed

@@ -1,7 +1,7 @@
 """
 Shared pytest fixtures.
 
-LXC test environment (see tests/lxc_env.py), all needing root, lxc, debootstrap and zstd:
+LXC test environment (see pve_sglang/testing/lxc_env.py), all needing root, lxc, debootstrap and zstd:
 
 + ``lxc_env`` (session): the ``LxcEnv``: a private LXC path with the extracted Debian 12 base.
 + ``lxc_container`` (session): a running container (systemd up). Its ``name``, ``lxc_path``,
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-import lxc_env as lxc_env_module
+from pve_sglang.testing import lxc_env as lxc_env_module
 
 
 def _skip_without_lxc() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import lxc_env
+from pve_sglang.testing import lxc_env
 from wheels import wheel
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,11 +20,11 @@ import yaml
 from pyinfra.api import Config
 from pyinfra.facts.files import FileContents
 
-import lxc_env
 from harness import plan_deploy
 from pve_sglang.facts.container import UnitState
 from pve_sglang.operations.paths import color_diff, mask_secret
 from pve_sglang.settings import load_defaults
+from pve_sglang.testing import lxc_env
 from tasks.container import container_phase
 from test_host_phase_recorded import (
     DEVICES_ALL,

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-import lxc_env
+from pve_sglang.testing import lxc_env
 from harness import plan_deploy
 from test_deploy_lxc import NO_GPU_DROPIN, REPO, UNIT, Deploy, changed, failed
 

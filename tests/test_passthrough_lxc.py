@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-import lxc_env
+from pve_sglang.testing import lxc_env
 from pve_sglang import passthrough
 from pve_sglang.passthrough import parse_proc_devices, pve_dev_entries, raw_lxc_lines
 

@@ -38,7 +38,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+#: The checkout this module is in (pve_sglang/testing/lxc_env.py): the cache is the checkout's.
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Where the rootfs tarball is cached; PVE_SGLANG_ROOTFS_CACHE overrides (e.g. to time a cold build).
 CACHE_DIR = Path(os.environ.get("PVE_SGLANG_ROOTFS_CACHE") or REPO_ROOT / ".cache" / "rootfs")
 
@@ -75,7 +76,7 @@ USERNS_BASE_ID = 100000
 USERNS_SIZE = 65536
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
 
-#: Seconds spent in named steps and how often, printed at the end of the session (conftest.py).
+#: Seconds spent in named steps and how often, printed at the end of the session (tests/conftest.py).
 TIMINGS: dict[str, list[float]] = {}
 
 
