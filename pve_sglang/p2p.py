@@ -22,16 +22,6 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _GPU = re.compile(r"^GPU(\d+)$")
 _NVLINK = re.compile(r"^NV(\d+)$")
 
-LINK_MEANING = {
-    "X": "self",
-    "NV": "NVLink (bonded set of # links)",
-    "PIX": "at most one PCIe bridge",
-    "PXB": "several PCIe bridges, no host bridge",
-    "PHB": "through a PCIe host bridge (CPU)",
-    "NODE": "across host bridges within one NUMA node",
-    "SYS": "across the SMP interconnect between NUMA nodes",
-}
-
 P2P_STATUS_MEANING = {
     "X": "self",
     "OK": "supported",

@@ -4,7 +4,7 @@ NVIDIA GPU passthrough into an LXC container: pure functions, no I/O.
 Inputs are read from the host by the caller:
 
 + the GPU indices to pass (``[0, 1]`` means ``/dev/nvidia0`` and ``/dev/nvidia1``);
-+ the character-device majors from the host's ``/proc/devices`` (``parse_proc_devices``): the
++ the character-device majors from the host's ``/proc/devices`` (the ``CharDeviceMajors`` fact): the
   driver's frontend major is 195 and is called ``nvidia-frontend`` (some drivers print
   ``nvidia``); ``nvidia-uvm`` and ``nvidia-caps`` are dynamic and move between kernels;
 + the NVIDIA device nodes present on the host (``/dev/nvidia0``, ``/dev/nvidiactl``,
@@ -58,28 +58,6 @@ class Node:
     major_name: str | None  # key in /proc/devices; None: the frontend major
     minor: int | None  # None: any minor of that major (``MAJOR:*``)
     is_dir: bool = False
-
-
-def parse_proc_devices(text: str) -> dict[str, int]:
-    """
-    The ``Character devices:`` section of ``/proc/devices`` as ``{name: major}``.
-    Block devices are ignored. The first major wins if a name repeats.
-    """
-    majors: dict[str, int] = {}
-    in_char = False
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line:
-            continue
-        if line.endswith(":"):
-            in_char = line.lower().startswith("character")
-            continue
-        if not in_char:
-            continue
-        number, _, name = line.partition(" ")
-        if number.isdigit() and name.strip():
-            majors.setdefault(name.strip(), int(number))
-    return majors
 
 
 def frontend_major(majors: Mapping[str, int]) -> int:

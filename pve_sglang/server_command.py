@@ -38,7 +38,6 @@ UNIT_TEMPLATE = "sglang.service.j2"
 ENV_TEMPLATE = "sglang.env.j2"
 ENV_DIR = "/etc/sglang"
 API_KEY_VAR = "SGLANG_API_KEY"
-HF_TOKEN_VAR = "HF_TOKEN"
 # Where the deploy uploads pve_sglang/sglang_launch.py: the unit's ExecStart runs it.
 LAUNCHER = "/opt/sglang/sglang_launch.py"
 LAUNCHER_SOURCE = Path(sglang_launch.__file__)

@@ -12,39 +12,15 @@ import pytest
 
 from fixtures.factutil import fake_bin, lines, local_fact, run_command, text
 from pve_sglang.facts.pve import (
-    LxcContainerConfig,
     LxcContainerStatus,
     PctConfig,
     PctStatus,
     PveamTemplates,
     PveContainerVersion,
-    PveManagerVersion,
     parse_dpkg_version,
 )
 
 MISSING_PVE_NAS = "pve_pct_missing_ct_pve-nas-issue6.txt"
-
-
-# --- PveManagerVersion -----------------------------------------------------------------------
-
-def test_pveversion_recorded_pve8_0():
-    assert PveManagerVersion().process(lines("public", "pve8_pveversion_osx-proxmox-pr30.txt")) == "8.0.3"
-
-
-def test_pveversion_recorded_pve8_2():
-    assert PveManagerVersion().process(lines("public", "pve8_pveversion_storage-plugin-test-log.txt")) == "8.2.2"
-
-
-def test_pveversion_brief_example():
-    assert PveManagerVersion().process(
-        ["pve-manager/8.2.4/faa83925c9641325 (running kernel: 6.8.8-2-pve)"]) == "8.2.4"
-
-
-def test_pveversion_missing_is_none():
-    done = run_command(PveManagerVersion().command(), bare=True)
-    assert done.returncode == 0 and done.stdout == ""
-    value, failed = local_fact(PveManagerVersion)
-    assert not failed and value is None
 
 
 # --- PveContainerVersion ---------------------------------------------------------------------
@@ -220,24 +196,3 @@ def test_lxc_status_recorded_missing_container_here():
 
 def test_lxc_status_running():
     assert LxcContainerStatus().process(["State:          RUNNING"]) == "RUNNING"
-
-
-def test_lxc_config_recorded_here():
-    entries = LxcContainerConfig().process(lines("dev-docker", "fact_LxcContainerConfig_t1.txt"))
-    assert entries[0] == ("lxc.include", "/usr/share/lxc/config/common.conf")
-    assert ("lxc.cgroup2.devices.allow", "c 508:* rwm") in entries
-    assert [key for key, _ in entries].count("lxc.mount.entry") >= 4
-
-
-def test_lxc_config_missing_is_none(tmp_path):
-    done = run_command(LxcContainerConfig().command(container="nope", lxc_path=str(tmp_path)))
-    assert done.returncode == 0 and done.stdout == ""
-    value, failed = local_fact(LxcContainerConfig, container="nope", lxc_path=str(tmp_path))
-    assert (value, failed) == (None, False)
-
-
-def test_lxc_config_through_local_connector(tmp_path):
-    (tmp_path / "c1").mkdir()
-    (tmp_path / "c1" / "config").write_text(text("dev-docker", "fact_LxcContainerConfig_t1.txt").split("\n", 1)[1])
-    value, failed = local_fact(LxcContainerConfig, container="c1", lxc_path=str(tmp_path))
-    assert not failed and value[0] == ("lxc.include", "/usr/share/lxc/config/common.conf")

@@ -15,7 +15,8 @@ import pytest
 
 from pve_sglang.testing import lxc_env
 from pve_sglang import passthrough
-from pve_sglang.passthrough import parse_proc_devices, pve_dev_entries, raw_lxc_lines
+from pve_sglang.facts.nvidia import CharDeviceMajors
+from pve_sglang.passthrough import pve_dev_entries, raw_lxc_lines
 
 MAJORS = {"nvidia-frontend": 195, "nvidia-uvm": 508, "nvidia-caps": 509}
 ALL_NODES = [
@@ -53,8 +54,8 @@ Block devices:
 # Parsing /proc/devices
 
 
-def test_parse_proc_devices_character_section_only():
-    majors = parse_proc_devices(PROC_DEVICES)
+def test_char_device_majors_character_section_only():
+    majors = CharDeviceMajors().process(PROC_DEVICES.splitlines())
     assert majors["nvidia-frontend"] == 195
     assert majors["nvidia-uvm"] == 508
     assert majors["nvidia-caps"] == 509

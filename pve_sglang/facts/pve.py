@@ -1,6 +1,6 @@
 """
-Facts about Proxmox VE and its containers (``pct``, ``pveam``, ``pveversion``), and about plain
-LXC containers (``lxc-info``, ``LXCPATH/NAME/config``) for hosts without Proxmox.
+Facts about Proxmox VE and its containers (``pct``, ``pveam``, the ``pve-container`` package),
+and about plain LXC containers (``lxc-info``) for hosts without Proxmox.
 
 A container that does not exist is an answer (``None``), not an error: the deploy creates it.
 """
@@ -74,33 +74,6 @@ class PveContainerVersion(FactBase[str | None]):
     @override
     def process(self, output: list[str]) -> str | None:
         return parse_dpkg_version(output)
-
-
-_PVEVERSION = re.compile(r"^pve-manager/(\S+?)/")
-
-
-def parse_pveversion(lines: list[str]) -> str | None:
-    """``pve-manager/8.2.4/faa83925c9641325 (running kernel: 6.8.8-2-pve)`` -> ``"8.2.4"``."""
-    for line in lines:
-        match = _PVEVERSION.match(line.strip())
-        if match:
-            return match.group(1)
-    return None
-
-
-class PveManagerVersion(FactBase[str | None]):
-    """
-    Returns the Proxmox VE release (the ``pve-manager`` version from ``pveversion``, e.g.
-    ``"8.2.4"``), or ``None`` when ``pveversion`` is missing (not a Proxmox VE host).
-    """
-
-    @override
-    def command(self) -> str:
-        return "if command -v pveversion >/dev/null 2>&1; then pveversion; fi"
-
-    @override
-    def process(self, output: list[str]) -> str | None:
-        return parse_pveversion(output)
 
 
 def parse_pct_status(lines: list[str]) -> str | None:
@@ -254,36 +227,3 @@ class LxcContainerStatus(FactBase[str | None]):
     @override
     def process(self, output: list[str]) -> str | None:
         return parse_lxc_info_state(output)
-
-
-def parse_lxc_config(lines: list[str]) -> list[tuple[str, str]]:
-    """``key = value`` lines of an LXC config, in order (keys repeat), comments skipped."""
-    entries = []
-    for line in lines:
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        key, sep, value = stripped.partition("=")
-        if sep:
-            entries.append((key.strip(), value.strip()))
-    return entries
-
-
-class LxcContainerConfig(FactBase["list[tuple[str, str]] | None"]):
-    """
-    Returns the raw ``key = value`` lines of plain LXC container CONTAINER's config
-    (``LXC_PATH/CONTAINER/config``) as an ordered list of (key, value) pairs, or ``None`` when the
-    file does not exist.
-    """
-
-    @override
-    def command(self, container: str, lxc_path: str = "/var/lib/lxc") -> StringCommand:
-        path = QuoteString(f"{lxc_path.rstrip('/')}/{container}/config")
-        return StringCommand("if [ -f", path, "]; then echo '# present'; cat",
-                             StringCommand(path, ";", _separator=""), "fi")
-
-    @override
-    def process(self, output: list[str]) -> list[tuple[str, str]] | None:
-        if not output or output[0] != "# present":
-            return None
-        return parse_lxc_config(output[1:])

@@ -23,23 +23,6 @@ def parse_detect_virt(lines: list[str]) -> str | None:
     return value or None
 
 
-class VirtualisationType(FactBase[str | None]):
-    """
-    Returns what ``systemd-detect-virt`` reports: ``"none"`` on bare metal, a VM type (``"kvm"``,
-    ``"qemu"``, ``"vmware"``, ``"microsoft"``, ...) or a container type (``"lxc"``, ``"docker"``,
-    ...), the innermost first. ``None`` when systemd-detect-virt is missing. (It exits 1 when it
-    prints ``none``; the fact does not count that as a failure.)
-    """
-
-    @override
-    def command(self) -> str:
-        return "systemd-detect-virt 2>/dev/null || true"
-
-    @override
-    def process(self, output: list[str]) -> str | None:
-        return parse_detect_virt(output)
-
-
 class VirtualMachineType(FactBase[str | None]):
     """
     Returns ``systemd-detect-virt --vm``: the hypervisor this machine runs under (``"kvm"``,
