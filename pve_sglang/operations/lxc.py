@@ -20,6 +20,28 @@ def create(container: str, lxc_path: str, release: str, rootfs_tarball: str | No
     """
     Create plain LXC container CONTAINER when it does not exist: Debian RELEASE through the
     ``debian`` template (debootstrap), or unpacked from ROOTFS_TARBALL when given.
+
+    + container: the container's name (``lxc-create -n``)
+    + lxc_path: where the host's containers live (``lxc-create -P``), e.g. ``/var/lib/lxc``
+    + release: the Debian release the ``debian`` template installs, e.g. ``bookworm``
+    + rootfs_tarball: a rootfs tarball on the host, unpacked instead of running the template
+      (the config the template would write is written too); ``None`` runs the template
+
+    The new container's ``ssh.service`` and ``ssh.socket`` are masked: the deploy reaches it
+    through ``lxc-attach``, and an sshd sharing the host's network would listen on its port 22.
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import lxc
+
+        lxc.create(
+            name="Create container sglang-1",
+            container="sglang-1",
+            lxc_path="/var/lib/lxc",
+            release="bookworm",
+        )
     """
     name = container
     if host.get_fact(LxcContainerStatus, container=name, lxc_path=lxc_path) is not None:
@@ -56,7 +78,30 @@ def create(container: str, lxc_path: str, release: str, rootfs_tarball: str | No
 
 @operation()
 def power(container: str, lxc_path: str, restart: Callable[[], bool]):
-    """Start container CONTAINER when it is not running; restart it once when RESTART says so."""
+    """
+    Start container CONTAINER when it is not running (``lxc-start``, then ``lxc-wait`` for
+    RUNNING); restart it once when RESTART says so.
+
+    + container: the container's name (``-n``)
+    + lxc_path: where the host's containers live (``-P``), e.g. ``/var/lib/lxc``
+    + restart: asked only when the container runs; true stops it (``lxc-stop -t 120``) and starts
+      it again. Usually ``any_changed`` of the operations that changed its config
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import lxc
+        from pve_sglang.operations.changes import any_changed
+
+        # config: the owned.lines operation that keeps the container's config
+        lxc.power(
+            name="Container sglang-1 running",
+            container="sglang-1",
+            lxc_path="/var/lib/lxc",
+            restart=any_changed(config, restarts="container sglang-1 (lxc-stop, lxc-start)"),
+        )
+    """
     name = container
     status = host.get_fact(LxcContainerStatus, container=name, lxc_path=lxc_path)
     where = ["-P", QuoteString(lxc_path), "-n", QuoteString(name)]

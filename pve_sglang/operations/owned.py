@@ -18,10 +18,32 @@ from .paths import diff_wanted, show_diff
 @operation()
 def lines(path: str, lines: list[str], owned: Callable[[str], bool]):
     """
-    Keep the lines of PATH that ``owned`` recognises equal to LINES, leaving every other line
+    Keep the lines of PATH that OWNED recognises equal to LINES, leaving every other line
     where it is (container configs the user edits too: ``/etc/pve/lxc/VMID.conf``, raw LXC).
     The file is replaced whole (pmxcfs takes a write, not an edit); ``--diff`` shows the
     change from the content already read, at no extra command.
+
+    + path: the config file; created, with its directory, when missing
+    + lines: the lines the deploy wants there, in order
+    + owned: true for a line the deploy owns: owned lines not in LINES are removed, and LINES
+      take the place of the first one; every line it does not own stays as it is
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.config_lines import owned_by_gpu_passthrough
+        from pve_sglang.operations import owned
+
+        owned.lines(
+            name="Container 105 GPU passthrough (raw lxc lines)",
+            path="/etc/pve/lxc/105.conf",
+            lines=[
+                "lxc.cgroup2.devices.allow: c 195:* rwm",
+                "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file",
+            ],
+            owned=owned_by_gpu_passthrough({"nvidia": 195, "nvidia-uvm": 508}),
+        )
     """
     content = host.get_fact(FileContents, path=path)
     text = "\n".join(content or []) + ("\n" if content else "")

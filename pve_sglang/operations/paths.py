@@ -146,12 +146,35 @@ def _remote_lines(dest: str, secret: bool) -> list[str]:
 @operation()
 def put(src: str | IO, dest: str, mode: str, secret: bool = False):
     """
-    Upload SRC (a local path or a file-like object) to DEST with MODE when DEST is missing or
-    its content differs, and set MODE when only that differs. A new file is created with MODE
-    before its content arrives, so a secret is never readable by others, even briefly.
+    Upload SRC to DEST with MODE when DEST is missing or its content differs, and set MODE when
+    only that differs. A new file is created with MODE before its content arrives, so a secret
+    is never readable by others, even briefly. DEST is read with the other watched paths
+    (``watch``), in one command.
 
     With ``--diff`` the plan shows the change as ``files.put`` does; DEST is read for it only
-    then, and only when it changes. SECRET (an env file of tokens): every value is masked.
+    then, and only when it changes.
+
+    + src: a local file path, or a file-like object (``StringIO`` of rendered text)
+    + dest: the path in the container; missing directories are created
+    + mode: the file's mode, in octal (``"644"``, ``"600"``)
+    + secret: the file holds secrets (an env file of tokens): ``--diff`` masks every value, and
+      the content read for it is not printed
+
+    **Example:**
+
+    .. code:: python
+
+        from io import StringIO
+
+        from pve_sglang.operations import paths
+
+        paths.put(
+            name="Server environment /etc/sglang/sglang.env (secrets, mode 0600)",
+            src=StringIO(env_text),  # the rendered env file: HF_TOKEN=..., SGLANG_API_KEY=...
+            dest="/etc/sglang/sglang.env",
+            mode="600",
+            secret=True,
+        )
     """
     remote = state(dest)
     if hasattr(src, "seek"):
@@ -182,7 +205,21 @@ def put(src: str | IO, dest: str, mode: str, secret: bool = False):
 
 @operation()
 def directory(path: str, mode: str):
-    """A directory at PATH with MODE (parents created as needed)."""
+    """
+    A directory at PATH with MODE (parents created as needed); a file already at PATH that is
+    not a directory stops the deploy.
+
+    + path: the directory in the container
+    + mode: its mode, in octal (``"755"``, ``"700"``)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import paths
+
+        paths.directory(name="Secrets directory", path="/etc/sglang", mode="700")
+    """
     current = state(path)
     target = QuoteString(path)
     if current is None:

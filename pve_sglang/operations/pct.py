@@ -30,8 +30,24 @@ def find_template(volids: list[str], storage: str, template: str) -> str | None:
 @operation()
 def template(storage: str, template: str):
     """
-    Make sure a container template is on STORAGE: an exact file name, or a name prefix that
-    takes the newest matching template ``pveam available`` lists.
+    Make sure a container template is on STORAGE (``pveam download``): an exact file name, or
+    a name prefix that takes the newest matching template ``pveam available`` lists.
+
+    + storage: the Proxmox storage that holds container templates, e.g. ``local``
+    + template: a template file name (``debian-12-standard_12.7-1_amd64.tar.zst``) or a prefix
+      (``debian-12-standard``); a prefix already matched by a template on STORAGE downloads nothing
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import pct
+
+        pct.template(
+            name="Container template debian-12-standard",
+            storage="local",
+            template="debian-12-standard",
+        )
     """
     present = find_template(host.get_fact(PveamTemplates, storage=storage), storage, template)
     if present:
@@ -81,6 +97,37 @@ def create(
     Create container VMID from the newest matching template when it does not exist yet, with
     every size and network option given and ``--unprivileged`` always explicit (newer
     pve-container releases default it to 1). It is created stopped; ``power`` starts it.
+
+    + vmid: the container's Proxmox ID
+    + storage: the storage holding the template (see ``template``)
+    + template: the template file name or prefix, as given to ``template``
+    + options: ``pct create`` options without the dashes (``{"cores": "32", "rootfs":
+      "local-lvm:200"}``); ignored once the container exists (``config`` reconciles them)
+    + unprivileged: create an unprivileged container (Proxmox cannot change this later)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import pct
+
+        pct.create(
+            name="Create container 105",
+            vmid=105,
+            storage="local",
+            template="debian-12-standard",
+            options={
+                "hostname": "sglang-105",
+                "cores": "32",
+                "memory": "262144",
+                "swap": "0",
+                "net0": "name=eth0,bridge=vmbr0,ip=dhcp",
+                "onboot": "1",
+                "rootfs": "local-lvm:200",
+                "features": "nesting=1",
+            },
+            unprivileged=True,
+        )
     """
     if host.get_fact(PctStatus, vmid=vmid) is not None:
         host.noop(f"container {vmid} exists")
@@ -117,7 +164,30 @@ def config(
     Reconcile container VMID's config through ``pct set``: OPTIONS that differ are set;
     MOUNTS (``mpN`` values) keep the key of the current mount at the same path; DEVICES
     (``devN`` values) keep their keys too, and ``/dev/nvidia*`` entries no longer wanted are
-    deleted. ``None`` leaves mounts or devices alone; the user's other keys always stay.
+    deleted. The user's other keys always stay.
+
+    + vmid: the container's Proxmox ID
+    + options: config keys and values (``{"cores": "32"}``); a value of ``a=b,...`` options holds
+      when Proxmox's value has them all (it adds its own, ``hwaddr`` to ``net0``)
+    + mounts: the ``mpN`` values wanted (``/tank/models,mp=/models,ro=1``); ``None`` leaves the
+      container's mounts alone
+    + devices: the ``devN`` values wanted (``/dev/nvidia0,mode=0666``); ``None`` leaves its
+      devices alone, ``[]`` removes its ``/dev/nvidia*`` entries
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import pct
+
+        pct.config(
+            name="Container 105 features, mounts and GPUs (devN)",
+            vmid=105,
+            options={"features": "nesting=1"},
+            mounts=["/tank/models,mp=/models,ro=1"],
+            devices=["/dev/nvidia0,mode=0666", "/dev/nvidiactl,mode=0666",
+                     "/dev/nvidia-uvm,mode=0666"],
+        )
     """
     current = host.get_fact(PctConfig, vmid=vmid) or {}
     changes = {k: v for k, v in options.items() if _differs(v, current.get(k))}
@@ -145,7 +215,22 @@ def config(
 
 @operation()
 def rootfs_size(vmid: int, size_gib: int):
-    """Grow container VMID's root disk to SIZE_GIB; Proxmox cannot shrink it, so that warns."""
+    """
+    Grow container VMID's root disk to SIZE_GIB (``pct resize``); Proxmox cannot shrink it, so a
+    larger disk stays, with a warning. Before the container exists its size is unknown: nothing
+    is done.
+
+    + vmid: the container's Proxmox ID
+    + size_gib: the root disk size wanted, in GiB
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import pct
+
+        pct.rootfs_size(name="Container 105 disk size", vmid=105, size_gib=200)
+    """
     current = host.get_fact(PctConfig, vmid=vmid) or {}
     match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT])", str(current.get("rootfs", "")))
     if not match:
@@ -186,7 +271,28 @@ def keyed_entries(
 
 @operation()
 def power(vmid: int, restart: Callable[[], bool]):
-    """Start container VMID when it is not running; reboot it once when RESTART says so."""
+    """
+    Start container VMID when it is not running; reboot it once (``pct reboot``) when RESTART
+    says so.
+
+    + vmid: the container's Proxmox ID
+    + restart: asked only when the container runs; true reboots it. Usually ``any_changed`` of
+      the operations that changed its config (features, mounts, GPU passthrough)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import pct
+        from pve_sglang.operations.changes import any_changed
+
+        # features, passthrough: the pct.config and owned.lines operations of container 105
+        pct.power(
+            name="Container 105 running",
+            vmid=105,
+            restart=any_changed(features, passthrough, restarts="container 105 (pct reboot)"),
+        )
+    """
     status = host.get_fact(PctStatus, vmid=vmid)
     if status != "running":
         yield StringCommand("pct start", str(int(vmid)))

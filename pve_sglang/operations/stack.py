@@ -52,9 +52,24 @@ def venv_changed_in_this_run() -> bool:
 @operation()
 def userspace_driver(version: str, runfile: str):
     """
-    Install NVIDIA's user-space driver VERSION from RUNFILE (a path in the container) without
-    kernel modules: the container shares the host's module, and any other version fails with
+    Install NVIDIA's user-space driver VERSION from RUNFILE without kernel modules: the
+    container shares the host's module, and any other version fails with
     ``Driver/library version mismatch``. Done again whenever the host's version moves.
+
+    + version: the host's NVIDIA driver version (``nvidia-smi``), e.g. ``580.95.05``
+    + runfile: the path in the container of NVIDIA's ``.run`` installer of that version
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stack
+
+        stack.userspace_driver(
+            name="NVIDIA user-space driver 580.95.05 (the host's version)",
+            version="580.95.05",
+            runfile="/var/cache/pve-sglang/NVIDIA-Linux-x86_64-580.95.05.run",
+        )
     """
     installed = host.get_fact(NvidiaUserspaceVersion)
     if installed == version:
@@ -89,8 +104,32 @@ def install_args(
 @operation()
 def venv_packages(uv: str, python: str, tools: str, pins: dict[str, str], args: list[str]):
     """
-    Install the pinned PACKAGES (``{name: version}``) into the venv at PYTHON with uv when any
-    installed version differs from its pin; a converged venv costs one read.
+    Install the pinned packages into the venv at PYTHON with uv when any installed version
+    differs from its pin, or when an earlier install was cut short (a marker in the venv, made
+    before uv starts and removed once it succeeded). A converged venv costs one read.
+
+    + uv: the uv binary (of the tools venv)
+    + python: the venv's Python, e.g. ``/opt/sglang/venv/bin/python``
+    + tools: the directory of the uploaded helper scripts that read the venv's state
+    + pins: the versions wanted, ``{name: version}``
+    + args: the ``uv pip install`` arguments that install them (see ``install_args``)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stack
+
+        pins = {"sglang": "0.5.9", "torch": "2.9.1", "flashinfer-python": "0.6.3"}
+        stack.venv_packages(
+            name="sglang sglang==0.5.9, torch==2.9.1, flashinfer-python==0.6.3",
+            uv="/opt/sglang/tools/bin/uv",
+            python="/opt/sglang/venv/bin/python",
+            tools="/opt/sglang",
+            pins=pins,
+            args=stack.install_args([f"{n}=={v}" for n, v in pins.items()], index_url=None,
+                                    extra_index_url=None, wheelhouse=None, no_deps=False),
+        )
     """
     state = venv_state(python, tools)
     installed = state["packages"]
@@ -117,6 +156,21 @@ def autotune_patch(python: str, tools: str):
     Enable FlashInfer's CUTLASS MoE autotune in the installed sglang (see
     ``tasks/autotune_patch.py``); checked on every run, since a reinstall drops it silently.
     Code the patch does not recognise stops the deploy, naming the version and file.
+
+    + python: the sglang venv's Python
+    + tools: the directory the patch script was uploaded to (``autotune_patch.py`` in it)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stack
+
+        stack.autotune_patch(
+            name="FlashInfer CUTLASS MoE autotune (sglang patch)",
+            python="/opt/sglang/venv/bin/python",
+            tools="/opt/sglang",
+        )
     """
     state = venv_state(python, tools)["patch"]
     if state in PATCH_DONE:
@@ -145,6 +199,26 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool]):
     Keep UNIT enabled at boot and running: start it when it is down (only if START: the server
     needs a GPU), and restart it once when RESTART says its unit, environment, stack or patch
     changed. A converged run restarts nothing: a restart reloads the model, minutes of downtime.
+
+    + unit: the systemd unit, e.g. ``sglang.service``
+    + start: start the unit when it is down; false leaves it stopped (no GPU to serve on)
+    + restart: asked only when the unit runs; true restarts it. Usually ``any_changed`` of the
+      operations that write its unit, env file, launcher and stack
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stack
+        from pve_sglang.operations.changes import any_changed
+
+        # unit_file, env, packages: the operations writing the unit, its env file, the stack
+        stack.service_running(
+            name="sglang.service enabled and running",
+            unit="sglang.service",
+            start=True,
+            restart=any_changed(unit_file, env, packages, restarts="sglang.service"),
+        )
     """
     unit_state = host.get_fact(UnitState, unit=unit)
     # Written but never loaded (a deploy killed between the write and the reload): the server
@@ -172,6 +246,28 @@ def server_flags(python: str, tools: str, argv: list[str], unit_path: str, unit_
     installed sglang release does not know (spellings change between releases). Checked when
     the unit at UNIT_PATH is to change or the venv changed in this run: an unchanged unit's
     flags were checked against this release when it was written.
+
+    + python: the sglang venv's Python, which runs the flag lister
+    + tools: the directory the flag lister was uploaded to (``sglang_flags.py`` in it)
+    + argv: the server command, whose ``--flags`` are checked
+    + unit_path: where the unit file goes in the container
+    + unit_text: the unit file's text as it will be written
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stack
+
+        stack.server_flags(
+            name="Server flags exist in sglang 0.5.9",
+            python="/opt/sglang/venv/bin/python",
+            tools="/opt/sglang",
+            argv=["/opt/sglang/venv/bin/python", "-m", "sglang.launch_server",
+                  "--model-path", "/models/model", "--tp-size", "8"],
+            unit_path="/etc/systemd/system/sglang.service",
+            unit_text=unit_text,  # the rendered unit
+        )
     """
     unit = paths.state(unit_path)
     if unit and unit["sha1"] == get_file_sha1(StringIO(unit_text)) and not venv_changed_in_this_run():
@@ -193,7 +289,22 @@ def server_flags(python: str, tools: str, argv: list[str], unit_path: str, unit_
 
 @operation()
 def tools_venv(path: str, uv_version: str):
-    """The tools venv at PATH (from the system python3) with uv UV_VERSION; one read converged."""
+    """
+    The tools venv at PATH (from the system ``python3``) with uv UV_VERSION; a converged venv
+    costs one read.
+
+    + path: where the tools venv goes, e.g. ``/opt/sglang/tools``
+    + uv_version: the uv release installed in it with pip
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stack
+
+        stack.tools_venv(name="Tools venv with uv 0.13.8", path="/opt/sglang/tools",
+                         uv_version="0.13.8")
+    """
     uv = f"{path.rstrip('/')}/bin/uv"
     if host.get_fact(UvVersion, uv=uv) == uv_version:
         host.noop(f"uv {uv_version} is installed in {path}")
@@ -205,7 +316,27 @@ def tools_venv(path: str, uv_version: str):
 
 @operation()
 def venv(uv: str, path: str, python: str):
-    """Create the venv at PATH with uv from the system PYTHON (uv downloads no Python)."""
+    """
+    Create the venv at PATH with uv from the system PYTHON (uv downloads no Python), when PATH
+    holds no venv (``pyvenv.cfg``).
+
+    + uv: the uv binary that creates it
+    + path: where the venv goes
+    + python: the interpreter it is made from
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stack
+
+        stack.venv(
+            name="sglang venv /opt/sglang/venv",
+            uv="/opt/sglang/tools/bin/uv",
+            path="/opt/sglang/venv",
+            python="/usr/bin/python3",
+        )
+    """
     # pyvenv.cfg, not bin/python: that is a symlink.
     if paths.state(f"{path.rstrip('/')}/pyvenv.cfg"):
         host.noop(f"venv {path} exists")
@@ -219,6 +350,27 @@ def model_download(python: str, repo: str, revision: str | None, path: str, env_
     """
     Download Hugging Face REPO into PATH with the venv's huggingface_hub when PATH holds no
     model yet (no ``config.json``); the token comes from ENV_FILE, never from the command.
+
+    + python: a Python with huggingface_hub (the sglang venv's)
+    + repo: the Hugging Face repository, e.g. ``Qwen/Qwen3-30B-A3B``
+    + revision: a branch, tag or commit; ``None`` takes the default branch
+    + path: the model directory in the container
+    + env_file: the env file whose ``HF_TOKEN`` (if any) the download uses
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stack
+
+        stack.model_download(
+            name="Model Qwen/Qwen3-30B-A3B in /models/model",
+            python="/opt/sglang/venv/bin/python",
+            repo="Qwen/Qwen3-30B-A3B",
+            revision=None,
+            path="/models/model",
+            env_file="/etc/sglang/sglang.env",
+        )
     """
     if paths.state(f"{path.rstrip('/')}/config.json"):
         host.noop(f"model in {path}")
@@ -237,6 +389,17 @@ def deb_packages(packages: list[str]):
     """
     Install the Debian PACKAGES that are missing, refreshing the package lists first; one read
     when all are there (``apt.packages`` with ``cache_time`` reads three facts to decide).
+
+    + packages: Debian package names, installed without recommends
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stack
+
+        stack.deb_packages(name="Base packages",
+                           packages=["ca-certificates", "curl", "python3", "python3-venv"])
     """
     installed = host.get_fact(DebPackages)
     missing = [name for name in packages if name not in installed]

@@ -35,7 +35,20 @@ def _after_execution(what: str) -> bool:
 
 @operation()
 def gpus_visible(expected: int):
-    """Fail unless the container sees EXPECTED GPUs through nvidia-smi."""
+    """
+    Fail unless the container sees EXPECTED GPUs through ``nvidia-smi -L``. Checked once the
+    deploy has run; a plan (``--dry``) only lists it.
+
+    + expected: the number of GPUs passed through to the container
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import verify
+
+        verify.gpus_visible(name="8 GPUs visible in the container", expected=8)
+    """
     if _after_execution("GPUs visible"):
         lines = host.get_fact(VisibleGpus)
         if len(lines) < expected:
@@ -50,7 +63,27 @@ def gpus_visible(expected: int):
 
 @operation()
 def cuda_initialises(python: str, script: str, expected: int):
-    """Fail unless torch initialises CUDA and runs a matmul on every GPU."""
+    """
+    Fail unless torch initialises CUDA and runs a matmul on every GPU, and sees EXPECTED of them.
+    Checked once the deploy has run.
+
+    + python: the sglang venv's Python (with torch)
+    + script: the uploaded GPU checks (``gpu_checks.py``) in the container
+    + expected: the number of GPUs CUDA must see
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import verify
+
+        verify.cuda_initialises(
+            name="CUDA initialises on every GPU",
+            python="/opt/sglang/venv/bin/python",
+            script="/opt/sglang/gpu_checks.py",
+            expected=8,
+        )
+    """
     if _after_execution("CUDA on every GPU"):
         result = host.get_fact(GpuCheck, python=python, script=script, check="cuda")
         if not result or not result.get("ok") or result.get("device_count", 0) < expected:
@@ -71,8 +104,28 @@ def p2p_preflight(
     """
     Report P2P between every GPU pair: the topology and the driver's P2P status (nvidia-smi
     topo), and, when PYTHON (with torch) is given, peer access and copy bandwidth measured by
-    SCRIPT (gpu_checks.py). Warns where the topology promises P2P that is missing (a VM, ACS);
-    STRICT fails the host then.
+    SCRIPT. Warns where the topology promises P2P that is missing (a VM, ACS). Checked once the
+    deploy has run.
+
+    + python: a Python with torch that runs SCRIPT; ``None`` reports nvidia-smi's view only
+    + script: the uploaded GPU checks (``gpu_checks.py``) in the container
+    + size_mib: the size of each measured copy, in MiB
+    + iters: copies measured per GPU pair
+    + timeout: seconds the measurement may take
+    + strict: fail the host when the report has a warning (otherwise it only warns)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import verify
+
+        verify.p2p_preflight(
+            name="P2P between the 8 GPUs",
+            python="/opt/sglang/venv/bin/python",
+            script="/opt/sglang/gpu_checks.py",
+            strict=True,
+        )
     """
     if _after_execution("P2P between GPUs"):
         checks = None
@@ -99,7 +152,28 @@ def p2p_preflight(
 
 @operation()
 def server_healthy(url: str, env_file: str, timeout_s: int, poll_s: float = 10.0):
-    """Wait until the server answers URL with 200, showing progress; fail after TIMEOUT_S."""
+    """
+    Wait until the server answers URL with 200, logging progress every minute; fail after
+    TIMEOUT_S. Other hosts go on while one waits. Checked once the deploy has run.
+
+    + url: the health URL, asked from inside the container
+    + env_file: the server's env file; its API key (if any) is sent to curl on stdin
+    + timeout_s: seconds to wait for a 200 (loading a large model takes long)
+    + poll_s: seconds between two requests
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import verify
+
+        verify.server_healthy(
+            name="Server answers /health (up to 3600s)",
+            url="http://127.0.0.1:30000/health",
+            env_file="/etc/sglang/sglang.env",
+            timeout_s=3600,
+        )
+    """
     if _after_execution("server health"):
         start = time.monotonic()
         last_report = start
@@ -124,7 +198,28 @@ def server_healthy(url: str, env_file: str, timeout_s: int, poll_s: float = 10.0
 
 @operation()
 def benchmark(runs: dict[int, list[str]], env_file: str):
-    """Run the benchmark once per concurrency (RUNS: argv per level) and print tok/s per level."""
+    """
+    Run the serving benchmark once per concurrency and print tok/s per level; output it cannot
+    read fails the host, shown with the env file's secrets masked. Run once the deploy has run.
+
+    + runs: the benchmark's argv per concurrency level (see ``bench_argv``)
+    + env_file: the server's env file; its API key reaches the benchmark as ``OPENAI_API_KEY``
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.bench_serving import bench_argv
+        from pve_sglang.operations import verify
+
+        # cs: the container's ContainerSettings
+        verify.benchmark(
+            name="Benchmark at concurrency [1, 16, 64]",
+            runs={c: bench_argv(cs, "/opt/sglang/venv/bin/python", c, "127.0.0.1", 30000, "0.5.9")
+                  for c in (1, 16, 64)},
+            env_file="/etc/sglang/sglang.env",
+        )
+    """
     if _after_execution("benchmark"):
         rows = []
         for concurrency, argv in sorted(runs.items()):
