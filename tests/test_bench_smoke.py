@@ -1,25 +1,30 @@
-"""The pure parts of bench/deploy_cost.py: pyinfra's JSON, command counting, statistics.
+"""The pure parts of the deploy-cost benchmark (pve_sglang.testing.deploy_cost): pyinfra's JSON,
+command counting, statistics, the report; and bench/deploy_cost.py redrawing saved results.
 
 No containers and no timing asserts: the benchmark itself is ``make bench``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "deploy_cost.py"
+from pve_sglang.testing.deploy_cost.counting import (
+    overlap,
+    parse_run_json,
+    restart_commands,
+    stage_seconds,
+    summarise_commands,
+)
+from pve_sglang.testing.deploy_cost.fleet import hosts_file
+from pve_sglang.testing.deploy_cost.plot import plot
+from pve_sglang.testing.deploy_cost.report import build_report, print_table, spread
 
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("deploy_cost", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _op(name, success=(), no_change=(), error=()):
@@ -27,7 +32,7 @@ def _op(name, success=(), no_change=(), error=()):
             "success": list(success), "error": list(error), "no_change": list(no_change)}
 
 
-def test_parse_run_json_counts_changes_and_skips_leading_text(bench):
+def test_parse_run_json_counts_changes_and_skips_leading_text():
     doc = {
         "plan": [{"op_hash": "a"}, {"op_hash": "b"}],
         "results": {
@@ -40,7 +45,7 @@ def test_parse_run_json_counts_changes_and_skips_leading_text(bench):
             "failed_hosts": ["@lxc/c1"],
         },
     }
-    result = bench.parse_run_json("some log line\n" + json.dumps(doc))
+    result = parse_run_json("some log line\n" + json.dumps(doc))
     assert result["changes"] == 1
     assert result["changed"] == ["@local: Create container"]
     assert result["no_change"] == 2
@@ -50,9 +55,9 @@ def test_parse_run_json_counts_changes_and_skips_leading_text(bench):
     assert result["planned"] == 2
 
 
-def test_parse_run_json_without_a_document(bench):
+def test_parse_run_json_without_a_document():
     with pytest.raises(ValueError):
-        bench.parse_run_json("--> pyinfra error: No hosts remaining!")
+        parse_run_json("--> pyinfra error: No hosts remaining!")
 
 
 def _cmd(kind, name, command="true", host="@lxc/c1", op=None, args="", stage="Execute",
@@ -61,7 +66,7 @@ def _cmd(kind, name, command="true", host="@lxc/c1", op=None, args="", stage="Ex
             "start_s": start, "seconds": seconds, "rc": 0, "command": command}
 
 
-def test_restart_commands_ignore_facts(bench):
+def test_restart_commands_ignore_facts():
     commands = [
         _cmd("fact", "SystemdStatus", "systemctl show sglang.service -p ActiveState"),
         _cmd("fact", "Command", "systemctl restart looks-like-it-but-is-a-fact"),
@@ -71,14 +76,14 @@ def test_restart_commands_ignore_facts(bench):
         _cmd("op", "Reload systemd units", "systemctl daemon-reload"),
         _cmd("op", "Enable at boot", "systemctl enable sglang.service"),
     ]
-    assert bench.restart_commands(commands) == [
+    assert restart_commands(commands) == [
         "systemctl restart sglang.service",
         "lxc-stop -P /x -n c1 -t 120 && lxc-start -P /x -n c1",
         "pct reboot 105",
     ]
 
 
-def test_summarise_commands_groups_and_finds_repeats(bench):
+def test_summarise_commands_groups_and_finds_repeats():
     commands = [
         _cmd("connector", "container state (lxc-info)", host="@lxc/c1", stage="Prepare"),
         _cmd("fact", "NvidiaDriverVersion", host="@local", stage="Prepare"),
@@ -87,7 +92,7 @@ def test_summarise_commands_groups_and_finds_repeats(bench):
         _cmd("fact", "Sha1File", args="path=/a", op="Upload a", seconds=0.03),
         _cmd("fact", "File", args="path=/b", op="Upload b"),
     ]
-    summary = bench.summarise_commands(commands)
+    summary = summarise_commands(commands)
     assert summary["commands"] == 6
     assert summary["by_kind"] == {"connector": 1, "fact": 5}
     assert summary["by_stage"] == {"Prepare": 3, "Execute": 3}
@@ -102,29 +107,29 @@ def test_summarise_commands_groups_and_finds_repeats(bench):
     ]
 
 
-def test_stage_seconds_and_overlap(bench):
+def test_stage_seconds_and_overlap():
     stages = [["Connect", 0.5], ["Prepare", 0.6], ["Execute", 1.0], ["Disconnect", 3.0],
               ["End", 3.1]]
-    assert bench.stage_seconds(stages) == {
+    assert stage_seconds(stages) == {
         "Startup": 0.5, "Connect": 0.1, "Prepare": 0.4, "Execute": 2.0, "Disconnect": 0.1,
     }
     # Two commands at once, then one alone: 3 command-seconds in 2 busy seconds.
     commands = [_cmd("fact", "A", start=0.0, seconds=1.0), _cmd("fact", "B", start=0.0, seconds=1.0),
                 _cmd("fact", "C", start=1.0, seconds=1.0)]
-    assert bench.overlap(commands, "Execute") == 1.5
-    assert bench.overlap(commands, "Prepare") == 0.0
+    assert overlap(commands, "Execute") == 1.5
+    assert overlap(commands, "Prepare") == 0.0
 
 
-def test_spread(bench):
-    assert bench.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0,
+def test_spread():
+    assert spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0,
                                               "range_pct": 100.0, "n": 3}
 
 
-def test_hosts_file_is_valid_for_the_deploy(bench, tmp_path):
+def test_hosts_file_is_valid_for_the_deploy(tmp_path):
     from pve_sglang.hosts_file import build_groups, read_hosts_file
 
     path = tmp_path / "hosts.yml"
-    bench.hosts_file(path, tmp_path / "lxc", tmp_path / "rootfs.tar.zst", tmp_path / "wh",
+    hosts_file(path, tmp_path / "lxc", tmp_path / "rootfs.tar.zst", tmp_path / "wh",
                      ["b-1", "b-2"])
     pve_hosts, containers = build_groups(read_hosts_file(path))
     assert [name for name, _ in pve_hosts] == ["@local"]
@@ -135,7 +140,7 @@ def test_hosts_file_is_valid_for_the_deploy(bench, tmp_path):
     assert data["lxc_path"] == str(tmp_path / "lxc")
 
 
-def _run(bench, n, wall, changes=0):
+def _run(n, wall, changes=0):
     commands = [_cmd("fact", "File", host=f"@lxc/c{i}", op="Upload", args=f"path=/{i}")
                 for i in range(n) for _ in range(3)]
     commands.append(_cmd("connector", "container state (lxc-info)", stage="Prepare"))
@@ -150,11 +155,11 @@ def _run(bench, n, wall, changes=0):
     }
 
 
-def test_report_table_and_plot_from_synthetic_runs(bench, tmp_path, capsys):
+def test_report_table_and_plot_from_synthetic_runs(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    first = {n: _run(bench, n, 10.0 * n, changes=5 * n) for n in (1, 2, 4)}
-    noop = {n: [_run(bench, n, w * n) for w in (1.0, 1.2, 1.1)] for n in (1, 2, 4)}
-    report = bench.build_report(first, noop, {1: True, 2: True, 4: True},
+    first = {n: _run(n, 10.0 * n, changes=5 * n) for n in (1, 2, 4)}
+    noop = {n: [_run(n, w * n) for w in (1.0, 1.2, 1.1)] for n in (1, 2, 4)}
+    report = build_report(first, noop, {1: True, 2: True, 4: True},
                                 {"machine": "test", "reps": 3, "git_commit": "abc"})
     assert report["noop"]["1"]["wall_s"]["median"] == 1.1
     assert report["noop"]["4"]["stage_s_median_run"]["Execute"] == pytest.approx(4 * 1.1 - 0.8)
@@ -164,7 +169,19 @@ def test_report_table_and_plot_from_synthetic_runs(bench, tmp_path, capsys):
     assert goals["noop_commands_1"]["met"] and goals["noop_changes"]["met"]
     assert goals["noop_restarts"]["met"] and not goals["noop_4_over_1"]["met"]
     assert '"_commands"' not in json.dumps(report)  # the raw command lists stay out
-    bench.plot(report, tmp_path / "cost.png")
+    plot(report, tmp_path / "cost.png")
     assert (tmp_path / "cost.png").stat().st_size > 10_000
-    bench.print_table(report)
+    print_table(report)
     assert "MISSED" in capsys.readouterr().out
+
+
+def test_replot_redraws_saved_results(tmp_path):
+    """The command line, end to end without containers: --replot redraws the figure and the table."""
+    pytest.importorskip("matplotlib")
+    saved = tmp_path / "deploy_cost.json"
+    saved.write_text((REPO / "bench" / "results" / "deploy_cost.json").read_text())
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "deploy_cost.py"), "--replot",
+                             str(saved)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "goal noop_commands_1" in result.stdout
+    assert (tmp_path / "deploy_cost.png").stat().st_size > 10_000

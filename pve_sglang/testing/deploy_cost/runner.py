@@ -1,0 +1,124 @@
+"""One measured deploy (wall time, CPU, commands, changes), and the rounds of first and no-op runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pve_sglang.testing.deploy_cost import log
+from pve_sglang.testing.deploy_cost.counting import (
+    overlap,
+    parse_run_json,
+    restart_commands,
+    stage_seconds,
+)
+from pve_sglang.testing.deploy_cost.fleet import REPO, container_snapshot, hosts_file
+
+
+class Bench:
+    def __init__(self, work: Path, tarball: Path, wh: Path, sizes: list[int], unit: str):
+        self.work = work
+        self.lxc_path = work / "lxc"
+        self.lxc_path.mkdir()
+        self.lxc_path.chmod(0o755)
+        self.unit = unit
+        tag = os.getpid() % 100000
+        self.sets = {n: [f"pvsb{tag}-{n}-{i}" for i in range(1, n + 1)] for n in sizes}
+        self.hosts = {}
+        for n, names in self.sets.items():
+            self.hosts[n] = work / f"hosts-{n}.yml"
+            hosts_file(self.hosts[n], self.lxc_path, tarball, wh, names)
+        self.runs = 0
+
+    def deploy(self, n: int, label: str) -> dict[str, Any]:
+        """One pyinfra run against the set of N containers: wall time, JSON, commands."""
+        self.runs += 1
+        stem = self.work / f"run{self.runs:02d}-{label}-{n}"
+        cmd_log = stem.with_suffix(".commands.json")
+        env = {**os.environ, "PVE_SGLANG_HOSTS": str(self.hosts[n])}
+        argv = [sys.executable, "-m", "pve_sglang.testing.deploy_cost.driver", str(cmd_log), "--",
+                "inventory.py", "deploy.py", "-y", "--json"]
+        load = os.getloadavg()[0]
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started_at = time.time()
+        start = time.monotonic()
+        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+        wall = time.monotonic() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        # CPU of pyinfra and of every command it waited for (lxc-attach and what runs inside).
+        cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
+        stem.with_suffix(".stderr.txt").write_text(proc.stderr)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{label} run of {n} containers failed ({proc.returncode}):\n"
+                               + proc.stderr[-4000:])
+        result = parse_run_json(proc.stdout)
+        if result["errors"] or result["failed_hosts"]:
+            raise RuntimeError(f"{label} run of {n} containers: errors {result['failed']}")
+        log_doc = json.loads(cmd_log.read_text())
+        commands = log_doc["commands"]
+        stages = stage_seconds(log_doc["stages"])
+        stages["Startup"] = round(stages.get("Startup", 0) + log_doc["started_at"] - started_at, 3)
+        stages["Exit"] = round(wall - sum(stages.values()), 3)
+        return {
+            "containers": n,
+            "wall_s": round(wall, 3),
+            "cpu_s": round(cpu, 3),
+            # pyinfra's own Python vs the processes it started (lxc-attach, what runs inside)
+            "cpu_pyinfra_s": round(log_doc["cpu_pyinfra_s"], 3),
+            "cpu_commands_s": round(log_doc["cpu_commands_s"], 3),
+            "load_before": round(load, 2),
+            "command_seconds": round(sum(c["seconds"] for c in commands), 3),
+            "changes": result["changes"],
+            "no_change": result["no_change"],
+            "operations": result["operations"],
+            "changed": result["changed"],
+            "commands": len(commands),
+            "commands_by_kind": dict(Counter(c["kind"] for c in commands)),
+            "restart_commands": restart_commands(commands),
+            "stage_s": stages,
+            "prepare_overlap": overlap(commands, "Prepare"),
+            "execute_overlap": overlap(commands, "Execute"),
+            "_commands": commands,
+        }
+
+    def snapshot(self, n: int) -> dict[str, dict[str, str]]:
+        return {name: container_snapshot(self.lxc_path, name, self.unit) for name in self.sets[n]}
+
+
+def rounds(bench: Bench, sizes: list[int], reps: int
+           ) -> tuple[dict[int, dict], dict[int, list[dict]], dict[int, bool]]:
+    """The first run of each size, then REPS no-op runs per size, sizes interleaved in each round.
+
+    Returns the first runs, the no-op runs and, per size, whether every container's snapshot
+    (init process, unit invocation) stayed the same around every no-op run.
+    """
+    first: dict[int, dict] = {}
+    for n in sizes:
+        log(f"first run, {n} container(s) ...")
+        first[n] = bench.deploy(n, "first")
+        log(f"  {first[n]['wall_s']:.1f}s, {first[n]['changes']} changes, "
+            f"{first[n]['commands']} commands")
+
+    noop: dict[int, list[dict]] = {n: [] for n in sizes}
+    snapshots_ok = {n: True for n in sizes}
+    before = {n: bench.snapshot(n) for n in sizes}
+    for rep in range(reps):
+        for n in sizes:
+            run = bench.deploy(n, "noop")
+            after = bench.snapshot(n)
+            run["state_unchanged"] = after == before[n]
+            if not run["state_unchanged"]:
+                snapshots_ok[n] = False
+                log(f"  state changed in a no-op run of {n}: {before[n]} -> {after}")
+            before[n] = after
+            noop[n].append(run)
+            log(f"no-op {rep + 1}/{reps}, {n} container(s): {run['wall_s']:.2f}s, "
+                f"{run['commands']} commands, {run['changes']} changes")
+    return first, noop, snapshots_ok
