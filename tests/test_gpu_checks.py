@@ -1,13 +1,14 @@
 """
 gpu_checks.py on a machine without a GPU (and, here, without torch): it must run standalone,
 print one line of JSON and say clearly what is missing. The CUDA failure paths are driven with a
-stand-in torch module; the real results recorded on the H200 are checked for their shape.
+stand-in torch module; the real results recorded on the H200 go through the GpuCheck fact and the verify operations.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -17,7 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from pyinfra.api import OperationError
+from pyinfra_testing.util import FakeState
+
 from fixtures.factutil import text
+from harness import fact_value, op_commands
+from pve_sglang.facts.nvidia import GpuCheck, NvidiaP2pMatrix, NvidiaTopoMatrix
+from pve_sglang.facts.system import IommuAcs, VirtualMachineType
+from pve_sglang.operations import verify
 from pve_sglang import gpu_checks
 
 SCRIPT = Path(gpu_checks.__file__)
@@ -143,22 +151,47 @@ def test_cpu_only_torch_is_named(monkeypatch, capsys):
     assert rc == 1 and "CPU-only build" in result["error"]
 
 
-# --- the recorded H200 results ---------------------------------------------------------------
+# --- the recorded H200 results, through the fact and the verify operations that read them ---
 
-def test_recorded_h200_cuda_check():
-    result = json.loads(text("h200", "gpu_checks_cuda.json"))
-    assert result["ok"] is True and result["cuInit"]["code"] == 0
-    assert result["torch"] == "2.11.0+cu130" and result["env"]["uvm_disable_hmm"] == "N"
-    device = result["devices"][0]
-    assert device["name"] == "NVIDIA H200" and device["capability"] == "9.0" and device["matmul_ok"]
+VENV_PYTHON, UPLOADED = "/opt/sglang/venv/bin/python", "/opt/sglang/gpu_checks.py"
+
+
+@pytest.fixture
+def executing(monkeypatch):
+    """Verify operations check only at execution; at prepare time they are only planned."""
+    monkeypatch.setattr(FakeState, "is_executing", True, raising=False)
+
+
+def test_recorded_h200_cuda_check_passes_verify_for_its_one_gpu(executing, caplog):
+    result = fact_value(GpuCheck, text("h200", "gpu_checks_cuda.json"))
+    facts = {GpuCheck: result}
+    with caplog.at_level(logging.INFO):
+        assert op_commands(verify.cuda_initialises, python=VENV_PYTHON, script=UPLOADED,
+                           expected=1, facts=facts) == []
+    assert "CUDA initialised on 1 GPUs (NVIDIA H200), torch 2.11.0+cu130" in caplog.text
+    with pytest.raises(OperationError, match="CUDA check failed.*uvm_disable_hmm"):
+        op_commands(verify.cuda_initialises, python=VENV_PYTHON, script=UPLOADED, expected=2,
+                    facts=facts)
 
 
 @pytest.mark.parametrize("name", ["gpu_checks_p2p_256mib.json", "gpu_checks_p2p_1024mib.json"])
-def test_recorded_h200_p2p_check_single_gpu(name):
-    result = json.loads(text("h200", name))
-    assert result["ok"] is True and result["device_count"] == 1 and result["pairs"] == []
-    assert result["local"][0]["data_ok"] is True and result["local"][0]["gbps"] > 1000
-    assert result["matrix_gbps"] == [[result["local"][0]["gbps"]]]
+def test_recorded_h200_p2p_check_passes_strict_verify_with_its_bandwidth(executing, caplog, name):
+    checks = fact_value(GpuCheck, text("h200", name))
+    facts = {
+        GpuCheck: checks,
+        NvidiaTopoMatrix: fact_value(NvidiaTopoMatrix, text("h200", "nvidia_smi_topo_m.txt")),
+        (NvidiaP2pMatrix, ("r",)): fact_value(NvidiaP2pMatrix, text("h200", "nvidia_smi_topo_p2p_r.txt")),
+        (NvidiaP2pMatrix, ("w",)): fact_value(NvidiaP2pMatrix, text("h200", "nvidia_smi_topo_p2p_w.txt")),
+        VirtualMachineType: None,
+        IommuAcs: fact_value(IommuAcs, text("h200", "raw_idle", "fact_IommuAcs.txt")),
+    }
+    with caplog.at_level(logging.INFO):
+        assert op_commands(verify.p2p_preflight, python=VENV_PYTHON, script=UPLOADED, strict=True,
+                           facts=facts) == []
+    gbps = checks["local"][0]["gbps"]
+    assert gbps > 1000  # GB/s of one copy on one H200
+    assert f"[testhost] GPU0 {gbps:11.1f}\n" in caplog.text  # the measured copy, in the matrix
+    assert "nothing to check (1 GPU)" in caplog.text and "P2P:" not in caplog.text
 
 
 @no_gpu_here
