@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import functools
 import ipaddress
 import re
 from pathlib import Path
@@ -31,9 +32,9 @@ from typing import Iterable, Mapping
 import jinja2
 
 from pve_sglang import sglang_launch
+from pve_sglang.project import TEMPLATES, project_file
 from pve_sglang.settings import ContainerSettings, tensor_parallel_size
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 UNIT_TEMPLATE = "sglang.service.j2"
 ENV_TEMPLATE = "sglang.env.j2"
 ENV_DIR = "/etc/sglang"
@@ -448,14 +449,17 @@ def env_quote(value: str) -> str:
 
 # --- rendering ----------------------------------------------------------------------------
 
-_ENV = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-    undefined=jinja2.StrictUndefined,
-    keep_trailing_newline=True,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    autoescape=False,
-)
+@functools.cache
+def _templates() -> jinja2.Environment:
+    """The checkout's ``templates/`` (``project.project_file``), loaded on first use."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(project_file(TEMPLATES))),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
 
 
 def env_file_path(settings: ContainerSettings) -> str:
@@ -525,7 +529,7 @@ def render_unit(
             raise ValueError("the server argv holds a secret value; it must come from the EnvironmentFile")
     env_file = env_file or env_file_path(settings)
     environment = {**cache_environment(settings), **(extra_environment or {})}
-    return _ENV.get_template(UNIT_TEMPLATE).render(
+    return _templates().get_template(UNIT_TEMPLATE).render(
         description=_spec_escape(description or f"SGLang server ({settings.model_path})").replace("\n", " "),
         env_file=_plain_path("env_file", env_file),
         env_vars=sorted(settings.secrets),
@@ -539,7 +543,7 @@ def render_unit(
 
 def render_env(settings: ContainerSettings) -> str:
     """The EnvironmentFile (deploy it with mode 0600): HF_TOKEN and SGLANG_API_KEY when set."""
-    return _ENV.get_template(ENV_TEMPLATE).render(
+    return _templates().get_template(ENV_TEMPLATE).render(
         unit=unit_name(settings),
         variables=[(key, env_quote(value)) for key, value in sorted(settings.secrets.items())],
     )

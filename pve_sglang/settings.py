@@ -32,9 +32,7 @@ from pydantic import (
 
 from .connectors import connector_data_keys
 from .connectors.pct import VMID_MAX, VMID_MIN
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-GROUP_DATA_FILE = REPO_ROOT / "group_data" / "all.py"
+from .project import GROUP_DATA, project_file
 
 MOE_RUNNER_BACKENDS = (
     "auto",
@@ -568,8 +566,9 @@ HOST_FIELDS = frozenset(HostSettings.model_fields)
 CONTAINER_FIELDS = frozenset(ContainerSettings.model_fields)
 
 
-def load_defaults(path: Path = GROUP_DATA_FILE) -> dict[str, Any]:
-    """Read the defaults from ``group_data/all.py``, as pyinfra itself does."""
+def load_defaults(path: Path | None = None) -> dict[str, Any]:
+    """Read the defaults from PATH (the checkout's ``group_data/all.py``), as pyinfra itself does."""
+    path = project_file(GROUP_DATA) if path is None else path
     return {k: v for k, v in runpy.run_path(str(path)).items() if not k.startswith("__")}
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from .settings import GROUP_DATA_FILE, HOST_FIELDS
+from .project import GROUP_DATA, project_file
+from .settings import HOST_FIELDS
 
 BEGIN = "<!-- settings-table:begin -->"
 END = "<!-- settings-table:end -->"
@@ -24,9 +25,9 @@ def _comments_above(lines: list[str], lineno: int) -> str:
     return " ".join(text)
 
 
-def rows(path: Path = GROUP_DATA_FILE) -> list[tuple[str, str, str, str]]:
-    """(name, level, default, meaning) for each default, in file order."""
-    source = path.read_text()
+def rows(path: Path | None = None) -> list[tuple[str, str, str, str]]:
+    """(name, level, default, meaning) for each default of PATH (``group_data/all.py``), in order."""
+    source = (project_file(GROUP_DATA) if path is None else path).read_text()
     lines = source.splitlines()
     result = []
     for node in ast.parse(source).body:
@@ -39,7 +40,7 @@ def rows(path: Path = GROUP_DATA_FILE) -> list[tuple[str, str, str, str]]:
     return result
 
 
-def markdown(path: Path = GROUP_DATA_FILE) -> str:
+def markdown(path: Path | None = None) -> str:
     """The table as Markdown, between its markers."""
     out = [BEGIN, "| setting | set on | default | meaning |", "| --- | --- | --- | --- |"]
     for name, level, default, meaning in rows(path):

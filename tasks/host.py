@@ -22,6 +22,7 @@ from pve_sglang.preflight import (
     gpu_host,
     select_gpus,
 )
+from pve_sglang.project import template
 from pve_sglang.settings import (
     ContainerSettings,
     HostSettings,
@@ -65,7 +66,7 @@ def nvidia_uvm(settings: HostSettings, gpu: GpuHost) -> None:
     """Persist ``uvm_disable_hmm=1``, bring it in force when allowed, create uvm nodes at boot."""
     conf = files.template(
         name="Disable HMM in nvidia_uvm (persisted)",
-        src="templates/nvidia-uvm.conf.j2",
+        src=template("nvidia-uvm.conf.j2"),
         dest=UVM_CONF,
         mode="644",
     )
@@ -98,7 +99,7 @@ def nvidia_uvm(settings: HostSettings, gpu: GpuHost) -> None:
             )
     unit = files.template(
         name="Create /dev/nvidia-uvm* at boot (oneshot unit)",
-        src=f"templates/{UVM_UNIT}.j2",
+        src=template(f"{UVM_UNIT}.j2"),
         dest=f"/etc/systemd/system/{UVM_UNIT}",
         mode="644",
     )
