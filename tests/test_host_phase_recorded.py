@@ -112,6 +112,17 @@ def test_converged_host_and_container_plan_no_pct_command():
                  **container_answers(converged_config(DEVICES_ALL), "running")}
     ops = plan(responses)
     assert commands(ops, "pct ") == []
+    # ...because every container operation was planned and found nothing to do (a plan with
+    # none of them would pass the line above too).
+    container_ops = [(name.rsplit(" | ", 1)[-1], cmds) for name, cmds in ops if "ontainer" in name]
+    assert container_ops == [
+        ("Container template debian-12-standard", []),
+        ("Create container 105", []),
+        ("Container 105 size and network", []),
+        ("Container 105 disk size", []),
+        ("Container 105 features, mounts and GPUs (devN)", []),
+        ("Container 105 running", []),
+    ]
 
 
 def test_gpu_subset_changed_on_running_container_restarts_exactly_once():
