@@ -2,7 +2,7 @@
 GPU peer-to-peer preflight, as its own deploy: reads the GPU topology and the driver's P2P
 status (``nvidia-smi topo -m`` / ``-p2p r`` / ``-p2p w``), the virtualisation and the PCIe ACS
 state, and, when host data ``p2p_python`` names a python that holds torch, uploads
-``pve_sglang/gpu_checks.py`` and measures peer access and copy bandwidth for every GPU pair.
+``pve_sglang/remote/gpu_checks.py`` and measures peer access and copy bandwidth for every GPU pair.
 Prints one report per host: links, bandwidth matrix, warnings and advice. Changes nothing on
 the host except the uploaded script.
 
@@ -21,15 +21,14 @@ Runs on the hosts of group ``pve_hosts`` and on ``@local``; other hosts are skip
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pyinfra import host, logger
 from pyinfra.operations import files
 
+from pve_sglang import remote
 from pve_sglang.operations import verify
 
 GROUP = "pve_hosts"
-SCRIPT = Path(__file__).resolve().parent / "pve_sglang" / "gpu_checks.py"
+SCRIPT = remote.source(remote.GPU_CHECKS)
 
 
 def _applies() -> bool:

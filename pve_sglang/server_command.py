@@ -8,7 +8,7 @@ How the API key reaches the server
     key included, at start (``logger.info(f"{server_args=}")`` in 0.5.9's
     ``sglang/srt/entrypoints/engine.py``; ``server_args=...resolved_dict()`` in 0.5.23). So the key
     is stored in the 0600 EnvironmentFile as ``SGLANG_API_KEY`` and the unit starts the server
-    through ``sglang_launch.py`` (uploaded to ``LAUNCHER``), with
+    through ``remote/sglang_launch.py`` (uploaded to ``LAUNCHER``), with
     ``--arg-from-env=--api-key=SGLANG_API_KEY`` and ``--mask-env=HF_TOKEN``. The launcher reads the
     key from its environment, refuses to start when it is empty (exit 78, which
     ``RestartPreventExitStatus`` keeps from looping), runs ``sglang.launch_server`` in a forked
@@ -21,8 +21,6 @@ How the API key reaches the server
 
 from __future__ import annotations
 
-import ast
-import inspect
 import functools
 import ipaddress
 import re
@@ -31,7 +29,9 @@ from typing import Iterable, Mapping
 
 import jinja2
 
-from pve_sglang import sglang_launch
+from pve_sglang import remote
+from pve_sglang.remote import sglang_launch
+from pve_sglang.remote.sglang_flags import release_flags
 from pve_sglang.project import TEMPLATES, project_file
 from pve_sglang.settings import ContainerSettings, tensor_parallel_size
 
@@ -39,9 +39,8 @@ UNIT_TEMPLATE = "sglang.service.j2"
 ENV_TEMPLATE = "sglang.env.j2"
 ENV_DIR = "/etc/sglang"
 API_KEY_VAR = "SGLANG_API_KEY"
-# Where the deploy uploads pve_sglang/sglang_launch.py: the unit's ExecStart runs it.
-LAUNCHER = "/opt/sglang/sglang_launch.py"
-LAUNCHER_SOURCE = Path(sglang_launch.__file__)
+# Where the deploy uploads remote/sglang_launch.py: the unit's ExecStart runs it.
+LAUNCHER = remote.path(remote.LAUNCHER)
 
 
 class EnvRef(str):
@@ -170,126 +169,8 @@ def venv_python(settings: ContainerSettings) -> str:
 
 
 # --- flags the installed release accepts --------------------------------------------------
-# Read statically (ast) from the release's own sources: importing sglang needs torch and CUDA.
-# The helpers below use the standard library only; flags_script() ships them to a container.
-
-
-def _call_name(node):
-    func = node.func
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    if isinstance(func, ast.Name):
-        return func.id
-    return None
-
-
-def _is_namespace(cls, registered=()):
-    """A class whose annotated fields become flags: passed to add_cli_args_from_dataclass
-    (0.5.13-0.5.16 ServerArgs) or an ``arg_groups/fields`` namespace that sets ``_NS_PATH``."""
-    if cls.name in registered:
-        return True
-    for stmt in cls.body:
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
-        if any(isinstance(t, ast.Name) and t.id == "_NS_PATH" for t in targets):
-            return True
-    return False
-
-
-def _with_negations(names, action):
-    """argparse.BooleanOptionalAction adds ``--no-NAME`` for every ``--NAME``."""
-    attr = action.attr if isinstance(action, ast.Attribute) else getattr(action, "id", None)
-    if attr != "BooleanOptionalAction":
-        return set(names)
-    return set(names) | {"--no-" + name[2:] for name in names if name.startswith("--")}
-
-
-def _field_flags(stmt):
-    """CLI spellings of one ``name: A[T, "help" | Arg(...)]`` field, as arg_utils derives them."""
-    annotation = stmt.annotation
-    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
-        annotation = ast.parse(annotation.value, mode="eval").body
-    if not isinstance(annotation, ast.Subscript):
-        return set()
-    base = annotation.value
-    base_name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", None)
-    if base_name not in ("A", "Annotated"):
-        return set()
-    parts = annotation.slice.elts if isinstance(annotation.slice, ast.Tuple) else [annotation.slice]
-    default = "--" + stmt.target.id.replace("_", "-")
-    for part in parts[1:]:
-        if isinstance(part, ast.Call) and _call_name(part) == "Arg":
-            keywords = {kw.arg: kw.value for kw in part.keywords if kw.arg}
-            no_cli = keywords.get("no_cli")
-            if isinstance(no_cli, ast.Constant) and no_cli.value is True:
-                return set()
-            cli_name = keywords.get("cli_name")
-            names = {cli_name.value if isinstance(cli_name, ast.Constant) and cli_name.value else default}
-            aliases = keywords.get("aliases")
-            if isinstance(aliases, (ast.List, ast.Tuple)):
-                names |= {e.value for e in aliases.elts if isinstance(e, ast.Constant)}
-            return _with_negations(names, keywords.get("action"))
-        if isinstance(part, (ast.JoinedStr, ast.BinOp)) or (
-            isinstance(part, ast.Constant) and isinstance(part.value, str)
-        ):
-            return {default}
-    return set()
-
-
-def flags_in_source(text):
-    """``--flag`` spellings a source file registers: add_argument() calls and namespace fields."""
-    flags = set()
-    tree = ast.parse(text)
-    registered = {
-        node.args[1].id
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and _call_name(node) == "add_cli_args_from_dataclass"
-        and len(node.args) > 1
-        and isinstance(node.args[1], ast.Name)
-    }
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _call_name(node) == "add_argument":
-            names = {
-                arg.value
-                for arg in node.args
-                if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("--")
-            }
-            action = next((kw.value for kw in node.keywords if kw.arg == "action"), None)
-            flags |= _with_negations(names, action)
-        elif isinstance(node, ast.ClassDef) and _is_namespace(node, registered):
-            for stmt in node.body:
-                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-                    flags |= _field_flags(stmt)
-    return flags
-
-
-def _sglang_dir(package_dir):
-    package_dir = Path(package_dir)
-    for candidate in (package_dir, package_dir / "sglang"):
-        if (candidate / "srt" / "server_args.py").is_file():
-            return candidate
-    raise FileNotFoundError(f"no sglang/srt/server_args.py under {package_dir}")
-
-
-def _release_of(sglang_dir):
-    pattern = r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]"
-    for name in ("_version.py", "version.py"):  # version.py holds the literal up to 0.5.6
-        version_file = sglang_dir / name
-        if version_file.is_file():
-            text = version_file.read_text()
-            match = re.search(pattern, text, re.M)
-            if match and "import __version__" not in text:
-                return match.group(1)
-    for metadata in sorted(sglang_dir.parent.glob("sglang-*.dist-info/METADATA")):
-        match = re.search(r"^Version:\s*(\S+)", metadata.read_text(errors="replace"), re.M)
-        if match:
-            return match.group(1)
-    return "unknown"
-
-
-def _flag_sources(sglang_dir):
-    srt = sglang_dir / "srt"
-    return [srt / "server_args.py"] + sorted((srt / "arg_groups").rglob("*.py"))
+# Read statically from the release's own sources (importing sglang needs torch and CUDA), by
+# the stand-alone remote/sglang_flags.py: uploaded to the container, and imported here.
 
 
 class KnownFlags(set):
@@ -305,13 +186,11 @@ def known_flags(package_dir: Path) -> KnownFlags:
 
     ``package_dir``: the installed ``sglang`` package or the site-packages folder holding it.
     Reads ``sglang/srt/server_args.py`` and ``sglang/srt/arg_groups/**/*.py`` (0.5.12+; from
-    0.5.23 most flags are fields of ``arg_groups/fields`` namespaces).
+    0.5.23 most flags are fields of ``arg_groups/fields`` namespaces), as the container's
+    ``sglang_flags.py`` does.
     """
-    sglang_dir = _sglang_dir(package_dir)
-    flags = {"--help"}
-    for path in _flag_sources(sglang_dir):
-        flags |= flags_in_source(path.read_text())
-    return KnownFlags(flags, _release_of(sglang_dir))
+    version, flags = release_flags(package_dir)
+    return KnownFlags(flags, version)
 
 
 def check_flags(argv: list[str], known: set[str], version: str | None = None) -> None:
@@ -334,36 +213,8 @@ def check_flags(argv: list[str], known: set[str], version: str | None = None) ->
         )
 
 
-_SCRIPT_MAIN = '''
-def main():
-    import importlib.util, sys
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("sglang is not installed for " + sys.executable)
-    sglang_dir = Path(list(spec.submodule_search_locations)[0])
-    flags = {"--help"}
-    for path in _flag_sources(sglang_dir):
-        flags |= flags_in_source(path.read_text())
-    print("version " + _release_of(sglang_dir))
-    for flag in sorted(flags):
-        print(flag)
-
-
-main()
-'''
-
-
-def flags_script() -> str:
-    """A stand-alone Python script: run by the container's venv Python, it prints ``version V``
-    and then the release's flags, one a line, without importing sglang (no GPU needed).
-    Read its output with ``parse_flags_output``."""
-    parts = [_call_name, _is_namespace, _with_negations, _field_flags, flags_in_source, _release_of, _flag_sources]
-    header = "import ast\nimport re\nfrom pathlib import Path\n\n"
-    return header + "\n\n".join(inspect.getsource(f) for f in parts) + _SCRIPT_MAIN
-
-
 def parse_flags_output(text: str) -> KnownFlags:
-    """The ``KnownFlags`` printed by ``flags_script()``."""
+    """The ``KnownFlags`` printed by ``remote/sglang_flags.py``."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     version = "unknown"
     if lines and lines[0].startswith("version "):

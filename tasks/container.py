@@ -5,29 +5,21 @@ from __future__ import annotations
 import glob
 from io import StringIO
 from pathlib import Path
-from weakref import WeakKeyDictionary
 
 from pyinfra import host, logger
-from pyinfra.api import OperationError, deploy
+from pyinfra.api import deploy
 from pyinfra.context import state
-from pyinfra.operations import files, python, server, systemd
+from pyinfra.operations import files, server, systemd
 
-from pve_sglang.facts.nvidia import NvidiaDriverVersion, NvidiaGpus
+from pve_sglang import remote
 from pve_sglang.operations import paths, stack
 from pve_sglang.operations.changes import any_changed
+from pve_sglang.phases import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import ServerFiles, select_gpus, server_files
-from pve_sglang.server_command import (
-    LAUNCHER,
-    LAUNCHER_SOURCE,
-    env_file_path,
-    flags_script,
-    unit_name,
-    venv_python,
-)
+from pve_sglang.server_command import LAUNCHER, env_file_path, unit_name, venv_python
 from pve_sglang.settings import ContainerSettings, settings_for
 
-REPO = Path(__file__).resolve().parent.parent
-TOOLS = "/opt/sglang"
+TOOLS = remote.TOOLS
 BASE_PACKAGES = ["ca-certificates", "curl", "python3", "python3-venv"]
 # FlashInfer compiles kernels at run time: nvcc and a host compiler.
 JIT_PACKAGES = ["g++", "make"]
@@ -65,48 +57,6 @@ def planned_container_steps() -> list[str]:
     return steps
 
 
-def run_when_container_exists(steps, what: str, planned=None) -> None:
-    """Run STEPS now, or, when the container is created later in this run, once it runs.
-
-    PLANNED says in words what STEPS will do, for the plan shown before the container exists.
-    """
-    ready = getattr(host.connector, "container_ready", None)
-    # A container reached some other way (e.g. plain SSH into it) is there already.
-    if ready is None or ready():
-        steps()
-        return
-    plan = "".join(f"\n      - {step}" for step in planned()) if planned else ""
-    logger.info(
-        f"{host.name}: the container does not run yet (it is created or started earlier in "
-        f"this run): the {what} steps run once it does{':' if plan else ''}{plan}"
-    )
-
-    def when_running() -> None:
-        if not ready():
-            raise OperationError(
-                f"{host.name} is not running after the host phase (see its errors above): "
-                f"the {what} steps did not run"
-            )
-        steps()
-
-    python.call(name=f"{what.capitalize()} (after the container starts)", function=when_running)
-
-
-# The GPU host's driver and GPUs, read once per run and host: every container of the host asks,
-# in the container and in the verify phase (pyinfra does not cache facts).
-_HOST_GPUS: WeakKeyDictionary = WeakKeyDictionary()
-
-
-def host_gpus() -> tuple[str | None, list[dict]]:
-    """The container host's driver version and GPUs (facts of the Proxmox host)."""
-    parent = state.inventory.get_host(host.data.get("pve_host"))
-    known = _HOST_GPUS.setdefault(host.state, {})
-    if parent.name not in known:
-        driver = parent.get_fact(NvidiaDriverVersion)
-        known[parent.name] = (driver, parent.get_fact(NvidiaGpus) if driver else [])
-    return known[parent.name]
-
-
 def container_steps() -> None:
     """Every step of the container phase, in order."""
     cs = settings_for(host.data, ContainerSettings)
@@ -117,7 +67,8 @@ def container_steps() -> None:
     # Every path the steps below manage, so one read answers them all.
     paths.watch(
         *(ca_dest(path) for path in ca_files(cs)),
-        f"{TOOLS}/autotune_patch.py", f"{TOOLS}/sglang_flags.py", LAUNCHER, f"{cs.venv_path}/pyvenv.cfg",
+        *(remote.path(script) for script in (remote.AUTOTUNE_PATCH, remote.FLAG_LISTER)),
+        LAUNCHER, f"{cs.venv_path}/pyvenv.cfg",
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
         f"/etc/systemd/system/{unit_name(cs)}", f"{cs.model_path}/config.json",
     )
@@ -209,10 +160,8 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
     uv = f"{tools}/bin/uv"
     stack.venv(name=f"sglang venv {cs.venv_path}", uv=uv, path=cs.venv_path, python="/usr/bin/python3")
     # The venv's state is read by one Python start that runs these two scripts too.
-    paths.put(name="Upload the autotune patch", src=str(REPO / "tasks" / "autotune_patch.py"),
-               dest=f"{TOOLS}/autotune_patch.py", mode="644")
-    paths.put(name="Upload the server flag lister", src=StringIO(flags_script()),
-               dest=f"{TOOLS}/sglang_flags.py", mode="644")
+    upload_script(remote.AUTOTUNE_PATCH, "Upload the autotune patch")
+    upload_script(remote.FLAG_LISTER, "Upload the server flag lister")
     pins = {"sglang": cs.sglang_version}
     if cs.stack_install == "pinned":
         pins |= {"torch": cs.torch_version, "flashinfer-python": cs.flashinfer_version}
@@ -253,8 +202,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
                              repo=cs.model_download, revision=cs.model_revision,
                              path=cs.model_path, env_file=env_file)
     # ExecStart runs it: the key reaches the server without a command line, masked in the log.
-    launcher = paths.put(name="Upload the server launcher", src=str(LAUNCHER_SOURCE),
-                         dest=LAUNCHER, mode="644")
+    launcher = upload_script(remote.LAUNCHER, "Upload the server launcher")
     unit_file = paths.put(name=f"systemd unit {unit}", src=StringIO(unit_text),
                            dest=f"/etc/systemd/system/{unit}", mode="644")
     systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)

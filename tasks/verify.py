@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
-
+from pve_sglang import remote
 from pve_sglang.bench_serving import bench_argv
-from pve_sglang.operations import paths, verify
-from pve_sglang.server_command import env_file_path, venv_python
+from pve_sglang.operations import verify
+from pve_sglang.phases import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import select_gpus
+from pve_sglang.server_command import env_file_path, venv_python
 from pve_sglang.settings import ContainerSettings, base_url, client_address, settings_for
-from tasks.container import TOOLS, host_gpus, run_when_container_exists
-
-GPU_CHECKS = Path(__file__).resolve().parent.parent / "pve_sglang" / "gpu_checks.py"
 
 
 @deploy("Verify")
@@ -48,8 +44,8 @@ def verify_steps() -> None:
         return
     expected = len(select_gpus(cs.gpus, gpus, host.name))
     py = venv_python(cs)
-    script = f"{TOOLS}/gpu_checks.py"
-    paths.put(name="Upload the GPU checks", src=str(GPU_CHECKS), dest=script, mode="644")
+    upload_script(remote.GPU_CHECKS, "Upload the GPU checks")
+    script = remote.path(remote.GPU_CHECKS)
     verify.gpus_visible(name=f"{expected} GPUs visible in the container", expected=expected)
     verify.cuda_initialises(name="CUDA initialises on every GPU", python=py, script=script,
                             expected=expected)

@@ -1,4 +1,4 @@
-"""Tests for tasks/autotune_patch.py against files taken from the real sglang wheels.
+"""Tests for pve_sglang/remote/autotune_patch.py against files taken from the real sglang wheels.
 
 The wheels are fetched once into <repo>/.cache/wheels and reused; a failed
 download fails the test run instead of skipping it.
@@ -21,7 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tasks import autotune_patch  # noqa: E402
+from pve_sglang.remote import autotune_patch  # noqa: E402
 from wheels import wheel  # noqa: E402
 
 MODEL_RUNNER = "srt/model_executor/model_runner.py"
@@ -71,7 +71,7 @@ def package(version: str, root: Path) -> Path:
 
 def cli(*args: str, cwd: Path = REPO, script: str | None = None) -> tuple[int, str]:
     """Run the patcher as the deploy does and return (exit status, stdout)."""
-    entry = [script] if script else ["-m", "tasks.autotune_patch"]
+    entry = [script] if script else ["-m", "pve_sglang.remote.autotune_patch"]
     done = subprocess.run([sys.executable, *entry, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
     return done.returncode, done.stdout
 
@@ -239,7 +239,7 @@ def test_usage_error(tmp_path: Path) -> None:
 def test_runs_as_plain_file(tmp_path: Path) -> None:
     """The module works when uploaded alone and run as a file, outside the repo."""
     script = tmp_path / "autotune_patch.py"
-    shutil.copy(REPO / "tasks" / "autotune_patch.py", script)
+    shutil.copy(REPO / "pve_sglang" / "remote" / "autotune_patch.py", script)
     pkg = package("0.5.12.post1", tmp_path)
     assert cli("--check", str(pkg), cwd=tmp_path, script=str(script)) == (1, "needs-patch\n")
     assert cli("--apply", str(pkg), cwd=tmp_path, script=str(script)) == (0, "applied\n")

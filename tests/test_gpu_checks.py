@@ -26,7 +26,7 @@ from harness import fact_value, op_commands
 from pve_sglang.facts.nvidia import GpuCheck, NvidiaP2pMatrix, NvidiaTopoMatrix
 from pve_sglang.facts.system import IommuAcs, VirtualMachineType
 from pve_sglang.operations import verify
-from pve_sglang import gpu_checks
+from pve_sglang.remote import gpu_checks
 
 SCRIPT = Path(gpu_checks.__file__)
 HAS_DRIVER = os.path.exists("/proc/driver/nvidia/version")

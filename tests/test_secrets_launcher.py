@@ -1,4 +1,4 @@
-"""The server launcher (pve_sglang/sglang_launch.py) run as real processes on this machine.
+"""The server launcher (pve_sglang/remote/sglang_launch.py) run as real processes on this machine.
 
 The module it starts here is a small stand-in written by each test (sglang itself runs under the
 launcher in tests/test_secrets_lxc.py); what is checked is the launcher's own promise: the key
@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from pve_sglang.server_command import LAUNCHER_SOURCE
-from pve_sglang.sglang_launch import EX_CONFIG, EX_USAGE, MAX_LINE, mask_text
+from pve_sglang import remote
+from pve_sglang.remote.sglang_launch import EX_CONFIG, EX_USAGE, MAX_LINE, mask_text
+
+LAUNCHER_SOURCE = remote.source(remote.LAUNCHER)
 
 KEY = "sk-'q\"uo\\te$x%y"
 TOKEN = "hf_TokenValue0123456789"

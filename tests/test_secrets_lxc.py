@@ -35,9 +35,9 @@ from pathlib import Path
 import pytest
 
 from pve_sglang.facts.verify import HttpStatus
+from pve_sglang import remote
 from pve_sglang.server_command import (
     LAUNCHER,
-    LAUNCHER_SOURCE,
     env_file_path,
     render_env,
     render_unit,
@@ -47,6 +47,8 @@ from pve_sglang.server_command import (
 )
 from pve_sglang.settings import ContainerSettings, load_defaults
 from wheels import PIP_TARGET, wheel
+
+LAUNCHER_SOURCE = remote.source(remote.LAUNCHER)
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("PVE_SGLANG_TEST_CACHE") or REPO / ".cache")

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from pve_sglang import remote
 from pve_sglang.server_command import (
     API_KEY_VAR,
     LAUNCHER,
     EnvRef,
     check_flags,
     dist_init_addr,
-    flags_script,
     known_flags,
     launch_argv,
     node_rank_for,
@@ -294,7 +294,7 @@ def test_unknown_flag_fails_naming_it_and_the_release(site, version):
 def test_flags_script_matches_known_flags(site, tmp_path):
     """The stand-alone script finds the installed release by itself, without importing it."""
     script = tmp_path / "flags.py"
-    script.write_text(flags_script())
+    script.write_text(remote.source(remote.FLAG_LISTER).read_text())
     for version in RELEASES:
         env = {**os.environ, "PYTHONPATH": str(site[version])}
         done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from pve_sglang import remote
 from pve_sglang.server_command import (
     LAUNCHER,
-    LAUNCHER_SOURCE,
     env_file_path,
     env_quote,
     launch_argv,
@@ -27,6 +27,8 @@ from pve_sglang.server_command import (
     systemd_quote,
 )
 from pve_sglang.settings import ContainerSettings, load_defaults
+
+LAUNCHER_SOURCE = remote.source(remote.LAUNCHER)
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze") or "/usr/bin/systemd-analyze"
 ENV_GENERATOR = "/usr/lib/systemd/user-environment-generators/30-systemd-environment-d-generator"

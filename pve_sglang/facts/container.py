@@ -8,6 +8,9 @@ import re
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
+from .. import remote
+from ..remote.venv_state import INSTALL_MARKER
+
 _LIBCUDA = re.compile(r"libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
 # Directories where NVIDIA's runfile and Debian's packages put libcuda.
 LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
@@ -30,39 +33,15 @@ class NvidiaUserspaceVersion(FactBase[str | None]):
         return max(versions, key=lambda v: [int(p) for p in v.split(".")]) if versions else None
 
 
-#: In the venv while ``uv pip install`` runs (operations/stack.py): an install cut short.
-INSTALL_MARKER = ".pve-sglang-install-incomplete"
-
 # One Python start in the venv answers two questions: the installed distributions and what the
-# autotune patch script says (run in-process with runpy, its own argv, its stdout kept).
-_VENV_STATE_SCRIPT = f"MARKER = {INSTALL_MARKER!r}\n" + r"""
-import contextlib, importlib.metadata as m, importlib.util as u, io, json, os, runpy, sys
-tools = sys.argv[1]
-out = {"packages": {d.metadata["Name"]: d.version for d in m.distributions()},
-       "incomplete": os.path.exists(os.path.join(sys.prefix, MARKER))}
-spec = u.find_spec("sglang")
-if spec and spec.submodule_search_locations:
-    package = list(spec.submodule_search_locations)[0]
-    for key, script, args in (("patch", "autotune_patch.py", ["--check", package]),):
-        path = os.path.join(tools, script)
-        if not os.path.exists(path):
-            continue
-        buf = io.StringIO()
-        sys.argv = [path, *args]
-        try:
-            with contextlib.redirect_stdout(buf):
-                runpy.run_path(path, run_name="__main__")
-        except SystemExit:
-            pass
-        out[key] = buf.getvalue()
-print(json.dumps(out))
-"""
+# autotune patch script says (remote/venv_state.py, sent as ``python -c``).
+_VENV_STATE_SCRIPT = remote.source(remote.VENV_STATE).read_text()
 
 
 class SglangVenv(FactBase[dict]):
     """
     Returns the state of the sglang venv at PYTHON: ``packages`` (``{normalised name:
-    version}``) and ``patch`` (the last line of ``TOOLS/autotune_patch.py --check``:
+    version}``) and ``patch`` (the last line of ``remote/autotune_patch.py --check`` in TOOLS:
     needs-patch, already-patched, upstream-enabled, unrecognised: ...; None when sglang or the
     script is not there yet) and ``incomplete`` (an install was cut short: ``INSTALL_MARKER``).
     ``{"packages": {}, "patch": None}`` before the venv exists.
@@ -72,7 +51,7 @@ class SglangVenv(FactBase[dict]):
     def command(self, python: str, tools: str) -> StringCommand:
         py = QuoteString(python)
         return StringCommand("[ -x", py, "] || exit 0;", py, "-c", QuoteString(_VENV_STATE_SCRIPT),
-                             QuoteString(tools))
+                             QuoteString(remote.path(remote.AUTOTUNE_PATCH, tools)))
 
     @staticmethod
     @override
@@ -93,7 +72,7 @@ class SglangVenv(FactBase[dict]):
 class SglangServerFlags(FactBase["set[str] | None"]):
     """
     Returns the ``--flag`` spellings the sglang installed for PYTHON accepts, as printed by
-    SCRIPT (``server_command.flags_script()``, uploaded by the deploy), with the release as
+    SCRIPT (``remote/sglang_flags.py``, uploaded by the deploy), with the release as
     attribute ``version``; None when sglang or the script is not there yet.
     """
 

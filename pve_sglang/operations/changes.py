@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from weakref import WeakKeyDictionary
 
 from pyinfra import context, logger
 from pyinfra.api.operation import OperationMeta
 
-_REASONS_LOGGED: WeakKeyDictionary = WeakKeyDictionary()
+from .. import cache
 
 
 def operation_name(meta: OperationMeta) -> str:
@@ -44,9 +43,7 @@ def any_changed(*metas: OperationMeta, restarts: str | None = None) -> Callable[
         else:
             changed = [meta for meta in metas if meta.is_complete() and meta.did_change()]
         if changed and restarts:
-            logged = _REASONS_LOGGED.setdefault(context.state, set())
-            if (context.host.name, restarts) not in logged:
-                logged.add((context.host.name, restarts))
+            if cache.once("restart_reason", restarts):
                 logger.warning(f"{context.host.name}: {restart_reason(restarts, changed, planned)}")
         return bool(changed)
 

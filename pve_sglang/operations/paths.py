@@ -13,8 +13,6 @@ import posixpath
 import re
 from collections.abc import Iterator
 from typing import IO
-from weakref import WeakKeyDictionary
-
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, OperationError, operation
 from pyinfra.api.command import QuoteString, StringCommand
@@ -22,26 +20,23 @@ from pyinfra.api.output import format_text
 from pyinfra.api.util import get_file_io, get_file_sha1
 from pyinfra.facts.files import FileContents
 
+from .. import cache
 from ..facts.container import PathStates
-from .memo import forget as forget_memo
-from .memo import memo
 
-_WATCHED: WeakKeyDictionary = WeakKeyDictionary()
-_DIFFS_SHOWN: WeakKeyDictionary = WeakKeyDictionary()
 SECRET_MASK = "<secret>"
 _ENV_KEY = re.compile(r"\s*(export\s+)?[A-Za-z_][A-Za-z0-9_]*")
 
 
 def watch(*paths: str) -> None:
     """Name paths this host's operations will ask about, so one read answers them all."""
-    _WATCHED.setdefault(host.state, {}).setdefault(host.name, set()).update(paths)
+    cache.memo("watched", per_stage=False).update(dict.fromkeys(paths))
 
 
 def state(path: str) -> dict | None:
     """What PATH is now (see ``PathStates``), from one read of every watched path not known."""
-    known = memo("paths")
+    known = cache.memo("paths")
     if path not in known:
-        watched = _WATCHED.get(host.state, {}).get(host.name, set())
+        watched = cache.memo("watched", per_stage=False).keys()
         wanted = tuple(sorted((watched - known.keys()) | {path}))
         known.update(host.get_fact(PathStates, paths=wanted))
     return known.get(path)
@@ -49,7 +44,7 @@ def state(path: str) -> dict | None:
 
 def forget(path: str) -> None:
     """An operation changed PATH: the next question about it reads it again."""
-    forget_memo("paths", path)
+    cache.changed(path)
 
 
 def _mode(mode: str) -> str:
@@ -71,8 +66,7 @@ def diff_wanted() -> bool:
     execution when the plan skipped change detection (``-y``), as files.put shows it."""
     if not host.state.config.DIFF:
         return False
-    key = (host.name, host.current_op_hash)
-    return key not in _DIFFS_SHOWN.get(host.state, set())
+    return host.current_op_hash not in cache.memo("diff_shown", per_stage=False)
 
 
 def color_diff(current: list[str], desired: list[str], secret: bool = False) -> Iterator[str]:
@@ -105,11 +99,8 @@ def show_diff(dest: str, current: list[str] | None, desired: list[str] | None,
               secret: bool = False) -> None:
     """Log, once per operation, what writing DEST changes, as files.put does with --diff:
     CURRENT is None for a new file, DESIRED None for binary content."""
-    shown = _DIFFS_SHOWN.setdefault(host.state, set())
-    key = (host.name, host.current_op_hash)
-    if key in shown:
+    if not cache.once("diff_shown", host.current_op_hash):
         return
-    shown.add(key)
     host.log(f"Will {'create' if current is None else 'modify'} {format_text(dest, bold=True)}",
              logger.info)
     if desired is None:
@@ -185,7 +176,7 @@ def put(src: str | IO, dest: str, mode: str, secret: bool = False):
         current = None if remote is None else _remote_lines(dest, secret)
         show_diff(dest, current, _local_lines(src), secret)
     elif same and remote["mode"] != _mode(mode) and diff_wanted():
-        _DIFFS_SHOWN.setdefault(host.state, set()).add((host.name, host.current_op_hash))
+        cache.once("diff_shown", host.current_op_hash)
         logger.info("mode %s", format_text(remote["mode"], "red"))
         logger.info("mode %s", format_text(_mode(mode), "green"))
     if remote is None:

@@ -11,17 +11,18 @@ from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.util import get_file_sha1
 from pyinfra.facts.deb import DebPackages
 
+from .. import remote
 from ..facts.container import (
-    INSTALL_MARKER,
     NvidiaUserspaceVersion,
     SglangServerFlags,
     SglangVenv,
     UnitState,
     UvVersion,
 )
+from ..remote.venv_state import INSTALL_MARKER
 from ..server_command import check_flags
 from . import paths
-from .memo import forget, memo
+from ..cache import forget, memo
 
 RUNFILE_URL = "https://us.download.nvidia.com/XFree86/Linux-x86_64/{v}/NVIDIA-Linux-x86_64-{v}.run"
 PATCH_DONE = ("already-patched", "upstream-enabled")
@@ -154,7 +155,7 @@ def venv_packages(uv: str, python: str, tools: str, pins: dict[str, str], args: 
 def autotune_patch(python: str, tools: str):
     """
     Enable FlashInfer's CUTLASS MoE autotune in the installed sglang (see
-    ``tasks/autotune_patch.py``); checked on every run, since a reinstall drops it silently.
+    ``remote/autotune_patch.py``); checked on every run, since a reinstall drops it silently.
     Code the patch does not recognise stops the deploy, naming the version and file.
 
     + python: the sglang venv's Python
@@ -188,7 +189,7 @@ def autotune_patch(python: str, tools: str):
     )
     package = StringCommand('"$(', StringCommand(QuoteString(python), "-c", QuoteString(find)), ')"',
                             _separator="")
-    yield StringCommand(QuoteString(python), QuoteString(f"{tools}/autotune_patch.py"), "--apply",
+    yield StringCommand(QuoteString(python), QuoteString(remote.path(remote.AUTOTUNE_PATCH, tools)), "--apply",
                         package)
     venv_changed()
 
@@ -273,7 +274,7 @@ def server_flags(python: str, tools: str, argv: list[str], unit_path: str, unit_
     if unit and unit["sha1"] == get_file_sha1(StringIO(unit_text)) and not venv_changed_in_this_run():
         host.noop("server flags were checked against this release when the unit was written")
         return
-    known = host.get_fact(SglangServerFlags, python=python, script=f"{tools}/sglang_flags.py")
+    known = host.get_fact(SglangServerFlags, python=python, script=remote.path(remote.FLAG_LISTER, tools))
     if known is None:
         host.noop("server flags are checked once sglang is installed")
         return

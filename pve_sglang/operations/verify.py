@@ -17,7 +17,7 @@ from ..facts.system import IommuAcs, VirtualMachineType
 from ..facts.verify import HttpStatus, VisibleGpus
 from ..p2p import build_report, format_report
 from ..settings import ContainerSettings, settings_for
-from ..sglang_launch import mask_text
+from ..remote.sglang_launch import mask_text
 
 HMM_HINT = (
     "if nvidia-smi works but CUDA does not initialise (cuInit error 3), nvidia_uvm runs with "

@@ -26,8 +26,8 @@ only reported, never trusted for the decision: it is the top-level literal
 ``__version__`` of ``sglang/version.py`` (0.5.6 and older) or else of
 ``sglang/_version.py`` (0.5.7+, where ``version.py`` only imports it).
 
-Command line (stdlib only; runs as ``python -m tasks.autotune_patch`` or as
-a plain file)::
+Command line (stdlib only; runs as ``python -m pve_sglang.remote.autotune_patch``
+or as a plain file, which is how the deploy runs it in the container)::
 
     autotune_patch.py {--check|--apply} SGLANG_PACKAGE_DIR
 

@@ -23,4 +23,4 @@ logger.info("preflight: " + json.dumps(gpu.__dict__, default=str))
 python = host.data.get("python") or "python3"
 verify.gpus_visible(name="GPUs visible", expected=len(gpu.gpus))
 verify.cuda_initialises(name="CUDA initialises on every GPU", python=python,
-                        script=str(REPO / "pve_sglang" / "gpu_checks.py"), expected=len(gpu.gpus))
+                        script=str(REPO / "pve_sglang" / "remote" / "gpu_checks.py"), expected=len(gpu.gpus))

@@ -1,0 +1,65 @@
+"""What the deploy's phases (``tasks/``) share: run in a container once it exists, the GPU host's
+driver and GPUs, and the upload of the scripts that run in the container (``remote/``).
+
+Called from deploy code (a ``@deploy`` function), with pyinfra's ``host`` the container.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyinfra import host, logger
+from pyinfra.api import OperationError
+from pyinfra.context import state
+from pyinfra.operations import python
+
+from . import remote
+from .cache import memo
+from .facts.nvidia import NvidiaDriverVersion, NvidiaGpus
+from .operations import paths
+
+
+def run_when_container_exists(steps: Callable[[], None], what: str,
+                              planned: Callable[[], list[str]] | None = None) -> None:
+    """Run STEPS now, or, when the container is created later in this run, once it runs.
+
+    PLANNED says in words what STEPS will do, for the plan shown before the container exists.
+    """
+    ready = getattr(host.connector, "container_ready", None)
+    # A container reached some other way (e.g. plain SSH into it) is there already.
+    if ready is None or ready():
+        steps()
+        return
+    plan = "".join(f"\n      - {step}" for step in planned()) if planned else ""
+    logger.info(
+        f"{host.name}: the container does not run yet (it is created or started earlier in "
+        f"this run): the {what} steps run once it does{':' if plan else ''}{plan}"
+    )
+
+    def when_running() -> None:
+        if not ready():
+            raise OperationError(
+                f"{host.name} is not running after the host phase (see its errors above): "
+                f"the {what} steps did not run"
+            )
+        steps()
+
+    python.call(name=f"{what.capitalize()} (after the container starts)", function=when_running)
+
+
+def host_gpus() -> tuple[str | None, list[dict]]:
+    """The container host's driver version and GPUs (facts of the Proxmox host), read once per
+    run and host: every container of the host asks, in the container and the verify phase."""
+    parent = state.inventory.get_host(host.data.get("pve_host"))
+    known = memo("host_gpus", of=parent, per_stage=False)
+    if "gpus" not in known:
+        driver = parent.get_fact(NvidiaDriverVersion)
+        known["gpus"] = (driver, parent.get_fact(NvidiaGpus) if driver else [])
+    return known["gpus"]
+
+
+def upload_script(script: str, name: str, tools: str = remote.TOOLS):
+    """Upload remote SCRIPT (``remote.GPU_CHECKS``, ...) to ``remote.path(SCRIPT, TOOLS)``; the
+    ``paths.put`` operation, so that the watched paths' one read answers it."""
+    return paths.put(name=name, src=str(remote.source(script)), dest=remote.path(script, tools),
+                     mode="644")

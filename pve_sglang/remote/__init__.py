@@ -1,0 +1,50 @@
+"""Code that runs inside a GPU container: one stand-alone script per file, and where each goes.
+
+Each script here imports nothing from ``pve_sglang`` and, but for ``gpu_checks.py`` (which
+imports the venv's torch when it runs), only the standard library: the deploy uploads the file
+as it is (``pve_sglang.phases.upload_script``) to ``path(NAME)`` and runs it with the
+container's Python. This ``__init__`` is the local side only, and stays stdlib too, so that
+``python -m pve_sglang.remote.autotune_patch`` needs nothing installed.
+
+============================  ===============================================================
+``autotune_patch.py``         the FlashInfer CUTLASS MoE autotune patch: ``--check|--apply
+                              SGLANG_PACKAGE_DIR``; also ``python -m
+                              pve_sglang.remote.autotune_patch``
+``sglang_flags.py``           prints the installed release's server flags, read statically
+                              (``server_command.known_flags`` uses the same code locally)
+``venv_state.py``             the venv's packages, an interrupted install, the patch's state,
+                              in one Python start (the ``SglangVenv`` fact; sent as ``python
+                              -c``, since a fact may be read before anything is uploaded)
+``sglang_launch.py``          the server unit's ExecStart: SGLang with its key from the
+                              environment, every secret masked in its output
+``gpu_checks.py``             CUDA init and P2P checks of the verify phase (and deploy_p2p.py)
+============================  ===============================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: The container's folder for the deploy's own files: these scripts and the tools venv (uv).
+TOOLS = "/opt/sglang"
+
+AUTOTUNE_PATCH = "autotune_patch.py"
+FLAG_LISTER = "sglang_flags.py"
+VENV_STATE = "venv_state.py"
+LAUNCHER = "sglang_launch.py"
+GPU_CHECKS = "gpu_checks.py"
+
+_HERE = Path(__file__).resolve().parent
+
+
+def source(script: str) -> Path:
+    """The local file of SCRIPT (one of the names above)."""
+    path = _HERE / script
+    if path.parent != _HERE or not path.is_file():
+        raise ValueError(f"no remote script {script!r} in {_HERE}")
+    return path
+
+
+def path(script: str, tools: str = TOOLS) -> str:
+    """Where the deploy puts SCRIPT in the container (under TOOLS)."""
+    return f"{tools.rstrip('/')}/{script}"
