@@ -10,7 +10,6 @@ from pyinfra.operations import files, server, systemd
 
 from pve_sglang.config_lines import owned_by_gpu_passthrough, owned_by_settings
 from pve_sglang.facts.nvidia import NvidiaGpuProcesses, UvmDisableHmm
-from pve_sglang.facts.pve import PctConfig
 from pve_sglang.operations import lxc, owned, pct
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.preflight import (
@@ -136,7 +135,7 @@ def pve_container(
     """Create or reconcile Proxmox container VMID and start it; restart only on a real change."""
     vmid = int(ct.data.get("pct_vmid"))
     where = f"host {host.name}, container {vmid}"
-    current = host.get_fact(PctConfig, vmid=vmid)
+    current = pct.current_config(vmid)
     if current is not None and current.get("unprivileged", "0") != str(int(cs.unprivileged)):
         raise PreflightError(
             f"{where}: field 'unprivileged' = {cs.unprivileged}, but the existing container is "
@@ -177,7 +176,7 @@ def pve_container(
         needs_restart.append(
             owned.lines(
                 name=f"Container {vmid} GPU passthrough (raw lxc lines, NVIDIA majors from /proc/devices)",
-                path=f"/etc/pve/lxc/{vmid}.conf",
+                path=pct.config_path(vmid),
                 lines=gpu.raw_lines(indices, style="pve"),
                 owned=owned_by_gpu_passthrough(gpu.majors),
             )

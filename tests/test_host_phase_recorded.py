@@ -125,6 +125,20 @@ def test_converged_host_and_container_plan_no_pct_command():
     ]
 
 
+def test_pct_config_is_read_once_per_container_until_an_operation_changes_it(monkeypatch):
+    reads = []
+    process = PctConfig.process
+    monkeypatch.setattr(PctConfig, "process", lambda self, output: reads.append(1) or process(self, output))
+    converged = {**gpu_host_responses(), **container_answers(converged_config(DEVICES_ALL), "running")}
+    plan(converged)
+    # The preflight of the host phase and pct.config (twice) and pct.rootfs_size: one read.
+    assert len(reads) == 1
+    reads.clear()
+    plan(converged, cores=96)
+    # `pct set` changed the config: the operations after it read it again (once).
+    assert len(reads) == 2
+
+
 def test_gpu_subset_changed_on_running_container_restarts_exactly_once():
     two_gpus = ["/dev/nvidia1,mode=0666", *DEVICES_ALL]
     responses = {**gpu_host_responses(),

@@ -11,6 +11,7 @@ from pyinfra.api import FileUploadCommand, operation
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.facts.files import FileContents
 
+from .. import cache
 from ..config_lines import reconcile_lines
 from .paths import diff_wanted, show_diff
 
@@ -57,3 +58,5 @@ def lines(path: str, lines: list[str], owned: Callable[[str], bool]):
     if content is None:
         yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(path) or "/"))
     yield FileUploadCommand(StringIO(new), path, remote_temp_filename=host.get_temp_filename(path))
+    # What this run read from PATH (a Proxmox container's config: pct.current_config) is stale.
+    cache.changed(path)

@@ -8,9 +8,26 @@ from collections.abc import Callable
 from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from .. import cache
 from ..facts.pve import PctConfig, PctStatus, PveamTemplates
 
 TEMPLATE_SUFFIXES = (".tar.zst", ".tar.gz", ".tar.xz")
+
+
+def config_path(vmid: int) -> str:
+    """Where Proxmox keeps container VMID's config (``pct config`` reads it)."""
+    return f"/etc/pve/lxc/{int(vmid)}.conf"
+
+
+def current_config(vmid: int) -> dict | None:
+    """Container VMID's config (the ``PctConfig`` fact; None when it does not exist), read once
+    per run stage: an operation that changes it (``pct create``/``set``/``resize``, a write of
+    ``config_path``) forgets it, ``cache.changed(config_path(vmid))``."""
+    known = cache.memo("pct_config")
+    path = config_path(vmid)
+    if path not in known:
+        known[path] = host.get_fact(PctConfig, vmid=vmid)
+    return known[path]
 
 
 def _version_key(name: str) -> list:
@@ -137,6 +154,7 @@ def create(
     args = [bit for key, value in options.items() for bit in (f"--{key}", QuoteString(str(value)))]
     yield StringCommand("pct create", str(int(vmid)), QuoteString(volid), *args,
                         f"--unprivileged {int(unprivileged)}", "--start 0")
+    cache.changed(config_path(vmid))
 
 
 def _differs(desired: str, current: str | None) -> bool:
@@ -189,7 +207,7 @@ def config(
                      "/dev/nvidia-uvm,mode=0666"],
         )
     """
-    current = host.get_fact(PctConfig, vmid=vmid) or {}
+    current = current_config(vmid) or {}
     changes = {k: v for k, v in options.items() if _differs(v, current.get(k))}
     deletes: list[str] = []
     if mounts is not None:
@@ -211,6 +229,7 @@ def config(
     if deletes:
         args.append(f"--delete {','.join(deletes)}")
     yield StringCommand("pct set", str(int(vmid)), *args)
+    cache.changed(config_path(vmid))
 
 
 @operation()
@@ -231,7 +250,7 @@ def rootfs_size(vmid: int, size_gib: int):
 
         pct.rootfs_size(name="Container 105 disk size", vmid=105, size_gib=200)
     """
-    current = host.get_fact(PctConfig, vmid=vmid) or {}
+    current = current_config(vmid) or {}
     match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT])", str(current.get("rootfs", "")))
     if not match:
         host.noop(f"container {vmid}: rootfs size unknown until it exists")
@@ -240,6 +259,7 @@ def rootfs_size(vmid: int, size_gib: int):
     have = float(match.group(1)) * scale
     if have < size_gib:
         yield StringCommand("pct resize", str(int(vmid)), "rootfs", f"{int(size_gib)}G")
+        cache.changed(config_path(vmid))
     elif have > size_gib:
         logger.warning(f"container {vmid}: rootfs is {have:g} GiB, larger than rootfs_size_gib "
                        f"{size_gib}; Proxmox cannot shrink it, leaving it")
