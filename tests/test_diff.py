@@ -109,10 +109,15 @@ def put_with_diff(remote: dict | None, facts: dict, content: str, secret: bool =
 def test_converged_file_with_diff_on_reads_nothing_more(caplog):
     import hashlib
 
+    caplog.set_level(logging.INFO, logger="pyinfra")  # where a diff would be logged
     content = 'HF_TOKEN="x"\n'
     sha1 = hashlib.sha1(content.encode()).hexdigest()
     assert put_with_diff({"type": "file", "mode": "600", "sha1": sha1}, {}, content) == []
     assert "Will" not in caplog.text
+    # The same file with other content is diffed (logged where this test looks).
+    assert put_with_diff({"type": "file", "mode": "600", "sha1": "0" * 40},
+                         {FileContents: ['HF_TOKEN="y"']}, content)
+    assert "Will modify" in text(caplog)
 
 
 def test_changed_secret_file_is_read_once_for_the_diff_and_masked(caplog):

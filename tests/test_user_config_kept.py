@@ -265,6 +265,14 @@ def test_recorded_native_path_only_user_lines_differ_no_reboot():
                      + USER_RAW_PVE) + "\n" + SNAPSHOT
     ops = native_plan(conf)
     assert commands(ops, "pct ") == []
+    # ...because every container operation was planned and found its lines in place.
+    container_ops = [(name.rsplit(" | ", 1)[-1], cmds) for name, cmds in ops if "ontainer" in name]
+    assert [name for name, _ in container_ops] == [
+        "Container template debian-12-standard", "Create container 105",
+        "Container 105 size and network", "Container 105 disk size",
+        "Container 105 features, mounts and GPUs (devN)", "Container 105 running",
+    ]
+    assert all(cmds == [] for _, cmds in container_ops)
 
 
 # Plain LXC, in a real container on this machine
