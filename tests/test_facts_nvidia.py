@@ -7,6 +7,8 @@ absent) and public outputs (tests/fixtures/public/, sources in tests/fixtures/RE
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import pytest
 
@@ -55,11 +57,11 @@ def test_driver_version_brief_examples():
 
 
 def test_driver_version_recorded_driver_absent_is_none_and_command_succeeds():
-    # Recorded here: cat fails (stderr recorded), the fact's command prints nothing, exit 0.
-    assert "No such file" in text("dev-docker", "cat_proc_driver_nvidia_version.stderr.txt")
-    assert text("dev-docker", "fact_NvidiaDriverVersion.txt") == ""
+    # Recorded on a machine without the driver: the fact's command printed nothing, exit 0.
     done = run_command(NvidiaDriverVersion().command())
     assert done.returncode == 0
+    if not os.path.exists("/proc/driver/nvidia/version"):  # no driver here either
+        assert done.stdout == text("dev-docker", "fact_NvidiaDriverVersion.txt")
     assert NvidiaDriverVersion().process([]) is None
 
 
@@ -151,8 +153,18 @@ def test_device_nodes_recorded_h200():
 
 def test_device_nodes_agree_with_recorded_ls_and_proc_devices():
     nodes = {n["path"]: n for n in NvidiaDeviceNodes().process(lines("h200", "raw_idle", "fact_NvidiaDeviceNodes.txt"))}
-    listing = text("h200", "ls_dev_nvidia.txt")
-    assert "238,   0 Dec  2 15:57 /dev/nvidia-uvm\n" in listing
+    # `ls -l /dev/nvidia*` recorded there: every character device, with its major and minor,
+    # is a node the fact found (its own listing, another command), with the same numbers.
+    listing, directory = {}, "/dev"
+    for line in lines("h200", "ls_dev_nvidia.txt"):
+        if line.endswith(":"):
+            directory = line[:-1]
+        elif line.startswith("c"):
+            major, minor, name = re.search(r"(\d+), +(\d+) .* (\S+)$", line).groups()
+            path = name if name.startswith("/") else f"{directory}/{name}"
+            listing[path] = {"major": int(major), "minor": int(minor)}
+    assert len(listing) == 6
+    assert {path: {k: nodes[path][k] for k in ("major", "minor")} for path in listing} == listing
     assert nodes["/dev/nvidia-uvm"]["major"] == CharDeviceMajors().process(lines("h200", "proc_devices.txt"))["nvidia-uvm"]
 
 
@@ -165,7 +177,6 @@ def test_device_nodes_none_present_command_succeeds():
 # --- UvmDisableHmm ---------------------------------------------------------------------------
 
 def test_uvm_disable_hmm_recorded_h200_is_n():
-    assert text("h200", "uvm_disable_hmm.txt") == "N\n"
     assert UvmDisableHmm().process(lines("h200", "uvm_disable_hmm.txt")) is False
 
 
@@ -175,7 +186,6 @@ def test_uvm_disable_hmm_values(value, expected):
 
 
 def test_uvm_disable_hmm_recorded_module_not_loaded_is_none():
-    assert "No such file" in text("dev-docker", "uvm_disable_hmm.stderr.txt")
     done = run_command(UvmDisableHmm().command())
     assert done.returncode == 0
     assert UvmDisableHmm().default() is None
@@ -196,9 +206,12 @@ def test_gpu_processes_recorded_h200_busy():
     }]
 
 
-def test_gpu_processes_recorded_h200_idle_is_empty():
-    assert text("h200", "nvidia_smi_query_compute_apps_idle.txt") == ""
-    assert NvidiaGpuProcesses().process([]) == []
+def test_gpu_processes_recorded_h200_idle_is_empty(tmp_path):
+    # nvidia-smi as recorded there with no process on the GPU (the header-less CSV is empty).
+    fake_bin(tmp_path, "nvidia-smi", stdout=text("h200", "nvidia_smi_query_compute_apps_idle.txt"))
+    done = run_command(NvidiaGpuProcesses().command(), [tmp_path], only=True)
+    assert done.returncode == 0
+    assert NvidiaGpuProcesses().process(done.stdout.splitlines()) == []
 
 
 def test_gpu_processes_command_with_recorded_nvidia_smi_and_fuser(tmp_path):

@@ -25,16 +25,23 @@ MISSING_PVE_NAS = "pve_pct_missing_ct_pve-nas-issue6.txt"
 
 # --- PveContainerVersion ---------------------------------------------------------------------
 
-def test_pve_container_version_recorded_dpkg_query_format_here():
-    # The fact's dpkg-query format, recorded on this machine for an installed package (lxc).
-    assert text("dev-docker", "dpkg_query_lxc.txt") == "installed 1:5.0.2-1+deb12u4\n"
-    assert parse_dpkg_version(lines("dev-docker", "dpkg_query_lxc.txt")) == "1:5.0.2-1+deb12u4"
+def test_pve_container_version_recorded_dpkg_query_format_here(tmp_path):
+    # The fact's dpkg-query format, recorded on this machine for an installed package (lxc),
+    # answered by a dpkg-query that prints it: the fact's command and parser give the version.
+    fake_bin(tmp_path, "dpkg-query", stdout=text("dev-docker", "dpkg_query_lxc.txt"))
+    done = run_command(PveContainerVersion().command(), [tmp_path])
+    assert done.returncode == 0
+    assert PveContainerVersion().process(done.stdout.splitlines()) == "1:5.0.2-1+deb12u4"
 
 
-def test_pve_container_version_recorded_not_installed_here():
-    assert "no packages found matching pve-container" in text("dev-docker", "dpkg_query_pve_container.stderr.txt")
-    assert text("dev-docker", "fact_PveContainerVersion.txt") == ""
-    value, failed = local_fact(PveContainerVersion)
+def test_pve_container_version_recorded_not_installed_here(tmp_path):
+    # dpkg-query as recorded for a package that is not installed (message on stderr, exit 1):
+    # the fact's command prints what the fact printed here, nothing, and succeeds.
+    fake_bin(tmp_path, "dpkg-query", stdout=text("dev-docker", "dpkg_query_pve_container.txt"),
+             stderr=text("dev-docker", "dpkg_query_pve_container.stderr.txt"), rc=1)
+    done = run_command(PveContainerVersion().command(), [tmp_path])
+    assert (done.returncode, done.stdout) == (0, text("dev-docker", "fact_PveContainerVersion.txt"))
+    value, failed = local_fact(PveContainerVersion, path_dirs=[tmp_path])
     assert not failed and value is None
 
 
@@ -181,13 +188,23 @@ def test_pveam_list_header_only_and_missing_tool():
 
 # --- plain LXC -------------------------------------------------------------------------------
 
-def test_lxc_status_recorded_stopped_here():
-    assert text("dev-docker", "fact_LxcContainerStatus_t1.txt") == "State:          STOPPED\n"
-    assert LxcContainerStatus().process(lines("dev-docker", "fact_LxcContainerStatus_t1.txt")) == "STOPPED"
+def test_lxc_status_recorded_stopped_here(tmp_path):
+    # lxc-info answering as it did here for a stopped container: the fact's command passes its
+    # output on as recorded, and the fact reads STOPPED from it.
+    recorded = text("dev-docker", "fact_LxcContainerStatus_t1.txt")
+    fake_bin(tmp_path, "lxc-info", stdout=recorded)
+    done = run_command(LxcContainerStatus().command(container="t1"), [tmp_path])
+    assert done.stdout == recorded
+    assert LxcContainerStatus().process(done.stdout.splitlines()) == "STOPPED"
 
 
-def test_lxc_status_recorded_missing_container_here():
-    assert "doesn't exist" in text("dev-docker", "lxc_info_s_missing.stderr.txt")
+def test_lxc_status_recorded_missing_container_here(tmp_path):
+    fake_bin(tmp_path, "lxc-info", stdout=text("dev-docker", "lxc_info_s_missing.txt"),
+             stderr=text("dev-docker", "lxc_info_s_missing.stderr.txt"), rc=1)
+    done = run_command(LxcContainerStatus().command(container="pve-sglang-missing"), [tmp_path])
+    assert done.returncode == 0 and done.stdout == ""
+    assert LxcContainerStatus().process(done.stdout.splitlines()) is None
+    # The real lxc-info, where there is one.
     done = run_command(LxcContainerStatus().command(container="pve-sglang-missing"))
     assert done.returncode == 0 and done.stdout == ""
     value, failed = local_fact(LxcContainerStatus, container="pve-sglang-missing")

@@ -103,12 +103,12 @@ def test_iommu_acs_command_runs_here():
 # --- CgroupVersion ---------------------------------------------------------------------------
 
 def test_cgroup_recorded_h200_v2():
-    assert text("h200", "stat_fs_cgroup.txt") == "cgroup2fs\n"
+    # `stat -fc %T /sys/fs/cgroup` as recorded there (no unified/ on a pure cgroup2 host).
+    assert CgroupVersion().process(lines("h200", "stat_fs_cgroup.txt")) == "v2"
     assert CgroupVersion().process(lines("h200", "raw_idle", "fact_CgroupVersion.txt")) == "v2"
 
 
 def test_cgroup_recorded_here_hybrid():
-    assert text("dev-docker", "stat_fs_cgroup.txt") == "tmpfs\n"
     assert CgroupVersion().process(lines("dev-docker", "fact_CgroupVersion.txt")) == "hybrid"
 
 
@@ -124,5 +124,4 @@ def test_cgroup_through_local_connector():
 
 def test_vm_type_recorded_h200_firecracker_cpu_flag_fallback():
     # The H200 image has no systemd-detect-virt; its CPU flags carry "hypervisor".
-    assert " hypervisor " in text("h200", "run2", "cpuinfo_flags.txt")
     assert VirtualMachineType().process(lines("h200", "run2", "fact_VirtualMachineType.txt")) == "hypervisor"
