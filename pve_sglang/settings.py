@@ -702,3 +702,18 @@ def settings_for(host_data: Any, model: type[BaseModel]) -> Any:
     return model.model_validate(
         {name: host_data.get(name) for name in model.model_fields}
     )
+
+
+def host_settings(model: type[BaseModel], of: Any = None) -> Any:
+    """MODEL's settings of pyinfra host OF (the current host when None), validated once per run
+    and shared by every phase and operation that asks: host data does not change while the
+    deploy runs. A value that fails validation raises ``SettingsError`` at each ask."""
+    from pyinfra import host
+
+    from .cache import memo
+
+    target = host if of is None else of
+    known = memo("settings", of=of, per_stage=False)
+    if model not in known:
+        known[model] = settings_for(target.data, model)
+    return known[model]

@@ -17,7 +17,7 @@ from pve_sglang.operations.changes import any_changed
 from pve_sglang.phases import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import ServerFiles, select_gpus, server_files
 from pve_sglang.server_command import LAUNCHER, env_file_path, unit_name, venv_python
-from pve_sglang.settings import ContainerSettings, settings_for
+from pve_sglang.settings import ContainerSettings, host_settings
 
 TOOLS = remote.TOOLS
 BASE_PACKAGES = ["ca-certificates", "curl", "python3", "python3-venv"]
@@ -39,7 +39,7 @@ def container_phase() -> None:
 
 def planned_container_steps() -> list[str]:
     """What the container setup will do, in words, for a plan made before the container runs."""
-    cs = settings_for(host.data, ContainerSettings)
+    cs = host_settings(ContainerSettings)
     driver, _ = host_gpus()
     steps = ["trust the extra CA certificates"] if cs.ca_certificates else []
     steps.append("install the base packages")
@@ -59,7 +59,7 @@ def planned_container_steps() -> list[str]:
 
 def container_steps() -> None:
     """Every step of the container phase, in order."""
-    cs = settings_for(host.data, ContainerSettings)
+    cs = host_settings(ContainerSettings)
     driver, gpus = host_gpus()
     selected = select_gpus(cs.gpus, gpus, host.name) if driver else []
     py = venv_python(cs)

@@ -26,7 +26,7 @@ from pve_sglang.settings import (
     ContainerSettings,
     HostSettings,
     container_hostname,
-    settings_for,
+    host_settings,
 )
 
 UVM_CONF = "/etc/modprobe.d/nvidia-uvm.conf"
@@ -38,14 +38,14 @@ def host_phase() -> None:
     """Bring a Proxmox (or plain LXC) host to running GPU containers."""
     if "pve_hosts" not in host.groups:
         return
-    settings = settings_for(host.data, HostSettings)
+    settings = host_settings(HostSettings)
     check_container_tools(host, settings)
     gpu = gpu_host(host, settings)
     containers = [state.inventory.get_host(name) for name in host.data.get("containers") or []]
     # Check every container against the host before the first change, and render what its
     # container phase will write (deferred for a container created in this run), so --dry
     # shows the same errors as a run, for new and existing containers alike.
-    plans = [(ct, settings_for(ct.data, ContainerSettings)) for ct in containers]
+    plans = [(ct, host_settings(ContainerSettings, of=ct)) for ct in containers]
     indices = {}
     for ct, cs in plans:
         where = f"host {host.name}, container {ct.name}"

@@ -11,7 +11,7 @@ from pve_sglang.operations import verify
 from pve_sglang.phases import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import select_gpus
 from pve_sglang.server_command import env_file_path, venv_python
-from pve_sglang.settings import ContainerSettings, base_url, client_address, settings_for
+from pve_sglang.settings import ContainerSettings, base_url, client_address, host_settings
 
 
 @deploy("Verify")
@@ -24,7 +24,7 @@ def verify_phase() -> None:
 
 def planned_checks() -> list[str]:
     """What verify will check, in words, for a plan made before the container runs."""
-    cs = settings_for(host.data, ContainerSettings)
+    cs = host_settings(ContainerSettings)
     if not host_gpus()[0]:
         return ["nothing: the host has no NVIDIA GPU"]
     checks = ["GPUs visible in the container", "CUDA initialises on every GPU",
@@ -34,7 +34,7 @@ def planned_checks() -> list[str]:
 
 def verify_steps() -> None:
     """GPU, CUDA, health and benchmark checks; without a GPU, say what was skipped."""
-    cs = settings_for(host.data, ContainerSettings)
+    cs = host_settings(ContainerSettings)
     driver, gpus = host_gpus()
     if not driver:
         logger.warning(

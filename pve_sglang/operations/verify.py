@@ -16,7 +16,7 @@ from ..facts.nvidia import GpuCheck, NvidiaP2pMatrix, NvidiaTopoMatrix
 from ..facts.system import IommuAcs, VirtualMachineType
 from ..facts.verify import HttpStatus, VisibleGpus
 from ..p2p import build_report, format_report
-from ..settings import ContainerSettings, settings_for
+from ..settings import ContainerSettings, host_settings
 from ..remote.sglang_launch import mask_text
 
 HMM_HINT = (
@@ -229,7 +229,7 @@ def benchmark(runs: dict[int, list[str]], env_file: str):
                 rows.append({"concurrency": concurrency, **parse_bench_output(output)})
             except ValueError as error:
                 # The benchmark holds the key (OPENAI_API_KEY): none of its output is trusted.
-                secrets = settings_for(host.data, ContainerSettings).secrets
+                secrets = host_settings(ContainerSettings).secrets
                 raise OperationError(f"benchmark at concurrency {concurrency}: {error}:\n"
                                      + mask_text(output, secrets)[-2000:]) from None
         logger.info(f"{host.name}: benchmark summary\n" + summary_table(rows))
