@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
 
@@ -37,32 +38,66 @@ def container_phase() -> None:
     run_when_container_exists(container_steps, "container setup", planned_container_steps)
 
 
+#: A step of a phase: what it does in words (the plan shown before the container runs), and the
+#: function that calls its operations. It is given the operations of earlier steps that need a
+#: server restart when they change, and returns its own.
+Step = tuple[str, Callable[[list], list]]
+
+
 def planned_container_steps() -> list[str]:
     """What the container setup will do, in words, for a plan made before the container runs."""
-    cs = host_settings(ContainerSettings)
-    driver, _ = host_gpus()
-    steps = ["trust the extra CA certificates"] if cs.ca_certificates else []
-    steps.append("install the base packages")
-    if driver:
-        steps += [f"install the NVIDIA user-space driver {driver} (the host's version)",
-                  f"install the CUDA toolkit {cs.cuda_toolkit_version}"]
+    return [words for words, _ in container_plan(host_settings(ContainerSettings), host_gpus())]
+
+
+def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) -> list[Step]:
+    """The container phase's steps, in order, each with its words: one list for both. GPU_HOST:
+    the driver version and GPUs of the container's host (``host_gpus()``)."""
+    driver, gpus = gpu_host
+    py = venv_python(cs)
     pins = f"sglang=={cs.sglang_version}" + (
         f", torch=={cs.torch_version}, flashinfer-python=={cs.flashinfer_version}"
         if cs.stack_install == "pinned" else " (no dependencies)"
     )
-    steps += [f"create the venv {cs.venv_path} with uv {cs.uv_version} and install {pins}",
-              "apply the FlashInfer CUTLASS MoE autotune patch where the release needs it",
-              f"write /etc/sglang/{cs.service_name}.env (mode 0600) and "
-              f"{unit_name(cs)}, enable it" + (" and start it" if driver else "")]
+
+    def server(restart_on: list) -> list:
+        # Rendered as the host phase's preflight rendered it (one function for both).
+        selected = select_gpus(cs.gpus, gpus, host.name) if driver else []
+        files = server_files(host.name, cs, selected, state.inventory)
+        for warning in files.argv.warnings:
+            logger.warning(f"{host.name}: {warning}")
+        server_unit(cs, py, files, restart_on, start=bool(driver))
+        return []
+
+    def base_packages(_: list) -> list:
+        stack.deb_packages(name="Base packages", packages=BASE_PACKAGES)
+        return []
+
+    steps: list[Step] = []
+    if cs.ca_certificates:
+        steps.append(("trust the extra CA certificates", lambda _: trust_ca_certificates(cs)))
+    steps.append(("install the base packages", base_packages))
+    if driver:
+        steps += [
+            (f"install the NVIDIA user-space driver {driver} (the host's version)",
+             lambda _: [nvidia_userspace(cs, driver)]),
+            (f"install the CUDA toolkit {cs.cuda_toolkit_version}", lambda _: cuda_toolkit(cs)),
+        ]
+    steps += [
+        (f"create the venv {cs.venv_path} with uv {cs.uv_version} and install {pins}",
+         lambda _: python_stack(cs, py)),
+        ("apply the FlashInfer CUTLASS MoE autotune patch where the release needs it",
+         lambda _: [stack.autotune_patch(name="FlashInfer CUTLASS MoE autotune (sglang patch)",
+                                         python=py, tools=TOOLS)]),
+        (f"write /etc/sglang/{cs.service_name}.env (mode 0600) and {unit_name(cs)}, enable it"
+         + (" and start it" if driver else ""), server),
+    ]
     return steps
 
 
 def container_steps() -> None:
-    """Every step of the container phase, in order."""
+    """Every step of the container phase (``container_plan``), in order."""
     cs = host_settings(ContainerSettings)
     driver, gpus = host_gpus()
-    selected = select_gpus(cs.gpus, gpus, host.name) if driver else []
-    py = venv_python(cs)
     env_file = env_file_path(cs)
     # Every path the steps below manage, so one read answers them all.
     paths.watch(
@@ -73,24 +108,14 @@ def container_steps() -> None:
         f"/etc/systemd/system/{unit_name(cs)}", f"{cs.model_path}/config.json",
     )
 
-    trust_ca_certificates(cs)
-    stack.deb_packages(name="Base packages", packages=BASE_PACKAGES)
-    stack_ops = []
-    if driver:
-        stack_ops.append(nvidia_userspace(cs, driver))
-        cuda_toolkit(cs)
-    else:
+    if not driver:
         logger.warning(
             f"{host.name}: skipped the NVIDIA user-space driver and the CUDA toolkit: the "
             "host has no NVIDIA driver (they must match the host's kernel module)"
         )
-    stack_ops += python_stack(cs, py)
-
-    # Rendered as the host phase's preflight rendered it (one function for both).
-    server = server_files(host.name, cs, selected, state.inventory)
-    for warning in server.argv.warnings:
-        logger.warning(f"{host.name}: {warning}")
-    server_unit(cs, py, server, stack_ops, start=bool(driver))
+    restart_on: list = []
+    for _, step in container_plan(cs, (driver, gpus)):
+        restart_on += step(restart_on) or []  # None: nothing of the step restarts the server
 
 
 def ca_files(cs: ContainerSettings) -> list[str]:
@@ -153,7 +178,7 @@ def cuda_toolkit(cs: ContainerSettings) -> None:
 
 
 def python_stack(cs: ContainerSettings, py: str) -> list:
-    """uv, the venv, the pinned packages, the autotune patch; the ops that need a restart."""
+    """uv, the venv, the remote scripts, the pinned packages; the ops that need a restart."""
     tools = f"{TOOLS}/tools"
     stack.tools_venv(name=f"Tools venv with uv {cs.uv_version}", path=tools,
                      uv_version=cs.uv_version)
@@ -179,9 +204,7 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
             no_deps=cs.stack_install == "sglang-no-deps",
         ),
     )
-    patch = stack.autotune_patch(name="FlashInfer CUTLASS MoE autotune (sglang patch)",
-                                 python=py, tools=TOOLS)
-    return [packages, patch]
+    return [packages]
 
 
 def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: list,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
@@ -12,6 +14,10 @@ from pve_sglang.phases import host_gpus, run_when_container_exists, upload_scrip
 from pve_sglang.preflight import select_gpus
 from pve_sglang.server_command import env_file_path, venv_python
 from pve_sglang.settings import ContainerSettings, base_url, client_address, host_settings
+
+#: A check of the verify phase: what it checks in words (the plan shown before the container
+#: runs), and the function that calls its operations.
+Check = tuple[str, Callable[[], object]]
 
 
 @deploy("Verify")
@@ -24,46 +30,64 @@ def verify_phase() -> None:
 
 def planned_checks() -> list[str]:
     """What verify will check, in words, for a plan made before the container runs."""
-    cs = host_settings(ContainerSettings)
-    if not host_gpus()[0]:
-        return ["nothing: the host has no NVIDIA GPU"]
-    checks = ["GPUs visible in the container", "CUDA initialises on every GPU",
-              f"the server answers /health within {cs.health_timeout_s}s"]
-    return checks + ([f"benchmark at concurrency {cs.bench_concurrencies}"] if cs.bench else [])
+    checks = verify_plan(host_settings(ContainerSettings), host_gpus())
+    return [words for words, _ in checks] or ["nothing: the host has no NVIDIA GPU"]
 
 
-def verify_steps() -> None:
-    """GPU, CUDA, health and benchmark checks; without a GPU, say what was skipped."""
-    cs = host_settings(ContainerSettings)
-    driver, gpus = host_gpus()
+def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) -> list[Check]:
+    """The verify phase's checks, in order, each with its words: one list for both; none when
+    the container's host (GPU_HOST: its driver version and GPUs) has no NVIDIA driver."""
+    driver, gpus = gpu_host
     if not driver:
-        logger.warning(
-            f"{host.name}: verify skipped (GPUs visible, CUDA init, /health, benchmark): the "
-            "host has no NVIDIA GPU"
-        )
-        return
+        return []
     expected = len(select_gpus(cs.gpus, gpus, host.name))
     py = venv_python(cs)
-    upload_script(remote.GPU_CHECKS, "Upload the GPU checks")
     script = remote.path(remote.GPU_CHECKS)
-    verify.gpus_visible(name=f"{expected} GPUs visible in the container", expected=expected)
-    verify.cuda_initialises(name="CUDA initialises on every GPU", python=py, script=script,
-                            expected=expected)
-    if expected > 1:
-        verify.p2p_preflight(name=f"P2P between the {expected} GPUs", python=py, script=script)
     # The server itself binds to server_host; checks run inside the container.
     address = client_address(cs.server_host)
     env_file = env_file_path(cs)
-    verify.server_healthy(
-        name=f"Server answers /health (up to {cs.health_timeout_s}s)",
-        url=f"{base_url(address, cs.server_port)}/health",
-        env_file=env_file,
-        timeout_s=cs.health_timeout_s,
-    )
-    if cs.bench:
+
+    def cuda() -> None:
+        upload_script(remote.GPU_CHECKS, "Upload the GPU checks")
+        verify.cuda_initialises(name="CUDA initialises on every GPU", python=py, script=script,
+                                expected=expected)
+
+    def benchmark() -> None:
         runs = {
             c: bench_argv(cs, py, c, address, cs.server_port, cs.sglang_version)
             for c in cs.bench_concurrencies
         }
         verify.benchmark(name=f"Benchmark at concurrency {cs.bench_concurrencies}",
                          runs=runs, env_file=env_file)
+
+    checks: list[Check] = [
+        ("GPUs visible in the container", lambda: verify.gpus_visible(
+            name=f"{expected} GPUs visible in the container", expected=expected)),
+        ("CUDA initialises on every GPU", cuda),
+    ]
+    if expected > 1:
+        checks.append((f"P2P between the {expected} GPUs", lambda: verify.p2p_preflight(
+            name=f"P2P between the {expected} GPUs", python=py, script=script)))
+    checks.append((f"the server answers /health within {cs.health_timeout_s}s",
+                   lambda: verify.server_healthy(
+                       name=f"Server answers /health (up to {cs.health_timeout_s}s)",
+                       url=f"{base_url(address, cs.server_port)}/health",
+                       env_file=env_file,
+                       timeout_s=cs.health_timeout_s,
+                   )))
+    if cs.bench:
+        checks.append((f"benchmark at concurrency {cs.bench_concurrencies}", benchmark))
+    return checks
+
+
+def verify_steps() -> None:
+    """GPU, CUDA, health and benchmark checks (``verify_plan``); without a GPU, say what was
+    skipped."""
+    checks = verify_plan(host_settings(ContainerSettings), host_gpus())
+    if not checks:
+        logger.warning(
+            f"{host.name}: verify skipped (GPUs visible, CUDA init, /health, benchmark): the "
+            "host has no NVIDIA GPU"
+        )
+    for _, check in checks:
+        check()
