@@ -291,7 +291,7 @@ def test_unknown_flag_fails_naming_it_and_the_release(site, version):
     assert "--disable-cuda-graph" not in message
 
 
-def test_flags_script_matches_known_flags(site, tmp_path):
+def test_flag_lister_matches_known_flags(site, tmp_path):
     """The stand-alone script finds the installed release by itself, without importing it."""
     script = tmp_path / "flags.py"
     script.write_text(remote.source(remote.FLAG_LISTER).read_text())

@@ -412,8 +412,8 @@ def parse_gpu_check(lines: list[str]) -> dict:
 
 class GpuCheck(FactBase[dict]):
     """
-    Runs ``PYTHON SCRIPT CHECK ARGS...`` (SCRIPT: ``pve_sglang/gpu_checks.py`` uploaded to the
-    host, PYTHON: one that holds torch) under ``timeout TIMEOUT`` and returns the JSON it prints:
+    Runs ``PYTHON SCRIPT CHECK ARGS...`` (SCRIPT: ``remote/gpu_checks.py`` uploaded to the host,
+    PYTHON: one that holds torch) under ``timeout TIMEOUT`` and returns the JSON it prints:
     for ``cuda`` the device list and CUDA init result, for ``p2p`` per-pair peer access and copy
     GB/s. A check that fails still answers (``ok`` false, ``error``, ``hint``); nothing printed
     becomes ``{"ok": False, "error": ...}``. Not cached: it measures, so call it at execute time
