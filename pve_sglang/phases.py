@@ -14,9 +14,8 @@ from pyinfra.context import state
 from pyinfra.operations import python
 
 from . import remote
-from .cache import memo
-from .facts.nvidia import NvidiaDriverVersion, NvidiaGpus
 from .operations import paths
+from .preflight import driver_and_gpus
 
 
 def run_when_container_exists(steps: Callable[[], None], what: str,
@@ -49,13 +48,8 @@ def run_when_container_exists(steps: Callable[[], None], what: str,
 
 def host_gpus() -> tuple[str | None, list[dict]]:
     """The container host's driver version and GPUs (facts of the Proxmox host), read once per
-    run and host: every container of the host asks, in the container and the verify phase."""
-    parent = state.inventory.get_host(host.data.get("pve_host"))
-    known = memo("host_gpus", of=parent, per_stage=False)
-    if "gpus" not in known:
-        driver = parent.get_fact(NvidiaDriverVersion)
-        known["gpus"] = (driver, parent.get_fact(NvidiaGpus) if driver else [])
-    return known["gpus"]
+    run (``preflight.driver_and_gpus``): the host phase and every container of the host ask."""
+    return driver_and_gpus(state.inventory.get_host(host.data.get("pve_host")))
 
 
 def upload_script(script: str, name: str, tools: str = remote.TOOLS):

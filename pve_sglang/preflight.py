@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+import gevent.lock
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 from pyinfra.api.host import Host
@@ -16,6 +17,7 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.facts.server import Command, Which
 from packaging.version import Version
 
+from .cache import memo
 from .facts.nvidia import CharDeviceMajors, NvidiaDeviceNodes, NvidiaDriverVersion, NvidiaGpus
 from .facts.pve import PveContainerVersion
 from .facts.system import CgroupVersion, IommuAcs, VirtualMachineType
@@ -100,9 +102,22 @@ def check_container_tools(host: Host, settings: HostSettings) -> None:
         )
 
 
+def driver_and_gpus(host: Host) -> tuple[str | None, list[dict]]:
+    """HOST's NVIDIA driver version and GPUs (none without a driver), read once per run: the
+    host phase's preflight asks, and every container of the host, in its container and verify
+    phases (the host phase installs no driver)."""
+    known = memo("driver_and_gpus", of=host, per_stage=False)
+    # pyinfra prepares hosts in parallel greenlets: the host and its containers ask at once.
+    with known.setdefault("lock", gevent.lock.BoundedSemaphore()):
+        if "facts" not in known:
+            driver = host.get_fact(NvidiaDriverVersion)
+            known["facts"] = (driver, host.get_fact(NvidiaGpus) if driver else [])
+    return known["facts"]
+
+
 def gpu_host(host: Host, settings: HostSettings) -> GpuHost | None:
     """Read the host's GPU facts; None when it has no driver and ``require_gpu`` is off."""
-    driver = host.get_fact(NvidiaDriverVersion)
+    driver, gpus = driver_and_gpus(host)
     if driver is None:
         if settings.require_gpu:
             raise PreflightError(
@@ -115,7 +130,6 @@ def gpu_host(host: Host, settings: HostSettings) -> GpuHost | None:
             "passthrough steps (require_gpu: false)"
         )
         return None
-    gpus = host.get_fact(NvidiaGpus)
     if not gpus:
         raise PreflightError(
             f"host {host.name}: driver {driver} is loaded but nvidia-smi lists no GPU; check "
