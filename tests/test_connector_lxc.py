@@ -166,6 +166,73 @@ def test_lxc_upload_download_binary(lxc_container, tmp_path):
     disconnect_all(state)
 
 
+def test_lxc_push_cut_short_never_leaves_a_partial_destination(lxc_container, tmp_path):
+    """The push of a file is killed (SIGKILL of the host command and what runs in the
+    container) with half the bytes in, and its stream ends early: the destination keeps its
+    old content, mode and owner each time; the next push replaces it whole, keeping them."""
+    import signal
+    import subprocess
+    import time
+
+    state = container_state(lxc_container)
+    host = only_host(state)
+    dest = "/root/atomic/secret.env"
+    old = b"OLD=1\n"
+    lxc_container.attach(f"mkdir -p /root/atomic && printf 'OLD=1\\n' > {dest} && "
+                         f"chown nobody:nogroup {dest} && chmod 640 {dest}")
+    new = os.urandom(256 * 1024)
+
+    def dest_state() -> list[str]:
+        return lxc_container.attach(f"stat -c '%a %U' {dest}; sha1sum < {dest} | cut -c1-40; "
+                                    "ls -A /root/atomic").stdout.splitlines()
+
+    before = dest_state()
+    assert before == ["640 nobody", hashlib.sha1(old).hexdigest(), "secret.env"]
+    # The host side: a FIFO that gets half of the bytes, then is held open (killed) or closed.
+    for cut in ("killed", "stream ends early"):
+        fifo = tmp_path / f"fifo-{cut.split()[0]}"
+        os.mkfifo(fifo)
+        command = host.connector.make_push_command(str(fifo), dest).get_raw_value()
+        # The size the push must get: the whole file's (`wc -c <` the FIFO would read it).
+        command = command.replace(f'"$(wc -c < {fifo} )"', str(len(new)))
+        push = subprocess.Popen(["sh", "-c", command], start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        with open(fifo, "wb") as writer:
+            writer.write(new[: len(new) // 2])
+            writer.flush()
+            deadline = time.monotonic() + 30
+            while True:
+                listing = lxc_container.attach("ls -A /root/atomic").stdout.split()
+                temps = [name for name in listing if name.startswith(".secret.env.upload-")]
+                size = lxc_container.attach(f"cat /root/atomic/{temps[0]} | wc -c").stdout
+                if temps and int(size) == len(new) // 2:
+                    break
+                assert time.monotonic() < deadline, listing
+                time.sleep(0.05)
+            # Half is in, beside it: the destination is the old file, whole.
+            assert dest_state()[:2] == before[:2]
+            mode = lxc_container.attach(f"stat -c %a /root/atomic/{temps[0]}").stdout.strip()
+            assert mode == "600"  # the new content is never readable by others
+            if cut == "killed":
+                os.killpg(push.pid, signal.SIGKILL)
+                for pid in lxc_container.attach(
+                        "pgrep -f 'root/atomic/secret[.]env' || true").stdout.split():
+                    lxc_container.attach(f"kill -9 {pid} || true")
+        rc = push.wait(timeout=30)
+        assert rc != 0
+        after = dest_state()
+        assert after[:2] == before[:2], (cut, after)
+        if cut == "stream ends early":
+            assert after[2:] == ["secret.env"]  # the push removed its temporary file
+            assert "131072 of 262144 bytes came" in push.stderr.read().decode()
+
+    # A whole push: the new content, the old mode and owner, and no temporary file left
+    # (the one the killed push left is removed).
+    assert host.put_file(io.BytesIO(new), dest) is True
+    assert dest_state() == ["640 nobody", hashlib.sha1(new).hexdigest(), "secret.env"]
+    disconnect_all(state)
+
+
 def test_lxc_operations_shell_put_file_mode(lxc_container, tmp_path):
     state = container_state(lxc_container)
     host = only_host(state)

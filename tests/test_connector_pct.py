@@ -118,9 +118,10 @@ def test_pct_command_shapes():
     connector = inventory.get_host("@pct/pve1/105").connector
     exec_command = connector.make_exec_command(StringCommand("sh", "-c", "'echo hi'"))
     assert exec_command.get_raw_value() == "pct exec 105 --keep-env 0 -- sh -c 'sh -c '\"'\"'echo hi'\"'\"''"
-    assert connector.make_push_command("/tmp/a", "/etc/x y").get_raw_value() == (
-        "pct push 105 /tmp/a '/etc/x y'"
-    )
+    # Not `pct push` (in place): the script renames a complete temporary file over DEST.
+    push = connector.make_push_command("/tmp/a", "/etc/x y").get_raw_value()
+    assert push.startswith("pct exec 105 --keep-env 0 -- sh -c 'umask 077; ")
+    assert push.endswith("' sh '/etc/x y' \"$(wc -c < /tmp/a )\" < /tmp/a")
     assert connector.make_pull_command("/etc/x", "/tmp/b").get_raw_value() == (
         "pct pull 105 /etc/x /tmp/b"
     )
@@ -168,13 +169,13 @@ def test_pct_connector_via_lxc_standin_files(pct_standin, tmp_path):
     assert target.read_bytes() == payload
 
     calls = pct_standin.log.read_text().splitlines()
-    push = next(c for c in calls if c.startswith("pct push 105 "))
+    push = next(c for c in calls if c.startswith("pct exec 105 --keep-env 0 -- sh -c umask 077;"))
     pull = next(c for c in calls if c.startswith("pct pull 105 "))
-    assert push.endswith(" /root/pct blob.bin")
+    assert push.endswith(f" sh /root/pct blob.bin {len(payload)}")
     assert pull.startswith("pct pull 105 /root/pct blob.bin ")
-    # The host-side temp directories are gone
-    temp_paths = [push.split()[3], pull.split()[-1]]
-    assert not any(Path(p).exists() or Path(p).parent.exists() for p in temp_paths)
+    # The host-side temp directories are gone, and no temporary file is left beside the file
+    assert not any(Path(p).exists() or Path(p).parent.exists() for p in [pull.split()[-1]])
+    assert run(host, "ls -A /root | grep -c upload- || true")[1].stdout == "0"
 
     # Operations: shell, put, file mode
     source = tmp_path / "motd"
@@ -310,7 +311,8 @@ def test_pct_connector_over_ssh_via_lxc_standin(ssh_pve_host, tmp_path):
 
     calls = container.attach("cat /root/pct.log").stdout.splitlines()
     assert any(c.startswith("pct exec 105 --keep-env 0 -- sh -c ") for c in calls)
-    assert any(c.startswith("pct push 105 /tmp/pyinfra-container-") for c in calls)
+    assert any(c.startswith("pct exec 105 --keep-env 0 -- sh -c umask 077;") and
+               " sh /root/ssh blob.bin " in c for c in calls)
     assert any(c.startswith("pct pull 105 /root/ssh blob.bin /tmp/pyinfra-container-") for c in calls)
     # The host-side temporary directories are gone
     leftover = container.attach("ls -d /tmp/pyinfra-container-* 2>/dev/null || true").stdout

@@ -10,13 +10,14 @@ container is on this machine) and turns every operation into a host-side command
   to a container exec tool (``pct exec``, ``lxc-attach``); the control arguments (``_timeout``,
   ``_stdin``, ``_get_pty``, ``_success_exit_codes``) go to the outer run;
 + uploads: the data goes to a private temporary directory on the host, then a host-side command
-  copies it into the container, and the temporary directory is removed;
+  copies it into the container (into a temporary file beside the destination, renamed over it
+  once complete: ``PUSH_SCRIPT``), and the temporary directory is removed;
 + downloads: a host-side command copies the file out of the container into such a temporary
   directory, the outer connector fetches it, and the directory is removed.
 
 Subclasses say how to wrap a command, how to push and pull a file, and how to ask whether the
 container runs. Authentication arguments (``_sudo`` ...) do not apply to file transfers: files are
-written and read as the container's root user, like ``pct push``/``pct pull`` do.
+written and read as the container's root user, as ``pct pull`` does.
 
 Connecting is lazy: ``connect()`` connects the outer connector only and never touches the
 container, because a deploy may create and start the container earlier in the same run. Use
@@ -56,6 +57,38 @@ LOCAL_HOSTNAMES = frozenset({"localhost", "@local", "local"})
 
 #: The PATH given to commands run through an exec tool that clears the environment.
 CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+#: Written beside a destination while its content arrives (``PUSH_SCRIPT``), then renamed.
+PUSH_TEMP_INFIX = ".upload-"
+
+#: Run in the container with the destination as $1, the content's size in bytes as $2 and the
+#: content on stdin: the content goes to a temporary file beside it, made 0600 before a byte
+#: arrives, that takes the destination's owner and mode (0644 for a new file) and, once all
+#: $2 bytes are there, is renamed over it. A transfer cut short (killed, or a stream that ends
+#: early) leaves the destination as it was, never part of the new content. A link is written
+#: through, as ``cat > LINK`` does; a temporary file a killed push left goes at the next push.
+PUSH_SCRIPT = (
+    'umask 077; d=$1; [ -L "$d" ] && d=$(readlink -f -- "$d"); '
+    'if [ -d "$d" ]; then echo "$d: is a directory" >&2; exit 1; fi; '
+    f'p="$(dirname -- "$d")/.$(basename -- "$d"){PUSH_TEMP_INFIX}"; rm -f -- "$p"??????; '
+    't=$(mktemp -- "${p}XXXXXX") || exit 1; '
+    "trap 'rm -f -- \"$t\"' EXIT; trap 'exit 1' HUP INT PIPE TERM; "
+    'cat > "$t" || exit 1; '
+    'n=$(wc -c < "$t"); if [ "$n" -ne "$2" ]; then echo "$d: $n of $2 bytes came" >&2; exit 1; fi; '
+    'if [ -e "$d" ]; then chown --reference="$d" -- "$t" && chmod --reference="$d" -- "$t"; '
+    'else chmod 644 -- "$t"; fi || exit 1; '
+    'mv -f -- "$t" "$d"'
+)
+
+
+def push_into_container(exec_prefix: list, host_source: str, container_dest: str) -> StringCommand:
+    """The host-side command that runs ``PUSH_SCRIPT`` through EXEC_PREFIX (an exec tool's
+    words, ending with ``--``) with HOST_SOURCE on its stdin and its size, measured on the
+    host, as the size to expect: one command, as a copy tool's."""
+    source = QuoteString(host_source)
+    size = StringCommand('"$(wc -c <', source, ')"')
+    return StringCommand(*exec_prefix, "sh", "-c", QuoteString(PUSH_SCRIPT), "sh",
+                         QuoteString(container_dest), size, "<", source)
 
 
 class ContainerNotRunningError(OSError):
@@ -263,7 +296,8 @@ class ContainerConnector(BaseConnector, abc.ABC):
     ) -> bool:
         """
         Upload a local file or IO object to ``remote_filename`` in the container, byte for byte.
-        A new file gets mode 0644 (umask 022), an existing file keeps its mode and owner.
+        A new file gets mode 0644, an existing file keeps its mode and owner. The file changes
+        at once (renamed into place, ``PUSH_SCRIPT``): a cut transfer leaves it as it was.
         """
         self._require_running()
 

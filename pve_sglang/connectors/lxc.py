@@ -13,7 +13,7 @@ from pyinfra.api.exceptions import InventoryError
 from pyinfra.connectors.base import DataMeta
 from pyinfra.connectors.util import CommandOutput
 
-from .container import CONTAINER_PATH, ContainerConnector, is_local_hostname
+from .container import CONTAINER_PATH, ContainerConnector, is_local_hostname, push_into_container
 
 
 class LxcConnectorData(TypedDict, total=False):
@@ -134,16 +134,7 @@ class LxcConnector(ContainerConnector):
 
     @override
     def make_push_command(self, host_source: str, container_dest: str) -> StringCommand:
-        return StringCommand(
-            *self._attach(),
-            "sh",
-            "-c",
-            QuoteString('umask 022 && cat > "$1"'),
-            "sh",
-            QuoteString(container_dest),
-            "<",
-            QuoteString(host_source),
-        )
+        return push_into_container(self._attach(), host_source, container_dest)
 
     @override
     def make_pull_command(self, container_source: str, host_dest: str) -> StringCommand:

@@ -13,7 +13,7 @@ from pyinfra.api.exceptions import InventoryError
 from pyinfra.connectors.base import DataMeta
 from pyinfra.connectors.util import CommandOutput
 
-from .container import ContainerConnector, is_local_hostname
+from .container import ContainerConnector, is_local_hostname, push_into_container
 
 #: Proxmox VE's VMID range, the one home of it (settings import it): ``pve-vmid`` in pve-common's
 #: src/PVE/JSONSchema.pm accepts ``^[1-9][0-9]{2,8}$``, i.e. 100..999999999.
@@ -65,8 +65,9 @@ class PctConnector(ContainerConnector):
         pyinfra @pct/localhost/105 deploy.py
 
     Commands run as ``pct exec VMID --keep-env 0 -- sh -c '<command>'`` in ``/``; files go in
-    with ``pct push VMID TMP DST`` and out with ``pct pull VMID SRC TMP`` through a private
-    temporary directory on the host, which is removed afterwards.
+    with ``pct exec VMID --keep-env 0 -- sh -c PUSH_SCRIPT sh DST SIZE < TMP`` (a complete
+    file renamed into place, see ``container.PUSH_SCRIPT``) and out with ``pct pull VMID SRC
+    TMP`` through a private temporary directory on the host, which is removed afterwards.
 
     ``connect()`` does not touch the container; ``container_ready()`` asks ``pct status``.
     """
@@ -120,9 +121,10 @@ class PctConnector(ContainerConnector):
 
     @override
     def make_push_command(self, host_source: str, container_dest: str) -> StringCommand:
-        return StringCommand(
-            "pct", "push", self._vmid(), QuoteString(host_source), QuoteString(container_dest)
-        )
+        # Not `pct push`: it writes the destination in place (a cut transfer leaves part of
+        # the file) and gives a new file its mode once the content is there.
+        return push_into_container(["pct", "exec", self._vmid(), "--keep-env", "0", "--"],
+                                   host_source, container_dest)
 
     @override
     def make_pull_command(self, container_source: str, host_dest: str) -> StringCommand:
