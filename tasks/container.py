@@ -104,6 +104,7 @@ def container_steps() -> None:
         *(ca_dest(path) for path in ca_files(cs)),
         *(remote.path(script) for script in (remote.AUTOTUNE_PATCH, remote.FLAG_LISTER)),
         LAUNCHER, f"{cs.venv_path}/pyvenv.cfg",
+        cs.venv_path,
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
         f"/etc/systemd/system/{unit_name(cs)}", f"{cs.model_path}/config.json",
     )
@@ -235,6 +236,10 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
         unit=unit,
         start=start,
         restart=any_changed(unit_file, env, launcher, *stack_ops, restarts=unit),
+        # A run killed after one of these changed, before the restart: restarted by the next.
+        # The venv's mtime moves when an install ends (its marker goes) and before a patch.
+        since={"the unit file": f"/etc/systemd/system/{unit}", "the environment file": env_file,
+               "the launcher": LAUNCHER, "the sglang venv": cs.venv_path},
     )
     if not start:
         logger.warning(f"{host.name}: {unit} not started: the SGLang server needs a GPU")

@@ -1,9 +1,11 @@
 """Faults, in real LXC containers with systemd, through the real pyinfra CLI (as
 tests/test_deploy_lxc.py), and one on a GPU host's recorded outputs.
 
-+ The deploy killed with SIGKILL in the middle of the stack install (``uv pip install``) and in
-  the middle of the unit write: the next run completes and ends in the state of a run that was
-  never killed; the run after it changes nothing.
++ The deploy killed with SIGKILL in the middle of the stack install (``uv pip install``), in
+  the middle of the unit's push, after the unit was written but before systemd loaded it, and
+  after it was loaded but before the server restarted: the next run completes and ends in the
+  state of a run that was never killed (the server restarted exactly once); the run after it
+  changes nothing.
 + A server process that exits 1 is restarted by systemd (the deploy's own rendered unit).
 + A host driver upgrade moves the container's user-space driver (recorded H200 outputs).
 
@@ -16,14 +18,18 @@ until it writes to the closed connection, which can only finish more of the step
 mid-step, as here, is the harder case. To make the kill land inside the step every time, the
 step is held at the point of interest: the uv process is stopped (SIGSTOP, let on a few
 milliseconds at a time) until part of the sglang wheel is in place; the ``cat`` that writes the
-unit (a stand-in for the container's ``cat``, for that one file) writes half or all of the
-bytes and then hangs, as on a lost connection.
+unit (a stand-in for the container's ``cat``, for that one file) writes half of the bytes and
+then hangs, as on a lost connection; a stand-in ``systemctl`` hangs at ``daemon-reload`` or at
+``restart``.
 
 Found and fixed with these tests (operations/stack.py, facts/container.py): a killed install
 left METADATA reporting 0.5.9 with 1,900+ files missing, and the next run stopped with
 "autotune patch: unrecognised" (now a marker in the venv makes it reinstall); a unit written
 in full but never loaded kept the old server running (now ``NeedDaemonReload`` loads it and
-restarts).
+restarts); a unit pushed in part stayed in part until the next run (now a push renames a
+complete file into place); a unit written and loaded but never restarted kept the old server
+running for good (now the server is restarted when the unit, env file, launcher or venv is
+newer than its start: restart pending).
 """
 
 from __future__ import annotations
@@ -171,14 +177,17 @@ def assert_same_state(deploy: Deploy, reference: Deploy) -> None:
         lineterm="", n=0))
 
 
-def converge(deploy: Deploy) -> tuple[int, list[list[str]]]:
-    """Run until a run changes nothing (at most 3 runs); the runs and each run's changes."""
+def converge(deploy: Deploy, logs: list[str] | None = None) -> tuple[int, list[list[str]]]:
+    """Run until a run changes nothing (at most 3 runs); the runs and each run's changes (and
+    each run's log appended to LOGS)."""
     runs: list[list[str]] = []
     while not runs or runs[-1]:
         assert len(runs) < 3, f"no convergence: {runs}"
         started = time.monotonic()
-        results, _ = deploy.run()
+        results, output = deploy.run()
         runs.append(changed(results))
+        if logs is not None:
+            logs.append(output)
         assert failed(results) == []
         log(f"run {len(runs) + 1} after the kill: {len(runs[-1])} changes, "
             f"{time.monotonic() - started:.1f}s")
@@ -256,18 +265,29 @@ def test_killed_during_the_stack_install_converges_on_the_next_run(tmp_path_fact
         deploy.destroy()
 
 
-# The unit write
+# The unit write, and what follows it up to the restart
 #
 
-# Stands in for the container's cat for the unit only (the connector writes files with
-# `cat > DEST`): writes some or all of the bytes, says so, then hangs like a lost connection.
+# Stands in for the container's cat for the unit's push only (the connector writes a file to a
+# temporary one beside it, `.NAME.upload-XXXXXX`, then renames it): writes half of the bytes,
+# says so, then hangs like a lost connection.
 CAT_FAULT = """#!/bin/sh
-if [ "$(readlink /proc/$$/fd/1)" = {unit} ]; then
-  {copy}
+case "$(readlink /proc/$$/fd/1)" in
+{unit_dir}/.{unit_name}.upload-*)
+  head -c {half}
+  touch /run/pvs-fault-hit
+  exec sleep 600 ;;
+esac
+exec /usr/bin/cat "$@"
+"""
+# Stands in for systemctl: `systemctl VERB ...` says so, then hangs (the deploy is killed
+# there); any other call is the real one's.
+SYSTEMCTL_FAULT = """#!/bin/sh
+if [ "$1" = {verb} ]; then
   touch /run/pvs-fault-hit
   exec sleep 600
 fi
-exec /usr/bin/cat "$@"
+exec /usr/bin/systemctl "$@"
 """
 
 
@@ -283,40 +303,60 @@ def serving(tmp_path_factory):
     deploy.destroy()
 
 
-@pytest.mark.parametrize("written, fraction", [("half", 0.85), ("all", 0.8)])
-def test_killed_during_the_unit_write_converges_on_the_next_run(serving, written, fraction):
+@pytest.mark.parametrize("killed_at, fraction", [
+    ("push", 0.85),            # half of the new unit's bytes sent
+    ("daemon-reload", 0.8),    # the unit in place, not loaded
+    ("restart", 0.75),         # the unit in place and loaded, the old server running
+])
+def test_killed_between_the_unit_write_and_the_restart_converges_on_the_next_run(
+        serving, killed_at, fraction):
+    """Killed at KILLED_AT: the unit on disk is the old one or the new one whole, never part of
+    one; the next run restarts the server exactly once, and the run after it changes nothing.
+    At ``restart`` nothing of the next run's own changes says so: the unit is newer than the
+    running server (restart pending)."""
     deploy = serving
     before = deploy.attach(f"cat {UNIT}")
     old = before.split("--mem-fraction-static ", 1)[1].split()[0]
     expected = before.replace(f"--mem-fraction-static {old}", f"--mem-fraction-static {fraction}")
     pid = deploy.attach(f"systemctl show -p MainPID --value {SERVICE}")
     stops = int(deploy.attach(STOPS))
-    copy = f"head -c {len(expected) // 2}" if written == "half" else "/usr/bin/cat"
-    deploy.attach(f"cat > /usr/local/bin/cat <<'EOF'\n{CAT_FAULT.format(unit=UNIT, copy=copy)}"
-                  "EOF\nchmod 755 /usr/local/bin/cat && rm -f /run/pvs-fault-hit")
+    if killed_at == "push":
+        tool, script = "cat", CAT_FAULT.format(unit_dir=os.path.dirname(UNIT),
+                                               unit_name=os.path.basename(UNIT),
+                                               half=len(expected) // 2)
+    else:
+        tool, script = "systemctl", SYSTEMCTL_FAULT.format(verb=killed_at)
+    deploy.attach(f"cat > /usr/local/bin/{tool} <<'EOF'\n{script}EOF\n"
+                  f"chmod 755 /usr/local/bin/{tool} && rm -f /run/pvs-fault-hit")
     deploy.container["mem_fraction_static"] = fraction
     try:
         killed = KilledDeploy(deploy)
         init = init_pid(deploy)
         root = Path(f"/proc/{init}/root")
 
-        def writer() -> list[int]:
+        def hung() -> list[int]:
             if not (root / "run/pvs-fault-hit").exists():
                 return []
             return [pid for pid, argv in processes().items()
                     if argv[:2] == ["sleep", "600"] and in_container(pid, init)]
 
-        hung = killed.wait_for(writer, "the unit write", timeout=300)
-        killed.kill(hung)
+        killed.kill(killed.wait_for(hung, f"the deploy at {killed_at}", timeout=300))
     finally:
-        deploy.attach("rm -f /usr/local/bin/cat /run/pvs-fault-hit")
+        deploy.attach(f"rm -f /usr/local/bin/{tool} /run/pvs-fault-hit")
 
     on_disk = deploy.attach(f"cat {UNIT}")
-    assert on_disk == (expected[: len(expected) // 2] if written == "half" else expected).strip()
+    reload_pending = deploy.attach(f"systemctl show -p NeedDaemonReload --value {SERVICE}")
+    if killed_at == "push":
+        # Half of the bytes came: the old unit, whole (the new bytes, if any, beside it).
+        assert on_disk == before
+    else:
+        assert on_disk == expected.strip()
+    assert reload_pending == ("yes" if killed_at == "daemon-reload" else "no")
     assert deploy.attach(f"systemctl show -p MainPID --value {SERVICE}") == pid
 
-    runs, changes = converge(deploy)
-    log(f"unit write kill ({written} written): {runs} runs to converge, changes per run "
+    logs: list[str] = []
+    runs, changes = converge(deploy, logs)
+    log(f"killed at {killed_at}: {runs} runs to converge, changes per run "
         f"{[len(c) for c in changes]}")
     # As a run that was never killed: the new unit loaded, the server restarted once.
     assert deploy.attach(f"cat {UNIT}") == expected.strip()
@@ -325,6 +365,14 @@ def test_killed_during_the_unit_write_converges_on_the_next_run(serving, written
     assert deploy.attach(f"systemctl show -p MainPID --value {SERVICE}") not in ("0", pid)
     assert RESTART_OP in changes[0]
     assert runs == 2 and changes[-1] == []
+    # No temporary file of a push is left: the next push of the unit removed the killed one's.
+    assert deploy.attach(f"ls -A {os.path.dirname(UNIT)} | grep -c 'upload-' || true") == "0"
+    if killed_at == "restart":
+        # Nothing else changed: the restart is the pending one, and the log says why.
+        assert changes[0] == [RESTART_OP], changes[0]
+        assert (f"{SERVICE} restart pending: the unit file changed after the server started"
+                in logs[0]), logs[0][-3000:]
+        assert "pending" not in logs[1]
 
 
 # The server process

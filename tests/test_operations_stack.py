@@ -117,7 +117,9 @@ def test_autotune_patch_applied_only_when_needed(state, changes):
     commands = op_commands(stack.autotune_patch, python=PY, tools=TOOLS, facts=venv(patch=state))
     assert bool(commands) is changes
     if changes:
-        assert commands[0].startswith(f"{PY} /opt/sglang/autotune_patch.py --apply ")
+        # The venv's mtime first: a run killed after the patch is a pending restart.
+        assert commands[0].startswith(f"touch /opt/sglang/venv && {PY} /opt/sglang/")
+        assert "autotune_patch.py --apply " in commands[0]
 
 
 def test_autotune_patch_refuses_unrecognised_code_naming_it():
@@ -140,7 +142,7 @@ def test_service_restarts_only_on_change(active, start, restart, expected):
 
 def test_unit_state_fact_and_enable_when_disabled():
     state = fact_value(UnitState, "ActiveState=inactive\nUnitFileState=disabled\n")
-    assert state == {"active": "inactive", "enabled": "disabled", "stale": False}
+    assert state == {"active": "inactive", "enabled": "disabled", "stale": False, "started": None}
     assert op_commands(stack.service_running, unit="sglang.service", start=True,
                        restart=lambda: False, facts={(UnitState, ("sglang.service",)): state}) == [
         "systemctl enable sglang.service", "systemctl start sglang.service"]
@@ -151,6 +153,103 @@ def test_unit_written_but_never_loaded_is_loaded_and_the_server_restarted():
     assert op_commands(stack.service_running, unit="sglang.service", start=True,
                        restart=lambda: False, facts={(UnitState, ("sglang.service",)): state}) == [
         "systemctl daemon-reload", "systemctl restart sglang.service"]
+
+
+# A restart a killed run never made (restart pending)
+
+# `systemctl --timestamp=us+utc show -p ... sglang.service` in a Debian 12 container (systemd
+# 252), the server started at 21:09:32.618391 UTC: 1796245772.618391 on the epoch.
+SHOW_RUNNING = """ExecMainStartTimestamp=Wed 2026-12-02 21:09:32.618391 UTC
+ActiveState=active
+NeedDaemonReload=no
+UnitFileState=enabled
+ActiveEnterTimestamp=Wed 2026-12-02 21:09:32.684645 UTC
+"""
+STARTED = 1796245772_618391
+SINCE = {"the unit file": "/etc/systemd/system/sglang.service",
+         "the environment file": "/etc/sglang/sglang.env",
+         "the sglang venv": "/opt/sglang/venv"}
+
+
+def test_unit_state_reads_the_start_in_microseconds():
+    state = fact_value(UnitState, SHOW_RUNNING)
+    assert state == {"active": "active", "enabled": "enabled", "stale": False, "started": STARTED}
+    # No main process time: the time it became active.
+    assert fact_value(UnitState, SHOW_RUNNING.replace(
+        "Wed 2026-12-02 21:09:32.618391 UTC", ""))["started"] == 1796245772_684645
+    # Never started; and a systemd without --timestamp (whole seconds, local time): unknown.
+    assert fact_value(UnitState, "ActiveState=inactive\nExecMainStartTimestamp=\n"
+                                 "ActiveEnterTimestamp=\n")["started"] is None
+    assert fact_value(UnitState, "ActiveState=active\nExecMainStartTimestamp=Wed 2026-12-02 "
+                                 "22:09:32 CET\n")["started"] is None
+
+
+def test_unit_state_command_falls_back_without_the_timestamp_option():
+    command = UnitState().command("sglang.service").get_raw_value()
+    assert command.startswith("{ systemctl --timestamp=us+utc show ")
+    assert "|| systemctl show -p ActiveState" in command and "ExecMainStartTimestamp" in command
+
+
+def pending_commands(caplog, **mtimes) -> list[str]:
+    """service_running for the recorded running server, the paths of SINCE changed at MTIMES
+    (microseconds; a path not given is missing)."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="pyinfra")
+    states = {path: {"type": "file", "mode": "644", "sha1": "0", "mtime": mtimes[name]}
+              if name in mtimes else None
+              for name, path in (("unit", SINCE["the unit file"]),
+                                 ("env", SINCE["the environment file"]),
+                                 ("venv", SINCE["the sglang venv"]))}
+    facts = {(UnitState, ("sglang.service",)): fact_value(UnitState, SHOW_RUNNING),
+             **path_facts(**states)}
+    return op_commands(stack.service_running, unit="sglang.service", start=True,
+                       restart=lambda: False, since=SINCE, facts=facts)
+
+
+def test_unit_changed_after_the_server_started_is_a_pending_restart(caplog):
+    # Written 0.2 s after the start (the same second): the killed run never restarted.
+    assert pending_commands(caplog, unit=STARTED + 200_000, env=STARTED - 10**9,
+                            venv=STARTED - 10**9) == ["systemctl restart sglang.service"]
+    assert ("sglang.service restart pending: the unit file changed after the server started"
+            in caplog.text)
+
+
+def test_venv_and_env_changed_after_the_start_are_named_together(caplog):
+    assert pending_commands(caplog, unit=STARTED - 1, env=STARTED + 1,
+                            venv=STARTED + 5 * 10**6) == ["systemctl restart sglang.service"]
+    assert "restart pending: the environment file, the sglang venv changed after" in caplog.text
+
+
+@pytest.mark.parametrize("mtimes", [
+    {"unit": STARTED - 1, "env": STARTED - 1, "venv": STARTED - 1},   # written, then restarted
+    {"unit": STARTED, "env": STARTED - 10**6, "venv": STARTED - 10**6},  # the same microsecond
+    {"unit": None, "env": None, "venv": None},                        # stat without fractions
+    {},                                                               # none there
+])
+def test_server_started_after_every_change_is_not_restarted_again(caplog, mtimes):
+    assert pending_commands(caplog, **mtimes) == []
+    assert "pending" not in caplog.text
+
+
+def test_pending_is_not_decided_without_a_start_time(caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="pyinfra")
+    state = fact_value(UnitState, "ActiveState=active\nUnitFileState=enabled\n")
+    facts = {(UnitState, ("sglang.service",)): state,
+             **path_facts(**{path: {"type": "file", "mode": "644", "sha1": "0", "mtime": 1}
+                             for path in SINCE.values()})}
+    assert op_commands(stack.service_running, unit="sglang.service", start=True,
+                       restart=lambda: False, since=SINCE, facts=facts) == []
+
+
+def test_a_change_of_this_run_restarts_without_reading_the_paths():
+    # restart() says yes: one restart, and no path is asked (no fact given for any).
+    facts = {(UnitState, ("sglang.service",)): fact_value(UnitState, SHOW_RUNNING)}
+    assert op_commands(stack.service_running, unit="sglang.service", start=True,
+                       restart=lambda: True, since=SINCE, facts=facts) == [
+        "systemctl restart sglang.service"]
 
 
 UNIT = "/etc/systemd/system/sglang.service"
@@ -249,9 +348,15 @@ def test_directory(current, expected):
 def test_path_states_fact_reads_files_dirs_and_missing_in_one_output():
     output = "/e|file|600|abc123\n/etc/sglang|dir|700|\n/nope|missing||\n"
     assert fact_value(PathStates, output) == {
-        "/e": {"type": "file", "mode": "600", "sha1": "abc123"},
-        "/etc/sglang": {"type": "dir", "mode": "700", "sha1": None},
+        "/e": {"type": "file", "mode": "600", "sha1": "abc123", "mtime": None},
+        "/etc/sglang": {"type": "dir", "mode": "700", "sha1": None, "mtime": None},
         "/nope": None,
+    }
+    # With the mtime (stat's %.6Y), in microseconds; a path may hold "|".
+    output = "/e|file|600|abc123|1796245854.682410\n/a|b|dir|755||1796245854.5\n"
+    assert fact_value(PathStates, output) == {
+        "/e": {"type": "file", "mode": "600", "sha1": "abc123", "mtime": 1796245854682410},
+        "/a|b": {"type": "dir", "mode": "755", "sha1": None, "mtime": 1796245854500000},
     }
 
 
@@ -263,8 +368,11 @@ def test_path_states_command_on_this_machine(tmp_path):
     cmd = PathStates().command(paths=(str(tmp_path / "f"), str(tmp_path), str(tmp_path / "nope"))).get_raw_value()
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, check=True).stdout
     states = fact_value(PathStates, out)
+    mtime = (tmp_path / "f").stat().st_mtime_ns // 1000
     assert states[str(tmp_path / "f")] == {"type": "file", "mode": "640",
-                                            "sha1": get_file_sha1(str(tmp_path / "f"))}
+                                            "sha1": get_file_sha1(str(tmp_path / "f")),
+                                            "mtime": mtime}
+    assert states[str(tmp_path)]["mtime"] == tmp_path.stat().st_mtime_ns // 1000
     assert states[str(tmp_path)]["type"] == "dir" and states[str(tmp_path / "nope")] is None
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import calendar
 import json
 import re
+import time
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
@@ -106,17 +108,20 @@ class UvVersion(FactBase["str | None"]):
 class PathStates(FactBase[dict]):
     """
     Returns, for each of PATHS in one read, ``{"type": "file"|"dir", "mode": "644", "sha1":
-    ...}`` (sha1 for files only), or None when the path does not exist.
+    ..., "mtime": 1700000000123456}`` (sha1 for files only; mtime in microseconds since the
+    epoch, None where ``stat`` cannot print fractions), or None when the path does not exist.
     """
 
     @override
     def command(self, paths: tuple[str, ...]) -> StringCommand:
+        # One stat per path gives the mode and the mtime (the second field of its output).
         return StringCommand(
             StringCommand("for p in", *(QuoteString(p) for p in paths)),
             "; do "
-            'if [ -f "$p" ]; then printf \'%s|file|%s|%s\\n\' "$p" "$(stat -c %a "$p")" '
-            '"$(sha1sum < "$p" | cut -d" " -f1)"; '
-            'elif [ -d "$p" ]; then printf \'%s|dir|%s|\\n\' "$p" "$(stat -c %a "$p")"; '
+            'if [ -e "$p" ]; then s="$(stat -c \'%a %.6Y\' "$p")"; fi; '
+            'if [ -f "$p" ]; then printf \'%s|file|%s|%s|%s\\n\' "$p" "${s%% *}" '
+            '"$(sha1sum < "$p" | cut -d" " -f1)" "${s#* }"; '
+            'elif [ -d "$p" ]; then printf \'%s|dir|%s||%s\\n\' "$p" "${s%% *}" "${s#* }"; '
             "else printf '%s|missing||\\n' \"$p\"; fi; done",
             _separator="",
         )
@@ -130,20 +135,54 @@ class PathStates(FactBase[dict]):
     def process(self, output: list[str]) -> dict:
         states: dict = {}
         for line in output:
-            path, kind, mode, sha1 = line.rsplit("|", 3)
+            found = _PATH_STATE.match(line.rstrip("\n"))
+            if not found:
+                continue
+            path, kind, mode, sha1, mtime = found.groups()
             states[path] = None if kind == "missing" else {
-                "type": kind, "mode": mode, "sha1": sha1 or None}
+                "type": kind, "mode": mode, "sha1": sha1 or None, "mtime": _micros(mtime)}
         return states
 
 
+# PATH|KIND|MODE|SHA1[|MTIME]: the path may hold "|", the kind and what follows do not.
+_PATH_STATE = re.compile(r"^(.*)\|(file|dir|missing)\|(\d*)\|([0-9a-f]*)(?:\|(\S*))?$")
+_STAMP = re.compile(r"^(\d+)\.(\d{1,9})$")
+# systemctl show --timestamp=us+utc: "Wed 2026-12-02 21:09:32.618391 UTC".
+_UNIT_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{6}) UTC$")
+
+
+def _micros(stamp: str | None) -> int | None:
+    """``SECONDS.FRACTION`` (stat's ``%.6Y``) in microseconds; None without a fraction: whole
+    seconds cannot order a write and a start of the same second."""
+    found = _STAMP.match(stamp or "")
+    return int(found.group(1)) * 1_000_000 + int(found.group(2).ljust(6, "0")[:6]) if found else None
+
+
+def _unit_micros(stamp: str | None) -> int | None:
+    """A ``systemctl show --timestamp=us+utc`` time in microseconds since the epoch, or None
+    (unset: never started; or a systemd without ``--timestamp``, whose times have no
+    microseconds)."""
+    found = _UNIT_STAMP.search(stamp or "")
+    if not found:
+        return None
+    seconds = calendar.timegm(time.strptime(found.group(1), "%Y-%m-%d %H:%M:%S"))
+    return seconds * 1_000_000 + int(found.group(2))
+
+
 class UnitState(FactBase[dict]):
-    """Returns ``{"active": "active", "enabled": "enabled", "stale": False}`` of systemd UNIT in
-    one read; ``stale``: its file changed since systemd loaded it (``NeedDaemonReload``)."""
+    """Returns ``{"active": "active", "enabled": "enabled", "stale": False, "started":
+    1700000000123456}`` of systemd UNIT in one read; ``stale``: its file changed since systemd
+    loaded it (``NeedDaemonReload``); ``started``: when its main process started
+    (``ExecMainStartTimestamp``, else ``ActiveEnterTimestamp``), in microseconds since the
+    epoch, or None. Times come with ``--timestamp=us+utc`` (systemd 248 on; Debian 12 has 252);
+    an older systemctl refuses that option and is asked again without it (no ``started``)."""
 
     @override
     def command(self, unit: str) -> StringCommand:
-        return StringCommand("systemctl show -p ActiveState -p UnitFileState -p NeedDaemonReload",
-                             QuoteString(unit), "2>/dev/null; true")
+        props = ("show -p ActiveState -p UnitFileState -p NeedDaemonReload "
+                 "-p ExecMainStartTimestamp -p ActiveEnterTimestamp")
+        return StringCommand("{ systemctl --timestamp=us+utc", props, QuoteString(unit), "|| systemctl",
+                             props, QuoteString(unit), "; } 2>/dev/null; true")
 
     @staticmethod
     @override
@@ -153,5 +192,7 @@ class UnitState(FactBase[dict]):
     @override
     def process(self, output: list[str]) -> dict:
         values = dict(line.strip().split("=", 1) for line in output if "=" in line)
+        started = (_unit_micros(values.get("ExecMainStartTimestamp"))
+                   or _unit_micros(values.get("ActiveEnterTimestamp")))
         return {"active": values.get("ActiveState"), "enabled": values.get("UnitFileState"),
-                "stale": values.get("NeedDaemonReload") == "yes"}
+                "stale": values.get("NeedDaemonReload") == "yes", "started": started}

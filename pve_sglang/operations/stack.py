@@ -6,12 +6,12 @@ import posixpath
 from collections.abc import Callable
 from io import StringIO
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.util import get_file_sha1
 from pyinfra.facts.deb import DebPackages
 
-from .. import remote
+from .. import cache, remote
 from ..facts.container import (
     NvidiaUserspaceVersion,
     SglangServerFlags,
@@ -189,22 +189,47 @@ def autotune_patch(python: str, tools: str):
     )
     package = StringCommand('"$(', StringCommand(QuoteString(python), "-c", QuoteString(find)), ')"',
                             _separator="")
-    yield StringCommand(QuoteString(python), QuoteString(remote.path(remote.AUTOTUNE_PATCH, tools)), "--apply",
-                        package)
+    # The venv's mtime first: a run killed after the patch restarts the server (service_running).
+    venv = QuoteString(posixpath.dirname(posixpath.dirname(python)))
+    yield StringCommand("touch", venv, "&&", QuoteString(python),
+                        QuoteString(remote.path(remote.AUTOTUNE_PATCH, tools)), "--apply", package)
     venv_changed()
 
 
+def restart_pending(started: int | None, since: dict[str, str]) -> list[str]:
+    """The names in SINCE (``{name: path}``) whose path changed after STARTED (the running
+    server's start, microseconds since the epoch): a run that changed them was killed before
+    it restarted the server. Both times are read in the container, on its clock; a file's
+    mtime is never later than the write (the kernel stamps it with a coarse clock), so a
+    server started after the change is never found pending. Unknown times decide nothing."""
+    if started is None:
+        return []
+    changed = []
+    for name, path in since.items():
+        current = paths.state(path)
+        mtime = current.get("mtime") if current else None
+        if mtime is not None and mtime > started:
+            changed.append(name)
+    return changed
+
+
 @operation()
-def service_running(unit: str, start: bool, restart: Callable[[], bool]):
+def service_running(unit: str, start: bool, restart: Callable[[], bool],
+                    since: dict[str, str] | None = None):
     """
     Keep UNIT enabled at boot and running: start it when it is down (only if START: the server
     needs a GPU), and restart it once when RESTART says its unit, environment, stack or patch
     changed. A converged run restarts nothing: a restart reloads the model, minutes of downtime.
+    A restart a killed run never made is made: when a path of SINCE changed after the running
+    server started, the server runs the old one; the log says which (``restart pending: the
+    unit file changed after the server started``). A server started after it is not restarted.
 
     + unit: the systemd unit, e.g. ``sglang.service``
     + start: start the unit when it is down; false leaves it stopped (no GPU to serve on)
     + restart: asked only when the unit runs; true restarts it. Usually ``any_changed`` of the
       operations that write its unit, env file, launcher and stack
+    + since: ``{what: path}`` of what the server reads when it starts, whose mtimes (from the
+      run's one read of the managed paths) are compared with the server's start
 
     **Example:**
 
@@ -219,6 +244,8 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool]):
             unit="sglang.service",
             start=True,
             restart=any_changed(unit_file, env, packages, restarts="sglang.service"),
+            since={"the unit file": "/etc/systemd/system/sglang.service",
+                   "the environment file": "/etc/sglang/sglang.env"},
         )
     """
     unit_state = host.get_fact(UnitState, unit=unit)
@@ -231,6 +258,14 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool]):
         yield StringCommand("systemctl enable", QuoteString(unit))
     if unit_state["active"] in ("active", "activating", "reloading"):
         if stale or restart():
+            yield StringCommand("systemctl restart", QuoteString(unit))
+            return
+        pending = restart_pending(unit_state.get("started"), since or {})
+        if pending:
+            # Once per run: in the plan, or at execution when the plan was skipped (-y).
+            if cache.once("restart_pending", unit):
+                logger.warning(f"{host.name}: {unit} restart pending: {', '.join(pending)} "
+                               "changed after the server started")
             yield StringCommand("systemctl restart", QuoteString(unit))
         else:
             host.noop(f"{unit} is running and unchanged")
