@@ -668,7 +668,8 @@ def test_every_fact_quotes_its_string_arguments(payload, sandbox):
         text = command if isinstance(command, str) else command.get_raw_value()
         ran += 1
         problems += [f"{name}: {p}" for p in _run_all(sandbox, [text])]
-    assert ran > 20
+    # Most facts took the hostile value (a refusal is fine, but all refused would prove nothing).
+    assert ran > len(facts()) // 2
     assert not problems, "\n".join(problems)
 
 
