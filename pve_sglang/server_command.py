@@ -22,7 +22,6 @@ How the API key reaches the server
 from __future__ import annotations
 
 import functools
-import ipaddress
 import re
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -33,7 +32,7 @@ from pve_sglang import remote
 from pve_sglang.remote import sglang_launch
 from pve_sglang.remote.sglang_flags import release_flags
 from pve_sglang.project import TEMPLATES, project_file
-from pve_sglang.settings import ContainerSettings, tensor_parallel_size
+from pve_sglang.settings import ContainerSettings, host_port, tensor_parallel_size
 
 UNIT_TEMPLATE = "sglang.service.j2"
 ENV_TEMPLATE = "sglang.env.j2"
@@ -144,9 +143,7 @@ def node_rank_for(inventory_name: str, nodes: list[str]) -> tuple[int | None, in
     """(node rank, node count) of a container; (None, 1) when it serves alone (``nodes`` empty)."""
     if not nodes:
         return None, 1
-    duplicates = sorted({name for name in nodes if nodes.count(name) > 1})
-    if duplicates:
-        raise ValueError(f"nodes lists {', '.join(duplicates)} more than once: {nodes}")
+    # Validation refuses a name listed twice (ContainerSettings._distinct).
     if inventory_name not in nodes:
         raise ValueError(f"nodes {nodes} does not list this container ({inventory_name})")
     return nodes.index(inventory_name), len(nodes)
@@ -154,13 +151,7 @@ def node_rank_for(inventory_name: str, nodes: list[str]) -> tuple[int | None, in
 
 def dist_init_addr(address: str, port: int) -> str:
     """``host:port`` of rank 0 for ``--dist-init-addr`` (IPv6 addresses in brackets)."""
-    host = address.strip("[]")
-    try:
-        if ipaddress.ip_address(host).version == 6:
-            return f"[{host}]:{port}"
-    except ValueError:
-        pass
-    return f"{host}:{port}"
+    return host_port(address, port)
 
 
 def venv_python(settings: ContainerSettings) -> str:

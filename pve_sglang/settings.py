@@ -13,6 +13,7 @@ import posixpath
 import re
 import runpy
 from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 from urllib.parse import urlsplit
 
@@ -200,20 +201,21 @@ def http_url(value: str) -> str:
     return value
 
 
-def storage_id(value: str) -> str:
-    """A Proxmox storage id (pve-common JSONSchema.pm parse_id: 2+ characters)."""
-    if not re.fullmatch(r"[a-z][a-z0-9\-_.]*[a-z0-9]", value, re.I):
-        raise ValueError(r"allowed: a Proxmox storage id, [a-z][a-z0-9\-_.]*[a-z0-9], e.g. "
-                         "'local-lvm'")
-    return value
+def word_rule(pattern: str, allowed: str, flags: int = 0) -> Callable[[str], str]:
+    """A validator: the whole value matches PATTERN, else "allowed: ALLOWED"."""
+    def check(value: str) -> str:
+        if not re.fullmatch(pattern, value, flags):
+            raise ValueError(f"allowed: {allowed}")
+        return value
+    return check
 
 
-def template_name(value: str) -> str:
-    """A container template file name or name prefix, as pveam lists them."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", value):
-        raise ValueError("allowed: a template name or prefix of letters, digits and . _ + -, "
-                         "e.g. 'debian-12-standard'")
-    return value
+# A Proxmox storage id (pve-common JSONSchema.pm parse_id: 2+ characters).
+storage_id = word_rule(r"[a-z][a-z0-9\-_.]*[a-z0-9]",
+                       r"a Proxmox storage id, [a-z][a-z0-9\-_.]*[a-z0-9], e.g. 'local-lvm'", re.I)
+# A container template file name or name prefix, as pveam lists them.
+template_name = word_rule(r"[A-Za-z0-9][A-Za-z0-9._+-]*", "a template name or prefix of "
+                          "letters, digits and . _ + -, e.g. 'debian-12-standard'")
 
 
 def dns_name(value: str) -> str:
@@ -260,27 +262,15 @@ def hf_repo_id(value: str) -> str:
     return value
 
 
-def git_revision(value: str) -> str:
-    """A branch, tag or commit name (letters, digits, ``. _ / -``; no ``..``)."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", value) or ".." in value:
-        raise ValueError("allowed: a branch, tag or commit of letters, digits and . _ / - "
-                         "(no '..')")
-    return value
-
-
-def model_name(value: str) -> str:
-    """A name the API serves the model as: letters, digits and ``. _ : / @ + -``."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}", value):
-        raise ValueError("allowed: letters, digits and . _ : / @ + - (no spaces), e.g. 'glm-5'")
-    return value
-
-
-def unit_word(value: str) -> str:
-    """A systemd unit name without its ``.service`` suffix (and the env file's name)."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", value):
-        raise ValueError("allowed: letters, digits and _ . - (no '@': that names a template "
-                         "unit), e.g. 'sglang'")
-    return value
+# A branch, tag or commit name; no '..'.
+git_revision = word_rule(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._/-]*",
+                         "a branch, tag or commit of letters, digits and . _ / - (no '..')")
+# A name the API serves the model as.
+model_name = word_rule(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}",
+                       "letters, digits and . _ : / @ + - (no spaces), e.g. 'glm-5'")
+# A systemd unit name without its .service suffix (and the env file's name).
+unit_word = word_rule(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", "letters, digits and _ . - (no '@': "
+                      "that names a template unit), e.g. 'sglang'")
 
 
 def net_options(value: str) -> str:

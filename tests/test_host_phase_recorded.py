@@ -35,6 +35,20 @@ DEVICES_ALL = ["/dev/nvidia0,mode=0666", "/dev/nvidiactl,mode=0666", "/dev/nvidi
                "/dev/nvidia-uvm-tools,mode=0666", "/dev/nvidia-caps/nvidia-cap1,mode=0666",
                "/dev/nvidia-caps/nvidia-cap2,mode=0666"]
 
+# The raw passthrough lines for the H200 machine's recorded majors (195, nvidia-uvm 238,
+# nvidia-caps 241) and nodes, in Proxmox's style.
+NVIDIA_PVE = [
+    "lxc.cgroup2.devices.allow: c 195:0 rwm",
+    "lxc.cgroup2.devices.allow: c 195:255 rwm",
+    "lxc.cgroup2.devices.allow: c 238:* rwm",
+    "lxc.cgroup2.devices.allow: c 241:* rwm",
+    "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file",
+    "lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file",
+    "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file",
+    "lxc.mount.entry: /dev/nvidia-uvm-tools dev/nvidia-uvm-tools none bind,optional,create=file",
+    "lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir",
+]
+
 
 def h200(fact: str) -> str:
     return (H200 / f"fact_{fact}.txt").read_text()
@@ -163,18 +177,7 @@ def test_old_pve_container_gets_raw_lines_with_recorded_majors():
     assert commands(ops, "--dev0") == []
     [upload] = commands(ops, "upload /etc/pve/lxc/105.conf")
     # Majors as the H200 machine's /proc/devices has them: 195, nvidia-uvm 238, nvidia-caps 241.
-    assert upload.splitlines()[1:] == [
-        "arch: amd64",
-        "lxc.cgroup2.devices.allow: c 195:0 rwm",
-        "lxc.cgroup2.devices.allow: c 195:255 rwm",
-        "lxc.cgroup2.devices.allow: c 238:* rwm",
-        "lxc.cgroup2.devices.allow: c 241:* rwm",
-        "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file",
-        "lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file",
-        "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file",
-        "lxc.mount.entry: /dev/nvidia-uvm-tools dev/nvidia-uvm-tools none bind,optional,create=file",
-        "lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir",
-    ]
+    assert upload.splitlines()[1:] == ["arch: amd64", *NVIDIA_PVE]
 
 
 def test_hmm_on_in_running_module_warns_without_reload(caplog):

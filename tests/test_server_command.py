@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from pve_sglang import remote
 from pve_sglang.server_command import (
@@ -217,8 +218,9 @@ def test_single_node_has_no_multi_node_flags():
 def test_node_rank_errors():
     with pytest.raises(ValueError, match="does not list this container"):
         node_rank_for("pve9/1", ["pve1/105", "pve2/105"])
-    with pytest.raises(ValueError, match="more than once"):
-        node_rank_for("a", ["a", "b", "a"])
+    # A name listed twice is refused where the rule lives: validation.
+    with pytest.raises(ValidationError, match="more than once"):
+        settings(nodes=["a", "b", "a"])
 
 
 def test_multi_node_needs_rank_and_address():

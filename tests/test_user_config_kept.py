@@ -49,25 +49,13 @@ from test_host_phase_recorded import (
     commands,
     container_answers,
     converged_config,
+    NVIDIA_PVE,
     gpu_host_responses,
     h200,
     plan,
 )
 
 CONF = "/etc/pve/lxc/105.conf"
-# The raw passthrough lines for the H200 machine's recorded majors (195, nvidia-uvm 238,
-# nvidia-caps 241) and nodes, in Proxmox's style.
-NVIDIA_PVE = [
-    "lxc.cgroup2.devices.allow: c 195:0 rwm",
-    "lxc.cgroup2.devices.allow: c 195:255 rwm",
-    "lxc.cgroup2.devices.allow: c 238:* rwm",
-    "lxc.cgroup2.devices.allow: c 241:* rwm",
-    "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file",
-    "lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file",
-    "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file",
-    "lxc.mount.entry: /dev/nvidia-uvm-tools dev/nvidia-uvm-tools none bind,optional,create=file",
-    "lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir",
-]
 NVIDIA_LXC = [line.replace(": ", " = ", 1) for line in NVIDIA_PVE]
 
 # What a user adds by hand: the description (Proxmox keeps it as '#' lines at the top), a TUN
