@@ -12,10 +12,8 @@ field, the value (never a secret's) and what is allowed: nothing here raises any
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
-import typing
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -30,11 +28,13 @@ from .connectors.container import LOCAL_HOSTNAMES as LOCAL_NAMES
 from .settings import (
     CONTAINER_FIELDS,
     HOST_FIELDS,
-    ContainerSettings,
+    SECRET_FIELDS,
     SettingsError,
+    did_you_mean,
     check_container_keys,
     check_vmid,
     load_defaults,
+    shown,
     validate_container,
     validate_host,
 )
@@ -64,16 +64,6 @@ Group = list[tuple[str, dict[str, Any]]]
 Lines = dict[tuple[Any, ...], int]
 
 
-def _is_secret_type(annotation: Any) -> bool:
-    return annotation is SecretStr or SecretStr in typing.get_args(annotation)
-
-
-#: Settings that hold secrets (their values are never shown), from their pydantic types.
-SECRET_FIELDS = frozenset(
-    name
-    for name, field in ContainerSettings.model_fields.items()
-    if _is_secret_type(field.annotation)
-)
 #: Connector keys that hold secrets.
 SECRET_CONNECTOR_KEYS = frozenset(
     key for key in connector_data_types(HOST_CONNECTOR) if key.endswith("password")
@@ -251,16 +241,13 @@ def _located(
 
 
 def _shown(key: Any, value: Any) -> str:
-    """A value for an error message: secrets masked."""
-    return "<secret>" if key in SECRET_FIELDS | SECRET_CONNECTOR_KEYS else repr(value)
+    """A value for an error message: secrets masked (settings' own as ``settings.shown``)."""
+    if key in SECRET_FIELDS | SECRET_CONNECTOR_KEYS:
+        return "<secret>"
+    return repr(shown(key, value) if isinstance(key, str) else value)
 
 
 # Connector keys
-
-
-def _close(key: str, allowed: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, sorted(allowed), n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _user_connector_keys(platform: str) -> dict[str, Any]:
@@ -328,7 +315,7 @@ def _check_entry_connector_keys(where: str, data: dict, platform: str, level: st
             )
         elif key.startswith(_connector_prefixes()):
             raise SettingsError(
-                f"{where}: unknown connector key '{key}'{_close(key, allowed)}; allowed "
+                f"{where}: unknown connector key '{key}'{did_you_mean(key, allowed)}; allowed "
                 f"connector keys here: {', '.join(sorted(allowed))}"
             )
 
@@ -386,7 +373,7 @@ def _check_override(override: dict[str, Any]) -> None:
             )
         if key not in known:
             raise SettingsError(
-                f"{where}: unknown field '{key}'{_close(key, known)}; allowed fields: see "
+                f"{where}: unknown field '{key}'{did_you_mean(key, known)}; allowed fields: see "
                 "README.md (Settings) and the connectors' keys (ssh_*, pct_local, lxc_local, "
                 "lxc_home)"
             )

@@ -12,6 +12,7 @@ import os
 import posixpath
 import re
 import runpy
+import typing
 from pathlib import Path
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
@@ -180,11 +181,17 @@ def exact_version(value: str) -> str:
     return value
 
 
-def major_minor(value: str) -> str:
-    """``MAJOR.MINOR``, e.g. ``12.8`` (NVIDIA's cuda-toolkit-12-8 package)."""
-    if not re.fullmatch(r"\d+\.\d+", value):
-        raise ValueError("allowed: MAJOR.MINOR, e.g. '12.8'")
-    return value
+def word_rule(pattern: str, allowed: str, flags: int = 0) -> Callable[[str], str]:
+    """A validator: the whole value matches PATTERN, else "allowed: ALLOWED"."""
+    def check(value: str) -> str:
+        if not re.fullmatch(pattern, value, flags):
+            raise ValueError(f"allowed: {allowed}")
+        return value
+    return check
+
+
+# MAJOR.MINOR, e.g. 12.8 (NVIDIA's cuda-toolkit-12-8 package).
+major_minor = word_rule(r"\d+\.\d+", "MAJOR.MINOR, e.g. '12.8'")
 
 
 def http_url(value: str) -> str:
@@ -199,15 +206,6 @@ def http_url(value: str) -> str:
             "a URL without user:password@ (e.g. a mirror that trusts the container's network)"
         )
     return value
-
-
-def word_rule(pattern: str, allowed: str, flags: int = 0) -> Callable[[str], str]:
-    """A validator: the whole value matches PATTERN, else "allowed: ALLOWED"."""
-    def check(value: str) -> str:
-        if not re.fullmatch(pattern, value, flags):
-            raise ValueError(f"allowed: {allowed}")
-        return value
-    return check
 
 
 # A Proxmox storage id (pve-common JSONSchema.pm parse_id: 2+ characters).
@@ -321,11 +319,8 @@ def server_argument(value: str) -> str:
     return value
 
 
-def lxc_release(value: str) -> str:
-    """A Debian release name for the debian template (``bookworm``, ``trixie``)."""
-    if not re.fullmatch(r"[a-z][a-z0-9-]*", value):
-        raise ValueError("allowed: a Debian release name, e.g. 'bookworm'")
-    return value
+# A Debian release name for the debian template (bookworm, trixie).
+lxc_release = word_rule(r"[a-z][a-z0-9-]*", "a Debian release name, e.g. 'bookworm'")
 
 
 def check_secret(value: str) -> str:
@@ -554,6 +549,11 @@ class ContainerSettings(_Strict):
 
 HOST_FIELDS = frozenset(HostSettings.model_fields)
 CONTAINER_FIELDS = frozenset(ContainerSettings.model_fields)
+#: Settings that hold secrets (their values are never shown), from their pydantic types.
+SECRET_FIELDS = frozenset(
+    name for name, field in ContainerSettings.model_fields.items()
+    if field.annotation is SecretStr or SecretStr in typing.get_args(field.annotation)
+)
 
 
 def load_defaults(path: Path | None = None) -> dict[str, Any]:
@@ -566,15 +566,20 @@ def _is_connector_key(key: str) -> bool:
     return key in CONNECTOR_KEYS
 
 
+def did_you_mean(key: str, allowed: typing.Iterable[str]) -> str:
+    """`` (did you mean 'X'?)`` for the allowed name closest to a mistyped KEY, else ``""``."""
+    close = difflib.get_close_matches(key, sorted(allowed), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def _allowed_hint(key: str, allowed: frozenset[str]) -> str:
-    close = difflib.get_close_matches(key, allowed, n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return f"{hint}; allowed fields: {', '.join(sorted(allowed))}"
+    return f"{did_you_mean(key, allowed)}; allowed fields: {', '.join(sorted(allowed))}"
 
 
-def _shown(top: str, value: Any) -> Any:
-    """A value as an error message may show it: secrets masked, also inside extra_server_args."""
-    if top in ("hf_token", "api_key"):
+def shown(top: str, value: Any) -> Any:
+    """A value of field TOP as an error message may show it: secrets masked, also inside
+    extra_server_args and a URL's user:password@."""
+    if top in SECRET_FIELDS:
         return "<secret>"
     if isinstance(value, str) and top.endswith("_url"):
         # user:password@ of a URL is a secret too.
@@ -617,9 +622,9 @@ def _format_error(where: str, error: ValidationError, data: dict[str, Any]) -> s
             value = item["input"]
             if top == "extra_server_args" and isinstance(data.get(top), list):
                 # Masked by its place: the item after --api-key is the key.
-                value = _shown(top, data[top])[loc[1]]
+                value = shown(top, data[top])[loc[1]]
         field = ".".join(str(part) for part in loc)
-        line = f"{where}: field '{field}' = {_shown(top, value)!r}: {message}"
+        line = f"{where}: field '{field}' = {shown(top, value)!r}: {message}"
         if line not in lines:
             lines.append(line)
     return "\n".join(lines)

@@ -11,7 +11,6 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 from .. import remote
-from ..remote.venv_state import INSTALL_MARKER
 
 _LIBCUDA = re.compile(r"libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
 # Directories where NVIDIA's runfile and Debian's packages put libcuda.
@@ -45,7 +44,7 @@ class SglangVenv(FactBase[dict]):
     Returns the state of the sglang venv at PYTHON: ``packages`` (``{normalised name:
     version}``) and ``patch`` (the last line of ``remote/autotune_patch.py --check`` in TOOLS:
     needs-patch, already-patched, upstream-enabled, unrecognised: ...; None when sglang or the
-    script is not there yet) and ``incomplete`` (an install was cut short: ``INSTALL_MARKER``).
+    script is not there yet) and ``incomplete`` (an install was cut short: ``remote.venv_state.INSTALL_MARKER``).
     ``{"packages": {}, "patch": None}`` before the venv exists.
     """
 
