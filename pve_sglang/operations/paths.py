@@ -8,7 +8,6 @@ operation that changes a path forgets it, so the next one reads it again.
 
 from __future__ import annotations
 
-import difflib
 import posixpath
 import re
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.output import format_text
 from pyinfra.api.util import get_file_io, get_file_sha1
 from pyinfra.facts.files import FileContents
+from pyinfra.operations.util.files import generate_color_diff
 
 from .. import cache
 from ..facts.container import PathStates
@@ -69,30 +69,21 @@ def diff_wanted() -> bool:
     return host.current_op_hash not in cache.memo("diff_shown", per_stage=False)
 
 
+class _Shown(str):
+    """A line of a secret file that compares as itself (so the diff is of the real lines and a
+    changed value shows as a changed line) but prints masked: pyinfra's diff prints
+    ``line.rstrip()``."""
+
+    def rstrip(self, chars: str | None = None) -> str:
+        return mask_secret(str(self))
+
+
 def color_diff(current: list[str], desired: list[str], secret: bool = False) -> Iterator[str]:
-    """The unified diff pyinfra's files.put prints (``generate_color_diff``), with each line
-    passed through ``mask_secret`` when SECRET: the diff is of the real lines, so a changed
-    value shows as a changed line without its value."""
-    def show(line: str) -> str:
-        return mask_secret(line) if secret else line.rstrip()
-
-    def span(start: int, stop: int) -> str:
-        length = stop - start
-        if length == 1:
-            return f"{start + 1}"
-        return f"{start if not length else start + 1},{length}"
-
-    for group in difflib.SequenceMatcher(None, current, desired).get_grouped_opcodes(2):
-        first, last = group[0], group[-1]
-        yield f"@@ -{span(first[1], last[2])} +{span(first[3], last[4])} @@"
-        for tag, i1, i2, j1, j2 in group:
-            if tag == "equal":
-                yield from ("  " + show(line) for line in current[i1:i2])
-                continue
-            if tag in {"replace", "delete"}:
-                yield from (format_text("- " + show(line), "red") for line in current[i1:i2])
-            if tag in {"replace", "insert"}:
-                yield from (format_text("+ " + show(line), "green") for line in desired[j1:j2])
+    """The unified diff pyinfra's files.put prints (``generate_color_diff``); with SECRET each
+    line is printed through ``mask_secret``."""
+    if secret:
+        current, desired = [_Shown(line) for line in current], [_Shown(line) for line in desired]
+    return generate_color_diff(current, desired)
 
 
 def show_diff(dest: str, current: list[str] | None, desired: list[str] | None,

@@ -31,6 +31,11 @@ PATCH_DONE = ("already-patched", "upstream-enabled")
 # Python start in a converged run instead of three); one that changes the venv forgets it.
 
 
+def venv_of(python: str) -> str:
+    """The venv a venv's ``bin/python`` belongs to."""
+    return posixpath.dirname(posixpath.dirname(python))
+
+
 def venv_state(python: str, tools: str) -> dict:
     """The ``SglangVenv`` fact of this container, read once until the venv changes."""
     known = memo("venv")
@@ -142,7 +147,7 @@ def venv_packages(uv: str, python: str, tools: str, pins: dict[str, str], args: 
     if not wrong and not incomplete:
         host.noop("pinned packages are installed: " + ", ".join(f"{n}=={v}" for n, v in pins.items()))
         return
-    marker = QuoteString(f"{posixpath.dirname(posixpath.dirname(python))}/{INSTALL_MARKER}")
+    marker = QuoteString(f"{venv_of(python)}/{INSTALL_MARKER}")
     yield StringCommand("touch", marker)
     # --system-certs: uv's own CA roots would ignore a proxy CA added to the system store.
     yield StringCommand(QuoteString(uv), "pip install --system-certs --python", QuoteString(python),
@@ -190,7 +195,7 @@ def autotune_patch(python: str, tools: str):
     package = StringCommand('"$(', StringCommand(QuoteString(python), "-c", QuoteString(find)), ')"',
                             _separator="")
     # The venv's mtime first: a run killed after the patch restarts the server (service_running).
-    venv = QuoteString(posixpath.dirname(posixpath.dirname(python)))
+    venv = QuoteString(venv_of(python))
     yield StringCommand("touch", venv, "&&", QuoteString(python),
                         QuoteString(remote.path(remote.AUTOTUNE_PATCH, tools)), "--apply", package)
     venv_changed()
