@@ -313,6 +313,11 @@ def unit_name(settings: ContainerSettings) -> str:
     return f"{settings.service_name}.service"
 
 
+def unit_path(settings: ContainerSettings) -> str:
+    """Where the deploy writes the server's systemd unit."""
+    return f"/etc/systemd/system/{unit_name(settings)}"
+
+
 def cache_environment(settings: ContainerSettings) -> dict[str, str]:
     """Persistent caches: SGLang's (FlashInfer autotune results among them) and the JIT caches.
 

@@ -17,7 +17,7 @@ from pve_sglang.operations import paths, stack
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.phases import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import ServerFiles, select_gpus, server_files
-from pve_sglang.server_command import LAUNCHER, env_file_path, unit_name, venv_python
+from pve_sglang.server_command import LAUNCHER, env_file_path, unit_name, unit_path, venv_python
 from pve_sglang.settings import ContainerSettings, host_settings
 
 TOOLS = remote.TOOLS
@@ -106,7 +106,7 @@ def container_steps() -> None:
         LAUNCHER, f"{cs.venv_path}/pyvenv.cfg",
         cs.venv_path,
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
-        f"/etc/systemd/system/{unit_name(cs)}", f"{cs.model_path}/config.json",
+        unit_path(cs), f"{cs.model_path}/config.json",
     )
 
     if not driver:
@@ -215,7 +215,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
     argv, unit_text = server.argv, server.unit
     stack.server_flags(name=f"Server flags exist in sglang {cs.sglang_version}",
                        python=py, tools=TOOLS, argv=list(argv),
-                       unit_path=f"/etc/systemd/system/{unit}", unit_text=unit_text)
+                       unit_path=unit_path(cs), unit_text=unit_text)
     paths.directory(name="sglang cache directory", path=cs.sglang_cache_dir, mode="755")
     env_file = env_file_path(cs)
     paths.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
@@ -228,7 +228,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
     # ExecStart runs it: the key reaches the server without a command line, masked in the log.
     launcher = upload_script(remote.LAUNCHER, "Upload the server launcher")
     unit_file = paths.put(name=f"systemd unit {unit}", src=StringIO(unit_text),
-                           dest=f"/etc/systemd/system/{unit}", mode="644")
+                           dest=unit_path(cs), mode="644")
     systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
     stack.service_running(
         name=f"{unit} enabled and running (restarted only when its unit, env, stack or patch "
@@ -238,7 +238,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
         restart=any_changed(unit_file, env, launcher, *stack_ops, restarts=unit),
         # A run killed after one of these changed, before the restart: restarted by the next.
         # The venv's mtime moves when an install ends (its marker goes) and before a patch.
-        since={"the unit file": f"/etc/systemd/system/{unit}", "the environment file": env_file,
+        since={"the unit file": unit_path(cs), "the environment file": env_file,
                "the launcher": LAUNCHER, "the sglang venv": cs.venv_path},
     )
     if not start:
