@@ -16,8 +16,9 @@ secrets in any benchmark output it shows all the same.
 from __future__ import annotations
 
 import re
-import shlex
 from typing import Any
+
+from pyinfra.api import QuoteString, StringCommand
 
 from pve_sglang.settings import ContainerSettings, base_url
 
@@ -121,15 +122,14 @@ def bench_argv(
     return argv
 
 
-def bench_shell(argv: list[str], env_file: str) -> str:
+def bench_shell(argv: list[str], env_file: str) -> StringCommand:
     """A ``sh -c`` body running the benchmark with the server's API key (if any) taken from
     ``env_file`` as ``OPENAI_API_KEY``: the key itself never appears in the command or an argv,
     and the env file's other variables (``HF_TOKEN``) are read but not exported."""
-    env = shlex.quote(env_file)
-    return (
-        f". {env}; "
-        'if [ -n "${SGLANG_API_KEY:-}" ]; then export OPENAI_API_KEY="$SGLANG_API_KEY"; fi; '
-        "exec " + shlex.join(argv)
+    return StringCommand(
+        ".", StringCommand(QuoteString(env_file), ";", _separator=""),
+        'if [ -n "${SGLANG_API_KEY:-}" ]; then export OPENAI_API_KEY="$SGLANG_API_KEY"; fi;',
+        "exec", *(QuoteString(arg) for arg in argv),
     )
 
 

@@ -265,12 +265,12 @@ def test_bench_shell_reads_the_key_from_the_env_file(tmp_path):
     env_file = tmp_path / "sglang.env"
     env_file.write_text(render_env(settings(api_key='k$y"1"')))
     argv = [sys.executable, "-c", "import os; print(os.environ['OPENAI_API_KEY'])"]
-    command = bench_shell(argv, str(env_file))
+    command = bench_shell(argv, str(env_file)).get_raw_value()
     assert "k$y" not in command
     done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == 'k$y"1"'
     env_file.write_text("# no key\n")
     argv = [sys.executable, "-c", "import os; print('OPENAI_API_KEY' in os.environ)"]
-    done = subprocess.run(["sh", "-c", bench_shell(argv, str(env_file))], capture_output=True, text=True,
+    done = subprocess.run(["sh", "-c", bench_shell(argv, str(env_file)).get_raw_value()], capture_output=True, text=True,
                           check=True, env={"PATH": "/usr/bin:/bin"})
     assert done.stdout.strip() == "False"

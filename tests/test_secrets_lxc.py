@@ -356,7 +356,7 @@ def test_health_check_sends_the_key_without_an_argv(container):
     container.attach(["systemd-run", "--unit", "pvs-health", "-p", f"EnvironmentFile={env_file}",
                       "/usr/bin/python3", f"{PROBE_DIR}/health_server.py", str(port)])
     url = f"http://127.0.0.1:{port}/health"
-    command = HttpStatus().command(url, env_file)
+    command = HttpStatus().command(url, env_file).get_raw_value()
     assert hits(command) == 0
     wait_for(container, f"curl -s -o /dev/null http://127.0.0.1:{port}/", 30, "the health server", "pvs-health")
     attach = [

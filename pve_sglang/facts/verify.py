@@ -5,9 +5,7 @@ Checks are facts, not commands, so a verified, converged deploy reports no chang
 
 from __future__ import annotations
 
-import shlex
-
-from pyinfra.api import FactBase
+from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 
@@ -39,14 +37,14 @@ class HttpStatus(FactBase["int | None"]):
     """
 
     @override
-    def command(self, url: str, env_file: str) -> str:
-        env = shlex.quote(env_file)
-        return (
-            f"[ -r {env} ] && . {env}; "
+    def command(self, url: str, env_file: str) -> StringCommand:
+        env = QuoteString(env_file)
+        return StringCommand(
+            "[ -r", env, "] && .", StringCommand(env, ";", _separator=""),
             'if [ -n "${SGLANG_API_KEY:-}" ]; then '
             "printf 'Authorization: Bearer %s\\n' \"$SGLANG_API_KEY\"; fi | "
-            "curl -s -o /dev/null -m 10 -w '%{http_code}' -H @- "
-            f"{shlex.quote(url)} || true"
+            "curl -s -o /dev/null -m 10 -w '%{http_code}' -H @-",
+            QuoteString(url), "|| true",
         )
 
     @override
