@@ -25,15 +25,15 @@ lxc_path = "/var/lib/lxc"
 lxc_release = "bookworm"
 # Plain LXC hosts: unpack this rootfs tarball instead of running the debian template.
 lxc_rootfs_tarball = None
-# Plain LXC hosts: config lines the deploy owns (by default: share the host's network).
-lxc_config = ["lxc.net.0.type = none"]
+# Plain LXC hosts: more config lines the deploy owns; lxc.net.0.* lines here replace net0.
+lxc_config = []
 
 # --- Container ----------------------------------------------------------------------------
 # Container hostname; null: "sglang-<VMID or name>".
 hostname = None
-# Proxmox storage for the container's root disk.
+# Proxmox storage for the container's root disk (Proxmox only).
 rootfs_storage = "local-lvm"
-# Root disk size in GiB (grown when larger, never shrunk).
+# Root disk size in GiB, grown when larger, never shrunk (Proxmox only).
 rootfs_size_gib = 200
 # CPU cores of the container (Proxmox allows 1..8192).
 cores = 32
@@ -41,13 +41,14 @@ cores = 32
 memory_mib = 262144
 # Swap of the container in MiB.
 swap_mib = 0
-# Proxmox network device of the container.
+# Network device of the container, in Proxmox's syntax; on plain LXC a veth on the bridge
+# (lxcbr0: lxc-net's NAT bridge) with the keys name, bridge, hwaddr, mtu, ip, gw, ip6, gw6, tag.
 net0 = "name=eth0,bridge=vmbr0,ip=dhcp"
-# Unprivileged container (Proxmox cannot change this after creation).
+# Unprivileged container (ids mapped from root's /etc/subuid range); cannot change after creation.
 unprivileged = True
 # Start the container when the host boots.
 onboot = True
-# LXC nesting feature (systemd in the container wants it).
+# LXC nesting feature (systemd in the container wants it); plain LXC: LXC's nesting.conf.
 nesting = True
 # GPUs to pass through: "all", or a list of indices, e.g. [0, 1].
 gpus = "all"

@@ -25,6 +25,7 @@ from pyinfra.api.util import raise_if_bad_type
 
 from .connectors import connector_data_types
 from .connectors.container import LOCAL_HOSTNAMES as LOCAL_NAMES
+from .lxc_config import check_settings as check_lxc_settings
 from .settings import (
     CONTAINER_FIELDS,
     HOST_FIELDS,
@@ -531,7 +532,9 @@ def _build_host(
         # Nothing uses the host's container settings yet: still refuse a bad one now.
         try:
             merged = {**container_defaults, **override}
-            validate_container(host_name, "(defaults)", merged, defaults)
+            cs = validate_container(host_name, "(defaults)", merged, defaults)
+            if platform == "lxc":
+                check_lxc_settings(where, cs, merged, host_settings.lxc_config)
         except SettingsError as error:
             raise _located(error, hosts, host_path, override=override) from None
 
@@ -563,7 +566,9 @@ def _build_host(
             _check_entry_connector_keys(label, container, platform, "container")
             check_container_keys(host_name, str(key), container)
             data = {**container_defaults, **container}
-            validate_container(host_name, str(key), {**data, **override}, defaults)
+            cs = validate_container(host_name, str(key), {**data, **override}, defaults)
+            if platform == "lxc":
+                check_lxc_settings(label, cs, {**data, **override}, host_settings.lxc_config)
         except SettingsError as error:
             raise _located(error, hosts, path, host_path, override=override) from None
         name = _container_inventory_name(platform, host_name, key, local)

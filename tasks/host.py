@@ -6,10 +6,28 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.host import Host
 from pyinfra.context import state
+from pyinfra.facts.files import FileContents
 from pyinfra.operations import files, server, systemd
 
 from pve_sglang.config_lines import owned_by_gpu_passthrough, owned_by_settings
+from pve_sglang.facts.lxc_host import CgroupLimits, RootSubIds
 from pve_sglang.facts.nvidia import NvidiaGpuProcesses, UvmDisableHmm
+from pve_sglang.lxc_config import (
+    DEFAULT_SUBID,
+    HostLimits,
+    config_lines,
+    idmap_lines,
+    idmap_of,
+    limit_lines,
+    net0_items,
+    owned_by_container_settings,
+    owned_by_limits,
+    rootfs_dir,
+    sets_network,
+    shares_host_network,
+    subid_base,
+)
+from pve_sglang.lxc_config import limits as lxc_limits
 from pve_sglang.operations import lxc, owned, pct
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.preflight import (
@@ -54,11 +72,12 @@ def host_phase() -> None:
         check_server_files(where, ct.name, cs, gpus, state.inventory)
     if gpu is not None:
         nvidia_uvm(settings, gpu)
+    idmap_base = lxc_host(plans, settings) if settings.platform == "lxc" else None
     for ct, cs in plans:
         if settings.platform == "pve":
             pve_container(ct, cs, settings, gpu, indices[ct.name])
         else:
-            lxc_container(ct, cs, settings, gpu, indices[ct.name])
+            lxc_container(ct, cs, settings, gpu, indices[ct.name], idmap_base)
 
 
 def nvidia_uvm(settings: HostSettings, gpu: GpuHost) -> None:
@@ -185,23 +204,88 @@ def pve_container(
               restart=any_changed(*needs_restart, restarts=f"container {vmid} (pct reboot)"))
 
 
+def lxc_host(plans: list[tuple[Host, ContainerSettings]], hs: HostSettings) -> int | None:
+    """What a plain LXC host needs before its containers: root's subordinate ids when a
+    container is unprivileged (created as Proxmox ships them when missing), and the bridges
+    their veths join. Returns the start of root's id range (``None``: no unprivileged one)."""
+    base = None
+    if any(cs.unprivileged for _, cs in plans):
+        base = subid_base(host.get_fact(RootSubIds))
+        if base is None:
+            start, count = DEFAULT_SUBID
+            for kind in ("uid", "gid"):
+                files.line(
+                    name=f"Subordinate {kind}s for root's unprivileged containers (/etc/sub{kind})",
+                    path=f"/etc/sub{kind}",
+                    line=f"root:{start}:{count}",
+                )
+            base = start
+    if not sets_network(hs.lxc_config):
+        for bridge in sorted({net0_items(cs.net0)["bridge"] for _, cs in plans}):
+            lxc.bridge(name=f"Network bridge {bridge}", bridge=bridge)
+    return base
+
+
 def lxc_container(
-    ct: Host, cs: ContainerSettings, hs: HostSettings, gpu: GpuHost | None, indices: list[int]
+    ct: Host, cs: ContainerSettings, hs: HostSettings, gpu: GpuHost | None, indices: list[int],
+    idmap_base: int | None,
 ) -> None:
-    """Create or reconcile a plain LXC container and start it; restart only on a real change."""
+    """Create or reconcile a plain LXC container and start it; a changed cgroup limit applies
+    live, anything else restarts it once."""
     name = ct.data.get("lxc_name")
+    where = f"host {host.name}, container {name}"
+    path = lxc.config_path(name, hs.lxc_path)
+    existing = host.get_fact(FileContents, path=path)
+    base = idmap_base if cs.unprivileged else None
+    if existing is not None:
+        mapped = idmap_of(existing)
+        if bool(mapped) != cs.unprivileged:
+            raise PreflightError(
+                f"{where}: field 'unprivileged' = {cs.unprivileged}, but the existing container "
+                f"is {'un' if mapped else ''}privileged ({'lxc.idmap lines' if mapped else 'no lxc.idmap line'} "
+                f"in {path}); its files' owners would have to be shifted: recreate the "
+                "container, or set the field to match"
+            )
+        if mapped and not any(line in mapped for line in idmap_lines(idmap_base)):
+            base = None  # the user's own id map: kept, the deploy adds none
+    limits = HostLimits.of(host.get_fact(CgroupLimits))
+    if cs.cores > limits.cpus:
+        logger.warning(f"{where}: cores = {cs.cores}, but the host has {limits.cpus} CPUs: "
+                       f"the container gets all {limits.cpus}")
+    if limits.version == "v1" and not limits.swap_accounting and cs.swap_mib:
+        logger.warning(f"{where}: swap_mib = {cs.swap_mib} is not applied: this cgroup v1 host "
+                       "has no swap accounting (boot with swapaccount=1)")
+    hostname = container_hostname(ct.data)
+    lines = config_lines(cs, hostname, name, base, hs.lxc_config) + list(hs.lxc_config)
+    shared = shares_host_network(lines)
     lxc.create(name=f"Create container {name}", container=name, lxc_path=hs.lxc_path,
-               release=hs.lxc_release, rootfs_tarball=hs.lxc_rootfs_tarball)
-    lines = list(hs.lxc_config)
-    owners = [owned_by_settings(lines)]
+               release=hs.lxc_release, rootfs_tarball=hs.lxc_rootfs_tarball,
+               hostname=hostname, idmap_base=base, shared_network=shared)
+    owners = [owned_by_container_settings(base, hs.lxc_config), owned_by_settings(hs.lxc_config)]
     if gpu is not None:
         lines += gpu.raw_lines(indices, style="lxc")
         owners.append(owned_by_gpu_passthrough(gpu.majors))
     config = owned.lines(
-        name=f"Container {name} config (network, GPU passthrough)",
-        path=lxc.config_path(name, hs.lxc_path),
+        name=f"Container {name} config (id map, name, network, mounts"
+             + (", GPU passthrough)" if gpu is not None else ")"),
+        path=path,
         lines=lines,
         owned=lambda line: any(owner(line) for owner in owners),
     )
+    # Limits apart: a changed limit applies live (lxc.cgroup_limits), it restarts nothing.
+    owned.lines(
+        name=f"Container {name} CPU and memory limits ({limits.prefix}*)",
+        path=path,
+        lines=limit_lines(cs, limits),
+        owned=owned_by_limits,
+    )
+    rootfs = rootfs_dir(existing or [], f"{hs.lxc_path.rstrip('/')}/{name}/rootfs")
+    guard = None
+    if base is None:  # only a privileged container can share the host's network namespace
+        guard = lxc.network_guard(name=f"Container {name} leaves the host's interfaces alone",
+                                  rootfs=rootfs, shared=shared)
     lxc.power(name=f"Container {name} running", container=name, lxc_path=hs.lxc_path,
-              restart=any_changed(config, restarts=f"container {name} (lxc-stop, lxc-start)"))
+              restart=any_changed(config, *([guard] if guard else []),
+                                  restarts=f"container {name} (lxc-stop, lxc-start)"))
+    lxc.cgroup_limits(name=f"Container {name} limits applied (lxc-cgroup, no restart)",
+                      container=name, lxc_path=hs.lxc_path, limits=lxc_limits(cs, limits))

@@ -4,10 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+import posixpath
 
+from pyinfra import host
+from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+
+from ..facts.lxc_host import ExistingFiles, LxcCgroupValues, NetworkBridges
 from ..facts.pve import LxcContainerStatus
+from ..lxc_config import (
+    IDMAP_SIZE,
+    NETWORK_MANAGERS,
+    SHARED_NETWORK_DROPIN,
+    SHARED_NETWORK_TEXT,
+    bytes_of,
+    same_limit,
+)
+
+#: Where new containers are built before they move into place (see ``create``).
+STAGING = ".pve-sglang-staging"
+#: LXC's own NAT bridge (the lxc package's lxc-net service).
+LXC_BRIDGE = "lxcbr0"
 
 
 def config_path(name: str, lxc_path: str) -> str:
@@ -15,17 +31,40 @@ def config_path(name: str, lxc_path: str) -> str:
     return f"{lxc_path.rstrip('/')}/{name}/config"
 
 
+def _sh_lines(lines: list[str], dest: str) -> StringCommand:
+    """Write LINES (each quoted) to DEST."""
+    return StringCommand("printf '%s\\n'", *(QuoteString(line) for line in lines), ">",
+                         QuoteString(dest))
+
+
 @operation()
-def create(container: str, lxc_path: str, release: str, rootfs_tarball: str | None = None):
+def create(
+    container: str,
+    lxc_path: str,
+    release: str,
+    rootfs_tarball: str | None = None,
+    hostname: str | None = None,
+    idmap_base: int | None = None,
+    shared_network: bool = False,
+):
     """
     Create plain LXC container CONTAINER when it does not exist: Debian RELEASE through the
-    ``debian`` template (debootstrap), or unpacked from ROOTFS_TARBALL when given.
+    ``debian`` template (debootstrap), or unpacked from ROOTFS_TARBALL when given. The
+    container is built in a staging folder (``LXC_PATH/.pve-sglang-staging/CONTAINER``) and
+    moved into place whole, so a run that stops halfway leaves no half container behind: the
+    next run builds it again.
 
     + container: the container's name (``lxc-create -n``)
     + lxc_path: where the host's containers live (``lxc-create -P``), e.g. ``/var/lib/lxc``
     + release: the Debian release the ``debian`` template installs, e.g. ``bookworm``
     + rootfs_tarball: a rootfs tarball on the host, unpacked instead of running the template
       (the config the template would write is written too); ``None`` runs the template
+    + hostname: written to the rootfs' ``/etc/hostname`` (systemd sets it at boot from there)
+    + idmap_base: an unprivileged container: its files are owned by ids IDMAP_BASE + 0..65535
+      (copied through ``lxc-usernsexec`` as the container's root, the way Proxmox unpacks an
+      unprivileged container); ``None``: privileged
+    + shared_network: the container will share the host's network namespace: every network
+      manager in it gets a drop-in that keeps it from running (see ``network_guard``)
 
     The new container's ``ssh.service`` and ``ssh.socket`` are masked: the deploy reaches it
     through ``lxc-attach``, and an sshd sharing the host's network would listen on its port 22.
@@ -41,6 +80,8 @@ def create(container: str, lxc_path: str, release: str, rootfs_tarball: str | No
             container="sglang-1",
             lxc_path="/var/lib/lxc",
             release="bookworm",
+            hostname="sglang-1",
+            idmap_base=100000,
         )
     """
     name = container
@@ -48,31 +89,183 @@ def create(container: str, lxc_path: str, release: str, rootfs_tarball: str | No
         host.noop(f"container {name} exists")
         return
     base = f"{lxc_path.rstrip('/')}/{name}"
-    where = ["-P", QuoteString(lxc_path), "-n", QuoteString(name)]
-    # The deploy reaches the container through lxc-attach; an sshd in a container that shares
-    # the host's network (the default lxc_config) would listen on the host's port 22.
-    service, socket = (
-        StringCommand("ln -sf /dev/null", QuoteString(f"{base}/rootfs/etc/systemd/system/{unit}"))
-        for unit in ("ssh.service", "ssh.socket")
-    )
-    mask_ssh = StringCommand(service, "&&", socket)
-    if rootfs_tarball is None:
-        yield StringCommand("lxc-create", *where, "-t debian -- -r", QuoteString(release),
-                            "&&", mask_ssh)
-        return
-    # The config the debian template would write; the deploy's own lines are added after.
-    config = [
-        "lxc.include = /usr/share/lxc/config/debian.common.conf",
-        "lxc.arch = linux64",
-        f"lxc.uts.name = {name}",
-        f"lxc.rootfs.path = dir:{base}/rootfs",
-    ]
+    stage_parent = f"{lxc_path.rstrip('/')}/{STAGING}"
+    stage = f"{stage_parent}/{name}"
+    rootfs = f"{stage}/rootfs"
+    q = QuoteString
+    # A folder without a config is not a container LXC knows: refuse rather than delete it.
     yield StringCommand(
-        "mkdir -p", QuoteString(f"{base}/rootfs"),
-        "&& tar -xpf", QuoteString(rootfs_tarball), "-C", QuoteString(f"{base}/rootfs"),
-        "&&", mask_ssh,
-        "&& printf '%s\\n'", *(QuoteString(line) for line in config),
-        ">", QuoteString(f"{base}/config"),
+        "if [ -e", q(base), "]; then echo", q(f"{base} exists but is no LXC container (no "
+        "config): move it away, or name another container"), ">&2; exit 1; fi",
+        "&& rm -rf", q(stage), "&& mkdir -p", q(stage_parent),
+    )
+    if rootfs_tarball is None:
+        yield StringCommand("lxc-create -P", q(stage_parent), "-n", q(name),
+                            "-t debian -- -r", q(release))
+    else:
+        # The config the debian template would write; the deploy's own lines are added after.
+        config = [
+            "lxc.include = /usr/share/lxc/config/debian.common.conf",
+            "lxc.arch = linux64",
+            f"lxc.rootfs.path = dir:{rootfs}",
+        ]
+        yield StringCommand(
+            "mkdir -p", q(rootfs), "&& tar -xpf", q(rootfs_tarball), "-C", q(rootfs),
+            "&&", _sh_lines(config, f"{stage}/config"),
+        )
+    # The deploy reaches the container through lxc-attach; an sshd in a container that shares
+    # the host's network would listen on the host's port 22.
+    systemd_dir = f"{rootfs}/etc/systemd/system"
+    for unit in ("ssh.service", "ssh.socket"):
+        yield StringCommand("ln -sf /dev/null", q(f"{systemd_dir}/{unit}"))
+    if shared_network:
+        for unit in NETWORK_MANAGERS:
+            yield StringCommand("mkdir -p", q(f"{systemd_dir}/{unit}.d"), "&&", _sh_lines(
+                SHARED_NETWORK_TEXT.splitlines(), f"{systemd_dir}/{unit}.d/{SHARED_NETWORK_DROPIN}"))
+    if hostname is not None:
+        yield _sh_lines([hostname], f"{rootfs}/etc/hostname")
+    final = f"{base}/rootfs"
+    yield StringCommand("mkdir -m 0755", q(base))
+    if idmap_base is None:
+        yield StringCommand("mv", q(rootfs), q(final))
+    else:
+        # Copy the tree as the container's root: every owner shifts into its range, and a
+        # device node (not allowed there) is left out: LXC gives /dev its own tmpfs.
+        ids = f"b:0:{idmap_base}:{IDMAP_SIZE}"
+        yield StringCommand("mkdir", q(final), "&& chown", q(f"{idmap_base}:{idmap_base}"),
+                            q(final))
+        yield StringCommand("tar -C", q(rootfs), "--numeric-owner --exclude=./dev/* -cpf",
+                            q(f"{stage}/rootfs.tar"), ".")
+        yield StringCommand("lxc-usernsexec -m", q(ids), "-- tar -C", q(final),
+                            "--numeric-owner -xpf - <", q(f"{stage}/rootfs.tar"))
+    # The rootfs path the template wrote points into the staging folder; the config moves last.
+    yield StringCommand(
+        "sed -e", q(f"s|^lxc.rootfs.path.*|lxc.rootfs.path = dir:{final}|"), q(f"{stage}/config"),
+        ">", q(f"{stage}/config.final"), "&& mv", q(f"{stage}/config.final"), q(f"{base}/config"),
+        "&& rm -rf", q(stage),
+    )
+
+
+@operation()
+def network_guard(rootfs: str, shared: bool):
+    """
+    Keep the network managers of a container (``networking``, ``systemd-networkd``,
+    NetworkManager, ...) from running while it shares the host's network namespace: each gets
+    a drop-in ``pve-sglang-shared-network.conf`` (``ConditionVirtualization=!container``) in
+    the container's ``/etc/systemd/system``. Without it, starting the container ran a DHCP
+    client on the host's interface and stopping it ran ``ifdown`` there. When the container
+    has its own network, the deploy's drop-ins (and only those, known by their name) go.
+
+    + rootfs: the container's root folder on the host (a privileged container: only those
+      can share the host's network namespace)
+    + shared: the container shares the host's network namespace (``lxc.net.0.type = none``)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import lxc
+
+        lxc.network_guard(
+            name="Container sglang-1 leaves the host's interfaces alone",
+            rootfs="/var/lib/lxc/sglang-1/rootfs",
+            shared=True,
+        )
+    """
+    paths = [f"{rootfs}/etc/systemd/system/{unit}.d/{SHARED_NETWORK_DROPIN}"
+             for unit in NETWORK_MANAGERS]
+    present = host.get_fact(ExistingFiles, paths=paths)
+    if shared:
+        missing = [path for path in paths if path not in present]
+        for path in missing:
+            yield StringCommand("mkdir -p", QuoteString(posixpath.dirname(path)), "&&",
+                                _sh_lines(SHARED_NETWORK_TEXT.splitlines(), path))
+        if not missing:
+            host.noop("the network managers in the container are kept from running")
+    elif present:
+        yield StringCommand("rm -f", *(QuoteString(path) for path in present))
+    else:
+        host.noop("the container has its own network: no drop-in of the deploy")
+
+
+@operation()
+def cgroup_limits(container: str, lxc_path: str, limits: dict[str, str]):
+    """
+    Apply cgroup LIMITS to running container CONTAINER now (``lxc-cgroup``), where its current
+    values differ, so that a changed limit needs no restart; a stopped container gets them
+    from its config at the next start.
+
+    + container: the container's name (``-n``)
+    + lxc_path: where the host's containers live (``-P``)
+    + limits: ``{key: value}`` without the ``lxc.cgroup2.`` prefix, e.g.
+      ``{"memory.max": "4096M", "cpuset.cpus": "0-1"}``
+
+    On cgroup v1, ``memory.limit_in_bytes`` may not exceed ``memory.memsw.limit_in_bytes``:
+    the two are set in the order that keeps that true.
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import lxc
+
+        lxc.cgroup_limits(
+            name="Container sglang-1 limits (live)",
+            container="sglang-1",
+            lxc_path="/var/lib/lxc",
+            limits={"cpuset.cpus": "0-1", "memory.max": "4096M", "memory.swap.max": "0M"},
+        )
+    """
+    if host.get_fact(LxcContainerStatus, container=container, lxc_path=lxc_path) != "RUNNING":
+        host.noop(f"container {container} is not running: its config applies at start")
+        return
+    current = host.get_fact(LxcCgroupValues, container=container, lxc_path=lxc_path,
+                            keys=list(limits))
+    changed = [key for key, value in limits.items() if not same_limit(key, current.get(key), value)]
+    if not changed:
+        host.noop(f"container {container} runs with its limits")
+        return
+    memsw = "memory.memsw.limit_in_bytes"
+    if memsw in changed and "memory.limit_in_bytes" in limits:
+        growing = (bytes_of(limits[memsw]) or 0) >= (bytes_of(current.get(memsw, "0")) or 0)
+        changed.sort(key=lambda key: (key == memsw) != growing)
+    for key in changed:
+        yield StringCommand("lxc-cgroup -P", QuoteString(lxc_path), "-n", QuoteString(container),
+                            QuoteString(key), QuoteString(limits[key]))
+
+
+@operation()
+def bridge(bridge: str):
+    """
+    Network bridge BRIDGE exists on the host. LXC's NAT bridge ``lxcbr0`` is brought up by
+    starting ``lxc-net`` (the ``lxc`` package's service: a bridge with dnsmasq for DHCP and DNS
+    and NAT to the host's network, touching none of the host's interfaces); any other missing
+    bridge stops the deploy, naming it.
+
+    + bridge: the bridge a container's veth joins (``net0``'s ``bridge=``)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import lxc
+
+        lxc.bridge(name="Bridge lxcbr0 up", bridge="lxcbr0")
+    """
+    if bridge in host.get_fact(NetworkBridges):
+        host.noop(f"bridge {bridge} exists")
+        return
+    if bridge != LXC_BRIDGE:
+        raise OperationError(
+            f"network bridge {bridge} does not exist on this host: create it, or set net0's "
+            f"bridge= to an existing bridge (plain LXC hosts have {LXC_BRIDGE} from lxc-net)"
+        )
+    # Where systemd is not the init (a build sandbox), lxc-net's script runs directly.
+    yield StringCommand(
+        "if [ -d /run/systemd/system ]; then systemctl enable --now lxc-net; "
+        "else /usr/libexec/lxc/lxc-net start; fi; [ -d /sys/class/net/lxcbr0/bridge ] || "
+        "{ echo 'lxc-net did not create lxcbr0: set USE_LXC_BRIDGE=\"true\" in "
+        "/etc/default/lxc-net, and install dnsmasq-base' >&2; exit 1; }"
     )
 
 

@@ -1,0 +1,147 @@
+"""
+Facts of a plain LXC host that decide how container settings become LXC config: the cgroup
+limits it can apply, root's subordinate id ranges (unprivileged containers), its network
+bridges, and the cgroup values a running container has now.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from .system import parse_cgroup_version
+
+try:
+    from typing_extensions import override
+except ImportError:  # pragma: no cover
+    def override(func):  # type: ignore[no-redef]
+        return func
+
+
+class CgroupLimitsInfo(TypedDict):
+    version: str | None  # "v2", "hybrid", "v1" (CgroupVersion)
+    cpus: int  # CPUs this host offers (nproc)
+    swap_accounting: bool  # cgroup v1 memory.memsw.* exists (v2: memory.swap.max always)
+
+
+def parse_cgroup_limits(lines: list[str]) -> CgroupLimitsInfo:
+    """``stat -fc %T`` lines of the cgroup mounts, then ``cpus: N`` and ``memsw: yes|no``."""
+    fields = dict(line.split(": ", 1) for line in lines if ": " in line)
+    stats = [line for line in lines if ": " not in line]
+    cpus = fields.get("cpus", "").strip()
+    return {
+        "version": parse_cgroup_version(stats),
+        "cpus": int(cpus) if cpus.isdigit() else 1,
+        "swap_accounting": fields.get("memsw", "").strip() == "yes",
+    }
+
+
+class CgroupLimits(FactBase[CgroupLimitsInfo]):
+    """
+    Returns what a plain LXC host can limit: ``version`` of the cgroup hierarchy (on a
+    ``"hybrid"`` host the v1 controllers apply and LXC ignores ``lxc.cgroup2.*`` keys),
+    ``cpus`` (``nproc``), and ``swap_accounting`` (cgroup v1 without ``swapaccount=1`` has no
+    ``memory.memsw.*``, and an ``lxc.cgroup.memory.memsw.*`` line would stop the container).
+    """
+
+    @override
+    def command(self) -> str:
+        return (
+            "stat -fc %T /sys/fs/cgroup; "
+            "[ -d /sys/fs/cgroup/unified ] && stat -fc %T /sys/fs/cgroup/unified; "
+            'echo "cpus: $(nproc)"; '
+            "if [ -e /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes ]; then echo 'memsw: yes'; "
+            "else echo 'memsw: no'; fi"
+        )
+
+    @override
+    def process(self, output: list[str]) -> CgroupLimitsInfo:
+        return parse_cgroup_limits(output)
+
+
+def parse_subids(lines: list[str]) -> dict[str, list[tuple[int, int]]]:
+    """``uid NAME:START:COUNT`` / ``gid ...`` lines -> root's ranges, by ``uid``/``gid``."""
+    ranges: dict[str, list[tuple[int, int]]] = {"uid": [], "gid": []}
+    for line in lines:
+        kind, _, entry = line.strip().partition(" ")
+        parts = entry.split(":")
+        if kind in ranges and len(parts) == 3 and parts[0] in ("root", "0"):
+            if parts[1].isdigit() and parts[2].isdigit():
+                ranges[kind].append((int(parts[1]), int(parts[2])))
+    return ranges
+
+
+class RootSubIds(FactBase[dict]):
+    """
+    Returns root's subordinate id ranges from ``/etc/subuid`` and ``/etc/subgid``:
+    ``{"uid": [(start, count), ...], "gid": [...]}`` (empty lists when the files or entries
+    are missing). An unprivileged container maps its ids 0..65535 into one of them.
+    """
+
+    @override
+    def command(self) -> str:
+        return (
+            "for kind in uid gid; do [ -r /etc/sub$kind ] && "
+            "sed -n \"s/^/$kind /p\" /etc/sub$kind; done; true"
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict:
+        return parse_subids(output)
+
+
+class NetworkBridges(FactBase[list]):
+    """Returns the names of the host's network bridges (``/sys/class/net/*/bridge``)."""
+
+    @override
+    def command(self) -> str:
+        return (
+            "for dev in /sys/class/net/*; do [ -d \"$dev/bridge\" ] && basename \"$dev\"; "
+            "done; true"
+        )
+
+    @override
+    def process(self, output: list[str]) -> list:
+        return sorted(line.strip() for line in output if line.strip())
+
+
+class LxcCgroupValues(FactBase[dict]):
+    """
+    Returns the current values of cgroup KEYS (``memory.max``, ``cpuset.cpus``, ...) of
+    running plain LXC container CONTAINER (``lxc-cgroup``), ``{key: value}``; a key LXC
+    cannot read is left out.
+    """
+
+    @override
+    def command(self, container: str, lxc_path: str, keys: list[str]) -> StringCommand:
+        parts: list = []
+        for key in keys:
+            parts += [
+                "printf '%s: %s\\n'", QuoteString(key),
+                StringCommand('"$(lxc-cgroup -P', QuoteString(lxc_path), "-n", QuoteString(container),
+                              QuoteString(key), '2>/dev/null)";', separator=" "),
+            ]
+        return StringCommand(*parts, "true")
+
+    @override
+    def process(self, output: list[str]) -> dict:
+        values = {}
+        for line in output:
+            key, sep, value = line.partition(": ")
+            if sep and value.strip():
+                values[key.strip()] = value.strip()
+        return values
+
+
+class ExistingFiles(FactBase[list]):
+    """Returns which of PATHS exist as regular files (a symlink is not one)."""
+
+    @override
+    def command(self, paths: list[str]) -> StringCommand:
+        return StringCommand("for p in", *(QuoteString(p) for p in paths),
+                             '; do [ -f "$p" ] && [ ! -L "$p" ] && printf "%s\\n" "$p"; done; true')
+
+    @override
+    def process(self, output: list[str]) -> list:
+        return [line for line in output if line]
