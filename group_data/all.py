@@ -134,13 +134,29 @@ dist_init_addr = None
 dist_init_port = 50000
 
 # --- Verify -------------------------------------------------------------------------------
-# Run a short sglang.bench_serving after the server answers.
+# Run sglang.bench_serving after the server answers (one run per concurrency level).
 bench = False
-# Concurrencies the benchmark runs at (--max-concurrency), one run each.
-bench_concurrencies = [1, 16, 64]
-# Prompts per benchmark run.
-bench_num_prompts = 64
+# "full": the levels of bench_concurrencies; "quick": those of bench_quick_concurrencies (a smoke run).
+bench_preset = "full"
+# Concurrencies of the full preset (--max-concurrency): up to the 1024 where the tuned run peaked.
+bench_concurrencies = [1, 64, 256, 1024]
+# Concurrencies of the quick preset.
+bench_quick_concurrencies = [1, 16]
+# Prompts of a run: at least this many, or bench_prompts_per_concurrency x its concurrency if more.
+bench_num_prompts = 32
+# Prompts per concurrent request in a run (4 at 1024 concurrent: 4096 prompts).
+bench_prompts_per_concurrency = 4
 # Random input length in tokens.
 bench_input_len = 1024
 # Random output length in tokens.
 bench_output_len = 256
+# Each run's table goes to DIR/<host>/<UTC time>.json on the machine running pyinfra (relative to
+# the directory pyinfra runs in), with DIR/<host>/output_tok_s.png plotting the host's runs.
+bench_history_dir = "bench-history"
+# Warn when a level's output tok/s falls more than this percentage below the previous run's.
+bench_regression_pct = 10
+# Milliseconds between two nvidia-smi samples of each GPU while a level runs.
+bench_gpu_sample_ms = 500
+# Warn (with tuning hints) when GPUs draw on average under this share of their power limit, in
+# percent, at the highest concurrency.
+bench_low_power_pct = 60

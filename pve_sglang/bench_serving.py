@@ -23,6 +23,9 @@ from pyinfra.api import QuoteString, StringCommand
 from pve_sglang.settings import ContainerSettings, base_url
 
 RESULT_HEADER = " Serving Benchmark Result "
+# Printed once the warmup request is done, before the measured run (0.5.9 bench_serving.py and
+# 0.5.23 benchmark/serving.py alike): the GPU sampler averages from here to RESULT_HEADER.
+MAIN_RUN_MARKER = "Starting main benchmark run"
 # First release whose benchmark lives in sglang/benchmark/serving.py.
 BENCHMARK_PACKAGE_FROM = (0, 5, 15)
 DATASET = "random-ids"
@@ -88,6 +91,20 @@ def bench_module(release: str) -> str:
     return "sglang.bench_serving"
 
 
+def bench_levels(settings: ContainerSettings) -> list[int]:
+    """The concurrency levels of the benchmark preset, in the order given."""
+    if settings.bench_preset == "quick":
+        return list(settings.bench_quick_concurrencies)
+    return list(settings.bench_concurrencies)
+
+
+def num_prompts(settings: ContainerSettings, concurrency: int) -> int:
+    """Prompts of the run at CONCURRENCY: ``bench_prompts_per_concurrency`` per concurrent
+    request, so that the server holds the level for most of the run, and at least
+    ``bench_num_prompts``, so that a low level still averages over some requests."""
+    return max(settings.bench_num_prompts, settings.bench_prompts_per_concurrency * concurrency)
+
+
 def bench_argv(
     settings: ContainerSettings,
     python: str,
@@ -110,7 +127,7 @@ def bench_argv(
     argv += ["--model", settings.model_path, "--tokenizer", settings.model_path]
     if settings.served_model_name:
         argv += ["--served-model-name", settings.served_model_name]
-    argv += ["--num-prompts", str(settings.bench_num_prompts)]
+    argv += ["--num-prompts", str(num_prompts(settings, concurrency))]
     argv += ["--max-concurrency", str(concurrency)]
     argv += ["--dataset-name", DATASET]
     argv += ["--random-input-len", str(settings.bench_input_len)]
@@ -120,6 +137,23 @@ def bench_argv(
     if output_file:
         argv += ["--output-file", output_file]
     return argv
+
+
+def sampled_argv(python: str, sampler: str, interval_ms: int, argv: list[str]) -> list[str]:
+    """ARGV run under the uploaded GPU sampler (``remote/gpu_sampler.py`` at SAMPLER), which
+    averages each GPU's nvidia-smi samples over the measured run and prints them after it."""
+    return [python, sampler, "--interval-ms", str(interval_ms),
+            "--start-marker", MAIN_RUN_MARKER, "--stop-marker", RESULT_HEADER.strip(), "--", *argv]
+
+
+def bench_runs(settings: ContainerSettings, python: str, host: str, release: str,
+               sampler: str) -> dict[int, list[str]]:
+    """The argv of each level of the preset, each under the GPU sampler at SAMPLER."""
+    return {
+        c: sampled_argv(python, sampler, settings.bench_gpu_sample_ms,
+                        bench_argv(settings, python, c, host, settings.server_port, release))
+        for c in bench_levels(settings)
+    }
 
 
 def bench_shell(argv: list[str], env_file: str) -> StringCommand:
@@ -172,7 +206,8 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     """A plain-text table, one row per concurrency level (sorted by it).
 
     Each row: the keys of ``parse_bench_output`` plus ``concurrency`` (the level asked for;
-    ``max_concurrency`` from the summary when absent). Missing values show as ``-``.
+    ``max_concurrency`` from the summary when absent), and the GPU columns of ``gpu_columns``
+    where sampled. Missing values show as ``-``.
     """
     columns = [
         ("concurrency", "concurrency", "{}"),
@@ -180,7 +215,15 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
         ("total tok/s", "total_token_throughput", "{:.2f}"),
         ("req/s", "request_throughput", "{:.2f}"),
         ("median TTFT ms", "median_ttft_ms", "{:.2f}"),
+        ("median ITL ms", "median_itl_ms", "{:.2f}"),
     ]
+    if any("gpu_power_pct" in row for row in rows):
+        columns += [
+            ("GPU W", "gpu_power_w", "{:.0f}"),
+            ("GPU % of power limit", "gpu_power_pct", "{:.0f}"),
+            ("GPU util %", "gpu_util_pct", "{:.0f}"),
+            ("GPU mem GiB", "gpu_memory_gib", "{:.1f}"),
+        ]
     body = []
     def level(row: dict[str, Any]) -> Any:
         return row.get("concurrency", row.get("max_concurrency"))
@@ -197,3 +240,26 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.rjust(w) for c, w in zip(cells, widths)) for cells in body]
     return "\n".join(lines) + "\n"
+
+
+def gpu_columns(sampled: dict[str, Any] | None) -> dict[str, Any]:
+    """The GPU sampler's summary (``gpu_sampler.parse_summary``) as row values: mean power
+    draw (W, per GPU), its share of the limit, SM utilisation (%), averaged over the GPUs, and
+    the peak memory used (GiB, the largest GPU's). Empty without samples."""
+    gpus = [g for g in (sampled or {}).get("gpus", []) if g.get("samples")]
+    if not gpus:
+        return {}
+
+    def mean(key: str) -> float | None:
+        values = [g[key] for g in gpus if g.get(key) is not None]
+        return round(sum(values) / len(values), 2) if values else None
+
+    memory = [g["memory_used_mib"] for g in gpus if g.get("memory_used_mib") is not None]
+    return {
+        "gpu_count": len(gpus),
+        "gpu_power_w": mean("power_w"),
+        "gpu_power_limit_w": mean("power_limit_w"),
+        "gpu_power_pct": mean("power_pct"),
+        "gpu_util_pct": mean("util_pct"),
+        "gpu_memory_gib": round(max(memory) / 1024, 2) if memory else None,
+    }

@@ -477,12 +477,19 @@ class ContainerSettings(_Strict):
     dist_init_port: Port
 
     bench: bool
+    bench_preset: Literal["full", "quick"]
     bench_concurrencies: list[Annotated[Int, Field(ge=1)]] = Field(min_length=1)
+    bench_quick_concurrencies: list[Annotated[Int, Field(ge=1)]] = Field(min_length=1)
     bench_num_prompts: Int = Field(ge=1)
+    bench_prompts_per_concurrency: Int = Field(ge=1)
     bench_input_len: Int = Field(ge=1)
     bench_output_len: Int = Field(ge=1)
+    bench_history_dir: LocalPath
+    bench_regression_pct: float = Field(gt=0, lt=100)
+    bench_gpu_sample_ms: Int = Field(ge=50, le=60000)
+    bench_low_power_pct: float = Field(ge=0, le=100)
 
-    @field_validator("gpus", "nodes", "bench_concurrencies")
+    @field_validator("gpus", "nodes", "bench_concurrencies", "bench_quick_concurrencies")
     @classmethod
     def _distinct(cls, value: Any, info: ValidationInfo) -> Any:
         """A GPU, node or concurrency listed twice is a mistake; ``gpus: []`` passes no GPU."""

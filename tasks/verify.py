@@ -8,7 +8,8 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 
 from pve_sglang import remote
-from pve_sglang.bench_serving import bench_argv
+from pve_sglang.bench_history import run_meta
+from pve_sglang.bench_serving import bench_levels, bench_runs
 from pve_sglang.operations import verify
 from pve_sglang.phases import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import select_gpus
@@ -53,12 +54,12 @@ def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) 
                                 expected=expected)
 
     def benchmark() -> None:
-        runs = {
-            c: bench_argv(cs, py, c, address, cs.server_port, cs.sglang_version)
-            for c in cs.bench_concurrencies
-        }
-        verify.benchmark(name=f"Benchmark at concurrency {cs.bench_concurrencies}",
-                         runs=runs, env_file=env_file)
+        upload_script(remote.GPU_SAMPLER, "Upload the GPU sampler")
+        runs = bench_runs(cs, py, address, cs.sglang_version, remote.path(remote.GPU_SAMPLER))
+        verify.benchmark(name=f"Benchmark at concurrency {bench_levels(cs)}",
+                         runs=runs, env_file=env_file, history_dir=cs.bench_history_dir,
+                         meta=run_meta(cs), regression_pct=cs.bench_regression_pct,
+                         low_power_pct=cs.bench_low_power_pct)
 
     checks: list[Check] = [
         ("GPUs visible in the container", lambda: verify.gpus_visible(
@@ -76,7 +77,7 @@ def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) 
                        timeout_s=cs.health_timeout_s,
                    )))
     if cs.bench:
-        checks.append((f"benchmark at concurrency {cs.bench_concurrencies}", benchmark))
+        checks.append((f"benchmark at concurrency {bench_levels(cs)}", benchmark))
     return checks
 
 

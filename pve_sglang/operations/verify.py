@@ -11,12 +11,14 @@ from pyinfra.api import OperationError, operation
 from pyinfra.context import state
 from pyinfra.facts.server import Command
 
-from ..bench_serving import bench_shell, parse_bench_output, summary_table
+from .. import bench_history
+from ..bench_serving import bench_shell, gpu_columns, parse_bench_output, summary_table
 from ..facts.nvidia import GpuCheck, NvidiaP2pMatrix, NvidiaTopoMatrix
 from ..facts.system import IommuAcs, VirtualMachineType
 from ..facts.verify import HttpStatus, VisibleGpus
 from ..p2p import build_report, format_report
 from ..settings import ContainerSettings, host_settings
+from ..remote.gpu_sampler import parse_summary
 from ..remote.sglang_launch import mask_text
 
 HMM_HINT = (
@@ -197,13 +199,24 @@ def server_healthy(url: str, env_file: str, timeout_s: int, poll_s: float = 10.0
 
 
 @operation()
-def benchmark(runs: dict[int, list[str]], env_file: str):
+def benchmark(runs: dict[int, list[str]], env_file: str, history_dir: str | None = None,
+              meta: dict | None = None, regression_pct: float | None = None,
+              low_power_pct: float | None = None):
     """
-    Run the serving benchmark once per concurrency and print tok/s per level; output it cannot
-    read fails the host, shown with the env file's secrets masked. Run once the deploy has run.
+    Run the serving benchmark once per concurrency and print tok/s, TTFT, ITL and, where the
+    run went through the GPU sampler, GPU power and utilisation per level; output it cannot
+    read fails the host, shown with the env file's secrets masked. With HISTORY_DIR, the table
+    is saved on this machine and the host's plot redrawn (``bench_history``); a drop against
+    the previous run, or GPUs far under their power limit at the highest level, is a warning.
+    Run once the deploy has run.
 
-    + runs: the benchmark's argv per concurrency level (see ``bench_argv``)
+    + runs: the benchmark's argv per concurrency level (``bench_argv``, or ``bench_runs`` for
+      the argv under the GPU sampler)
     + env_file: the server's env file; its API key reaches the benchmark as ``OPENAI_API_KEY``
+    + history_dir: where runs are saved on the machine running pyinfra; ``None`` saves nothing
+    + meta: what the run was made with (``bench_history.run_meta``), saved beside it
+    + regression_pct: warn when a level's output tok/s falls more than this below the last run
+    + low_power_pct: warn when GPUs average under this share of their power limit at the top
 
     **Example:**
 
@@ -226,12 +239,20 @@ def benchmark(runs: dict[int, list[str]], env_file: str):
             logger.info(f"{host.name}: benchmark at concurrency {concurrency}...")
             output = host.get_fact(Command, command=bench_shell(argv, env_file))
             try:
-                rows.append({"concurrency": concurrency, **parse_bench_output(output)})
+                rows.append({"concurrency": concurrency, **parse_bench_output(output),
+                             **gpu_columns(parse_summary(output))})
             except ValueError as error:
                 # The benchmark holds the key (OPENAI_API_KEY): none of its output is trusted.
                 secrets = host_settings(ContainerSettings).secrets
                 raise OperationError(f"benchmark at concurrency {concurrency}: {error}:\n"
                                      + mask_text(output, secrets)[-2000:]) from None
         logger.info(f"{host.name}: benchmark summary\n" + summary_table(rows))
+        if history_dir:
+            info, warnings = bench_history.after_run(
+                history_dir, host.name, rows, meta or {}, regression_pct, low_power_pct)
+            for line in info:
+                logger.info(f"{host.name}: {line}")
+            for line in warnings:
+                logger.warning(f"{host.name}: benchmark: {line}")
         host.noop("benchmark ran")
     yield from ()
