@@ -126,6 +126,14 @@ hf_token = None
 api_key = None
 # Seconds to wait for /health after a (re)start (1..86400): a 400 GB model loads for many minutes.
 health_timeout_s = 3600
+# Seconds the server's log may stay silent during its start before the deploy calls it stuck
+# (1..86400): long enough for a FlashInfer autotune that prints nothing for many minutes.
+startup_stall_s = 900
+# Restart a running server when its unit, env file or stack changes; false: write the files and
+# warn "restart pending" on every run until the server is restarted by hand.
+restart_on_change = True
+# After the server is ready, check one short chat completion (HTTP 200, not degenerate).
+generation_check = True
 # Containers serving one model together (inventory names, rank 0 first); [] for one node.
 nodes = []
 # Rank 0's address for --dist-init-addr; null: rank 0's container hostname.

@@ -40,6 +40,10 @@ ENV_DIR = "/etc/sglang"
 API_KEY_VAR = "SGLANG_API_KEY"
 # Where the deploy uploads remote/sglang_launch.py: the unit's ExecStart runs it.
 LAUNCHER = remote.path(remote.LAUNCHER)
+# Restart=on-failure waits RESTART_SEC between tries, and gives up after START_LIMIT_BURST
+# starts within START_LIMIT_BURST model loads (start_limit_interval_s).
+RESTART_SEC = 10
+START_LIMIT_BURST = 3
 
 
 class EnvRef(str):
@@ -385,7 +389,16 @@ def render_unit(
         exec_start=systemd_command(launch_argv(argv, settings.secrets, launcher)),
         launcher_config_error=sglang_launch.EX_CONFIG,
         timeout_start_s=settings.health_timeout_s,
+        restart_sec=RESTART_SEC,
+        start_limit_burst=START_LIMIT_BURST,
+        start_limit_interval_s=start_limit_interval_s(settings),
     )
+
+
+def start_limit_interval_s(settings: ContainerSettings) -> int:
+    """StartLimitIntervalSec: START_LIMIT_BURST tries that each load the model for up to
+    ``health_timeout_s`` fit in it, so a crash after a long load still counts toward the limit."""
+    return START_LIMIT_BURST * (settings.health_timeout_s + RESTART_SEC)
 
 
 def render_env(settings: ContainerSettings) -> str:

@@ -472,6 +472,9 @@ class ContainerSettings(_Strict):
     api_key: SecretStr | None
     # Up to a day: a 400 GB model loads in many minutes, not in days (a longer value is a typo).
     health_timeout_s: Int = Field(ge=1, le=86400)
+    startup_stall_s: Int = Field(ge=1, le=86400)
+    restart_on_change: bool
+    generation_check: bool
     nodes: list[Annotated[str, Field(min_length=1)]]
     dist_init_addr: Annotated[str, AfterValidator(address)] | None
     dist_init_port: Port

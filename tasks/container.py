@@ -88,8 +88,8 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
         ("apply the FlashInfer CUTLASS MoE autotune patch where the release needs it",
          lambda _: [stack.autotune_patch(name="FlashInfer CUTLASS MoE autotune (sglang patch)",
                                          python=py, tools=TOOLS)]),
-        (f"write /etc/sglang/{cs.service_name}.env (mode 0600) and {unit_name(cs)}, enable it"
-         + (" and start it" if driver else ""), server),
+        (f"write /etc/sglang/{cs.service_name}.env (mode 0600) and {unit_name(cs)}"
+         + (", enable it and start it" if driver else " (not enabled at boot: no GPU)"), server),
     ]
     return steps
 
@@ -240,6 +240,8 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
         # The venv's mtime moves when an install ends (its marker goes) and before a patch.
         since={"the unit file": unit_path(cs), "the environment file": env_file,
                "the launcher": LAUNCHER, "the sglang venv": cs.venv_path},
+        restart_on_change=cs.restart_on_change,
     )
     if not start:
-        logger.warning(f"{host.name}: {unit} not started: the SGLang server needs a GPU")
+        logger.warning(f"{host.name}: {unit} not started: the SGLang server needs a GPU (nor "
+                       "enabled at boot, where it would fail and restart)")

@@ -13,7 +13,7 @@ from pve_sglang.bench_serving import bench_levels, bench_runs
 from pve_sglang.operations import verify
 from pve_sglang.phases import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import select_gpus
-from pve_sglang.server_command import env_file_path, venv_python
+from pve_sglang.server_command import env_file_path, unit_name, venv_python
 from pve_sglang.settings import ContainerSettings, base_url, client_address, host_settings
 
 #: A check of the verify phase: what it checks in words (the plan shown before the container
@@ -69,15 +69,36 @@ def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) 
     if expected > 1:
         checks.append((f"P2P between the {expected} GPUs", lambda: verify.p2p_preflight(
             name=f"P2P between the {expected} GPUs", python=py, script=script)))
-    checks.append((f"the server answers /health within {cs.health_timeout_s}s",
-                   lambda: verify.server_healthy(
-                       name=f"Server answers /health (up to {cs.health_timeout_s}s)",
-                       url=f"{base_url(address, cs.server_port)}/health",
-                       env_file=env_file,
-                       timeout_s=cs.health_timeout_s,
-                   )))
+    checks += server_checks(cs, address)
     if cs.bench:
         checks.append((f"benchmark at concurrency {bench_levels(cs)}", benchmark))
+    return checks
+
+
+def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
+    """The server's start followed in its journal up to /health (fails fast, with a hint, on a
+    crash or a silent log), then one chat completion (``generation_check``). ADDRESS: where
+    the server answers inside the container."""
+    unit, env_file = unit_name(cs), env_file_path(cs)
+    url = base_url(address, cs.server_port)
+    watch = remote.path(remote.STARTUP_WATCH)
+
+    def started() -> None:
+        upload_script(remote.STARTUP_WATCH, "Upload the startup watch")
+        verify.server_started(
+            name=f"{unit} starts and answers /health (up to {cs.health_timeout_s}s, "
+            f"stuck after {cs.startup_stall_s}s of silence)",
+            unit=unit, health_url=f"{url}/health", env_file=env_file, script=watch,
+            timeout_s=cs.health_timeout_s, stall_s=cs.startup_stall_s)
+
+    checks: list[Check] = [(
+        f"the server starts (progress from its journal, stuck after {cs.startup_stall_s}s of "
+        f"silence) and answers /health within {cs.health_timeout_s}s", started)]
+    if cs.generation_check:
+        checks.append(("one chat completion is not degenerate (TTFT, tok/s)",
+                       lambda: verify.generation_works(
+                           name="One chat completion is not degenerate", url=url,
+                           env_file=env_file, script=watch)))
     return checks
 
 

@@ -17,6 +17,7 @@ from pve_sglang.facts.container import (
     UnitState,
     UvVersion,
 )
+from pve_sglang.facts.verify import JournalTail
 from pve_sglang.operations import paths, stack
 from pve_sglang.server_command import KnownFlags
 
@@ -128,11 +129,15 @@ def test_autotune_patch_refuses_unrecognised_code_naming_it():
         op_commands(stack.autotune_patch, python=PY, tools=TOOLS, facts=venv(patch=state))
 
 
+RESET = "systemctl reset-failed sglang.service"
+
+
 @pytest.mark.parametrize("active, start, restart, expected", [
-    ("active", True, True, ["systemctl restart sglang.service"]),   # changed: one restart
-    ("active", True, False, []),                                     # converged: no restart
-    ("inactive", True, True, ["systemctl start sglang.service"]),    # down: start, no restart
-    ("failed", False, True, []),                                     # no GPU: not started
+    ("active", True, True, [RESET, "systemctl restart sglang.service"]),  # changed: one restart
+    ("active", True, False, []),                                          # converged: none
+    ("inactive", True, True, [RESET, "systemctl start sglang.service"]),  # down: start
+    # No GPU: not started, and not enabled at boot (where it would fail and loop).
+    ("inactive", False, True, ["systemctl disable sglang.service"]),
 ])
 def test_service_restarts_only_on_change(active, start, restart, expected):
     facts = {(UnitState, ("sglang.service",)): {"active": active, "enabled": "enabled"}}
@@ -140,19 +145,58 @@ def test_service_restarts_only_on_change(active, start, restart, expected):
                        restart=lambda: restart, facts=facts) == expected
 
 
+# `systemctl show` of a unit whose server exits at once, Restart=on-failure, in a Debian 12
+# container: between two tries (auto-restart), and after the start limit (failed).
+SHOW_LOOPING = "ActiveState=activating\nSubState=auto-restart\nUnitFileState=enabled\nNRestarts=7\nResult=exit-code\n"
+SHOW_FAILED = "ActiveState=failed\nSubState=failed\nUnitFileState=enabled\nNRestarts=3\nResult=start-limit-hit\n"
+TAIL = ["sglang.service: Main process exited, code=exited, status=1/FAILURE",
+        "RuntimeError: CUDA driver initialization failed, you might not have a CUDA gpu."]
+
+
+@pytest.mark.parametrize("show, start, expected", [
+    (SHOW_LOOPING, True, [RESET, "systemctl restart sglang.service"]),
+    (SHOW_FAILED, True, [RESET, "systemctl restart sglang.service"]),
+    (SHOW_LOOPING, False, ["systemctl disable sglang.service", RESET, "systemctl stop sglang.service"]),
+])
+def test_a_failed_or_looping_unit_is_reported_and_started_again(caplog, show, start, expected):
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="pyinfra")
+    facts = {(UnitState, ("sglang.service",)): fact_value(UnitState, show),
+             (JournalTail, ("sglang.service", 15)): TAIL}
+    # Restart requested or not, a unit that does not serve is never "running and unchanged".
+    assert op_commands(stack.service_running, unit="sglang.service", start=start,
+                       restart=lambda: False, facts=facts) == expected
+    restarts = "7 automatic restarts" if "NRestarts=7" in show else "3 automatic restarts"
+    assert "sglang.service is not serving" in caplog.text and restarts in caplog.text
+    assert "CUDA driver initialization failed" in caplog.text
+
+
+def test_restart_on_change_false_writes_but_reports_the_restart_pending(caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="pyinfra")
+    facts = {(UnitState, ("sglang.service",)): fact_value(UnitState, SHOW_RUNNING)}
+    assert op_commands(stack.service_running, unit="sglang.service", start=True,
+                       restart=lambda: True, since=SINCE, facts=facts,
+                       restart_on_change=False) == []
+    assert "sglang.service restart pending: this run changed what it runs" in caplog.text
+
+
 def test_unit_state_fact_and_enable_when_disabled():
     state = fact_value(UnitState, "ActiveState=inactive\nUnitFileState=disabled\n")
-    assert state == {"active": "inactive", "enabled": "disabled", "stale": False, "started": None}
+    assert state == {"active": "inactive", "enabled": "disabled", "stale": False, "started": None,
+                     "sub": None, "restarts": None, "result": None}
     assert op_commands(stack.service_running, unit="sglang.service", start=True,
                        restart=lambda: False, facts={(UnitState, ("sglang.service",)): state}) == [
-        "systemctl enable sglang.service", "systemctl start sglang.service"]
+        "systemctl enable sglang.service", RESET, "systemctl start sglang.service"]
 
 
 def test_unit_written_but_never_loaded_is_loaded_and_the_server_restarted():
     state = fact_value(UnitState, "ActiveState=active\nUnitFileState=enabled\nNeedDaemonReload=yes\n")
     assert op_commands(stack.service_running, unit="sglang.service", start=True,
                        restart=lambda: False, facts={(UnitState, ("sglang.service",)): state}) == [
-        "systemctl daemon-reload", "systemctl restart sglang.service"]
+        "systemctl daemon-reload", RESET, "systemctl restart sglang.service"]
 
 
 # A restart a killed run never made (restart pending)
@@ -173,7 +217,8 @@ SINCE = {"the unit file": "/etc/systemd/system/sglang.service",
 
 def test_unit_state_reads_the_start_in_microseconds():
     state = fact_value(UnitState, SHOW_RUNNING)
-    assert state == {"active": "active", "enabled": "enabled", "stale": False, "started": STARTED}
+    assert state == {"active": "active", "enabled": "enabled", "stale": False, "started": STARTED,
+                     "sub": None, "restarts": None, "result": None}
     # No main process time: the time it became active.
     assert fact_value(UnitState, SHOW_RUNNING.replace(
         "Wed 2026-12-02 21:09:32.618391 UTC", ""))["started"] == 1796245772_684645
@@ -210,14 +255,14 @@ def pending_commands(caplog, **mtimes) -> list[str]:
 def test_unit_changed_after_the_server_started_is_a_pending_restart(caplog):
     # Written 0.2 s after the start (the same second): the killed run never restarted.
     assert pending_commands(caplog, unit=STARTED + 200_000, env=STARTED - 10**9,
-                            venv=STARTED - 10**9) == ["systemctl restart sglang.service"]
+                            venv=STARTED - 10**9) == [RESET, "systemctl restart sglang.service"]
     assert ("sglang.service restart pending: the unit file changed after the server started"
             in caplog.text)
 
 
 def test_venv_and_env_changed_after_the_start_are_named_together(caplog):
     assert pending_commands(caplog, unit=STARTED - 1, env=STARTED + 1,
-                            venv=STARTED + 5 * 10**6) == ["systemctl restart sglang.service"]
+                            venv=STARTED + 5 * 10**6) == [RESET, "systemctl restart sglang.service"]
     assert "restart pending: the environment file, the sglang venv changed after" in caplog.text
 
 
@@ -249,7 +294,7 @@ def test_a_change_of_this_run_restarts_without_reading_the_paths():
     facts = {(UnitState, ("sglang.service",)): fact_value(UnitState, SHOW_RUNNING)}
     assert op_commands(stack.service_running, unit="sglang.service", start=True,
                        restart=lambda: True, since=SINCE, facts=facts) == [
-        "systemctl restart sglang.service"]
+        RESET, "systemctl restart sglang.service"]
 
 
 UNIT = "/etc/systemd/system/sglang.service"

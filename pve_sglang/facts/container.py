@@ -170,7 +170,8 @@ def _unit_micros(stamp: str | None) -> int | None:
 
 class UnitState(FactBase[dict]):
     """Returns ``{"active": "active", "enabled": "enabled", "stale": False, "started":
-    1700000000123456}`` of systemd UNIT in one read; ``stale``: its file changed since systemd
+    1700000000123456, "sub": "running", "restarts": "0", "result": "success"}`` of systemd
+    UNIT in one read; ``stale``: its file changed since systemd
     loaded it (``NeedDaemonReload``); ``started``: when its main process started
     (``ExecMainStartTimestamp``, else ``ActiveEnterTimestamp``), in microseconds since the
     epoch, or None. Times come with ``--timestamp=us+utc`` (systemd 248 on; Debian 12 has 252);
@@ -179,7 +180,8 @@ class UnitState(FactBase[dict]):
     @override
     def command(self, unit: str) -> StringCommand:
         props = ("show -p ActiveState -p UnitFileState -p NeedDaemonReload "
-                 "-p ExecMainStartTimestamp -p ActiveEnterTimestamp")
+                 "-p ExecMainStartTimestamp -p ActiveEnterTimestamp -p SubState -p NRestarts "
+                 "-p Result")
         return StringCommand("{ systemctl --timestamp=us+utc", props, QuoteString(unit), "|| systemctl",
                              props, QuoteString(unit), "; } 2>/dev/null; true")
 
@@ -194,4 +196,7 @@ class UnitState(FactBase[dict]):
         started = (_unit_micros(values.get("ExecMainStartTimestamp"))
                    or _unit_micros(values.get("ActiveEnterTimestamp")))
         return {"active": values.get("ActiveState"), "enabled": values.get("UnitFileState"),
-                "stale": values.get("NeedDaemonReload") == "yes", "started": started}
+                "stale": values.get("NeedDaemonReload") == "yes", "started": started,
+                # auto-restart (between two tries of Restart=), failed, running, ...
+                "sub": values.get("SubState"), "restarts": values.get("NRestarts"),
+                "result": values.get("Result")}

@@ -5,6 +5,8 @@ Checks are facts, not commands, so a verified, converged deploy reports no chang
 
 from __future__ import annotations
 
+import json
+
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
@@ -51,3 +53,83 @@ class HttpStatus(FactBase["int | None"]):
     def process(self, output: list[str]) -> int | None:
         code = "".join(output).strip()
         return int(code) if code.isdigit() and code != "000" else None
+
+
+def _json_lines(output: list[str]) -> list[dict]:
+    objects = []
+    for line in output:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            objects.append(value)
+    return objects
+
+
+class StartupWatch(FactBase[dict]):
+    """
+    Returns ``{"lines": [(seconds, text), ...], "state": {...}, "cursor": str, "health": int |
+    None, "now": seconds}``: the journal lines of UNIT since its start at START (microseconds)
+    or after CURSOR, followed for up to MAX_WAIT seconds by ``remote/startup_watch.py watch``
+    (SCRIPT), which returns at once when a line matches one of RETURN_ON, the unit stops
+    running that start, or HEALTH_URL answers 200 (the key from ENV_FILE, read by the script).
+    """
+
+    @override
+    def command(self, script: str, unit: str, start: int, cursor: str, health_url: str,
+                env_file: str, max_wait: float, return_on: tuple[str, ...] = ()) -> StringCommand:
+        args = ["python3", QuoteString(script), "watch", "--unit", QuoteString(unit),
+                "--start", str(int(start)), "--max-wait", f"{max_wait:.1f}",
+                "--health-url", QuoteString(health_url), "--env-file", QuoteString(env_file)]
+        if cursor:
+            args += ["--cursor", QuoteString(cursor)]
+        for pattern in return_on:
+            args += ["--return-on", QuoteString(pattern)]
+        return StringCommand(*args)
+
+    @override
+    def process(self, output: list[str]) -> dict:
+        result: dict = {"lines": [], "state": {}, "cursor": "", "health": None, "now": None}
+        for value in _json_lines(output):
+            if "m" in value:
+                result["lines"].append((value.get("t", 0) / 1e6, str(value["m"])))
+            elif "state" in value:
+                result.update(state=value["state"] or {}, cursor=value.get("cursor") or "",
+                              health=value.get("health"), now=(value.get("now") or 0) / 1e6)
+        return result
+
+
+class JournalTail(FactBase[list[str]]):
+    """Returns the last LINES journal lines of UNIT (since SINCE, microseconds, when given)."""
+
+    @override
+    def command(self, unit: str, since: int | None = None, lines: int = 200) -> StringCommand:
+        window = ["--since", f"@{since / 1e6:.6f}"] if since else ["-b"]
+        return StringCommand("journalctl -u", QuoteString(unit), *window, "-n", str(int(lines)),
+                             "-o cat --no-pager 2>/dev/null || true")
+
+    @staticmethod
+    @override
+    def default() -> list[str]:
+        return []
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return list(output)
+
+
+class GenerationCheck(FactBase["dict | None"]):
+    """Returns one streamed chat completion from the server at URL, asked by
+    ``remote/startup_watch.py generate`` (SCRIPT) with the key from ENV_FILE: ``{"status",
+    "text", "tokens", "ttft_s", "elapsed_s", "logprobs", "model", "error"}``."""
+
+    @override
+    def command(self, script: str, url: str, env_file: str, max_tokens: int = 48) -> StringCommand:
+        return StringCommand("python3", QuoteString(script), "generate", "--url", QuoteString(url),
+                             "--env-file", QuoteString(env_file), "--max-tokens", str(int(max_tokens)))
+
+    @override
+    def process(self, output: list[str]) -> dict | None:
+        found = _json_lines(output)
+        return found[-1] if found else None

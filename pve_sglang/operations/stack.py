@@ -19,6 +19,7 @@ from ..facts.container import (
     UnitState,
     UvVersion,
 )
+from ..facts.verify import JournalTail
 from ..remote.venv_state import INSTALL_MARKER
 from ..server_command import check_flags
 from . import paths
@@ -218,23 +219,42 @@ def restart_pending(started: int | None, since: dict[str, str]) -> list[str]:
     return changed
 
 
+def _looping(unit_state: dict) -> bool:
+    """The unit failed, or waits between two tries of Restart= (auto-restart): it does not serve."""
+    return unit_state["active"] == "failed" or unit_state.get("sub") == "auto-restart"
+
+
+def _state_words(unit_state: dict) -> str:
+    words = f"{unit_state['active']}/{unit_state.get('sub')} (Result={unit_state.get('result')}"
+    if unit_state.get("restarts") not in (None, "", "0"):
+        words += f", {unit_state['restarts']} automatic restarts"
+    return words + ")"
+
+
 @operation()
 def service_running(unit: str, start: bool, restart: Callable[[], bool],
-                    since: dict[str, str] | None = None):
+                    since: dict[str, str] | None = None, restart_on_change: bool = True):
     """
-    Keep UNIT enabled at boot and running: start it when it is down (only if START: the server
-    needs a GPU), and restart it once when RESTART says its unit, environment, stack or patch
-    changed. A converged run restarts nothing: a restart reloads the model, minutes of downtime.
-    A restart a killed run never made is made: when a path of SINCE changed after the running
-    server started, the server runs the old one; the log says which (``restart pending: the
-    unit file changed after the server started``). A server started after it is not restarted.
+    Keep UNIT running and enabled at boot where it can run (START: the server needs a GPU;
+    without one it is disabled, so that it does not fail and restart at every boot). Start it
+    when it is down, and restart it once when RESTART says its unit, environment, stack or
+    patch changed. A converged run restarts nothing: a restart reloads the model, minutes of
+    downtime. A restart a killed run never made is made: when a path of SINCE changed after the
+    running server started, the server runs the old one; the log says which (``restart pending:
+    the unit file changed after the server started``). A unit found failed or between two
+    automatic restarts is reported (state, restart count, last journal lines) and started again,
+    so that the verify phase follows that start and diagnoses it. Each start or restart resets
+    the unit's start limit first (``reset-failed``): the limit is for automatic restarts.
 
     + unit: the systemd unit, e.g. ``sglang.service``
-    + start: start the unit when it is down; false leaves it stopped (no GPU to serve on)
+    + start: start the unit when it is down, and enable it at boot; false leaves it stopped
+      and disabled (no GPU to serve on)
     + restart: asked only when the unit runs; true restarts it. Usually ``any_changed`` of the
       operations that write its unit, env file, launcher and stack
     + since: ``{what: path}`` of what the server reads when it starts, whose mtimes (from the
       run's one read of the managed paths) are compared with the server's start
+    + restart_on_change: false never restarts a running server: a needed restart is reported
+      as pending on every run until the server runs what its files say
 
     **Example:**
 
@@ -254,28 +274,46 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool],
         )
     """
     unit_state = host.get_fact(UnitState, unit=unit)
+    quoted = QuoteString(unit)
     # Written but never loaded (a deploy killed between the write and the reload): the server
     # runs the old unit. Load it and restart, as the killed run would have.
     stale = unit_state.get("stale", False)
     if stale:
         yield StringCommand("systemctl daemon-reload")
-    if unit_state["enabled"] != "enabled":
-        yield StringCommand("systemctl enable", QuoteString(unit))
+    if start and unit_state["enabled"] != "enabled":
+        yield StringCommand("systemctl enable", quoted)
+    elif not start and unit_state["enabled"] == "enabled":
+        yield StringCommand("systemctl disable", quoted)
+    if _looping(unit_state):
+        if cache.once("unit_looping", unit):
+            tail = host.get_fact(JournalTail, unit=unit, lines=15)
+            logger.warning(f"{host.name}: {unit} is not serving: {_state_words(unit_state)}; "
+                           "last journal lines:\n" + "\n".join(f"    {line}" for line in tail))
+        yield StringCommand("systemctl reset-failed", quoted)
+        yield StringCommand("systemctl restart" if start else "systemctl stop", quoted)
+        return
     if unit_state["active"] in ("active", "activating", "reloading"):
-        if stale or restart():
-            yield StringCommand("systemctl restart", QuoteString(unit))
-            return
-        pending = restart_pending(unit_state.get("started"), since or {})
-        if pending:
-            # Once per run: in the plan, or at execution when the plan was skipped (-y).
-            if cache.once("restart_pending", unit):
-                logger.warning(f"{host.name}: {unit} restart pending: {', '.join(pending)} "
-                               "changed after the server started")
-            yield StringCommand("systemctl restart", QuoteString(unit))
-        else:
+        changed = stale or restart()
+        pending = [] if changed else restart_pending(unit_state.get("started"), since or {})
+        if not changed and not pending:
             host.noop(f"{unit} is running and unchanged")
+            return
+        why = ", ".join(pending) + " changed after the server started" if pending else (
+            "this run changed what it runs")
+        if not restart_on_change:
+            if cache.once("restart_pending", unit):
+                logger.warning(f"{host.name}: {unit} restart pending: {why}; restart_on_change "
+                               f"is false: `systemctl restart {unit}` when the model may go down")
+            host.noop(f"{unit} restart pending (restart_on_change is false)")
+            return
+        if pending and cache.once("restart_pending", unit):
+            # Once per run: in the plan, or at execution when the plan was skipped (-y).
+            logger.warning(f"{host.name}: {unit} restart pending: {why}")
+        yield StringCommand("systemctl reset-failed", quoted)
+        yield StringCommand("systemctl restart", quoted)
     elif start:
-        yield StringCommand("systemctl start", QuoteString(unit))
+        yield StringCommand("systemctl reset-failed", quoted)
+        yield StringCommand("systemctl start", quoted)
     else:
         host.noop(f"{unit} not started: the server needs a GPU")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import gevent
@@ -15,16 +16,23 @@ from .. import bench_history
 from ..bench_serving import bench_shell, gpu_columns, parse_bench_output, summary_table
 from ..facts.nvidia import GpuCheck, NvidiaP2pMatrix, NvidiaTopoMatrix
 from ..facts.system import IommuAcs, VirtualMachineType
-from ..facts.verify import HttpStatus, VisibleGpus
+from ..facts.container import UnitState
+from ..facts.verify import GenerationCheck, HttpStatus, JournalTail, StartupWatch, VisibleGpus
 from ..p2p import build_report, format_report
 from ..settings import ContainerSettings, host_settings
 from ..remote.gpu_sampler import parse_summary
 from ..remote.sglang_launch import mask_text
+from ..startup_log import READY_LINE, Progress, bad_logprobs, degenerate, diagnose, duration
 
 HMM_HINT = (
     "if nvidia-smi works but CUDA does not initialise (cuInit error 3), nvidia_uvm runs with "
     "HMM on: see the host phase's uvm_disable_hmm warning"
 )
+
+
+#: Seconds one call of the startup watch follows the journal at most (it returns at once on a
+#: verdict): a log line per call at worst, while other hosts go on.
+WATCH_CALL_S = 20.0
 
 
 def _after_execution(what: str) -> bool:
@@ -195,6 +203,171 @@ def server_healthy(url: str, env_file: str, timeout_s: int, poll_s: float = 10.0
                 last_report = time.monotonic()
             gevent.sleep(poll_s)  # other hosts go on meanwhile
         host.noop("server answers /health")
+    yield from ()
+
+
+def _unit_words(state: dict) -> str:
+    """``failed (Result=exit-code, exit status 1, 2 restarts)`` from a unit's state."""
+    active, sub = state.get("ActiveState") or state.get("active"), state.get("SubState") or state.get("sub")
+    words = [f"Result={state.get('Result') or state.get('result')}"]
+    if state.get("ExecMainStatus") not in (None, "", "0"):
+        words.append(f"exit status {state['ExecMainStatus']}")
+    restarts = state.get("NRestarts") or state.get("restarts")
+    if restarts not in (None, "", "0"):
+        words.append(f"{restarts} restarts")
+    return f"{active}/{sub} ({', '.join(words)})"
+
+
+def startup_failure(unit: str, what: str, since: int | None, progress: Progress | None = None,
+                    now: float | None = None, shown: int = 25) -> str:
+    """The words of a failed start: WHAT happened, the time per phase, the unit's last journal
+    lines (since SINCE, microseconds) and the hints ``startup_log.HINTS`` finds in them."""
+    tail = host.get_fact(JournalTail, unit=unit, since=since)
+    parts = [f"{unit} {what}"]
+    if progress is not None and now is not None:
+        parts[0] += f" during {progress.phase}, {duration(now - progress.start)} after its start"
+        parts.append(f"time per phase: {progress.summary(now)}")
+    parts.append(f"last journal lines of {unit}:\n" + "\n".join(f"    {line}" for line in tail[-shown:]))
+    hints = diagnose(tail)
+    parts += [f"hint ({hint.name}): {hint.hint}\n    seen: {line[:200]}" for hint, line in hints]
+    if not hints:
+        parts.append("no known cause matched these lines (startup_log.HINTS)")
+    return "\n".join(parts)
+
+
+@operation()
+def server_started(unit: str, health_url: str, env_file: str, script: str, timeout_s: int,
+                   stall_s: int):
+    """
+    Follow the server's start in its journal until it is ready: each phase with its time
+    (weights with shards done, rate and ETA, KV cache, autotune, CUDA graphs), then the time
+    per phase. Fails at once, with the last journal lines and a hint for known causes
+    (``startup_log.HINTS``), when the unit fails or restarts, when its log is silent for
+    STALL_S seconds, or after TIMEOUT_S. A server already answering /health is reported as
+    serving. Other hosts go on meanwhile. Checked once the deploy has run.
+
+    + unit: the server's systemd unit, e.g. ``sglang.service``
+    + health_url: its /health URL, asked from inside the container
+    + env_file: the server's env file; its API key (if any) is read by SCRIPT, never on argv
+    + script: the uploaded ``remote/startup_watch.py``
+    + timeout_s: seconds from the unit's start to ready at most
+    + stall_s: seconds the log may stay silent before the start is called stuck
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import verify
+
+        verify.server_started(
+            name="sglang.service starts and answers /health",
+            unit="sglang.service",
+            health_url="http://127.0.0.1:30000/health",
+            env_file="/etc/sglang/sglang.env",
+            script="/opt/sglang/startup_watch.py",
+            timeout_s=3600,
+            stall_s=900,
+        )
+    """
+    if _after_execution("server start"):
+        unit_state = host.get_fact(UnitState, unit=unit)
+        started = unit_state.get("started")
+        if unit_state.get("active") != "active" or not started:
+            raise OperationError(startup_failure(
+                unit, f"is not running: {_unit_words(unit_state)}", started))
+        progress = Progress(start=started / 1e6)
+        cursor, first = "", True
+        now = time.time()
+        while True:
+            deadline = min(progress.last_line + stall_s, progress.start + timeout_s)
+            watch = host.get_fact(
+                StartupWatch, script=script, unit=unit, start=started, cursor=cursor,
+                health_url=health_url, env_file=env_file,
+                max_wait=max(1.0, min(WATCH_CALL_S, deadline - now + 0.5)),
+                return_on=(re.escape(READY_LINE),),
+            )
+            now, cursor = watch["now"] or time.time(), watch["cursor"] or cursor
+            if first and watch["health"] == 200:
+                logger.info(f"{host.name}: {unit} is serving (started "
+                            f"{duration(now - progress.start)} ago): {health_url} answers 200")
+                break
+            first = False
+            for when, line in watch["lines"]:
+                for message in progress.feed(line, when):
+                    logger.info(f"{host.name}: {unit}: {message}")
+            state_now = watch["state"]
+            if state_now.get("ActiveState") != "active" or state_now.get("started") != started:
+                raise OperationError(startup_failure(
+                    unit, f"stopped running: {_unit_words(state_now)}", started, progress, now))
+            if watch["health"] == 200 and progress.ready:
+                logger.info(f"{host.name}: {unit} ready in {duration(now - progress.start)}: "
+                            f"{progress.summary(now)}")
+                break
+            if progress.silent_for(now) >= stall_s:
+                raise OperationError(startup_failure(
+                    unit, f"is stuck: no log line for {duration(progress.silent_for(now))} "
+                    f"(startup_stall_s {stall_s}); it still runs: `systemctl stop {unit}` ends it",
+                    started, progress, now))
+            if now - progress.start >= timeout_s:
+                raise OperationError(startup_failure(
+                    unit, f"not ready within {timeout_s}s (health_timeout_s; last /health: "
+                    f"{watch['health']})", started, progress, now))
+        host.noop("the server started and answers /health")
+    yield from ()
+
+
+@operation()
+def generation_works(url: str, env_file: str, script: str, max_tokens: int = 48):
+    """
+    Ask the server for one short chat completion (``/v1/chat/completions``, streamed, with
+    logprobs) and fail unless it answers 200 with text that is not degenerate (one character or
+    word repeated for most of it, e.g. ``!!!!!!!``) and finite logprobs. Logs the time to first
+    token and the single-stream tokens/s. Checked once the deploy has run.
+
+    + url: the server's base URL, asked from inside the container
+    + env_file: the server's env file; its API key (if any) is read by SCRIPT, never on argv
+    + script: the uploaded ``remote/startup_watch.py``
+    + max_tokens: tokens to generate
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import verify
+
+        verify.generation_works(
+            name="One chat completion is not degenerate",
+            url="http://127.0.0.1:30000",
+            env_file="/etc/sglang/sglang.env",
+            script="/opt/sglang/startup_watch.py",
+        )
+    """
+    if _after_execution("generation"):
+        result = host.get_fact(GenerationCheck, script=script, url=url, env_file=env_file,
+                               max_tokens=max_tokens)
+        if not result or result.get("status") != 200:
+            status = (result or {}).get("status")
+            error = str((result or {}).get("error") or "no result")[:500]
+            raise OperationError(f"chat completion: HTTP {status}: {error}")
+        text = result.get("text") or ""
+        shown = repr(text[:80])
+        if not text.strip():
+            raise OperationError("chat completion: HTTP 200 with no text")
+        why = degenerate(text)
+        bad = bad_logprobs(result.get("logprobs") or [])
+        if why or bad:
+            problem = why or f"{bad} of {len(result['logprobs'])} logprobs are NaN, inf or missing"
+            raise OperationError(
+                f"chat completion is degenerate ({problem}): {shown}; known on SM120 with "
+                "autotuned FlashInfer CUTLASS MoE tactics: add --disable-flashinfer-autotune to "
+                "extra_server_args or choose another moe_runner_backend, and restart")
+        tokens, ttft, elapsed = result.get("tokens") or 0, result.get("ttft_s"), result.get("elapsed_s")
+        rate = ""
+        if tokens > 1 and ttft is not None and elapsed and elapsed > ttft:
+            rate = f", {(tokens - 1) / (elapsed - ttft):.1f} tok/s single stream"
+        logger.info(f"{host.name}: chat completion of {result.get('model')}: {tokens} tokens, "
+                    f"TTFT {ttft or 0:.2f}s{rate}: {shown}")
+        host.noop("one chat completion is not degenerate")
     yield from ()
 
 

@@ -18,6 +18,8 @@ container's Python. This ``__init__`` is the local side only, and stays stdlib t
 ``sglang_launch.py``          the server unit's ExecStart: SGLang with its key from the
                               environment, every secret masked in its output
 ``gpu_checks.py``             CUDA init and P2P checks of the verify phase (and deploy_p2p.py)
+``startup_watch.py``          follows the server unit's journal, state and /health during its
+                              start; one chat completion (the verify phase)
 ``gpu_sampler.py``            runs the benchmark while nvidia-smi samples each GPU's power,
                               utilisation and memory; prints their averages
 ============================  ===============================================================
@@ -35,6 +37,7 @@ FLAG_LISTER = "sglang_flags.py"
 VENV_STATE = "venv_state.py"
 LAUNCHER = "sglang_launch.py"
 GPU_CHECKS = "gpu_checks.py"
+STARTUP_WATCH = "startup_watch.py"
 GPU_SAMPLER = "gpu_sampler.py"
 
 _HERE = Path(__file__).resolve().parent

@@ -1,0 +1,236 @@
+"""What the SGLang server's own log says about its start: phases, progress, known failures.
+
+Pure: journal lines in, words out. The line formats are sglang 0.5.9's (its sources:
+``model_loader/weight_utils.py`` and ``utils/common.py``'s ``BAR_FORMAT`` for the shards bar,
+``model_executor/model_runner.py``, ``mem_cache/memory_pool.py``,
+``model_executor/model_runner_kv_cache_mixin.py``, ``entrypoints/http_server.py``); real logs
+of them are kept in ``tests/fixtures/sglang_logs/``. ``HINTS`` is the one table of known causes
+of a failed start, each tested on real lines from public reports.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+READY_LINE = "The server is fired up and ready to roll!"
+
+# sglang's log prefix: ``[2025-10-16 09:06:22 TP5] `` (``DP1 PP0 TP3`` and the like too).
+_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?(?P<ranks>(?: [A-Z]+\d+)*)\] ")
+SHARDS = re.compile(
+    r"Loading safetensors checkpoint shards:\s+(?P<pct>\d+)% Completed \| (?P<n>\d+)/(?P<total>\d+)"
+    r" \[(?P<elapsed>[\d:]+)<(?P<eta>[\d:?]+),\s*(?P<rate>[^\]]*)\]")
+KV_CACHE = re.compile(
+    r"KV Cache is allocated\. (?:dtype: \S+, )?#tokens: (?P<tokens>\d+), "
+    r"(?:K size: (?P<k>[\d.]+) GB, V size: (?P<v>[\d.]+) GB|KV size: (?P<kv>[\d.]+) GB)")
+
+#: The phases of a start, in order: (name, what starts it). A phase ends when a later one
+#: starts; the server is ready at READY_LINE.
+PHASES: list[tuple[str, re.Pattern]] = [
+    ("init", re.compile(r"Init torch distributed begin")),
+    ("weights", re.compile(r"Load weight begin|Loading safetensors checkpoint shards")),
+    ("kv cache", re.compile(r"KV Cache is allocated|Memory pool end")),
+    ("autotune", re.compile(r"Running FlashInfer autotune")),
+    ("cuda graph", re.compile(r"Capture (?:cuda|piecewise CUDA) graph begin")),
+    ("warmup", re.compile(r"Uvicorn running on|Application startup complete|"
+                          r"max_total_num_tokens=")),
+    ("ready", re.compile(re.escape(READY_LINE))),
+]
+
+
+def strip(line: str) -> str:
+    """A journal line without tqdm's carriage returns and sglang's time and rank prefix."""
+    line = line.replace("\r", "").strip()
+    return _PREFIX.sub("", line)
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``3m05s``, ``1h02m``."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _clock(text: str) -> int | None:
+    """tqdm's ``MM:SS`` or ``H:MM:SS`` in seconds (None for ``?``)."""
+    try:
+        parts = [int(p) for p in text.split(":")]
+    except ValueError:
+        return None
+    total = 0
+    for part in parts:
+        total = total * 60 + part
+    return total
+
+
+@dataclass
+class Progress:
+    """The start followed line by line: ``feed`` returns what is worth a log line now."""
+
+    start: float  # the unit's start, seconds (the journal's clock)
+    phase: str = "starting"
+    phase_start: float = 0.0
+    times: dict[str, float] = field(default_factory=dict)  # phase -> seconds spent
+    last_line: float = 0.0
+    ready: bool = False
+    kv_logged: bool = False
+    _shards_logged: tuple[int, float] = (-1, 0.0)  # (shards, when) of the last shards line
+
+    def __post_init__(self) -> None:
+        self.phase_start = self.last_line = self.start
+
+    def _enter(self, phase: str, when: float) -> list[str]:
+        names = [name for name, _ in PHASES]
+        if phase == self.phase or (self.phase in names and names.index(phase) < names.index(self.phase)):
+            return []  # another rank's line of a phase already entered
+        self.times[self.phase] = self.times.get(self.phase, 0.0) + when - self.phase_start
+        self.phase, self.phase_start = phase, when
+        if phase == "ready":
+            self.ready = True
+            return [f"ready after {duration(when - self.start)}"]
+        return [f"{phase} (at {duration(when - self.start)})"]
+
+    def feed(self, line: str, when: float) -> list[str]:
+        """The messages LINE (logged at WHEN, seconds) gives: a phase entered, shard progress
+        (every 10% or minute), the KV cache's size."""
+        self.last_line = max(self.last_line, when)
+        text = strip(line)
+        messages = []
+        for name, pattern in PHASES:
+            if pattern.search(text):
+                messages += self._enter(name, when)
+                break
+        shards = SHARDS.search(text)
+        if shards:
+            n, total = int(shards["n"]), int(shards["total"])
+            logged, logged_at = self._shards_logged
+            step = max(1, total // 10)
+            if n > logged and (n == total or n - logged >= step or when - logged_at >= 60):
+                self._shards_logged = (n, when)
+                eta = _clock(shards["eta"])
+                messages.append(
+                    f"weights: {n}/{total} shards ({shards['pct']}%), {shards['rate'].strip()}"
+                    + (f", ETA {duration(eta)}" if eta is not None and n < total else ""))
+        kv = KV_CACHE.search(text)
+        if kv and not self.kv_logged:  # every rank logs it: once
+            size = (float(kv["k"]) + float(kv["v"])) if kv["k"] else float(kv["kv"])
+            self.kv_logged = True
+            messages.append(f"KV cache: {int(kv['tokens']):,} tokens, {size:.2f} GB per GPU")
+        if "FlashInfer autotune completed" in text:
+            messages.append(f"autotune finished (at {duration(when - self.start)})")
+        return messages
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since the last line (or the start)."""
+        return now - self.last_line
+
+    def summary(self, now: float) -> str:
+        """Time per phase, in order, the current one up to NOW."""
+        times = dict(self.times)
+        if not self.ready:
+            times[self.phase] = times.get(self.phase, 0.0) + now - self.phase_start
+        parts = [f"{name} {duration(seconds)}" for name, seconds in times.items()
+                 if name != "ready" and seconds >= 0.5]
+        return ", ".join(parts) or "no phase seen"
+
+
+# --- known causes -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hint:
+    name: str
+    pattern: re.Pattern
+    hint: str
+
+
+def _hint(name: str, pattern: str, hint: str) -> Hint:
+    return Hint(name, re.compile(pattern, re.IGNORECASE), hint)
+
+
+#: Known causes of a failed or stuck start: the first lines they match name them.
+HINTS: list[Hint] = [
+    _hint("cuda-init", r"CUDA_ERROR_NOT_INITIALIZED|cuInit\S* (?:failed|returned?)\D*3\b|"
+          r"CUDA driver initialization failed|cuda driver library init failure: 3|"
+          r"cudaGetDeviceCount\(\).*Error 3\b",
+          "CUDA did not initialise (cuInit error 3) while the driver is loaded: on the open "
+          "kernel modules this is nvidia_uvm's HMM; set uvm_disable_hmm (the host phase's "
+          "warning says how) and reload nvidia_uvm"),
+    _hint("driver-mismatch", r"Driver/library version mismatch",
+          "the container's user-space NVIDIA driver is not the host's kernel module version: "
+          "run the deploy again so it installs the host's exact version"),
+    _hint("cuda-oom", r"CUDA out of memory|torch\.OutOfMemoryError|Not enough memory\. Please "
+          r"try to increase --mem-fraction-static",
+          "the GPUs ran out of memory: lower mem_fraction_static (or max_running_requests / "
+          "the context length), or use more GPUs; a process left on the GPU also takes memory "
+          "(nvidia-smi)"),
+    _hint("address-in-use", r"address already in use|Errno 98|EADDRINUSE|Port is already in use",
+          "a port the server needs is taken (another server or an old one still running): free "
+          "it (ss -ltnp) or change server_port / dist_init_port"),
+    _hint("nccl", r"NCCL error|NCCL WARN|ncclCommInitRank|ncclUnhandledCudaError|"
+          r"DistBackendError|Watchdog caught collective operation timeout",
+          "NCCL between the GPUs failed or hung: in a VM P2P is often missing, and ACS/IOMMU "
+          "can route it through the root complex; see the P2P report above, try iommu=pt or "
+          "disabling ACS, NCCL_P2P_DISABLE=1 as a last resort"),
+    _hint("sm120-autotune", r"Skipping tactic|Failed to initialize cutlass TMA WS grouped gemm|"
+          r"Failed to initialize the TMA descriptor|illegal instruction",
+          "FlashInfer's MoE autotune failed tactics (known on SM120, RTX PRO 6000): if the "
+          "start hangs or output is corrupt, add --disable-flashinfer-autotune to "
+          "extra_server_args or choose another moe_runner_backend"),
+    _hint("model-path", r"Repo id must be in the form|Incorrect path_or_model_id|"
+          r"is not a local folder and is not a valid model identifier|"
+          r"No such file or directory: '[^']*config\.json'|Can't load the configuration of",
+          "the model is not where model_path says: check model_path (or set model_download) "
+          "and that the directory holds config.json and the weights"),
+]
+
+
+def diagnose(lines: list[str]) -> list[tuple[Hint, str]]:
+    """The hints whose pattern a line of LINES matches, each once with its first line."""
+    found: dict[str, tuple[Hint, str]] = {}
+    for line in lines:
+        text = strip(line)
+        for hint in HINTS:
+            if hint.name not in found and hint.pattern.search(text):
+                found[hint.name] = (hint, text)
+    return [found[h.name] for h in HINTS if h.name in found]
+
+
+# --- the generation check -----------------------------------------------------------------
+
+
+def degenerate(text: str, share: float = 0.6) -> str | None:
+    """Why TEXT looks like collapsed decoding (one character or word repeated for more than
+    SHARE of it, e.g. ``!!!!!!!``), or None."""
+    chars = [c for c in text if not c.isspace()]
+    if len(chars) < 8:
+        return None
+    char, count = Counter(chars).most_common(1)[0]
+    if count / len(chars) > share and not char.isalnum():
+        return f"{count} of {len(chars)} characters are {char!r}"
+    if len(set(chars)) <= 2:
+        return f"only {sorted(set(chars))} repeated"
+    words = text.split()
+    if len(words) >= 6:
+        word, count = Counter(words).most_common(1)[0]
+        if count / len(words) > share:
+            return f"{count} of {len(words)} words are {word!r}"
+    return None
+
+
+def bad_logprobs(values: list[str]) -> int:
+    """How many logprobs (as the generate command's reprs) are NaN, inf or missing."""
+    bad = 0
+    for value in values:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            bad += 1
+            continue
+        bad += not math.isfinite(number)
+    return bad
