@@ -164,8 +164,7 @@ HINTS: list[Hint] = [
     _hint("driver-mismatch", r"Driver/library version mismatch",
           "the container's user-space NVIDIA driver is not the host's kernel module version: "
           "run the deploy again so it installs the host's exact version"),
-    _hint("cuda-oom", r"CUDA out of memory|torch\.OutOfMemoryError|Not enough memory\. Please "
-          r"try to increase --mem-fraction-static",
+    _hint("cuda-oom", r"CUDA out of memory|torch\.OutOfMemoryError",
           "the GPUs ran out of memory: lower mem_fraction_static (or max_running_requests / "
           "the context length), or use more GPUs; a process left on the GPU also takes memory "
           "(nvidia-smi)"),

@@ -1,0 +1,97 @@
+"""The startup log parser and the hint table on real SGLang log lines (tests/fixtures/sglang_logs,
+each file naming its public source)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pve_sglang.startup_log import (
+    HINTS,
+    READY_LINE,
+    Progress,
+    bad_logprobs,
+    degenerate,
+    diagnose,
+    strip,
+)
+
+LOGS = Path(__file__).parent / "fixtures" / "sglang_logs"
+
+
+def log_lines(name: str) -> list[str]:
+    """The log lines of a fixture, without its source comments."""
+    return [line for line in (LOGS / name).read_text().splitlines() if not line.startswith("#")]
+
+
+@pytest.mark.parametrize("hint", HINTS, ids=lambda h: h.name)
+def test_every_hint_row_names_its_cause_on_real_lines(hint):
+    lines = log_lines(f"hint_{hint.name}.log")
+    found = diagnose(lines)
+    assert [h.name for h, _ in found] == [hint.name], found
+    # Every report's own message line is recognised, not only one of them.
+    messages = [line for line in lines if not line.startswith(" ")]
+    for line in messages:
+        assert hint.pattern.search(strip(line)), line
+
+
+def test_every_hint_row_has_a_fixture_and_no_fixture_is_orphaned():
+    names = {path.stem.removeprefix("hint_") for path in LOGS.glob("hint_*.log")}
+    assert names == {hint.name for hint in HINTS}
+
+
+def test_a_normal_start_and_a_load_crash_match_no_hint():
+    assert diagnose(log_lines("startup_tp8.log")) == []
+    assert diagnose(log_lines("crash_load.log")) == []
+
+
+def test_phases_of_a_real_8_rank_start_in_order_with_progress():
+    progress = Progress(start=1000.0)
+    messages = []
+    for index, line in enumerate(log_lines("startup_tp8.log")):
+        messages += progress.feed(line, 1000.0 + index)
+    phases = [m.split(" (at ")[0] for m in messages if " (at " in m and not m.startswith("autotune finished")]
+    assert phases == ["init", "weights", "kv cache", "autotune", "cuda graph", "warmup"], messages
+    shards = [m for m in messages if m.startswith("weights: ")]
+    assert shards[0] == "weights: 0/145 shards (0%), ?it/s"
+    assert shards[1] == "weights: 81/145 shards (56%), 2.70it/s, ETA 23s"
+    assert shards[-1] == "weights: 145/145 shards (100%), 2.84it/s"
+    # One KV cache line for 8 ranks: K + V per GPU.
+    assert [m for m in messages if m.startswith("KV cache")] == [
+        "KV cache: 2,795,207 tokens, 106.62 GB per GPU"]
+    assert any(m.startswith("autotune finished") for m in messages)
+    assert progress.ready and messages[-1].startswith("ready after ")
+    summary = progress.summary(1000.0 + len(log_lines("startup_tp8.log")))
+    assert summary.startswith("starting ") or summary.startswith("init ")
+    for phase in ("init", "weights", "kv cache", "cuda graph", "warmup"):
+        assert f"{phase} " in summary, summary
+
+
+def test_silence_is_measured_from_the_last_line():
+    progress = Progress(start=100.0)
+    assert progress.silent_for(130.0) == 30.0
+    progress.feed("[2025-10-16 09:06:22 TP0] Running FlashInfer autotune...", 110.0)
+    assert progress.phase == "autotune" and progress.silent_for(130.0) == 20.0
+
+
+def test_ready_line_is_the_release_line():
+    assert READY_LINE in log_lines("startup_tp8.log")[-1]
+
+
+@pytest.mark.parametrize("text, bad", [
+    # flashinfer issue 4841 (SM120): generations "collapse into a run of `!` (token id 0)".
+    ("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!", True),
+    ("Red, blue!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!", True),
+    ("the the the the the the the the the the", True),
+    ("Red, blue and yellow are the three primary colours.", False),
+    ("1, 2, 3, 4, 5, 6, 7, 8, 9, 10", False),
+    ("OK", False),  # too short to judge
+])
+def test_degenerate_output(text, bad):
+    assert (degenerate(text) is not None) == bad
+
+
+def test_bad_logprobs_counts_nan_inf_and_missing():
+    assert bad_logprobs(["-0.01", "-2.5"]) == 0
+    assert bad_logprobs(["nan", "-inf", "None", "-0.1"]) == 3
