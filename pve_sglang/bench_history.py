@@ -69,6 +69,10 @@ def record(directory: str | Path, host: str, rows: list[dict[str, Any]], meta: d
     folder.mkdir(parents=True, exist_ok=True)
     stamp = _stamp(moment)
     path = folder / (stamp.replace(":", "") + ".json")
+    n = 1
+    while path.exists():  # two runs within one second
+        n += 1
+        path = folder / (stamp.replace(":", "") + f"-{n}.json")
     document = {"host": host, "time": stamp, "meta": meta,
                 "rows": sorted(rows, key=lambda r: r["concurrency"])}
     partial = path.with_suffix(".json.partial")
@@ -87,8 +91,9 @@ def load_runs(directory: str | Path, host: str) -> list[dict[str, Any]]:
         except (OSError, ValueError):
             continue
         if isinstance(run, dict) and isinstance(run.get("rows"), list) and "time" in run:
+            run["_file"] = path.name
             runs.append(run)
-    return sorted(runs, key=lambda run: run["time"])
+    return sorted(runs, key=lambda run: (run["time"], len(run["_file"]), run["_file"]))
 
 
 def comparable(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -156,7 +161,7 @@ def low_power_warning(run: dict[str, Any], pct: float) -> str | None:
     return (f"at concurrency {top['concurrency']} the {top.get('gpu_count', '?')} GPU(s) drew "
             f"{top['gpu_power_pct']:.0f}% of their power limit on average "
             f"({top.get('gpu_power_w')} of {top.get('gpu_power_limit_w')} W), under "
-            f"{pct:g}%: the server leaves the GPUs idle part of the time; look at {hints}")
+            f"{pct:g}%: the server leaves the GPUs idle part of the time; check: {hints}")
 
 
 def _label(run: dict[str, Any]) -> str:

@@ -178,13 +178,20 @@ def test_summary_table():
     ]
     table = summary_table(rows)
     lines = table.splitlines()
-    assert lines[0].split() == ["concurrency", "output", "tok/s", "total", "tok/s", "req/s", "median", "TTFT", "ms"]
+    assert lines[0].split() == ["concurrency", "output", "tok/s", "total", "tok/s", "req/s", "median", "TTFT", "ms",
+                                "median", "ITL", "ms"]
     assert set(lines[1]) == {"-", " "}
     assert [line.split() for line in lines[2:]] == [
-        ["1", "61.50", "307.48", "0.24", "95.10"],
-        ["16", "1555.99", "7779.97", "6.08", "-"],
-        ["64", "1555.99", "7779.97", "6.08", "790.12"],
+        ["1", "61.50", "307.48", "0.24", "95.10", "35.91"],
+        ["16", "1555.99", "7779.97", "6.08", "-", "35.91"],
+        ["64", "1555.99", "7779.97", "6.08", "790.12", "35.91"],
     ]
+    # With the GPU sampler's columns (gpu_columns): power, its share of the limit, util, memory.
+    sampled = summary_table([{**rows[0], "gpu_power_w": 612.4, "gpu_power_pct": 87.49,
+                              "gpu_util_pct": 99.0, "gpu_memory_gib": 131.3}, rows[1]])
+    assert "GPU % of power limit" in sampled.splitlines()[0]
+    assert [line.split()[-4:] for line in sampled.splitlines()[2:]] == [
+        ["-", "-", "-", "-"], ["612", "87", "99", "131.3"]]
     assert len({len(line) for line in lines}) == 1  # right-aligned columns
     # Rows straight from parse_bench_output: the level comes from "Max request concurrency".
     assert summary_table([base]).splitlines()[2].split()[0] == "64"

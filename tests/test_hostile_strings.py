@@ -527,8 +527,10 @@ def test_string_settings_are_read_from_the_models():
 @pytest.mark.parametrize("payload", list(PAYLOADS))
 @pytest.mark.parametrize("platform", list(PLATFORMS))
 def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
-    platform, payload, sandbox, monkeypatch
+    platform, payload, sandbox, monkeypatch, tmp_path
 ):
+    # The benchmark writes its history (bench_history_dir, relative) where pyinfra runs.
+    monkeypatch.chdir(tmp_path)
     value = PAYLOADS[payload]
     accepted: dict[int, list[tuple[str, str, Any]]] = {}
     refused = []

@@ -1,0 +1,180 @@
+"""pve_sglang/remote/gpu_sampler.py as the container runs it: a real process running a real
+command, with nvidia-smi replaced by a stand-in script on PATH (this machine has no GPU).
+
+The stand-in prints nvidia-smi's ``--format=csv,noheader,nounits`` lines for the sampler's query
+(two GPUs, an H200's 700 W limit and 143771 MiB as recorded in tests/fixtures/h200/nvidia_smi.txt)
+every 50 ms, drawing "load" power while a phase file says so. The real H200 recording under a
+torch load comes from tests/device/gpu_sampler_h200.py.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pve_sglang.bench_serving import (
+    MAIN_RUN_MARKER,
+    RESULT_HEADER,
+    bench_runs,
+    gpu_columns,
+    sampled_argv,
+)
+from pve_sglang.remote import GPU_SAMPLER, source
+from pve_sglang.remote import gpu_sampler
+from pve_sglang.settings import ContainerSettings, load_defaults
+from wheels import wheel
+
+REPO = Path(__file__).resolve().parents[1]
+FAKE_NVIDIA_SMI = """#!/bin/sh
+# Stand-in for nvidia-smi --query-gpu=...: 2 GPUs every 50 ms, load power while $PHASE says so.
+case "$*" in *"--query-gpu=index,power.draw,power.limit,utilization.gpu,memory.used,memory.total"*) ;;
+  *) echo "unexpected arguments: $*" >&2; exit 2;; esac
+while :; do
+  if [ "$(cat "$PHASE" 2>/dev/null)" = load ]; then p=630.50; u=97; m=120512; else p=110.25; u=0; m=0; fi
+  echo "0, $p, 700.00, $u, $m, 143771"
+  echo "1, [N/A], 700.00, $u, $m, 143771"
+  sleep 0.05
+done
+"""
+
+
+def settings(**overrides) -> ContainerSettings:
+    data = {k: v for k, v in load_defaults().items() if k in ContainerSettings.model_fields}
+    return ContainerSettings.model_validate({**data, **overrides})
+
+
+@pytest.fixture
+def fake_gpus(tmp_path, monkeypatch):
+    """PATH with the stand-in nvidia-smi first; returns the phase file."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "nvidia-smi"
+    tool.write_text(FAKE_NVIDIA_SMI)
+    tool.chmod(0o755)
+    phase = tmp_path / "phase"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("PHASE", str(phase))
+    return phase
+
+
+def _load_command(phase: Path, rc: int = 0) -> list[str]:
+    """A stand-in benchmark: idle, then the main-run marker and load, then the result header."""
+    code = (
+        "import os, sys, time\n"
+        "print('#Input tokens: 1024'); time.sleep(0.4)\n"
+        f"print('Warmup completed with 1 sequences. {MAIN_RUN_MARKER}...')\n"
+        f"open({str(phase)!r}, 'w').write('load'); time.sleep(0.8)\n"
+        f"open({str(phase)!r}, 'w').write('idle')\n"
+        f"print('=' * 12 + {RESULT_HEADER!r} + '=' * 12)\n"
+        "print('key seen:', os.environ.get('OPENAI_API_KEY'))\n"
+        "time.sleep(0.4)\n"
+        f"sys.exit({rc})\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+def test_sampler_averages_the_measured_run_only(fake_gpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    out = io.StringIO()
+    raw = tmp_path / "raw.csv"
+    rc = gpu_sampler.run(_load_command(fake_gpus, rc=3), 50, MAIN_RUN_MARKER,
+                         RESULT_HEADER.strip(), raw_file=str(raw), out=out)
+    text = out.getvalue()
+    assert rc == 3  # the command's exit status
+    assert "#Input tokens: 1024" in text and "key seen: sk-test" in text  # output, env pass
+    summary = gpu_sampler.parse_summary(text)
+    assert summary["window"] == "benchmark"
+    assert 0.5 < summary["seconds"] < 5
+    gpu0, gpu1 = summary["gpus"]
+    assert (gpu0["index"], gpu1["index"]) == (0, 1)
+    assert gpu0["samples"] >= 3
+    # Mostly load samples (a boundary sample may be idle): far above the idle 110 W.
+    assert gpu0["power_w"] > 450 and gpu0["power_pct"] > 60
+    assert gpu0["power_limit_w"] == 700.0 and gpu0["memory_total_mib"] == 143771
+    assert gpu0["memory_used_mib"] == 120512
+    assert gpu1["power_w"] is None and gpu1["power_pct"] is None  # [N/A] stays unknown
+    assert gpu1["util_pct"] > 50
+    lines = raw.read_text().splitlines()
+    assert lines and all(gpu_sampler.parse_line(line) for line in lines)
+    assert len(lines) > 2 * gpu0["samples"]  # the raw file holds the idle samples too
+
+
+def test_sampler_without_markers_averages_the_whole_command(fake_gpus):
+    out = io.StringIO()
+    rc = gpu_sampler.run(_load_command(fake_gpus), 50, None, None, out=out)
+    summary = gpu_sampler.parse_summary(out.getvalue())
+    assert rc == 0
+    assert summary["window"] == "whole command"
+    assert 110 < summary["gpus"][0]["power_w"] < 630  # idle and load mixed
+
+
+def test_sampler_without_nvidia_smi_still_runs_the_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    out = io.StringIO()
+    rc = gpu_sampler.run([sys.executable, "-c", "print('benchmark output')"], 50, None, None,
+                         out=out)
+    summary = gpu_sampler.parse_summary(out.getvalue())
+    assert rc == 0 and "benchmark output" in out.getvalue()
+    assert summary["gpus"] == [] and summary["error"].startswith("nvidia-smi:")
+    assert gpu_columns(summary) == {}
+
+
+def test_sampler_as_a_script_with_its_argv(fake_gpus, tmp_path):
+    """The uploaded file, run as the deploy runs it: ``python gpu_sampler.py ... -- argv``."""
+    argv = sampled_argv(sys.executable, str(source(GPU_SAMPLER)), 50, _load_command(fake_gpus))
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OPENAI_API_KEY": "sk-x"})
+    assert done.returncode == 0, done.stderr
+    summary = gpu_sampler.parse_summary(done.stdout)
+    assert summary["window"] == "benchmark"
+    row = gpu_columns(summary)
+    assert row["gpu_count"] == 2 and row["gpu_power_pct"] > 60
+    assert row["gpu_memory_gib"] == round(120512 / 1024, 2)
+    assert "sk-x" not in " ".join(argv)
+    refused = subprocess.run([sys.executable, str(source(GPU_SAMPLER)), "--interval-ms", "50"],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "no command given" in refused.stderr
+
+
+def test_parse_line():
+    assert gpu_sampler.parse_line("0, 108.45, 700.00, 0, 0, 143771") == {
+        "index": 0, "power_w": 108.45, "power_limit_w": 700.0, "util_pct": 0.0,
+        "memory_used_mib": 0.0, "memory_total_mib": 143771.0}
+    assert gpu_sampler.parse_line("3, [N/A], [Not Supported], 12, 512, 24564")["power_w"] is None
+    for junk in ("", "index, power.draw [W]", "NVIDIA-SMI has failed because it couldn't "
+                 "communicate with the NVIDIA driver.", "0, 1, 2"):
+        assert gpu_sampler.parse_line(junk) is None
+
+
+@pytest.mark.parametrize("release, member", [("0.5.9", "sglang/bench_serving.py"),
+                                             ("0.5.23", "sglang/benchmark/serving.py")])
+def test_markers_are_printed_by_the_release(release, member):
+    """The sampler's window opens and closes on lines the release's benchmark prints."""
+    with zipfile.ZipFile(wheel(release)) as archive:
+        text = archive.read(member).decode()
+    assert f"Starting main benchmark run..." in text and MAIN_RUN_MARKER in text
+    assert f'"{RESULT_HEADER}"' in text
+
+
+def test_bench_runs_follow_the_preset():
+    full = settings()
+    runs = bench_runs(full, "/opt/sglang/venv/bin/python", "127.0.0.1", "0.5.9",
+                      "/opt/sglang/gpu_sampler.py")
+    assert list(runs) == full.bench_concurrencies == [1, 64, 256, 1024]
+    argv = runs[1024]
+    assert argv[:4] == ["/opt/sglang/venv/bin/python", "/opt/sglang/gpu_sampler.py",
+                        "--interval-ms", str(full.bench_gpu_sample_ms)]
+    bench = argv[argv.index("--") + 1:]
+    assert bench[:3] == ["/opt/sglang/venv/bin/python", "-m", "sglang.bench_serving"]
+    prompts = {c: int(a[a.index("--num-prompts") + 1]) for c, a in runs.items()}
+    assert prompts == {c: max(full.bench_num_prompts, full.bench_prompts_per_concurrency * c)
+                       for c in runs}
+    assert prompts[1] == full.bench_num_prompts and prompts[1024] == 4 * 1024
+    quick = settings(bench_preset="quick", bench_quick_concurrencies=[2, 8])
+    assert list(bench_runs(quick, "/py", "::1", "0.5.23", "/s.py")) == [2, 8]
