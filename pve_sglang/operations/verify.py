@@ -227,7 +227,7 @@ def startup_failure(unit: str, what: str, since: int | None, progress: Progress 
     if progress is not None and now is not None:
         parts[0] += f" during {progress.phase}, {duration(now - progress.start)} after its start"
         parts.append(f"time per phase: {progress.summary(now)}")
-    parts.append(f"last journal lines of {unit}:\n" + "\n".join(f"    {line}" for line in tail[-shown:]))
+    parts.append(f"last journal lines of {unit}:\n" + "\n".join(f"    {line.replace(chr(13), '')}" for line in tail[-shown:]))
     hints = diagnose(tail)
     parts += [f"hint ({hint.name}): {hint.hint}\n    seen: {line[:200]}" for hint, line in hints]
     if not hints:

@@ -1,0 +1,163 @@
+"""A stand-in for ``sglang.launch_server`` (stdlib only): replays real SGLang startup log lines
+(tests/fixtures/sglang_logs) to stdout with short, realistic pauses, and serves ``/health``,
+``/v1/models`` and ``/v1/chat/completions`` (streamed, with logprobs) once ready.
+
+``python3 standin_sglang.py --logs DIR --port N --case CASE --event-file PATH``; CASE:
+
++ ``normal``: the whole start, then serve sensible text
++ ``crash-load``: the start up to half the weight shards, then a loader crash; exit 1
++ ``stall-autotune``: the start up to the autotune, two failed-tactic lines, then silence
++ ``oom``: the start up to the CUDA graph capture, then CUDA out of memory; exit 1
++ ``degenerate``: the whole start, then serve a run of ``!`` with null (NaN) logprobs
+
+EVENT-FILE gets the wall time (seconds since the epoch) of the case's event: the exit, the last
+line before the silence, or the degenerate answer. Not a mock of the deploy: a server process
+the deploy's own unit runs, whose output reaches the journal as SGLang's does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+READY = "The server is fired up and ready to roll!"
+STATE = {"ready": False}
+
+
+def lines(logs: Path, name: str) -> list[str]:
+    return [line for line in (logs / name).read_text().splitlines() if not line.startswith("#")]
+
+
+def say(line: str) -> None:
+    # tqdm's bar (sglang's BAR_FORMAT ends in "\n") starts with a carriage return.
+    sys.stdout.write(("\r" + line if line.startswith("Loading safetensors") else line) + "\n")
+    sys.stdout.flush()
+
+
+def mark(event_file: str) -> None:
+    Path(event_file).write_text(f"{time.time():.6f}\n")
+
+
+def pause(line: str) -> float:
+    """Seconds before LINE: shards stream, the autotune and the graph capture take a while."""
+    if line.startswith("Loading safetensors"):
+        return 0.15
+    if "FlashInfer autotune completed" in line or "Capture cuda graph end" in line:
+        return 0.8
+    if READY in line:
+        return 0.5
+    return 0.02
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    case = "normal"
+    event_file = ""
+    key = os.environ.get("SGLANG_API_KEY", "")
+
+    def _send(self, code: int, body: bytes = b"", kind: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _authorised(self) -> bool:
+        if self.key and self.headers.get("Authorization") != f"Bearer {self.key}":
+            self._send(401, b'{"error": "unauthorised"}')
+            return False
+        return True
+
+    def do_GET(self) -> None:
+        if not self._authorised():
+            return
+        if self.path == "/health":
+            self._send(200 if STATE["ready"] else 503)
+        elif self.path == "/v1/models":
+            self._send(200, json.dumps({"object": "list", "data": [
+                {"id": "standin-model", "object": "model"}]}).encode())
+        else:
+            self._send(404)
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        request = json.loads(self.rfile.read(length) or b"{}")
+        if not self._authorised():
+            return
+        if self.path != "/v1/chat/completions" or not STATE["ready"]:
+            self._send(404 if STATE["ready"] else 503)
+            return
+        if self.case == "degenerate":
+            tokens, logprob = ["!"] * min(24, request.get("max_tokens", 24)), None
+        else:
+            tokens, logprob = re.findall(r"\S+\s*", "Red, blue and yellow are the primary colours."), -0.05
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        time.sleep(0.05)  # prefill
+        for token in tokens:
+            chunk = {"choices": [{"index": 0, "delta": {"content": token},
+                                  "logprobs": {"content": [{"token": token, "logprob": logprob}]}}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            time.sleep(0.01)
+        usage = {"choices": [], "usage": {"completion_tokens": len(tokens)}}
+        self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        self.wfile.flush()
+        self.close_connection = True
+        if self.case == "degenerate":
+            mark(self.event_file)
+
+    def log_message(self, *args) -> None:  # sglang logs requests; not needed here
+        pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--logs", required=True, type=Path)
+    parser.add_argument("--port", required=True, type=int)
+    parser.add_argument("--case", default="normal")
+    parser.add_argument("--event-file", required=True)
+    args = parser.parse_args()
+    Handler.case, Handler.event_file = args.case, args.event_file
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    for line in lines(args.logs, "startup_tp8.log"):
+        shards = re.search(r"\| (\d+)/(\d+) \[", line)
+        if args.case == "crash-load" and shards and int(shards[1]) * 2 >= int(shards[2]):
+            say(line)
+            for crash in lines(args.logs, "crash_load.log"):
+                say(crash)
+            mark(args.event_file)
+            return 1
+        if args.case == "stall-autotune" and "FlashInfer autotune completed" in line:
+            for tactic in lines(args.logs, "hint_sm120-autotune.log"):
+                say(tactic)
+            mark(args.event_file)
+            time.sleep(3600)
+            return 0
+        if args.case == "oom" and "Capture cuda graph begin" in line:
+            say(line)
+            time.sleep(0.3)
+            for oom in lines(args.logs, "hint_cuda-oom.log"):
+                say(oom)
+            mark(args.event_file)
+            return 1
+        time.sleep(pause(line))
+        say(line)
+    STATE["ready"] = True
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
