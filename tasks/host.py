@@ -210,7 +210,7 @@ def lxc_host(plans: list[tuple[Host, ContainerSettings]], hs: HostSettings) -> i
     their veths join. Returns the start of root's id range (``None``: no unprivileged one)."""
     base = None
     if any(cs.unprivileged for _, cs in plans):
-        base = subid_base(host.get_fact(RootSubIds))
+        base = subid_base(host.get_fact(RootSubIds) or {})
         if base is None:
             start, count = DEFAULT_SUBID
             for kind in ("uid", "gid"):
@@ -248,7 +248,7 @@ def lxc_container(
             )
         if mapped and not any(line in mapped for line in idmap_lines(idmap_base)):
             base = None  # the user's own id map: kept, the deploy adds none
-    limits = HostLimits.of(host.get_fact(CgroupLimits))
+    limits = HostLimits.of(host.get_fact(CgroupLimits) or {})
     if cs.cores > limits.cpus:
         logger.warning(f"{where}: cores = {cs.cores}, but the host has {limits.cpus} CPUs: "
                        f"the container gets all {limits.cpus}")

@@ -189,6 +189,8 @@ def hosts_file(platform: str, settings: list[tuple[str, str, Any]]) -> dict:
     """The hosts file of PLATFORM's one host and container with SETTINGS (where, field, value)."""
     name, key, ident = PLATFORMS[platform]
     host: dict[str, Any] = {"platform": platform}
+    if platform == "lxc":
+        host["net0"] = "name=eth0,bridge=lxcbr0,ip=dhcp"  # plain LXC has no vmbr0
     container: dict[str, Any] = {key: ident, **json.loads(json.dumps(CONTAINER_BASE))}
     for where, field, value in settings:
         if where == "host":

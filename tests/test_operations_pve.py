@@ -181,6 +181,58 @@ def test_recorded_raw_lines_added_to_pve_conf_and_converged_after():
                        facts={(FileContents, ("/etc/pve/lxc/104.conf",)): conf + lines}) == []
 
 
+def test_lxc_container_built_in_staging_and_moved_into_place_config_last():
+    facts = {(LxcContainerStatus, ("c1", "/var/lib/lxc")): None}
+    stage = "/var/lib/lxc/.pve-sglang-staging/c1"
+    template = op_commands(lxc.create, container="c1", lxc_path="/var/lib/lxc",
+                           release="bookworm", facts=facts)
+    assert "lxc-create -P /var/lib/lxc/.pve-sglang-staging -n c1 -t debian -- -r bookworm" in template
+    assert f"ln -sf /dev/null {stage}/rootfs/etc/systemd/system/ssh.service" in template
+    assert f"mv {stage}/rootfs /var/lib/lxc/c1/rootfs" in template
+    # The config moves in last: a run stopped before leaves no container, and the next builds it.
+    assert template[-1].startswith("sed -e 's|^lxc.rootfs.path.*|lxc.rootfs.path = dir:/var/lib/lxc/c1/rootfs|'")
+    assert f"mv {stage}/config.final /var/lib/lxc/c1/config" in template[-1]
+    unprivileged = op_commands(lxc.create, container="c1", lxc_path="/var/lib/lxc",
+                               release="bookworm", rootfs_tarball="/srv/rootfs.tar.zst",
+                               hostname="box", idmap_base=100000, facts=facts)
+    assert any(c.startswith(f"mkdir -p {stage}/rootfs && tar -xpf /srv/rootfs.tar.zst") for c in unprivileged)
+    assert f"printf '%s\\n' box > {stage}/rootfs/etc/hostname" in unprivileged
+    assert ("lxc-usernsexec -m b:0:100000:65536 -- tar -C /var/lib/lxc/c1/rootfs --numeric-owner "
+            f"-xpf - < {stage}/rootfs.tar") in unprivileged
+    assert not any(c.startswith("mv ") and "rootfs " in c for c in unprivileged)
+    assert op_commands(lxc.create, container="c1", lxc_path="/var/lib/lxc", release="bookworm",
+                       facts={(LxcContainerStatus, ("c1", "/var/lib/lxc")): "RUNNING"}) == []
+
+
+@pytest.mark.parametrize("status, restart, expected", [
+    (None, False, ["pct start 105"]),            # just created
+    ("stopped", True, ["pct start 105"]),        # a start picks the new config up: no reboot
+    ("running", True, ["pct reboot 105"]),       # config changed: exactly one restart
+    ("running", False, []),                      # converged: nothing
+])
+def test_power_starts_or_restarts_once(status, restart, expected):
+    assert op_commands(pct.power, vmid=105, restart=lambda: restart,
+                       facts={(PctStatus, (105,)): status}) == expected
+
+
+def test_recorded_raw_lines_added_to_pve_conf_and_converged_after():
+    owned_fn = owned_by_gpu_passthrough({"nvidia": 195, "nvidia-uvm": 238, "nvidia-caps": 241})
+    lines = ["lxc.cgroup2.devices.allow: c 195:* rwm", "lxc.cgroup2.devices.allow: c 238:* rwm",
+             "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file"]
+    conf = recorded("pve_pct_config_104_pct-notes.txt").splitlines()
+    path = "/etc/pve/lxc/104.conf"
+    # files.put's own facts: the conf is replaced whole (pmxcfs takes a write, not an edit).
+    put_facts = {(File, (path,)): None, (Directory, (path,)): None,
+                 (Directory, ("/etc/pve/lxc",)): {"mode": 755}}
+    commands = op_commands(owned.lines, path=path, lines=lines, owned=owned_fn,
+                           facts={(FileContents, (path,)): conf, **put_facts})
+    upload = [c for c in commands if isinstance(c, list) and c[0] == "upload"]
+    assert len(upload) == 1 and upload[0][2] == "/etc/pve/lxc/104.conf"
+    assert upload[0][1].splitlines()[-3:] == lines
+    assert op_commands(owned.lines, path="/etc/pve/lxc/104.conf", lines=lines, owned=owned_fn,
+                       facts={(FileContents, ("/etc/pve/lxc/104.conf",)): conf + lines}) == []
+
+
 def test_lxc_container_created_from_tarball_or_template():
     facts = {(LxcContainerStatus, ("c1", "/var/lib/lxc")): None}
     assert op_commands(lxc.create, container="c1", lxc_path="/var/lib/lxc", release="bookworm",

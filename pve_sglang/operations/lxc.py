@@ -174,7 +174,7 @@ def network_guard(rootfs: str, shared: bool):
     """
     paths = [f"{rootfs}/etc/systemd/system/{unit}.d/{SHARED_NETWORK_DROPIN}"
              for unit in NETWORK_MANAGERS]
-    present = host.get_fact(ExistingFiles, paths=paths)
+    present = host.get_fact(ExistingFiles, paths=paths) or []
     if shared:
         missing = [path for path in paths if path not in present]
         for path in missing:
@@ -252,7 +252,7 @@ def bridge(bridge: str):
 
         lxc.bridge(name="Bridge lxcbr0 up", bridge="lxcbr0")
     """
-    if bridge in host.get_fact(NetworkBridges):
+    if bridge in (host.get_fact(NetworkBridges) or []):
         host.noop(f"bridge {bridge} exists")
         return
     if bridge != LXC_BRIDGE:
