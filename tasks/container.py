@@ -18,7 +18,7 @@ from pve_sglang.operations.changes import any_changed
 from pve_sglang.phases import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import ServerFiles, select_gpus, server_files
 from pve_sglang.server_command import LAUNCHER, env_file_path, unit_name, unit_path, venv_python
-from pve_sglang.settings import ContainerSettings, host_settings
+from pve_sglang.settings import ContainerSettings, container_hostname, host_settings
 
 TOOLS = remote.TOOLS
 BASE_PACKAGES = ["ca-certificates", "curl", "python3", "python3-venv"]
@@ -73,6 +73,11 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
         return []
 
     steps: list[Step] = []
+    if host.data.get("platform") == "lxc":
+        # Proxmox keeps /etc/hostname itself; on plain LXC systemd would set the old name from
+        # it at every boot, whatever lxc.uts.name says.
+        name = container_hostname(host.data)
+        steps.append((f"set the hostname {name}", lambda _: set_hostname(name)))
     if cs.ca_certificates:
         steps.append(("trust the extra CA certificates", lambda _: trust_ca_certificates(cs)))
     steps.append(("install the base packages", base_packages))
@@ -92,6 +97,12 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
          + (", enable it and start it" if driver else " (not enabled at boot: no GPU)"), server),
     ]
     return steps
+
+
+def set_hostname(name: str) -> list:
+    """The container's hostname, now and in /etc/hostname (pyinfra's server.hostname)."""
+    server.hostname(name=f"Hostname {name} (/etc/hostname)", hostname=name)
+    return []
 
 
 def container_steps() -> None:

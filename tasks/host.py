@@ -6,7 +6,6 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.host import Host
 from pyinfra.context import state
-from pyinfra.facts.files import FileContents
 from pyinfra.operations import files, server, systemd
 
 from pve_sglang.config_lines import owned_by_gpu_passthrough, owned_by_settings
@@ -235,7 +234,7 @@ def lxc_container(
     name = ct.data.get("lxc_name")
     where = f"host {host.name}, container {name}"
     path = lxc.config_path(name, hs.lxc_path)
-    existing = host.get_fact(FileContents, path=path)
+    existing = owned.contents(path)
     base = idmap_base if cs.unprivileged else None
     if existing is not None:
         mapped = idmap_of(existing)

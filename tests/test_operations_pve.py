@@ -233,21 +233,6 @@ def test_recorded_raw_lines_added_to_pve_conf_and_converged_after():
                        facts={(FileContents, ("/etc/pve/lxc/104.conf",)): conf + lines}) == []
 
 
-def test_lxc_container_created_from_tarball_or_template():
-    facts = {(LxcContainerStatus, ("c1", "/var/lib/lxc")): None}
-    assert op_commands(lxc.create, container="c1", lxc_path="/var/lib/lxc", release="bookworm",
-                       facts=facts) == [
-        "lxc-create -P /var/lib/lxc -n c1 -t debian -- -r bookworm && "
-        "ln -sf /dev/null /var/lib/lxc/c1/rootfs/etc/systemd/system/ssh.service && "
-        "ln -sf /dev/null /var/lib/lxc/c1/rootfs/etc/systemd/system/ssh.socket"]
-    [command] = op_commands(lxc.create, container="c1", lxc_path="/var/lib/lxc", release="bookworm",
-                            rootfs_tarball="/srv/rootfs.tar.zst", facts=facts)
-    assert "tar -xpf /srv/rootfs.tar.zst -C /var/lib/lxc/c1/rootfs" in command
-    assert command.endswith("> /var/lib/lxc/c1/config")  # config last: a failed unpack re-runs
-    assert op_commands(lxc.create, container="c1", lxc_path="/var/lib/lxc", release="bookworm",
-                       facts={(LxcContainerStatus, ("c1", "/var/lib/lxc")): "RUNNING"}) == []
-
-
 @pytest.mark.parametrize("status, restart, expected", [
     ("STOPPED", False, ["lxc-start -P /l -n c1 && lxc-wait -P /l -n c1 -s RUNNING -t 60"]),
     ("RUNNING", True, ["lxc-stop -P /l -n c1 -t 120 && lxc-start -P /l -n c1 && "

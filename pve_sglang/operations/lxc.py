@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import posixpath
+import shlex
 
 from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
+from .. import cache
 from ..facts.lxc_host import ExistingFiles, LxcCgroupValues, NetworkBridges
 from ..facts.pve import LxcContainerStatus
 from ..lxc_config import (
@@ -99,6 +101,15 @@ def create(
         "config): move it away, or name another container"), ">&2; exit 1; fi",
         "&& rm -rf", q(stage), "&& mkdir -p", q(stage_parent),
     )
+    if idmap_base is not None:
+        # The container's root is host uid IDMAP_BASE: it must be able to walk down to its rootfs.
+        ids = f"b:0:{idmap_base}:{IDMAP_SIZE}"
+        yield StringCommand(
+            "lxc-usernsexec -m", q(ids), "-- sh -c", q(f"cd {shlex.quote(stage_parent)}"),
+            "2>/dev/null || { echo", q(f"an unprivileged container's root (host uid {idmap_base}) "
+            f"cannot reach {lxc_path}: every folder above it needs o+x (e.g. chmod o+x), or "
+            "choose another lxc_path"), ">&2; exit 1; }",
+        )
     if rootfs_tarball is None:
         yield StringCommand("lxc-create -P", q(stage_parent), "-n", q(name),
                             "-t debian -- -r", q(release))
@@ -131,7 +142,6 @@ def create(
     else:
         # Copy the tree as the container's root: every owner shifts into its range, and a
         # device node (not allowed there) is left out: LXC gives /dev its own tmpfs.
-        ids = f"b:0:{idmap_base}:{IDMAP_SIZE}"
         yield StringCommand("mkdir", q(final), "&& chown", q(f"{idmap_base}:{idmap_base}"),
                             q(final))
         yield StringCommand("tar -C", q(rootfs), "--numeric-owner --exclude=./dev/* -cpf",
@@ -144,6 +154,7 @@ def create(
         ">", q(f"{stage}/config.final"), "&& mv", q(f"{stage}/config.final"), q(f"{base}/config"),
         "&& rm -rf", q(stage),
     )
+    cache.changed(config_path(name, lxc_path))
 
 
 @operation()

@@ -16,6 +16,15 @@ from ..config_lines import reconcile_lines
 from .paths import diff_wanted, show_diff
 
 
+def contents(path: str) -> list[str] | None:
+    """PATH's lines (``FileContents``; None when missing), read once per run stage until an
+    operation writes it (``cache.changed``): the config operations of one container share it."""
+    known = cache.memo("file_contents")
+    if path not in known:
+        known[path] = host.get_fact(FileContents, path=path)
+    return known[path]
+
+
 @operation()
 def lines(path: str, lines: list[str], owned: Callable[[str], bool]):
     """
@@ -46,7 +55,7 @@ def lines(path: str, lines: list[str], owned: Callable[[str], bool]):
             owned=owned_by_gpu_passthrough({"nvidia": 195, "nvidia-uvm": 508}),
         )
     """
-    content = host.get_fact(FileContents, path=path)
+    content = contents(path)
     text = "\n".join(content or []) + ("\n" if content else "")
     new = reconcile_lines(text, lines, owned)
     if new == text:
