@@ -497,4 +497,5 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
                upgraded[f"GPU container | Download NVIDIA driver runfile {host_version}"])
     assert upgraded[f"GPU container | NVIDIA user-space driver {host_version} (the host's "
                     "version)"] == [f"sh {runfile} --no-kernel-modules --silent"]
-    assert upgraded[RESTART_OP] == [f"systemctl restart {SERVICE}"]
+    assert upgraded[RESTART_OP] == [f"systemctl reset-failed {SERVICE}",
+                                    f"systemctl restart {SERVICE}"]

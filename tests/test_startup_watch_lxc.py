@@ -144,3 +144,27 @@ def test_degenerate_generation_fails_the_deploy(box):
     DELAYS["degenerate generation"] = ended - event
     assert ended - event < 15, ended - event
     print("\nevent -> verdict (s): " + ", ".join(f"{k} {v:.2f}" for k, v in DELAYS.items()))
+
+
+def test_a_server_that_cannot_start_stops_at_the_start_limit(box):
+    """The deploy's unit with a server that exits at once: systemd starts it START_LIMIT_BURST
+    times, RestartSec apart, refuses the next automatic restart (systemd 252 counts it in
+    NRestarts and keeps Result=exit-code) and leaves it failed instead of looping."""
+    from pve_sglang.server_command import START_LIMIT_BURST
+
+    unit = unit_name(settings())
+    box.attach(f"systemctl stop {unit}; systemctl reset-failed {unit}", check=False)
+    put(box, f"/etc/systemd/system/{unit}.d/standin.conf",
+        "[Service]\nExecStart=\nExecStart=/usr/bin/python3 -c 'raise SystemExit(1)'\n")
+    box.attach(f"systemctl daemon-reload && systemctl start {unit}", check=False)
+    deadline = time.monotonic() + 60
+    show = ""
+    while time.monotonic() < deadline:
+        show = box.attach(f"systemctl show -p ActiveState -p Result -p NRestarts {unit}").stdout
+        if "ActiveState=failed" in show:
+            break
+        time.sleep(1)
+    assert "ActiveState=failed" in show and f"NRestarts={START_LIMIT_BURST}" in show, show
+    time.sleep(12)  # longer than RestartSec: no further try
+    assert f"NRestarts={START_LIMIT_BURST}" in box.attach(
+        f"systemctl show -p NRestarts {unit}").stdout
