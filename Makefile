@@ -29,14 +29,15 @@ $(STAMP): pyproject.toml
 # The tests boot real LXC containers: lxc, debootstrap and zstd from Debian, as root.
 system-deps:
 	@command -v lxc-start >/dev/null && command -v debootstrap >/dev/null && command -v zstd >/dev/null \
-	  || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lxc debootstrap zstd; }
+	  && command -v dnsmasq >/dev/null \
+	  || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lxc debootstrap zstd dnsmasq-base; }
 
 # The embedded default creates its container with lxc-create's debian template (debootstrap).
 # With a hosts file nothing is installed here: the targets are other machines.
 deploy-deps:
 ifeq ($(EMBEDDED_DEFAULT),yes)
-	@command -v lxc-start >/dev/null && command -v debootstrap >/dev/null || { \
-	  $(call apt_install,lxc debootstrap,no hosts file: the embedded default deploys a local LXC container); }
+	@command -v lxc-start >/dev/null && command -v debootstrap >/dev/null && command -v dnsmasq >/dev/null || { \
+	  $(call apt_install,lxc debootstrap dnsmasq-base,no hosts file: the embedded default deploys a local LXC container on lxc-net's bridge); }
 endif
 
 deploy: deploy-deps $(STAMP)

@@ -238,6 +238,12 @@ def running_container(lxc_container_factory):
     return container
 
 
+def like_test_container(ct) -> dict:
+    """Settings matching the test environment's container: privileged, sharing the host's
+    network, named as it is named."""
+    return {"unprivileged": False, "hostname": ct.name}
+
+
 def shq(value: str) -> str:
     return "'" + value.replace("'", "'\\''") + "'"
 
@@ -250,7 +256,8 @@ def test_cli_dry_diff_on_real_container_shows_diff_reason_and_no_secret(running_
         "lxc_rootfs_tarball": str(lxc_env.ensure_rootfs_tarball()),
         # One more line than the container has: the config changes, the container restarts.
         "lxc_config": ["lxc.net.0.type = none", "lxc.cgroup2.devices.allow = c 10:200 rwm"],
-        "containers": [{"name": ct.name, "hf_token": NEW_TOKEN, "api_key": NEW_KEY}],
+        "containers": [{"name": ct.name, "hf_token": NEW_TOKEN, "api_key": NEW_KEY,
+                        **like_test_container(ct)}],
     }}
     hosts_file = tmp_path / "hosts.yml"
     hosts_file.write_text(yaml.safe_dump(hosts))
@@ -275,7 +282,7 @@ def test_cli_dry_diff_on_real_container_shows_diff_reason_and_no_secret(running_
     assert f"Will modify {config}" in out
     assert "+ lxc.cgroup2.devices.allow = c 10:200 rwm" in out
     assert f"container {ct.name} (lxc-stop, lxc-start) will restart because: Container " \
-           f"{ct.name} config (network, GPU passthrough) changes" in out
+           f"{ct.name} config (id map, name, network, mounts) changes" in out
     for secret in (OLD_TOKEN, NEW_TOKEN, NEW_KEY):
         assert secret not in out
     # A dry run changes nothing.
@@ -287,7 +294,9 @@ def test_cli_dry_diff_at_highest_verbosity_prints_no_secret(running_container, t
     hosts = {"local": {
         "platform": "lxc", "require_gpu": False, "lxc_path": str(ct.lxc_path),
         "lxc_rootfs_tarball": str(lxc_env.ensure_rootfs_tarball()),
-        "containers": [{"name": ct.name, "hf_token": NEW_TOKEN, "api_key": NEW_KEY}],
+        "lxc_config": ["lxc.net.0.type = none"],
+        "containers": [{"name": ct.name, "hf_token": NEW_TOKEN, "api_key": NEW_KEY,
+                        **like_test_container(ct)}],
     }}
     hosts_file = tmp_path / "hosts.yml"
     hosts_file.write_text(yaml.safe_dump(hosts))

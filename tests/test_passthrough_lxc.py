@@ -218,6 +218,7 @@ def fake_nvidia_nodes(tmp_path):
     }
     for name, (major, minor) in nodes.items():
         os.mknod(dev_root / name, 0o666 | 0o020000, os.makedev(major, minor))
+        os.chmod(dev_root / name, 0o666)  # as NVIDIA's nodes are; mknod applied the umask
     majors = {"nvidia-frontend": 195, "nvidia-uvm": uvm, "nvidia-caps": caps}
     return dev_root, majors, nodes, other
 
@@ -226,23 +227,47 @@ LAYOUT = lxc_env.host_cgroup_layout()
 
 
 @pytest.mark.parametrize(
-    ("rules", "start_mode", "enforced"),
+    ("rules", "start_mode", "enforced", "unprivileged"),
     [
-        pytest.param("v1", "host", True, id="v1-rules-host-cgroups",
+        pytest.param("v1", "host", True, False, id="v1-rules-host-cgroups",
                      marks=pytest.mark.skipif(LAYOUT != "v1", reason="host is pure cgroup2")),
-        pytest.param("v2", "v2", True, id="v2-rules-pure-cgroup2"),
-        pytest.param("v2", "host", False, id="v2-rules-ignored-on-legacy-host",
+        pytest.param("v2", "v2", True, False, id="v2-rules-pure-cgroup2"),
+        pytest.param("v2", "host", False, False, id="v2-rules-ignored-on-legacy-host",
                      marks=pytest.mark.skipif(LAYOUT != "v1", reason="host is pure cgroup2")),
+        # Plain LXC's default: the nodes, bind-mounted from the host, are usable by the
+        # container's root through their 0666 mode (their owner, host root, is unmapped there).
+        pytest.param("v1", "host", True, True, id="v1-rules-unprivileged",
+                     marks=pytest.mark.skipif(LAYOUT != "v1", reason="host is pure cgroup2")),
+        pytest.param("v2", "v2", True, True, id="v2-rules-unprivileged-pure-cgroup2"),
     ],
 )
 def test_passthrough_lines_in_real_container(
-    lxc_container_factory, fake_nvidia_nodes, rules, start_mode, enforced
+    lxc_container_factory, fake_nvidia_nodes, rules, start_mode, enforced, unprivileged
 ):
     dev_root, majors, nodes, other = fake_nvidia_nodes
     host_nodes = [f"/dev/{name}" for name in nodes]
     lines = raw_lxc_lines([0], majors, host_nodes, style="lxc", cgroup=rules, dev_root=str(dev_root))
 
-    (container,) = lxc_container_factory(1, extra_config=lines, cgroup=start_mode)
+    if unprivileged:
+        # LXC mounts in the container's user namespace: its root (host uid 100000) must reach
+        # the nodes (under /dev on a GPU host; pytest's folders are 0700).
+        for folder in [dev_root, *dev_root.parents]:
+            folder.chmod(folder.stat().st_mode | 0o011)
+    (container,) = lxc_container_factory(1, extra_config=lines, cgroup=start_mode,
+                                         unprivileged=unprivileged)
+    if unprivileged:
+        passed = ["nvidia0", "nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools",
+                  "nvidia-caps/nvidia-cap1"]
+        assert container.attach("cat /proc/self/uid_map").stdout.split()[:2] == ["0", "100000"]
+        probe = container.attach(["python3", "-c", PROBE, *(f"/dev/{n}" for n in passed)])
+        seen = json.loads(probe.stdout)
+        for name in passed:
+            assert seen[f"/dev/{name}"] == [*nodes[name], "ENXIO"], name
+        modes = container.attach("stat -c '%a %u' /dev/nvidia0 /dev/nvidia-uvm").stdout.splitlines()
+        assert modes == ["666 65534", "666 65534"]
+        # mknod is not allowed in a user namespace: nothing else can be made inside.
+        assert container.attach("mknod /dev/x c 195 1", check=False).returncode != 0
+        return
 
     # A node the rules do not allow: GPU 1 (not selected, so not mounted: make it inside)
     container.attach("mknod /dev/nvidia1 c 195 1")

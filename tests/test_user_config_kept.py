@@ -289,7 +289,7 @@ def host_container_steps() -> None:
         ct = ctx_state_proxy.inventory.get_host(name)
         cs = settings_for(ct.data, ContainerSettings)
         indices = check_container(f"container {ct.name}", cs, gpu)
-        lxc_container(ct, cs, settings, gpu, indices)
+        lxc_container(ct, cs, settings, gpu, indices, idmap_base=None)  # privileged
 
 
 def run_host_phase(container, monkeypatch) -> dict:
@@ -303,8 +303,11 @@ def run_host_phase(container, monkeypatch) -> dict:
         return real_get_fact(self, cls, *args, **kwargs)
 
     monkeypatch.setattr(Host, "get_fact", get_fact)
+    # As the test environment made it: privileged, sharing the host's network, its own name.
     hosts = {"local": {"platform": "lxc", "lxc_path": str(container.lxc_path),
-                       "containers": [{"name": container.name}]}}
+                       "lxc_config": ["lxc.net.0.type = none"],
+                       "containers": [{"name": container.name, "unprivileged": False,
+                                       "hostname": container.name}]}}
     pve_hosts, gpu_containers = build_groups(hosts)
     defaults = load_defaults()
     inventory = Inventory(
@@ -349,7 +352,10 @@ def test_real_lxc_container_keeps_user_lines_and_restarts_only_for_nvidia_lines(
 
     ran = run_host_phase(container, monkeypatch)
     after = path.read_text().splitlines()
-    assert_kept(before, after, [line for line in before if line.strip()])
+    # The test environment's name and network lines are the settings' (hostname, lxc_config).
+    settings_keys = ("lxc.uts.name", "lxc.net.0.")
+    assert_kept(before, after, [line for line in before
+                                if line.strip() and not line.startswith(settings_keys)])
     assert [line for line in after if is_nvidia(line)] == NVIDIA_LXC
     # The NVIDIA lines were new: one restart, and the TUN mount works in the new boot.
     assert init_pid(container) != pid

@@ -90,7 +90,9 @@ def hosts_file(path: Path, lxc_path: Path, tarball: Path, wh: Path, names: list[
             f"lxc.mount.entry = {wh} opt/wheelhouse none bind,ro,create=dir 0 0",
         ],
         "containers": [
-            {"name": name, "wheelhouse": "/opt/wheelhouse", "stack_install": "sglang-no-deps",
+            # Privileged: these containers share the host's network namespace (lxc_config).
+            {"name": name, "unprivileged": False, "wheelhouse": "/opt/wheelhouse",
+             "stack_install": "sglang-no-deps",
              **({"ca_certificates": certs} if certs else {})}
             for name in names
         ],
