@@ -286,3 +286,39 @@ def test_gpu_index_missing_is_refused_for_an_existing_container_too():
     with pytest.raises(PreflightError, match=r"container @fake/ct105: field 'gpus' = \[1\]: GPU \[1\] "
                        r"not on the host; allowed: 'all' or a subset of \[0\]"):
         plan(responses, gpus=[1])
+
+
+def test_plain_lxc_unprivileged_container_gets_userns_before_recorded_h200_gpu_lines():
+    """A plain LXC host (Debian, pure cgroup2) with the H200 machine's driver and nodes: the
+    new container's config maps ids from root's range, and the GPU rules come after LXC's
+    userns.conf (which empties the device lists it follows)."""
+    from pve_sglang.facts.lxc_host import CgroupLimits, NetworkBridges, RootSubIds
+    from pve_sglang.facts.pve import LxcContainerStatus
+
+    config = "/var/lib/lxc/glm5/config"
+    responses = {**gpu_host_responses(),
+                 Which().command("lxc-start").get_raw_value(): "/usr/bin/lxc-start",
+                 LxcContainerStatus().command("glm5", "/var/lib/lxc").get_raw_value(): "",
+                 CgroupLimits().command(): "cgroup2fs\ncpus: 96\nmemsw: no",
+                 RootSubIds().command(): "uid root:100000:65536\ngid root:100000:65536",
+                 NetworkBridges().command(): "lxcbr0",
+                 FileContents().command(path=config).get_raw_value(): ""}
+    responses = dict(sorted(responses.items(), key=lambda item: -len(str(item[0]))))
+    defaults = load_defaults()
+    ct = {**defaults, "lxc_name": "glm5", "lxc_path": "/var/lib/lxc", "pve_host": "@fake/lxc1",
+          "platform": "lxc", "net0": "name=eth0,bridge=lxcbr0,ip=dhcp", "cores": 64}
+    ops = plan_deploy(
+        host_phase,
+        hosts=[("lxc1", {**defaults, "platform": "lxc", "containers": ["@fake/ct"]}), ("ct", ct)],
+        responses=responses,
+        groups={"pve_hosts": ["lxc1"], "gpu_containers": ["ct"]},
+    )["lxc1"]
+    [create] = [cmd for _, cmds in ops for cmd in cmds if "lxc-usernsexec -m b:0:100000:65536 -- tar" in cmd]
+    uploads = [cmd for _, cmds in ops for cmd in cmds if cmd.startswith(f"upload {config}")]
+    lines = [line for upload in uploads for line in upload.splitlines()[1:]]
+    userns = lines.index("lxc.include = /usr/share/lxc/config/userns.conf")
+    first_gpu = next(i for i, line in enumerate(lines) if "devices.allow" in line)
+    assert userns < first_gpu
+    assert "lxc.idmap = u 0 100000 65536" in lines
+    assert "lxc.cgroup2.devices.allow = c 195:0 rwm" in lines  # recorded majors, key = value
+    assert "lxc.cgroup2.cpuset.cpus = 0-63" in lines and "lxc.cgroup2.memory.max = 262144M" in lines
