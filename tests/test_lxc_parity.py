@@ -295,3 +295,32 @@ def test_shared_network_container_leaves_the_host_interfaces_alone(tmp_path, pri
         assert dropin.is_file()
     finally:
         phase.destroy()
+
+
+def test_embedded_default_container_has_its_own_network_and_leaves_the_host_alone(tmp_path):
+    """The container `make deploy` makes without a hosts file (pve_sglang/embedded_hosts.yml),
+    built by Debian's lxc template as there, only in a folder of the test: unprivileged, on
+    lxc-net's bridge, its own ifupdown and DHCP client on its own eth0; stopping and starting
+    it leaves this machine's addresses and routes as they were."""
+    missing = lxc_env.missing_requirements()
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
+    embedded = yaml.safe_load((REPO / "pve_sglang" / "embedded_hosts.yml").read_text())["local"]
+    [container] = embedded.pop("containers")
+    phase = HostPhase(tmp_path, container.pop("name"), container, host=embedded)
+    phase.host.pop("lxc_rootfs_tarball")  # the template, as make deploy runs it
+    before = host_network()
+    try:
+        assert "Proxmox host | Create container pve-sglang-demo" in phase.run()
+        phase.wait_booted()
+        assert phase.attach("cat /proc/self/uid_map").split()[:2] == ["0", "100000"]
+        assert phase.attach("systemctl is-active networking") == "active"
+        phase.attach("timeout 30 sh -c 'until ip -4 -br addr show eth0 | grep -q 10.0.3.; "
+                     "do sleep 0.5; done'")  # leased by lxc-net's dnsmasq
+        phase.lxc("lxc-stop", "-t", "60")
+        assert phase.run() == ["Proxmox host | Container pve-sglang-demo running"]
+        phase.wait_booted()
+        phase.lxc("lxc-stop", "-t", "60")
+        assert host_network() == before
+    finally:
+        phase.destroy()
