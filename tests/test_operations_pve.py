@@ -205,35 +205,6 @@ def test_lxc_container_built_in_staging_and_moved_into_place_config_last():
 
 
 @pytest.mark.parametrize("status, restart, expected", [
-    (None, False, ["pct start 105"]),            # just created
-    ("stopped", True, ["pct start 105"]),        # a start picks the new config up: no reboot
-    ("running", True, ["pct reboot 105"]),       # config changed: exactly one restart
-    ("running", False, []),                      # converged: nothing
-])
-def test_power_starts_or_restarts_once(status, restart, expected):
-    assert op_commands(pct.power, vmid=105, restart=lambda: restart,
-                       facts={(PctStatus, (105,)): status}) == expected
-
-
-def test_recorded_raw_lines_added_to_pve_conf_and_converged_after():
-    owned_fn = owned_by_gpu_passthrough({"nvidia": 195, "nvidia-uvm": 238, "nvidia-caps": 241})
-    lines = ["lxc.cgroup2.devices.allow: c 195:* rwm", "lxc.cgroup2.devices.allow: c 238:* rwm",
-             "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file"]
-    conf = recorded("pve_pct_config_104_pct-notes.txt").splitlines()
-    path = "/etc/pve/lxc/104.conf"
-    # files.put's own facts: the conf is replaced whole (pmxcfs takes a write, not an edit).
-    put_facts = {(File, (path,)): None, (Directory, (path,)): None,
-                 (Directory, ("/etc/pve/lxc",)): {"mode": 755}}
-    commands = op_commands(owned.lines, path=path, lines=lines, owned=owned_fn,
-                           facts={(FileContents, (path,)): conf, **put_facts})
-    upload = [c for c in commands if isinstance(c, list) and c[0] == "upload"]
-    assert len(upload) == 1 and upload[0][2] == "/etc/pve/lxc/104.conf"
-    assert upload[0][1].splitlines()[-3:] == lines
-    assert op_commands(owned.lines, path="/etc/pve/lxc/104.conf", lines=lines, owned=owned_fn,
-                       facts={(FileContents, ("/etc/pve/lxc/104.conf",)): conf + lines}) == []
-
-
-@pytest.mark.parametrize("status, restart, expected", [
     ("STOPPED", False, ["lxc-start -P /l -n c1 && lxc-wait -P /l -n c1 -s RUNNING -t 60"]),
     ("RUNNING", True, ["lxc-stop -P /l -n c1 -t 120 && lxc-start -P /l -n c1 && "
                        "lxc-wait -P /l -n c1 -s RUNNING -t 60"]),

@@ -10,7 +10,7 @@ from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from .system import parse_cgroup_version
+from .system import CgroupVersion, parse_cgroup_version
 
 try:
     from typing_extensions import override
@@ -48,8 +48,7 @@ class CgroupLimits(FactBase[CgroupLimitsInfo]):
     @override
     def command(self) -> str:
         return (
-            "stat -fc %T /sys/fs/cgroup; "
-            "[ -d /sys/fs/cgroup/unified ] && stat -fc %T /sys/fs/cgroup/unified; "
+            f"{CgroupVersion().command()}; "
             'echo "cpus: $(nproc)"; '
             "if [ -e /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes ]; then echo 'memsw: yes'; "
             "else echo 'memsw: no'; fi"
