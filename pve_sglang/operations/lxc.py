@@ -33,6 +33,16 @@ def config_path(name: str, lxc_path: str) -> str:
     return f"{lxc_path.rstrip('/')}/{name}/config"
 
 
+def status(container: str, lxc_path: str) -> str | None:
+    """Container CONTAINER's state (``LxcContainerStatus``), read once per run stage until
+    ``create`` or ``power`` changes it."""
+    known = cache.memo("lxc_status")
+    key = (lxc_path, container)
+    if key not in known:
+        known[key] = host.get_fact(LxcContainerStatus, container=container, lxc_path=lxc_path)
+    return known[key]
+
+
 def _sh_lines(lines: list[str], dest: str) -> StringCommand:
     """Write LINES (each quoted) to DEST."""
     return StringCommand("printf '%s\\n'", *(QuoteString(line) for line in lines), ">",
@@ -87,7 +97,7 @@ def create(
         )
     """
     name = container
-    if host.get_fact(LxcContainerStatus, container=name, lxc_path=lxc_path) is not None:
+    if status(name, lxc_path) is not None:
         host.noop(f"container {name} exists")
         return
     base = f"{lxc_path.rstrip('/')}/{name}"
@@ -155,6 +165,7 @@ def create(
         "&& rm -rf", q(stage),
     )
     cache.changed(config_path(name, lxc_path))
+    cache.forget("lxc_status", (lxc_path, name))
 
 
 @operation()
@@ -227,7 +238,7 @@ def cgroup_limits(container: str, lxc_path: str, limits: dict[str, str]):
             limits={"cpuset.cpus": "0-1", "memory.max": "4096M", "memory.swap.max": "0M"},
         )
     """
-    if host.get_fact(LxcContainerStatus, container=container, lxc_path=lxc_path) != "RUNNING":
+    if status(container, lxc_path) != "RUNNING":
         host.noop(f"container {container} is not running: its config applies at start")
         return
     current = host.get_fact(LxcCgroupValues, container=container, lxc_path=lxc_path,
@@ -307,12 +318,14 @@ def power(container: str, lxc_path: str, restart: Callable[[], bool]):
         )
     """
     name = container
-    status = host.get_fact(LxcContainerStatus, container=name, lxc_path=lxc_path)
+    state = status(name, lxc_path)
     where = ["-P", QuoteString(lxc_path), "-n", QuoteString(name)]
     start = StringCommand("lxc-start", *where, "&& lxc-wait", *where, "-s RUNNING -t 60")
-    if status != "RUNNING":
+    if state != "RUNNING":
         yield start
     elif restart():
         yield StringCommand("lxc-stop", *where, "-t 120 &&", start)
     else:
         host.noop(f"container {name} is running")
+        return
+    cache.forget("lxc_status", (lxc_path, name))
