@@ -8,7 +8,8 @@ from io import StringIO
 from pathlib import Path
 
 from pyinfra import host, logger
-from pyinfra.api import deploy
+from pyinfra.api import QuoteString, StringCommand, deploy
+from pyinfra.facts.server import Hostname
 from pyinfra.context import state
 from pyinfra.operations import files, server, systemd
 
@@ -100,8 +101,13 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
 
 
 def set_hostname(name: str) -> list:
-    """The container's hostname, now and in /etc/hostname (pyinfra's server.hostname)."""
-    server.hostname(name=f"Hostname {name} (/etc/hostname)", hostname=name)
+    """The container's hostname, now and in /etc/hostname. Not pyinfra's server.hostname:
+    its hostnamectl needs D-Bus, which is not up yet right after a (re)start."""
+    paths.put(name=f"Hostname {name} (/etc/hostname)", src=StringIO(f"{name}\n"),
+              dest="/etc/hostname", mode="644")
+    if host.get_fact(Hostname) != name:
+        server.shell(name=f"Hostname {name} (now)",
+                     commands=[StringCommand("hostname", QuoteString(name))])
     return []
 
 
@@ -118,6 +124,7 @@ def container_steps() -> None:
         cs.venv_path,
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
         unit_path(cs), f"{cs.model_path}/config.json",
+        *(["/etc/hostname"] if host.data.get("platform") == "lxc" else []),
     )
 
     if not driver:

@@ -233,3 +233,30 @@ def test_flag_the_release_does_not_know_stops_before_the_unit_changes(deploy, fi
     deploy.container["extra_server_args"] = []
     results, _ = deploy.run()
     assert changed(results) == []
+
+
+def test_changed_hostname_restarts_the_container_once_and_holds_after_boot(deploy, first_run):
+    pid = subprocess.run(["lxc-info", "-P", str(deploy.lxc_path), "-n", deploy.name, "-pH"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    deploy.container["hostname"] = "renamed-box"
+    try:
+        results, _ = deploy.run()
+        names = changed(results)
+        assert f"Proxmox host | Container {deploy.name} running" in names  # one restart
+        assert "GPU container | Hostname renamed-box (/etc/hostname)" in names
+        assert "GPU container | Hostname renamed-box (now)" in names
+        assert deploy.attach("hostname") == "renamed-box"
+        assert deploy.attach("cat /etc/hostname") == "renamed-box"
+        new_pid = subprocess.run(["lxc-info", "-P", str(deploy.lxc_path), "-n", deploy.name,
+                                  "-pH"], capture_output=True, text=True, check=True).stdout.strip()
+        assert new_pid != pid
+        # The next boot keeps it: systemd sets the name from /etc/hostname.
+        subprocess.run(["lxc-stop", "-P", str(deploy.lxc_path), "-n", deploy.name, "-t", "60"],
+                       check=True)
+        results, _ = deploy.run()
+        # A stopped container is started, and its phases run once it runs: nothing else.
+        assert [name for name in changed(results) if "(after the container starts)" not in name] \
+            == [f"Proxmox host | Container {deploy.name} running"]
+        assert deploy.attach("hostname") == "renamed-box"
+    finally:
+        deploy.container.pop("hostname")
