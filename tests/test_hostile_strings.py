@@ -217,6 +217,15 @@ def _responses(platform: str) -> dict:
         "gpu_checks.py cuda": json.dumps({"ok": True, "device_count": 1, "torch": "2.9.1",
                                           "devices": [{"name": "NVIDIA H200"}]}),
         "curl -s -o /dev/null": "200",
+        # The server unit runs and its startup watch finds it serving; one good completion.
+        UnitState().command("sglang.service").get_raw_value():
+            "ActiveState=active\nUnitFileState=enabled\n"
+            "ExecMainStartTimestamp=Wed 2026-12-02 21:09:32.618391 UTC",
+        "startup_watch.py watch": json.dumps({"state": {"ActiveState": "active"}, "health": 200,
+                                              "cursor": "", "now": 1796245800_000000}),
+        "startup_watch.py generate": json.dumps({
+            "status": 200, "text": "Red, blue and yellow.", "tokens": 5, "ttft_s": 0.05,
+            "elapsed_s": 0.1, "logprobs": ["-0.1"], "model": "m"}),
         "sglang.bench_serving": (FIXTURES / "bench" / "bench_serving_0.5.9.txt").read_text(),
     }
     # The @fake connector answers the first key contained in a command: longest first.

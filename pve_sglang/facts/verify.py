@@ -78,9 +78,9 @@ class StartupWatch(FactBase[dict]):
 
     @override
     def command(self, script: str, unit: str, start: int, cursor: str, health_url: str,
-                env_file: str, max_wait: float, return_on: tuple[str, ...] = ()) -> StringCommand:
+                env_file: str, max_wait: int, return_on: tuple[str, ...] = ()) -> StringCommand:
         args = ["python3", QuoteString(script), "watch", "--unit", QuoteString(unit),
-                "--start", str(int(start)), "--max-wait", f"{max_wait:.1f}",
+                "--start", str(int(start)), "--max-wait", str(int(max_wait)),
                 "--health-url", QuoteString(health_url), "--env-file", QuoteString(env_file)]
         if cursor:
             args += ["--cursor", QuoteString(cursor)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 
@@ -283,7 +284,7 @@ def server_started(unit: str, health_url: str, env_file: str, script: str, timeo
             watch = host.get_fact(
                 StartupWatch, script=script, unit=unit, start=started, cursor=cursor,
                 health_url=health_url, env_file=env_file,
-                max_wait=max(1.0, min(WATCH_CALL_S, deadline - now + 0.5)),
+                max_wait=math.ceil(max(1.0, min(WATCH_CALL_S, deadline - now + 0.5))),
                 return_on=(re.escape(READY_LINE),),
             )
             now, cursor = watch["now"] or time.time(), watch["cursor"] or cursor
