@@ -278,6 +278,10 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool],
     # Written but never loaded (a deploy killed between the write and the reload): the server
     # runs the old unit. Load it and restart, as the killed run would have.
     stale = unit_state.get("stale", False)
+    running = unit_state["active"] in ("active", "activating", "reloading")
+    # Asked before the first command: a plan (--dry) reads an operation only up to its first
+    # command, and the restart's reason is logged when it is asked.
+    changed = running and not _looping(unit_state) and (stale or restart())
     if stale:
         yield StringCommand("systemctl daemon-reload")
     if start and unit_state["enabled"] != "enabled":
@@ -292,8 +296,7 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool],
         yield StringCommand("systemctl reset-failed", quoted)
         yield StringCommand("systemctl restart" if start else "systemctl stop", quoted)
         return
-    if unit_state["active"] in ("active", "activating", "reloading"):
-        changed = stale or restart()
+    if running:
         pending = [] if changed else restart_pending(unit_state.get("started"), since or {})
         if not changed and not pending:
             host.noop(f"{unit} is running and unchanged")
