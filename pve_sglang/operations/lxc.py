@@ -242,7 +242,7 @@ def cgroup_limits(container: str, lxc_path: str, limits: dict[str, str]):
         host.noop(f"container {container} is not running: its config applies at start")
         return
     current = host.get_fact(LxcCgroupValues, container=container, lxc_path=lxc_path,
-                            keys=list(limits))
+                            keys=list(limits)) or {}
     changed = [key for key, value in limits.items() if not same_limit(key, current.get(key), value)]
     if not changed:
         host.noop(f"container {container} runs with its limits")
