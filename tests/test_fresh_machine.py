@@ -82,7 +82,7 @@ def fresh_debian(lxc_container_factory):
 def test_make_deploy_dry_on_a_fresh_debian_machine(fresh_debian):
     container = fresh_debian
     # Fresh as promised: python3 and make, no venv support, no LXC tools.
-    for tool in ("lxc-start", "debootstrap"):
+    for tool in ("lxc-start", "debootstrap", "dnsmasq"):
         assert attach(container, f"command -v {tool}").returncode != 0, tool
     assert attach(container, "python3 -m venv /tmp/probe").returncode != 0
     ok(container, "python3 --version && make --version")
@@ -99,10 +99,10 @@ def test_make_deploy_dry_on_a_fresh_debian_machine(fresh_debian):
           f"{log[-2500:]}", flush=True)
 
     # The tools, said and installed; then the venv; then pyinfra's plan of the embedded default.
-    assert "no hosts file: the embedded default deploys a local LXC container: installing lxc " \
-           "debootstrap" in log, log[-3000:]
+    assert "no hosts file: the embedded default deploys a local LXC container on lxc-net's " \
+           "bridge: installing lxc debootstrap dnsmasq-base" in log, log[-3000:]
     assert "-m venv cannot work here (no ensurepip): installing python3-venv" in log, log[-3000:]
-    for tool in ("lxc-start", "debootstrap"):
+    for tool in ("lxc-start", "debootstrap", "dnsmasq"):
         assert attach(container, f"command -v {tool}").returncode == 0, tool
     assert attach(container, "/root/pve-sglang/.venv/bin/pyinfra --version").returncode == 0
     assert "pve-sglang-demo" in log, log[-3000:]
