@@ -190,7 +190,8 @@ def test_lxc_container_built_in_staging_and_moved_into_place_config_last():
     assert f"ln -sf /dev/null {stage}/rootfs/etc/systemd/system/ssh.service" in template
     assert f"mv {stage}/rootfs /var/lib/lxc/c1/rootfs" in template
     # The config moves in last: a run stopped before leaves no container, and the next builds it.
-    assert template[-1].startswith("sed -e 's|^lxc.rootfs.path.*|lxc.rootfs.path = dir:/var/lib/lxc/c1/rootfs|'")
+    assert template[-1].startswith(f"{{ grep -v '^lxc.rootfs.path' {stage}/config ; printf '%s\\n' "
+                                   "'lxc.rootfs.path = dir:/var/lib/lxc/c1/rootfs' ; } >")
     assert f"mv {stage}/config.final /var/lib/lxc/c1/config" in template[-1]
     unprivileged = op_commands(lxc.create, container="c1", lxc_path="/var/lib/lxc",
                                release="bookworm", rootfs_tarball="/srv/rootfs.tar.zst",

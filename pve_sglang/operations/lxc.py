@@ -159,10 +159,11 @@ def create(
         yield StringCommand("lxc-usernsexec -m", q(ids), "-- tar -C", q(final),
                             "--numeric-owner -xpf - <", q(f"{stage}/rootfs.tar"))
     # The rootfs path the template wrote points into the staging folder; the config moves last.
+    # Not sed: a path may hold '&' or '|', which a sed replacement would read as its own.
     yield StringCommand(
-        "sed -e", q(f"s|^lxc.rootfs.path.*|lxc.rootfs.path = dir:{final}|"), q(f"{stage}/config"),
-        ">", q(f"{stage}/config.final"), "&& mv", q(f"{stage}/config.final"), q(f"{base}/config"),
-        "&& rm -rf", q(stage),
+        "{ grep -v '^lxc.rootfs.path'", q(f"{stage}/config"), "; printf '%s\\n'",
+        q(f"lxc.rootfs.path = dir:{final}"), "; } >", q(f"{stage}/config.final"),
+        "&& mv", q(f"{stage}/config.final"), q(f"{base}/config"), "&& rm -rf", q(stage),
     )
     cache.changed(config_path(name, lxc_path))
     cache.forget("lxc_status", (lxc_path, name))
