@@ -292,7 +292,7 @@ def test_plain_lxc_unprivileged_container_gets_userns_before_recorded_h200_gpu_l
     """A plain LXC host (Debian, pure cgroup2) with the H200 machine's driver and nodes: the
     new container's config maps ids from root's range, and the GPU rules come after LXC's
     userns.conf (which empties the device lists it follows)."""
-    from pve_sglang.facts.lxc_host import CgroupLimits, NetworkBridges, RootSubIds
+    from pve_sglang.facts.lxc_host import CgroupLimits, LxcNetState, NetworkBridges, RootSubIds
     from pve_sglang.facts.pve import LxcContainerStatus
 
     config = "/var/lib/lxc/glm5/config"
@@ -302,6 +302,7 @@ def test_plain_lxc_unprivileged_container_gets_userns_before_recorded_h200_gpu_l
                  CgroupLimits().command(): "cgroup2fs\ncpus: 96\nmemsw: no",
                  RootSubIds().command(): "uid root:100000:65536\ngid root:100000:65536",
                  NetworkBridges().command(): "lxcbr0",
+                 LxcNetState().command(): "serving",
                  FileContents().command(path=config).get_raw_value(): ""}
     responses = dict(sorted(responses.items(), key=lambda item: -len(str(item[0]))))
     defaults = load_defaults()

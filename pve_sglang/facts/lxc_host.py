@@ -105,6 +105,37 @@ class NetworkBridges(FactBase[list]):
         return sorted(line.strip() for line in output if line.strip())
 
 
+#: Where lxc-net keeps its state: ``network_up`` while it runs, and its dnsmasq's pid.
+LXC_NET_RUN = "/run/lxc"
+#: True (exit 0) when the pid in lxc-net's pid file is a live dnsmasq: a pid kept over a
+#: restart names another process, and a killed daemon no init reaps stays a zombie.
+LXC_NET_DNSMASQ_ALIVE = (
+    f"pid=$(cat {LXC_NET_RUN}/dnsmasq.pid 2>/dev/null); [ -n \"$pid\" ] && "
+    "awk '/^Name:/ {name = $2} /^State:/ {state = $2} "
+    "END {exit !(name == \"dnsmasq\" && state != \"Z\")}' /proc/$pid/status 2>/dev/null"
+)
+
+
+class LxcNetState(FactBase[str]):
+    """
+    Returns the state of the ``lxc`` package's ``lxc-net``: ``serving`` (it is up and its
+    dnsmasq, DHCP and DNS of ``lxcbr0``, runs), ``stale`` (it says it is up but its dnsmasq is
+    gone: a crash, or ``/run`` kept over a restart of the machine) or ``down``.
+    """
+
+    @override
+    def command(self) -> str:
+        return (
+            f"if [ -f {LXC_NET_RUN}/network_up ]; then "
+            f"if {LXC_NET_DNSMASQ_ALIVE}; then echo serving; else echo stale; fi; "
+            "else echo down; fi"
+        )
+
+    @override
+    def process(self, output: list[str]) -> str:
+        return output[0].strip() if output else "down"
+
+
 class LxcCgroupValues(FactBase[dict]):
     """
     Returns the current values of cgroup KEYS (``memory.max``, ``cpuset.cpus``, ...) of

@@ -11,7 +11,14 @@ from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
 from .. import cache
-from ..facts.lxc_host import ExistingFiles, LxcCgroupValues, NetworkBridges
+from ..facts.lxc_host import (
+    LXC_NET_DNSMASQ_ALIVE,
+    LXC_NET_RUN,
+    ExistingFiles,
+    LxcCgroupValues,
+    LxcNetState,
+    NetworkBridges,
+)
 from ..facts.pve import LxcContainerStatus
 from ..lxc_config import (
     IDMAP_SIZE,
@@ -262,8 +269,9 @@ def bridge(bridge: str):
     """
     Network bridge BRIDGE exists on the host. LXC's NAT bridge ``lxcbr0`` is brought up by
     starting ``lxc-net`` (the ``lxc`` package's service: a bridge with dnsmasq for DHCP and DNS
-    and NAT to the host's network, touching none of the host's interfaces); any other missing
-    bridge stops the deploy, naming it.
+    and NAT to the host's network, touching none of the host's interfaces), and restarted when
+    it is stale (up by its state file, its dnsmasq gone: containers would get no DHCP and no
+    DNS); any other missing bridge stops the deploy, naming it.
 
     + bridge: the bridge a container's veth joins (``net0``'s ``bridge=``)
 
@@ -275,18 +283,35 @@ def bridge(bridge: str):
 
         lxc.bridge(name="Bridge lxcbr0 up", bridge="lxcbr0")
     """
-    if bridge in (host.get_fact(NetworkBridges) or []):
-        host.noop(f"bridge {bridge} exists")
-        return
+    exists = bridge in (host.get_fact(NetworkBridges) or [])
     if bridge != LXC_BRIDGE:
+        if exists:
+            host.noop(f"bridge {bridge} exists")
+            return
         raise OperationError(
             f"network bridge {bridge} does not exist on this host: create it, or set net0's "
             f"bridge= to an existing bridge (plain LXC hosts have {LXC_BRIDGE} from lxc-net)"
         )
+    state = host.get_fact(LxcNetState)
+    # A bridge lxc-net did not bring up (no network_up) is the user's own: left as it is.
+    if exists and state != "stale":
+        host.noop(f"bridge {bridge} exists")
+        return
     # Where systemd is not the init (a build sandbox), lxc-net's script runs directly.
-    yield StringCommand(
+    # A stale lxc-net (its dnsmasq gone: no DHCP, no DNS for the containers) is restarted;
+    # its pid file goes first, as its stop would kill whatever process now has that pid.
+    stale = (
+        f"{LXC_NET_DNSMASQ_ALIVE} || rm -f {LXC_NET_RUN}/dnsmasq.pid; "
+        "if [ -d /run/systemd/system ]; then systemctl restart lxc-net; "
+        "else /usr/libexec/lxc/lxc-net stop; /usr/libexec/lxc/lxc-net start; fi; "
+    )
+    start = (
         "if [ -d /run/systemd/system ]; then systemctl enable --now lxc-net; "
-        "else /usr/libexec/lxc/lxc-net start; fi; [ -d /sys/class/net/lxcbr0/bridge ] || "
+        "else /usr/libexec/lxc/lxc-net start; fi; "
+    )
+    yield StringCommand(
+        (stale if state == "stale" else start)
+        + "[ -d /sys/class/net/lxcbr0/bridge ] || "
         "{ echo 'lxc-net did not create lxcbr0: set USE_LXC_BRIDGE=\"true\" in "
         "/etc/default/lxc-net, and install dnsmasq-base' >&2; exit 1; }"
     )
