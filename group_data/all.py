@@ -80,6 +80,14 @@ wheelhouse = None
 torch_index_url = None
 # "pinned": sglang, torch, flashinfer with their dependencies; "sglang-no-deps": sglang alone.
 stack_install = "pinned"
+# Lock of the pinned set (uv pip compile --generate-hashes output) on the machine running
+# pyinfra; null: the repository's lock of the set (group_data/locks/), else one made there once.
+stack_lock = None
+# The containers' python3 (Debian 12: 3.11), which the lock is made for.
+stack_python = "3.11"
+# Folder on the host that keeps the locked set's wheels, read-only in each container, which
+# installs from it offline with hashes checked; null: each container downloads its own.
+wheel_store = "/var/cache/pve-sglang/wheels"
 # URL of NVIDIA's driver runfile; null: NVIDIA's download URL for the host's version.
 nvidia_runfile_url = None
 # Path of the driver runfile on the machine running pyinfra (uploaded; no download).

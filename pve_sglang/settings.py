@@ -447,6 +447,9 @@ class ContainerSettings(_Strict):
     wheelhouse: ContainerPath | None
     torch_index_url: HttpUrl | None
     stack_install: Literal["pinned", "sglang-no-deps"]
+    stack_lock: Annotated[str, AfterValidator(local_file)] | None
+    stack_python: Annotated[str, BeforeValidator(_version_text), AfterValidator(major_minor)]
+    wheel_store: MountPath | None
     nvidia_runfile_url: HttpUrl | None
     nvidia_runfile_path: Annotated[str, AfterValidator(local_file)] | None
 
@@ -534,6 +537,44 @@ class ContainerSettings(_Strict):
         if value is not None:
             check_secret(value.get_secret_value())
         return value
+
+    @model_validator(mode="after")
+    def _lock_is_the_pinned_set(self) -> ContainerSettings:
+        """A lock there is (stack_lock's, or the repository's) must hold the pins: a lock made
+        later, on the machine running pyinfra, is checked when it is made."""
+        from .stack_lock import LockError, key_of, lock_path, read_checked
+
+        if self.stack_install != "pinned":
+            return self
+        key = key_of(self)
+        path = lock_path(key, self.stack_lock)
+        if path.exists():
+            try:
+                read_checked(path, key)
+            except LockError as error:
+                where = "field 'stack_lock'" if self.stack_lock else "the repository's lock"
+                raise ValueError(f"{where}: {error}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _wheel_store_is_its_own_mount(self) -> ContainerSettings:
+        if self.wheel_store and any(m.path.rstrip("/") == self.wheel_store.rstrip("/")
+                                    for m in self.mounts):
+            raise ValueError(f"field 'wheel_store' = {self.wheel_store!r} is a mount's path too; "
+                             "allowed: a folder no mount uses, or null")
+        return self
+
+    @property
+    def uses_wheel_store(self) -> bool:
+        """Whether the container installs the locked set from the host's wheel store."""
+        return self.stack_install == "pinned" and self.wheel_store is not None
+
+    @property
+    def all_mounts(self) -> list[Mount]:
+        """The mounts the container gets: the user's, and the wheel store, read-only."""
+        store = [Mount(host_path=self.wheel_store, path=self.wheel_store, read_only=True)] \
+            if self.uses_wheel_store else []
+        return [*self.mounts, *store]
 
     @model_validator(mode="after")
     def _tp_fits_gpus(self) -> ContainerSettings:

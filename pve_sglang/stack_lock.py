@@ -1,0 +1,268 @@
+"""
+The locked stack: every package of a release set (sglang, torch, flashinfer-python and all
+their dependencies) at one version, with the sha256 of each of its files.
+
+A lock is ``uv pip compile --generate-hashes`` output for the containers' Python and platform,
+under a header naming the set. The lock of the default set lives in the repository
+(``group_data/locks/``) and is refreshed with ``make lock``; any other set gets its lock made
+once on the machine running pyinfra (in ``$PVE_SGLANG_CACHE``, else ``~/.cache/pve-sglang``)
+and reused; a lock file of one's own is the ``stack_lock`` setting. A lock whose versions are
+not the pins is refused.
+
+    python -m pve_sglang.stack_lock refresh     # the repository's lock of the default set
+    python -m pve_sglang.stack_lock show FILE   # what a lock holds
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from .project import ROOT
+
+#: The locks of the default release sets, in the checkout.
+SHIPPED = ROOT / "group_data" / "locks"
+#: The platform locks are made for: x86_64 Linux with glibc 2.28 or newer (Debian 10 on).
+PLATFORM = "x86_64-manylinux_2_28"
+#: The command that refreshes the repository's lock (README, error messages).
+REFRESH = "make lock"
+HEADER = "# pve-sglang stack lock: "
+_REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
+_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+
+
+class LockError(ValueError):
+    """A lock that cannot be used: unreadable, without hashes, or not the pinned set."""
+
+
+def normalized(name: str) -> str:
+    """A distribution name as indexes and installers compare it (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass(frozen=True)
+class LockKey:
+    """What a lock is made for: the pins, the containers' Python, the indexes."""
+
+    pins: tuple[tuple[str, str], ...]
+    python: str
+    index_url: str | None = None
+    torch_index_url: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The lock's file name: the pins and Python, and a digest of the indexes if any."""
+        words = "-".join(f"{n.replace('-python', '')}-{v}" for n, v in self.pins)
+        indexes = [u for u in (self.index_url, self.torch_index_url) if u]
+        digest = "-" + hashlib.sha256(" ".join(indexes).encode()).hexdigest()[:10] if indexes else ""
+        return f"{words}-py{self.python}{digest}.txt"
+
+    @property
+    def header(self) -> list[str]:
+        indexes = ", ".join(f"{what} {_digest(url)}" for what, url in
+                            (("index", self.index_url), ("torch index", self.torch_index_url)) if url)
+        return [
+            HEADER + " ".join(f"{n}=={v}" for n, v in self.pins),
+            f"# python {self.python}, platform {PLATFORM}, indexes: {indexes or 'default'}",
+            f"# made by uv pip compile --generate-hashes; refresh the repository's lock: {REFRESH}",
+        ]
+
+
+def _digest(url: str) -> str:
+    # An index URL may hold credentials: the lock names a digest of it, never the URL.
+    return "sha256:" + hashlib.sha256(url.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Lock:
+    """A parsed lock file."""
+
+    path: Path
+    text: str
+    packages: dict[str, str]  # normalized name -> version
+    hashes: dict[str, tuple[str, ...]] = field(repr=False)  # normalized name -> sha256s
+    python: str | None
+
+    @property
+    def id(self) -> str:
+        """The lock's identity: a digest of its text (the wheel store keys on it)."""
+        return hashlib.sha256(self.text.encode()).hexdigest()[:16]
+
+    def requirement_lines(self, names: list[str] | None = None) -> str:
+        """Requirements-file text, hashes included, of NAMES (all when None)."""
+        return "".join(
+            f"{name}=={self.packages[name]} "
+            + " ".join(f"--hash=sha256:{h}" for h in self.hashes[name]) + "\n"
+            for name in (self.packages if names is None else names)
+        )
+
+    def summary(self, names: tuple[str, ...] = ("sglang", "torch", "flashinfer-python")) -> str:
+        shown = ", ".join(f"{n} {self.packages[n]}" for n in names if n in self.packages)
+        return f"{len(self.packages)} packages ({shown})"
+
+
+def parse(path: Path, text: str | None = None) -> Lock:
+    """Read the lock at PATH: requirements pinned with ``==`` and each with its hashes."""
+    text = path.read_text() if text is None else text
+    packages: dict[str, str] = {}
+    hashes: dict[str, list[str]] = {}
+    current = None
+    python = None
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if line.startswith("# python "):
+            python = line.split()[2].rstrip(",")
+        if not line or line.startswith("#"):
+            continue
+        match = _REQUIREMENT.match(line)
+        if match:
+            current = normalized(match[1])
+            packages[current] = match[2]
+            hashes[current] = []
+        elif current is None or not line.startswith("--hash="):
+            raise LockError(f"lock {path}, line {number}: {raw.strip()[:80]!r} is not a "
+                            "'name==version' requirement or its --hash")
+        hashes[current] += _HASH.findall(line)
+    if not packages:
+        raise LockError(f"lock {path}: no 'name==version' requirement in it")
+    unhashed = sorted(name for name, found in hashes.items() if not found)
+    if unhashed:
+        raise LockError(f"lock {path}: no --hash=sha256 for {', '.join(unhashed[:5])}; a lock "
+                        "needs the hashes of every package (uv pip compile --generate-hashes)")
+    return Lock(path, text, packages, {k: tuple(v) for k, v in hashes.items()}, python)
+
+
+def check(lock: Lock, key: LockKey) -> None:
+    """LockError unless LOCK holds each pin of KEY at its version, for KEY's Python."""
+    for name, version in key.pins:
+        found = lock.packages.get(normalized(name))
+        if found != version:
+            held = f"holds {name}=={found}" if found else f"does not hold {name}"
+            raise LockError(f"lock {lock.path} {held}, the pins say {name}=={version}: make "
+                            f"the lock of the pinned set ({REFRESH} for the defaults), or pin "
+                            "what the lock holds")
+    if lock.python not in (None, key.python):
+        raise LockError(f"lock {lock.path} is made for Python {lock.python}, the containers "
+                        f"run {key.python} (stack_python)")
+
+
+def cache_dir() -> Path:
+    """This machine's pve-sglang cache: ``$PVE_SGLANG_CACHE``, else ``~/.cache/pve-sglang``."""
+    if os.environ.get("PVE_SGLANG_CACHE"):
+        return Path(os.environ["PVE_SGLANG_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "pve-sglang"
+
+
+def index_env(key: LockKey) -> dict[str, str]:
+    """uv's environment for KEY's indexes: in the environment, never on a command line."""
+    env = {}
+    if key.index_url:
+        env["UV_DEFAULT_INDEX"] = key.index_url
+    if key.torch_index_url:
+        # torch's own index serves the CUDA builds; take the best match across indexes.
+        env["UV_INDEX"] = key.torch_index_url
+        env["UV_INDEX_STRATEGY"] = "unsafe-best-match"
+    return env
+
+
+def compile_lock(key: LockKey, dest: Path) -> Lock:
+    """Make the lock of KEY at DEST with uv (here, on the machine running pyinfra)."""
+    from uv import find_uv_bin
+
+    requirements = "".join(f"{n}=={v}\n" for n, v in key.pins)
+    done = subprocess.run(
+        [find_uv_bin(), "pip", "compile", "--quiet", "--generate-hashes", "--no-header",
+         "--python-version", key.python, "--python-platform", PLATFORM, "-"],
+        input=requirements, capture_output=True, text=True, timeout=900,
+        env={**os.environ, **index_env(key)},
+    )
+    if done.returncode != 0:
+        raise LockError(
+            f"could not make the lock of {' '.join(f'{n}=={v}' for n, v in key.pins)} here "
+            f"(uv pip compile): {done.stderr.strip()[-1500:]}; or give a lock in stack_lock"
+        )
+    text = "\n".join(key.header) + "\n" + done.stdout
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_suffix(".partial")
+    partial.write_text(text)
+    partial.replace(dest)
+    lock = parse(dest)
+    check(lock, key)
+    return lock
+
+
+@cache
+def read_checked(path: Path, key: LockKey) -> Lock:
+    """The lock at PATH, checked against KEY (read once per run)."""
+    lock = parse(path)
+    check(lock, key)
+    return lock
+
+
+def lock_path(key: LockKey, given: str | None) -> Path:
+    """Where the lock of KEY is: the one GIVEN, the repository's, else this machine's cache
+    (there only once it was made)."""
+    if given:
+        return Path(given).expanduser()
+    shipped = SHIPPED / key.name
+    return shipped if shipped.exists() else cache_dir() / "locks" / key.name
+
+
+def lock_for(key: LockKey, given: str | None = None) -> Lock:
+    """The lock of KEY, made here once when neither GIVEN nor the repository has it."""
+    path = lock_path(key, given)
+    if not path.exists() and not given:
+        compile_lock(key, path)
+    return read_checked(path, key)
+
+
+def default_key() -> LockKey:
+    """The key of the default release set (group_data/all.py)."""
+    from .settings import load_defaults
+
+    defaults = load_defaults()
+    return key_of(defaults)
+
+
+def key_of(values) -> LockKey:
+    """The lock key of settings VALUES (a ContainerSettings or a mapping of its fields)."""
+    get = values.get if isinstance(values, dict) else lambda name: getattr(values, name)
+    url = lambda name: str(get(name)) if get(name) else None  # noqa: E731
+    return LockKey(
+        pins=(("sglang", get("sglang_version")), ("torch", get("torch_version")),
+              ("flashinfer-python", get("flashinfer_version"))),
+        python=get("stack_python"),
+        index_url=url("pip_index_url"),
+        torch_index_url=url("torch_index_url"),
+    )
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["refresh"]:
+        key = default_key()
+        dest = SHIPPED / key.name
+        lock = compile_lock(key, dest)
+        for old in SHIPPED.glob("*.txt"):
+            if old != dest:
+                old.unlink()  # the repository keeps the default set's lock only
+        print(f"{dest.relative_to(ROOT)}: {lock.summary()}, {len(lock.text)} bytes, id {lock.id}")
+        return 0
+    if argv[:1] == ["show"] and len(argv) == 2:
+        lock = parse(Path(argv[1]))
+        print(f"{lock.path}: {lock.summary()}, Python {lock.python}, id {lock.id}")
+        for name, version in sorted(lock.packages.items()):
+            print(f"  {name}=={version}")
+        return 0
+    print("usage: python -m pve_sglang.stack_lock refresh | show FILE", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,122 @@
+"""The stack lock: the repository's lock is the default set, a lock that is not the pins is
+refused at inventory time (exit 2, for a hosts file and for --data alike), a user's set gets
+its lock made once on this machine and reused, and the venv's drift is named package by
+package."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pve_sglang import stack_lock
+from pve_sglang.operations.stack import lock_differences
+from pve_sglang.settings import load_defaults
+
+REPO = Path(__file__).resolve().parents[1]
+PYINFRA = Path(sys.executable).parent / "pyinfra"
+[SHIPPED] = sorted(stack_lock.SHIPPED.glob("*.txt"))
+
+
+def test_the_repository_lock_is_the_default_set_with_every_hash():
+    key = stack_lock.default_key()
+    assert SHIPPED.name == key.name  # found for the defaults, so nothing is made on a deploy
+    lock = stack_lock.parse(SHIPPED)
+    stack_lock.check(lock, key)
+    defaults = load_defaults()
+    assert lock.packages["sglang"] == defaults["sglang_version"]
+    assert lock.packages["torch"] == defaults["torch_version"]
+    assert lock.packages["flashinfer-python"] == defaults["flashinfer_version"]
+    assert lock.python == defaults["stack_python"]
+    assert all(lock.hashes[name] for name in lock.packages)
+    assert len(lock.packages) > 100  # the whole tree, CUDA libraries included
+    assert "nvidia-cublas-cu12" in lock.packages and "transformers" in lock.packages
+
+
+def write_lock(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def other_set(path: Path) -> str:
+    """The repository's lock with sglang at another version."""
+    text = SHIPPED.read_text().replace("\nsglang==0.5.9 \\", "\nsglang==0.5.8 \\")
+    assert "sglang==0.5.8" in text
+    return write_lock(path, text)
+
+
+@pytest.mark.parametrize("make, expected", [
+    (other_set, "holds sglang==0.5.8, the pins say sglang==0.5.9"),
+    (lambda p: write_lock(p, "sglang==0.5.9\ntorch==2.9.1\n"), "no --hash=sha256 for sglang, torch"),
+    (lambda p: write_lock(p, "sglang>=0.5\n"), "is not a 'name==version' requirement"),
+    (lambda p: write_lock(p, SHIPPED.read_text().replace("# python 3.11,", "# python 3.12,")),
+     "made for Python 3.12, the containers run 3.11"),
+])
+def test_a_lock_that_is_not_the_pinned_set_is_refused_before_anything_runs(tmp_path, make, expected):
+    lock = make(tmp_path / "given.lock")
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text(yaml.safe_dump({"pve1": {
+        "ssh_hostname": "192.0.2.10", "platform": "pve",
+        "containers": [{"vmid": 105, "gpus": [0], "stack_lock": lock}]}}))
+    env = {**os.environ, "PVE_SGLANG_HOSTS": str(hosts)}
+    for args in (["debug-inventory"], ["deploy.py", "--dry"]):
+        done = subprocess.run([str(PYINFRA), "inventory.py", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "host pve1, container 105" in done.stderr and "field 'stack_lock'" in done.stderr
+        assert expected in done.stderr and "Traceback" not in done.stderr
+    # The same lock through --data.
+    hosts.write_text(yaml.safe_dump({"pve1": {"ssh_hostname": "192.0.2.10", "platform": "pve",
+                                              "containers": [{"vmid": 105, "gpus": [0]}]}}))
+    done = subprocess.run([str(PYINFRA), "inventory.py", "--data", f"stack_lock={lock}",
+                           "debug-inventory"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and expected in done.stderr, done.stderr
+
+
+def test_the_lock_of_a_users_set_is_made_once_here_and_reused(tmp_path):
+    """Another release set than the repository's: uv makes its lock (real index) into this
+    machine's cache; a later run (another process) finds it there and makes nothing."""
+    env = {**os.environ, "PVE_SGLANG_CACHE": str(tmp_path)}
+    script = ("from pve_sglang import stack_lock as s; k = s.LockKey(pins=(('sglang', '0.5.8'), "
+              "('torch', '2.9.1'), ('flashinfer-python', '0.6.1')), python='3.11'); "
+              "l = s.lock_for(k); print(l.path, l.packages['sglang'], len(l.packages))")
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    path, version, count = first.stdout.split()
+    assert Path(path).parent == tmp_path / "locks" and version == "0.5.8" and int(count) > 100
+    made = Path(path).stat().st_mtime_ns
+    # uv could not make it again: an index that does not answer.
+    offline = {**env, "UV_DEFAULT_INDEX": "http://127.0.0.1:9/simple", "UV_OFFLINE": "1"}
+    again = subprocess.run([sys.executable, "-c", script], env=offline, capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout and Path(path).stat().st_mtime_ns == made
+
+
+def test_a_set_uv_cannot_resolve_says_so_and_leaves_no_lock(tmp_path):
+    key = stack_lock.LockKey(pins=(("sglang", "0.0.0"), ("torch", "2.9.1"),
+                                   ("flashinfer-python", "0.6.3")), python="3.11")
+    with pytest.raises(stack_lock.LockError, match=r"(?s)could not make the lock of sglang==0\.0\.0 .*"
+                       r"give a lock in stack_lock"):
+        stack_lock.compile_lock(key, tmp_path / key.name)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_index_url_never_lands_in_the_lock_or_its_name():
+    key = stack_lock.LockKey(pins=(("sglang", "0.5.9"),), python="3.11",
+                             index_url="https://user:s3cret@mirror.example/simple")
+    assert "s3cret" not in key.name and "s3cret" not in "\n".join(key.header)
+    assert key.name != stack_lock.LockKey(pins=(("sglang", "0.5.9"),), python="3.11").name
+
+
+def test_lock_differences_name_each_package():
+    locked = {"torch": "2.9.1", "sglang": "0.5.9", "pyyaml": "6.0.4"}
+    assert lock_differences({"torch": "2.9.1", "sglang": "0.5.9", "PyYAML": "6.0.4"}, locked) == []
+    assert lock_differences({"torch": "2.9.0", "PyYAML": "6.0.4", "rich": "14.0.0"}, locked) == [
+        "missing: sglang", "torch 2.9.0 (lock: 2.9.1)", "not in the lock: rich"]
