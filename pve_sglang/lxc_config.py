@@ -165,7 +165,7 @@ def mount_lines(cs: ContainerSettings) -> list[str]:
     return [
         f"lxc.mount.entry = {m.host_path} {m.path.lstrip('/')} none "
         f"bind{',ro' if m.read_only else ''},create=dir,{MOUNT_MARK} 0 0"
-        for m in cs.mounts
+        for m in cs.all_mounts
     ]
 
 

@@ -32,6 +32,7 @@ from .server_command import (
     venv_python,
 )
 from .settings import ContainerSettings, HostSettings, container_hostname, tensor_parallel_size
+from .stack_lock import Lock, LockError, LockKey, key_of, lock_for
 
 # Created at boot by the nvidia-uvm-devices unit this deploy installs, before containers start.
 UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -39,6 +40,20 @@ UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 class PreflightError(DeployError):
     """A host cannot take the deploy as it is; nothing has been changed."""
+
+
+_LOCKING = gevent.lock.Semaphore()
+
+
+def stack_lock_of(where: str, cs: ContainerSettings) -> tuple[Lock, LockKey]:
+    """The lock of a container's pinned set and what it is made for: stack_lock's, the
+    repository's, or one made here once (for the first host that needs it)."""
+    key = key_of(cs)
+    try:
+        with _LOCKING:
+            return lock_for(key, cs.stack_lock), key
+    except LockError as error:
+        raise PreflightError(f"{where}: {error}") from None
 
 
 def select_gpus(wanted: str | list[int], gpus: list[dict], where: str) -> list[dict]:

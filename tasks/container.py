@@ -17,11 +17,13 @@ from pve_sglang import remote
 from pve_sglang.operations import paths, stack
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.phases import host_gpus, run_when_container_exists, upload_script
-from pve_sglang.preflight import ServerFiles, select_gpus, server_files
+from pve_sglang.preflight import ServerFiles, select_gpus, server_files, stack_lock_of
 from pve_sglang.server_command import LAUNCHER, env_file_path, unit_name, unit_path, venv_python
 from pve_sglang.settings import ContainerSettings, container_hostname, host_settings
 
 TOOLS = remote.TOOLS
+#: The lock of the container's stack, as its venv was last made from it.
+LOCK_FILE = f"{TOOLS}/stack.lock"
 BASE_PACKAGES = ["ca-certificates", "curl", "python3", "python3-venv"]
 # FlashInfer compiles kernels at run time: nvcc and a host compiler.
 JIT_PACKAGES = ["g++", "make"]
@@ -56,7 +58,9 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
     driver, gpus = gpu_host
     py = venv_python(cs)
     pins = f"sglang=={cs.sglang_version}" + (
-        f", torch=={cs.torch_version}, flashinfer-python=={cs.flashinfer_version}"
+        f", torch=={cs.torch_version}, flashinfer-python=={cs.flashinfer_version} and their "
+        "dependencies as locked, hashes checked" + (
+            f", from the host's wheel store {cs.wheel_store}" if cs.uses_wheel_store else "")
         if cs.stack_install == "pinned" else " (no dependencies)"
     )
 
@@ -121,7 +125,7 @@ def container_steps() -> None:
         *(ca_dest(path) for path in ca_files(cs)),
         *(remote.path(script) for script in (remote.AUTOTUNE_PATCH, remote.FLAG_LISTER)),
         LAUNCHER, f"{cs.venv_path}/pyvenv.cfg",
-        cs.venv_path,
+        cs.venv_path, *([LOCK_FILE] if cs.stack_install == "pinned" else []),
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
         unit_path(cs), f"{cs.model_path}/config.json",
         *(["/etc/hostname"] if host.data.get("platform") == "lxc" else []),
@@ -206,11 +210,22 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
     # The venv's state is read by one Python start that runs these two scripts too.
     upload_script(remote.AUTOTUNE_PATCH, "Upload the autotune patch")
     upload_script(remote.FLAG_LISTER, "Upload the server flag lister")
-    pins = {"sglang": cs.sglang_version}
     if cs.stack_install == "pinned":
-        pins |= {"torch": cs.torch_version, "flashinfer-python": cs.flashinfer_version}
+        lock, _ = stack_lock_of(host.name, cs)
+        paths.put(name=f"Stack lock {lock.id} ({lock.path.name})", src=StringIO(lock.text),
+                  dest=LOCK_FILE, mode="644")
+        source = "the host's wheel store, offline" if cs.uses_wheel_store else "the index"
+        packages = stack.locked_venv(
+            name=f"sglang stack as locked: {lock.summary()}, from {source}",
+            uv=uv, python=py, tools=TOOLS, lock_file=LOCK_FILE, lock=lock,
+            args=stack.source_args(cs.pip_index_url, cs.torch_index_url, cs.wheelhouse,
+                                   cs.wheel_store if cs.uses_wheel_store else None),
+            python_version=cs.stack_python,
+        )
+        return [packages]
+    pins = {"sglang": cs.sglang_version}
     packages = stack.venv_packages(
-        name="sglang " + ", ".join(f"{n}=={v}" for n, v in pins.items()),
+        name=f"sglang sglang=={cs.sglang_version} (no dependencies)",
         uv=uv,
         python=py,
         tools=TOOLS,
@@ -220,7 +235,7 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
             index_url=cs.pip_index_url,
             extra_index_url=cs.torch_index_url,
             wheelhouse=cs.wheelhouse,
-            no_deps=cs.stack_install == "sglang-no-deps",
+            no_deps=True,
         ),
     )
     return [packages]

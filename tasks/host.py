@@ -27,7 +27,7 @@ from pve_sglang.lxc_config import (
     subid_base,
 )
 from pve_sglang.lxc_config import limits as lxc_limits
-from pve_sglang.operations import lxc, owned, pct
+from pve_sglang.operations import lxc, owned, pct, wheels
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.preflight import (
     GpuHost,
@@ -36,6 +36,7 @@ from pve_sglang.preflight import (
     check_container_tools,
     check_server_files,
     gpu_host,
+    stack_lock_of,
     select_gpus,
 )
 from pve_sglang.project import template
@@ -71,12 +72,28 @@ def host_phase() -> None:
         check_server_files(where, ct.name, cs, gpus, state.inventory)
     if gpu is not None:
         nvidia_uvm(settings, gpu)
+    wheel_stores(plans)
     idmap_base = lxc_host(plans, settings) if settings.platform == "lxc" else None
     for ct, cs in plans:
         if settings.platform == "pve":
             pve_container(ct, cs, settings, gpu, indices[ct.name])
         else:
             lxc_container(ct, cs, settings, gpu, indices[ct.name], idmap_base)
+
+
+def wheel_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
+    """Each locked set the host's containers install, kept once in its wheel store; before the
+    containers start, which mount the store read-only."""
+    done = set()
+    for ct, cs in plans:
+        if not cs.uses_wheel_store:
+            continue
+        lock, key = stack_lock_of(f"host {host.name}, container {ct.name}", cs)
+        if (cs.wheel_store, lock.id) in done:
+            continue
+        done.add((cs.wheel_store, lock.id))
+        wheels.store(name=f"Wheel store {cs.wheel_store}: {lock.summary()}",
+                     path=cs.wheel_store, lock=lock, key=key)
 
 
 def nvidia_uvm(settings: HostSettings, gpu: GpuHost) -> None:
@@ -143,7 +160,7 @@ def _pve_options(cs: ContainerSettings, ct: Host) -> dict[str, str]:
 
 def _mount_values(cs: ContainerSettings) -> list[str]:
     return [
-        f"{m.host_path},mp={m.path}" + (",ro=1" if m.read_only else "") for m in cs.mounts
+        f"{m.host_path},mp={m.path}" + (",ro=1" if m.read_only else "") for m in cs.all_mounts
     ]
 
 

@@ -104,7 +104,9 @@ def converged_config(devices: list[str]) -> str:
     lines = ["arch: amd64", "cores: 64", "features: nesting=1", "hostname: glm5", "memory: 524288",
              "net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:32:0C:59,ip=dhcp,type=veth",
              "onboot: 1", "ostype: debian", "rootfs: local-lvm:vm-105-disk-0,size=200G",
-             "swap: 0", "unprivileged: 1"]
+             "swap: 0", "unprivileged: 1",
+             # The host's wheel store, read-only (the container installs the locked set from it).
+             "mp0: /var/cache/pve-sglang/wheels,mp=/var/cache/pve-sglang/wheels,ro=1"]
     lines += [f"dev{i}: {d}" for i, d in enumerate(devices)]
     return "\n".join(sorted(lines)) + "\n"
 
@@ -236,7 +238,10 @@ def test_old_cuda_torch_index_on_blackwell_is_refused():
                  NvidiaGpus().command(): blackwell}
     with pytest.raises(PreflightError, match="torch_index_url.*CUDA 12.6 builds.*12.0.*cu128"):
         plan(responses, torch_index_url="https://download.pytorch.org/whl/cu126")
-    plan(responses, torch_index_url="https://download.pytorch.org/whl/cu128")
+    # A lock of the set is given: with another index the deploy would make one (network).
+    from pve_sglang.stack_lock import SHIPPED
+    [lock] = SHIPPED.glob("*.txt")
+    plan(responses, torch_index_url="https://download.pytorch.org/whl/cu128", stack_lock=str(lock))
 
 
 # --- preflight renders the container phase's files: --dry tells what a run would ------------

@@ -22,6 +22,7 @@ from ..facts.container import (
 from ..facts.verify import JournalTail
 from ..remote.venv_state import INSTALL_MARKER
 from ..server_command import check_flags
+from ..stack_lock import Lock, normalized
 from . import paths
 from ..cache import forget, memo
 
@@ -153,6 +154,86 @@ def venv_packages(uv: str, python: str, tools: str, pins: dict[str, str], args: 
     # --system-certs: uv's own CA roots would ignore a proxy CA added to the system store.
     yield StringCommand(QuoteString(uv), "pip install --system-certs --python", QuoteString(python),
                         *(["--reinstall"] if incomplete else []), *(QuoteString(a) for a in args))
+    yield StringCommand("rm -f", marker)
+    venv_changed()
+
+
+def lock_differences(installed: dict[str, str], locked: dict[str, str]) -> list[str]:
+    """How a venv's INSTALLED set (``{name: version}``) differs from a lock's LOCKED set
+    (normalized names), in words: ``torch 2.9.0 (lock: 2.9.1)``, ``missing: sglang``,
+    ``not in the lock: rich``."""
+    have = {normalized(name): version for name, version in installed.items()}
+    words = [f"{name} {have[name]} (lock: {version})" if name in have else f"missing: {name}"
+             for name, version in sorted(locked.items()) if have.get(name) != version]
+    return words + [f"not in the lock: {name}" for name in sorted(set(have) - set(locked))]
+
+
+def source_args(index_url: str | None, extra_index_url: str | None, wheelhouse: str | None,
+                store: str | None) -> list[str]:
+    """Where ``uv pip sync`` takes the locked files from: the host's wheel store (complete:
+    the host phase filled it), offline; else a wheelhouse, an index, or both."""
+    if store:
+        return ["--offline", "--no-index", "--find-links", store]
+    return install_args([], index_url, extra_index_url, wheelhouse, no_deps=False)
+
+
+@operation()
+def locked_venv(uv: str, python: str, tools: str, lock_file: str, lock: Lock, args: list[str],
+                python_version: str):
+    """
+    Make the venv at PYTHON exactly the locked set (``uv pip sync --require-hashes``: every
+    file checked against the lock's sha256, packages not in the lock removed) when what is
+    installed differs from LOCK in any package, or an install was cut short. A converged venv
+    costs the one read of its state, shared with the patch and flag checks.
+
+    + uv: the uv binary (of the tools venv)
+    + python: the venv's Python, e.g. ``/opt/sglang/venv/bin/python``
+    + tools: the directory of the uploaded helper scripts that read the venv's state
+    + lock_file: the lock's path in the container (uploaded before)
+    + lock: the parsed lock (``stack_lock.lock_for``)
+    + args: where the files come from (``source_args``)
+    + python_version: the containers' Python the lock is made for (``stack_python``)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang import stack_lock
+        from pve_sglang.operations import stack
+
+        stack.locked_venv(
+            name="sglang stack as locked",
+            uv="/opt/sglang/tools/bin/uv",
+            python="/opt/sglang/venv/bin/python",
+            tools="/opt/sglang",
+            lock_file="/opt/sglang/stack.lock",
+            lock=stack_lock.lock_for(stack_lock.default_key()),
+            args=stack.source_args(None, None, None, "/var/cache/pve-sglang/wheels"),
+            python_version="3.11",
+        )
+    """
+    state = venv_state(python, tools)
+    running = state.get("python")
+    if running and running != python_version:
+        raise OperationError(
+            f"the venv's Python is {running}, the lock is made for {python_version}: set "
+            f"stack_python: '{running}' (a lock for it is made once on this machine)"
+        )
+    differences = lock_differences(state["packages"], lock.packages) if state["packages"] else []
+    incomplete = bool(state.get("incomplete"))
+    if state["packages"] and not differences and not incomplete:
+        host.noop(f"the venv is the locked set: {lock.summary()}, lock {lock.id}")
+        return
+    if differences:
+        shown = ", ".join(differences[:6]) + (f", {len(differences) - 6} more" if len(differences) > 6 else "")
+        logger.info(f"{host.name}: the venv differs from lock {lock.id} in {len(differences)} "
+                    f"packages ({shown}): reconciled")
+    marker = QuoteString(f"{venv_of(python)}/{INSTALL_MARKER}")
+    yield StringCommand("touch", marker)
+    # --system-certs: uv's own CA roots would ignore a proxy CA added to the system store.
+    yield StringCommand(QuoteString(uv), "pip sync --system-certs --require-hashes --python",
+                        QuoteString(python), *(["--reinstall"] if incomplete else []),
+                        *(QuoteString(a) for a in args), QuoteString(lock_file))
     yield StringCommand("rm -f", marker)
     venv_changed()
 

@@ -2,7 +2,8 @@
 
     python -c "$(cat venv_state.py)" AUTOTUNE_PATCH_SCRIPT
 
-``packages``: ``{name: version}`` of every installed distribution; ``incomplete``: an install was
+``packages``: ``{name: version}`` of every installed distribution; ``python``: its version
+(``3.11``); ``incomplete``: an install was
 cut short (``INSTALL_MARKER`` in the venv); ``patch``: what ``AUTOTUNE_PATCH_SCRIPT --check``
 printed, run in-process (runpy), when sglang and the script are there. The ``SglangVenv`` fact
 sends this file's text with ``python -c``: it is read before anything is uploaded.
@@ -23,7 +24,8 @@ INSTALL_MARKER = ".pve-sglang-install-incomplete"
 
 def main(patch_script):
     out = {"packages": {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()},
-           "incomplete": os.path.exists(os.path.join(sys.prefix, INSTALL_MARKER))}
+           "incomplete": os.path.exists(os.path.join(sys.prefix, INSTALL_MARKER)),
+           "python": "%d.%d" % sys.version_info[:2]}
     spec = importlib.util.find_spec("sglang")
     if spec and spec.submodule_search_locations and os.path.exists(patch_script):
         package = list(spec.submodule_search_locations)[0]

@@ -1,0 +1,92 @@
+"""The wheel store on a Proxmox (or plain LXC) host: the locked set's wheels, kept once per host."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+
+from ..facts.lxc_host import ExistingFiles
+from ..stack_lock import Lock, LockError, LockKey
+from ..wheel_fetch import fetch, total_bytes
+
+INCOMING = ".incoming"
+LOCKS = ".locks"
+
+
+def marker(store: str, lock: Lock) -> str:
+    """The file that says STORE holds every wheel of LOCK (its manifest)."""
+    return f"{store.rstrip('/')}/{LOCKS}/{lock.id}"
+
+
+@operation()
+def store(path: str, lock: Lock, key: LockKey):
+    """
+    Folder PATH on this host holds every wheel of LOCK. The wheels are fetched once on the
+    machine running pyinfra (``wheel_fetch.fetch``); only those PATH lacks are uploaded, into
+    ``PATH/.incoming``, checked there with ``sha256sum`` against the lock's hashes and only
+    then moved in, so PATH never holds a partial or foreign file. ``PATH/.locks/<lock id>``,
+    written last, says the set is complete: a converged run reads that one file. Sets share
+    PATH: a wheel of two sets is kept once.
+
+    + path: the store folder on this host, e.g. ``/var/cache/pve-sglang/wheels``
+    + lock: the parsed lock (``stack_lock.lock_for``)
+    + key: what the lock is made for (its indexes: where the wheels come from)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang import stack_lock
+        from pve_sglang.operations import wheels
+
+        key = stack_lock.default_key()
+        wheels.store(name="Wheel store", path="/var/cache/pve-sglang/wheels",
+                     lock=stack_lock.lock_for(key), key=key)
+    """
+    done = marker(path, lock)
+    if done in (host.get_fact(ExistingFiles, paths=[done]) or []):
+        host.noop(f"{path} holds the {len(lock.packages)} wheels of lock {lock.id}")
+        return
+    folders = [QuoteString(f"{path.rstrip('/')}/{sub}") for sub in (INCOMING, LOCKS)]
+    # 755: each container's root (unprivileged: an unmapped uid) reads it through a read-only mount.
+    yield StringCommand("mkdir -p", *folders, "&& chmod 755", QuoteString(path), *folders)
+    yield FunctionCommand(_fill, (path, lock, key), {})
+
+
+def _fill(state, host, path: str, lock: Lock, key: LockKey) -> bool:
+    """At execution: fetch here, upload what the store lacks, check and move it in."""
+    try:
+        folder, entries = fetch(lock, key)
+    except LockError as error:
+        logger.error(f"{host.name}: wheel store: {error}")
+        return False
+    ok, listing = host.run_shell_command(StringCommand("ls -1", QuoteString(path)))
+    if not ok:
+        return False
+    present = set(listing.stdout_lines)
+    missing = sorted(name for name in entries if name not in present)
+    incoming = f"{path.rstrip('/')}/{INCOMING}"
+    if missing:
+        size = sum((folder / name).stat().st_size for name in missing)
+        logger.info(f"{host.name}: wheel store: {len(missing)} of {len(entries)} wheels to "
+                    f"{path} ({size / 1e9:.1f} of {total_bytes(folder, entries) / 1e9:.1f} GB)")
+        for name in missing:
+            if not host.put_file(str(folder / name), f"{incoming}/{name}"):
+                return False
+        sums = "".join(f"{entries[name]}  {name}\n" for name in missing)
+        if not host.put_file(StringIO(sums), f"{incoming}/MANIFEST"):
+            return False
+        # Checked where it landed, then moved in; a bad file stops here and is removed.
+        ok, output = host.run_shell_command(StringCommand(
+            "cd", QuoteString(incoming), "&& { sha256sum -c --quiet MANIFEST || "
+            "{ find . -maxdepth 1 -type f -delete; exit 1; }; } && "
+            "cut -d' ' -f3- MANIFEST | while IFS= read -r f; do chmod 644 -- \"$f\" && "
+            "mv -f -- \"$f\" ..; done && rm -f MANIFEST"))
+        if not ok:
+            logger.error(f"{host.name}: wheel store: a wheel uploaded to {incoming} does not have "
+                         f"the lock's sha256: {output.stderr or output.stdout}")
+            return False
+    manifest = "".join(f"{digest}  {name}\n" for name, digest in sorted(entries.items()))
+    return bool(host.put_file(StringIO(manifest), marker(path, lock)))

@@ -1,0 +1,132 @@
+"""
+The wheels of a lock, fetched once on the machine running pyinfra for the containers' Python
+and platform (``pip download``, hashes required), with a manifest in ``sha256sum`` format that
+the hosts check what they receive against.
+
+    <cache>/wheels/<lock id>/*.whl
+    <cache>/wheels/<lock id>/MANIFEST       # "<sha256>  <file>" per wheel, written last
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .stack_lock import Lock, LockError, LockKey, cache_dir
+
+MANIFEST = "MANIFEST"
+#: Parallel pip downloads: pip fetches one file at a time.
+PARALLEL = 4
+
+
+def wheel_dir(lock: Lock) -> Path:
+    return cache_dir() / "wheels" / lock.id
+
+
+def platform_args(python: str) -> list[str]:
+    """pip's target options for the lock's platform (``x86_64-manylinux_2_28``) and PYTHON:
+    pip takes each manylinux tag a wheel may carry literally, older ones included."""
+    tags = [f"manylinux_2_{minor}_x86_64" for minor in range(28, 4, -1)]
+    tags += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+    abi = "cp" + python.replace(".", "")
+    return ["--python-version", python, "--implementation", "cp",
+            *[arg for tag in tags for arg in ("--platform", tag)],
+            "--abi", abi, "--abi", "abi3", "--abi", "none"]
+
+
+def pip_env(key: LockKey) -> dict[str, str]:
+    """pip's environment for KEY's indexes: never on a command line (they may hold a token)."""
+    env = {}
+    if key.index_url:
+        env["PIP_INDEX_URL"] = key.index_url
+    if key.torch_index_url:
+        env["PIP_EXTRA_INDEX_URL"] = key.torch_index_url
+    return env
+
+
+def read_manifest(path: Path) -> dict[str, str]:
+    """``{file: sha256}`` of a manifest."""
+    entries = {}
+    for line in path.read_text().splitlines():
+        digest, name = line.split("  ", 1)
+        entries[name] = digest
+    return entries
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(lock: Lock, key: LockKey) -> tuple[Path, dict[str, str]]:
+    """The folder with every wheel of LOCK and its ``{file: sha256}``; downloaded only what is
+    missing, once per machine. LockError when a package has no wheel for the platform."""
+    folder = wheel_dir(lock)
+    manifest = folder / MANIFEST
+    if manifest.exists():
+        return folder, read_manifest(manifest)
+    folder.mkdir(parents=True, exist_ok=True)
+    names = sorted(lock.packages)
+    # Biggest last in each slice would be nicer; a round robin spreads torch and the CUDA
+    # libraries well enough over the slices.
+    slices = [names[i::PARALLEL] for i in range(PARALLEL)]
+    with tempfile.TemporaryDirectory(prefix="pve-sglang-fetch-") as scratch:
+        def download(index: int) -> subprocess.CompletedProcess:
+            requirements = Path(scratch) / f"slice-{index}.txt"
+            requirements.write_text(lock.requirement_lines(slices[index]))
+            return subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                 "--only-binary=:all:", "--require-hashes", *platform_args(lock.python or key.python),
+                 "--dest", str(folder), "-r", str(requirements)],
+                capture_output=True, text=True, env={**os.environ, **pip_env(key)},
+            )
+
+        with ThreadPoolExecutor(PARALLEL) as pool:
+            failed = [done for done in pool.map(download, range(PARALLEL)) if done.returncode]
+    if failed:
+        errors = [line for done in failed for line in done.stderr.splitlines()
+                  if line.startswith("ERROR")]
+        raise LockError(f"could not fetch the wheels of lock {lock.path} here (pip download): "
+                        + "; ".join(errors[:5] or [failed[0].stderr.strip()[-800:]]))
+    return folder, _write_manifest(lock, folder)
+
+
+def _write_manifest(lock: Lock, folder: Path) -> dict[str, str]:
+    """Check each downloaded file against the lock's hashes, one wheel a package; write the
+    manifest last (its presence says the folder is complete)."""
+    owner = {digest: name for name, digests in lock.hashes.items() for digest in digests}
+    entries: dict[str, str] = {}
+    found: dict[str, str] = {}
+    for path in sorted(folder.glob("*.whl")):
+        digest = sha256_of(path)
+        name = owner.get(digest)
+        if name is None or name in found:
+            path.unlink()  # not of this lock, or a second file of one package: a stale leftover
+            continue
+        found[name] = path.name
+        entries[path.name] = digest
+    missing = sorted(set(lock.packages) - set(found))
+    if missing:
+        raise LockError(f"lock {lock.path}: no wheel fetched for {', '.join(missing[:5])}")
+    partial = folder / (MANIFEST + ".partial")
+    partial.write_text("".join(f"{digest}  {name}\n" for name, digest in sorted(entries.items())))
+    partial.replace(folder / MANIFEST)
+    return entries
+
+
+def total_bytes(folder: Path, entries: dict[str, str]) -> int:
+    return sum((folder / name).stat().st_size for name in entries)
+
+
+def remove(lock: Lock) -> None:
+    """Forget the wheels of LOCK on this machine (the bench starts cold with it)."""
+    shutil.rmtree(wheel_dir(lock), ignore_errors=True)
