@@ -12,7 +12,7 @@ from pve_sglang.bench_history import run_meta
 from pve_sglang.bench_serving import bench_levels, bench_runs
 from pve_sglang.operations import verify
 from pve_sglang.phases import host_gpus, run_when_container_exists, upload_script
-from pve_sglang.preflight import select_gpus
+from pve_sglang.preflight import select_gpus, stack_lock_of
 from pve_sglang.server_command import env_file_path, unit_name, venv_python
 from pve_sglang.settings import ContainerSettings, base_url, client_address, host_settings
 
@@ -31,8 +31,11 @@ def verify_phase() -> None:
 
 def planned_checks() -> list[str]:
     """What verify will check, in words, for a plan made before the container runs."""
-    checks = verify_plan(host_settings(ContainerSettings), host_gpus())
-    return [words for words, _ in checks] or ["nothing: the host has no NVIDIA GPU"]
+    cs = host_settings(ContainerSettings)
+    stack = ["the stack is the locked set (what the container runs)"] \
+        if cs.stack_install == "pinned" else []
+    checks = verify_plan(cs, host_gpus())
+    return stack + ([words for words, _ in checks] or ["nothing: the host has no NVIDIA GPU"])
 
 
 def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) -> list[Check]:
@@ -105,7 +108,12 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
 def verify_steps() -> None:
     """GPU, CUDA, health and benchmark checks (``verify_plan``); without a GPU, say what was
     skipped."""
-    checks = verify_plan(host_settings(ContainerSettings), host_gpus())
+    cs = host_settings(ContainerSettings)
+    if cs.stack_install == "pinned":
+        lock, _ = stack_lock_of(host.name, cs)
+        verify.stack_as_locked(name=f"The stack is lock {lock.id}", python=venv_python(cs),
+                               tools=remote.TOOLS, lock=lock)
+    checks = verify_plan(cs, host_gpus())
     if not checks:
         logger.warning(
             f"{host.name}: verify skipped (GPUs visible, CUDA init, /health, benchmark): the "

@@ -21,6 +21,8 @@ from ..facts.container import UnitState
 from ..facts.verify import GenerationCheck, HttpStatus, JournalTail, StartupWatch, VisibleGpus
 from ..p2p import build_report, format_report
 from ..settings import ContainerSettings, host_settings
+from ..stack_lock import Lock, normalized
+from .stack import lock_differences, venv_state
 from ..remote.gpu_sampler import parse_summary
 from ..remote.sglang_launch import mask_text
 from ..startup_log import READY_LINE, Progress, bad_logprobs, degenerate, diagnose, duration
@@ -42,6 +44,48 @@ def _after_execution(what: str) -> bool:
         host.noop(f"{what}: checked after the run")
         return False
     return True
+
+
+#: Packages named when the verify phase says what a container runs.
+STACK_SHOWN = ("sglang", "torch", "flashinfer-python", "sgl-kernel", "transformers", "triton",
+               "xgrammar", "nvidia-nccl-cu12", "nvidia-cudnn-cu12")
+
+
+@operation()
+def stack_as_locked(python: str, tools: str, lock: Lock):
+    """
+    Say what the container runs: the lock it was made from and the versions of its main
+    packages, read from the venv; fail when the venv differs from LOCK, naming each package.
+    Checked once the deploy has run.
+
+    + python: the sglang venv's Python
+    + tools: the directory of the helper scripts the venv's state is read with
+    + lock: the parsed lock (``stack_lock.lock_for``)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang import stack_lock
+        from pve_sglang.operations import verify
+
+        verify.stack_as_locked(name="The stack is the locked set",
+                               python="/opt/sglang/venv/bin/python", tools="/opt/sglang",
+                               lock=stack_lock.lock_for(stack_lock.default_key()))
+    """
+    if not _after_execution("the stack is the locked set"):
+        return
+    installed = venv_state(python, tools)["packages"]
+    differences = lock_differences(installed, lock.packages)
+    if differences:
+        raise OperationError(f"the venv differs from lock {lock.id} ({lock.path.name}) in "
+                             f"{len(differences)} packages: {', '.join(differences[:10])}")
+    have = {normalized(name): version for name, version in installed.items()}
+    shown = ", ".join(f"{name} {have[name]}" for name in STACK_SHOWN if name in have)
+    logger.info(f"{host.name}: runs lock {lock.id} ({lock.path.name}): {len(have)} packages "
+                f"as locked: {shown}")
+    host.noop(f"the venv is lock {lock.id}: {shown}")
+    yield from ()
 
 
 @operation()
