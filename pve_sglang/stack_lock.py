@@ -160,15 +160,21 @@ def cache_dir() -> Path:
     return Path(base) / "pve-sglang"
 
 
-def index_env(key: LockKey) -> dict[str, str]:
-    """uv's environment for KEY's indexes: in the environment, never on a command line."""
-    env = {}
-    if key.index_url:
-        env["UV_DEFAULT_INDEX"] = key.index_url
+#: The environment variables of each client for (the default index, an extra index).
+INDEX_VARIABLES = {"uv": ("UV_DEFAULT_INDEX", "UV_INDEX"),
+                   "pip": ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")}
+
+
+def index_env(key: LockKey, client: str = "uv") -> dict[str, str]:
+    """CLIENT's (``uv``, ``pip``) environment for KEY's indexes: in the environment, never on
+    a command line (an index URL may hold a token)."""
+    default, extra = INDEX_VARIABLES[client]
+    env = {default: key.index_url} if key.index_url else {}
     if key.torch_index_url:
-        # torch's own index serves the CUDA builds; take the best match across indexes.
-        env["UV_INDEX"] = key.torch_index_url
-        env["UV_INDEX_STRATEGY"] = "unsafe-best-match"
+        env[extra] = key.torch_index_url
+        if client == "uv":
+            # torch's own index serves the CUDA builds; take the best match across indexes.
+            env["UV_INDEX_STRATEGY"] = "unsafe-best-match"
     return env
 
 

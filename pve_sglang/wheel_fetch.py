@@ -18,7 +18,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .stack_lock import Lock, LockError, LockKey, cache_dir
+from .stack_lock import Lock, LockError, LockKey, cache_dir, index_env
 
 MANIFEST = "MANIFEST"
 #: Parallel pip downloads: pip fetches one file at a time.
@@ -38,16 +38,6 @@ def platform_args(python: str) -> list[str]:
     return ["--python-version", python, "--implementation", "cp",
             *[arg for tag in tags for arg in ("--platform", tag)],
             "--abi", abi, "--abi", "abi3", "--abi", "none"]
-
-
-def pip_env(key: LockKey) -> dict[str, str]:
-    """pip's environment for KEY's indexes: never on a command line (they may hold a token)."""
-    env = {}
-    if key.index_url:
-        env["PIP_INDEX_URL"] = key.index_url
-    if key.torch_index_url:
-        env["PIP_EXTRA_INDEX_URL"] = key.torch_index_url
-    return env
 
 
 def read_manifest(path: Path) -> dict[str, str]:
@@ -87,7 +77,7 @@ def fetch(lock: Lock, key: LockKey) -> tuple[Path, dict[str, str]]:
                 [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                  "--only-binary=:all:", "--require-hashes", *platform_args(lock.python or key.python),
                  "--dest", str(folder), "-r", str(requirements)],
-                capture_output=True, text=True, env={**os.environ, **pip_env(key)},
+                capture_output=True, text=True, env={**os.environ, **index_env(key, "pip")},
             )
 
         with ThreadPoolExecutor(PARALLEL) as pool:

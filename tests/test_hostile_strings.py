@@ -55,9 +55,11 @@ from pve_sglang.facts import verify as verify_facts
 from pve_sglang.facts.container import UnitState
 from pve_sglang.facts.pve import LxcContainerStatus, PctStatus
 from pve_sglang.hosts_file import build_groups
-from pve_sglang.operations import lxc, paths, pct, phase, stack
+from pve_sglang.operations import lxc, paths, pct, phase, stack, wheels
 from pve_sglang.preflight import PreflightError
 from pve_sglang.settings import ContainerSettings, HostSettings, Mount, SettingsError, load_defaults
+from pve_sglang.stack_lock import SHIPPED, Lock, LockKey, parse
+from pve_sglang.wheel_fetch import MANIFEST, sha256_of, wheel_dir
 from tasks.container import container_phase
 from tasks.host import host_phase
 from tasks.verify import verify_phase
@@ -149,7 +151,9 @@ def string_fields(model: type[BaseModel]) -> list[tuple[str, str]]:
 HOST_STRINGS = string_fields(HostSettings)
 CONTAINER_STRINGS = string_fields(ContainerSettings)
 MOUNT_STRINGS = [name for name, kind in string_fields(Mount) if kind == "str"]
-DEFAULTS = load_defaults()
+[SHIPPED_LOCK] = sorted(SHIPPED.glob("*.txt"))
+# The repository's lock is given: a hostile index URL must not start a lock's resolution.
+DEFAULTS = {**load_defaults(), "stack_lock": str(SHIPPED_LOCK)}
 
 
 def _base(field: str) -> str:
@@ -513,6 +517,19 @@ def locate(platform: str, settings: list, sandbox: Sandbox, monkeypatch, problem
 # --- the tests ------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def fetched_wheels(tmp_path_factory, monkeypatch):
+    """The machine running pyinfra has the lock's wheels already (a one-file stand-in): the
+    wheel store's upload runs with each hostile store path, and nothing is downloaded."""
+    cache = tmp_path_factory.mktemp("pyinfra-machine-cache")
+    monkeypatch.setenv("PVE_SGLANG_CACHE", str(cache))
+    folder = wheel_dir(parse(SHIPPED_LOCK))
+    folder.mkdir(parents=True)
+    (folder / "standin-1.0-py3-none-any.whl").write_bytes(b"stand-in")
+    (folder / MANIFEST).write_text(f"{sha256_of(folder / 'standin-1.0-py3-none-any.whl')}  "
+                                   "standin-1.0-py3-none-any.whl\n")
+
+
 def test_the_sandbox_sees_an_unquoted_value(sandbox):
     """The check can fail: an unquoted value creates F, also through pct exec's wrapping."""
     value = PAYLOADS["dollar-paren"]
@@ -570,7 +587,7 @@ def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
 # that. Each operation and fact of the project gets the payloads in every string argument,
 # with the facts saying "nothing there yet" (and "running, changed" for the restart paths).
 
-OPERATION_MODULES = (pct, lxc, stack, paths)
+OPERATION_MODULES = (pct, lxc, stack, paths, wheels)
 FACT_MODULES = (container_facts, nvidia_facts, pve_facts, system_facts, verify_facts)
 RUNNING = {PctStatus: "running", LxcContainerStatus: "RUNNING",
            UnitState: {"active": "active", "enabled": "disabled"}}
@@ -596,6 +613,10 @@ def _argument(annotation: Any, value: str) -> Any:
         return 105
     if origin is Callable or annotation is Callable:
         return lambda: True
+    if annotation is Lock:
+        return parse(SHIPPED_LOCK)  # no string of a lock reaches a shell: its text is uploaded
+    if annotation is LockKey:
+        return LockKey(pins=(("sglang", value),), python="3.11", index_url=value)
     raise TypeError(f"no hostile argument for {annotation!r}")
 
 

@@ -35,13 +35,6 @@ ADDRESS = "10.0.3.202"  # lxc-net's bridge; above what its dnsmasq hands out fir
 NETNS = "pvs-shared-net"
 
 
-def reachable_by_container_root(folder: Path) -> None:
-    """pytest's folders are 0700; an unprivileged container's root must walk down them."""
-    for parent in [folder, *folder.parents]:
-        if parent.stat().st_mode & 0o001 == 0:
-            parent.chmod(parent.stat().st_mode | 0o011)
-
-
 class HostPhase:
     """A hosts file for one plain LXC container and the host phase run through the CLI."""
 
@@ -50,7 +43,7 @@ class HostPhase:
         self.root, self.name, self.netns = root, name, netns
         self.lxc_path = root / "lxc"
         self.lxc_path.mkdir(parents=True, exist_ok=True)
-        reachable_by_container_root(self.lxc_path)
+        lxc_env.reachable_by_container_root(self.lxc_path)
         self.host = {
             "platform": "lxc",
             "require_gpu": False,
@@ -133,6 +126,7 @@ CONTAINER = {
     "hostname": "parity-box",
     "onboot": True,
     "net0": f"name=eth0,bridge=lxcbr0,ip={ADDRESS}/24,gw=10.0.3.1",
+    "wheel_store": None,  # the host phase alone: no locked stack to keep for it
 }
 
 
@@ -145,7 +139,7 @@ def parity(tmp_path_factory):
     shared = root / "models"
     shared.mkdir()
     (shared / "config.json").write_text("{}\n")
-    reachable_by_container_root(shared)
+    lxc_env.reachable_by_container_root(shared)
     phase = HostPhase(root, NAME, {
         **CONTAINER, "mounts": [{"host_path": str(shared), "path": "/models", "read_only": True}],
     })
@@ -262,7 +256,7 @@ def test_shared_network_container_leaves_the_host_interfaces_alone(tmp_path, pri
     if missing:
         pytest.skip(f"needs {', '.join(missing)}")
     phase = HostPhase(tmp_path, "pvs-shared", {"unprivileged": False, "cores": 1,
-                                               "memory_mib": 1024},
+                                               "memory_mib": 1024, "wheel_store": None},
                       host={"lxc_config": ["lxc.net.0.type = none"]}, netns=private_netns)
     try:
         before = netns_network()

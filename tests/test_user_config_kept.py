@@ -307,7 +307,7 @@ def run_host_phase(container, monkeypatch) -> dict:
     hosts = {"local": {"platform": "lxc", "lxc_path": str(container.lxc_path),
                        "lxc_config": ["lxc.net.0.type = none"],
                        "containers": [{"name": container.name, "unprivileged": False,
-                                       "hostname": container.name}]}}
+                                       "hostname": container.name, "wheel_store": None}]}}
     pve_hosts, gpu_containers = build_groups(hosts)
     defaults = load_defaults()
     inventory = Inventory(

@@ -11,86 +11,26 @@ install can only come from the store, read-only, checked against the lock's hash
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pve_sglang import stack_lock
 from pve_sglang.operations.wheels import INCOMING, marker
+from pve_sglang.testing.wheel_store_site import UV, WheelStoreSite, installed
 from pve_sglang.wheel_fetch import MANIFEST
 
-REPO = Path(__file__).resolve().parents[1]
-PYINFRA = Path(sys.executable).parent / "pyinfra"
-DEPLOY = "pve_sglang/testing/deploys/wheel_store.py"
 PINS = (("requests", "2.32.3"),)
-UV = "/opt/uv/uv"
-
-
-def reachable(folder: Path) -> None:
-    """pytest's folders are 0700: an unprivileged container's root must walk down them."""
-    for parent in [folder, *folder.parents]:
-        if parent.stat().st_mode & 0o001 == 0:
-            parent.chmod(parent.stat().st_mode | 0o011)
-
-
-class Site:
-    """A store on this machine, a cache for the pyinfra machine's side, a lock, containers."""
-
-    def __init__(self, root: Path, factory):
-        self.root, self.factory = root, factory
-        self.cache = root / "pyinfra-machine-cache"
-        self.store = root / "store"
-        self.store.mkdir()
-        uv_dir = root / "uv"
-        uv_dir.mkdir()
-        from uv import find_uv_bin
-        shutil.copy(find_uv_bin(), uv_dir / "uv")
-        reachable(self.store)
-        self.mounts = [f"lxc.mount.entry = {self.store} {str(self.store).lstrip('/')} none "
-                       "bind,ro,create=dir 0 0",
-                       f"lxc.mount.entry = {uv_dir} opt/uv none bind,ro,create=dir 0 0"]
-        self.key = stack_lock.LockKey(pins=PINS, python="3.11")
-        self.lock_file = root / "small.lock"
-        self.lock = stack_lock.compile_lock(self.key, self.lock_file)
-
-    def container(self):
-        [box] = self.factory(extra_config=self.mounts, unprivileged=True)
-        return box
-
-    def deploy(self, *boxes) -> dict:
-        """The test deploy on @local and BOXES: {host: [names of the operations it changed]}."""
-        common = {"lock_file": str(self.lock_file), "pins": [list(p) for p in PINS],
-                  "python": "3.11", "store": str(self.store), "uv": UV}
-        hosts = [("@local", common)] + [(b.inventory_name, {**b.host_data(), **common}) for b in boxes]
-        inventory = self.root / "inventory.py"
-        inventory.write_text(f"hosts = {hosts!r}\n")
-        done = subprocess.run([str(PYINFRA), str(inventory), DEPLOY, "-y", "--json"], cwd=REPO,
-                              capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "PVE_SGLANG_CACHE": str(self.cache)})
-        self.last = done
-        if done.returncode != 0:
-            return {"failed": done.stdout[-3000:] + done.stderr[-3000:]}
-        changed: dict = {}
-        for op in json.loads(done.stdout)["results"]["operations"]:
-            for name in op["success"]:
-                changed.setdefault(name, []).append(op["name"])
-        return changed
 
 
 @pytest.fixture
 def site(tmp_path, lxc_container_factory):
-    return Site(tmp_path, lxc_container_factory)
-
-
-def installed(box) -> dict[str, str]:
-    out = box.attach("/opt/stack/venv/bin/python -c 'import importlib.metadata as m, json; "
-                     "print(json.dumps({d.metadata[\"Name\"]: d.version for d in m.distributions()}))'")
-    return {stack_lock.normalized(k): v for k, v in json.loads(out.stdout).items()}
+    key = stack_lock.LockKey(pins=PINS, python="3.11")
+    lock = stack_lock.compile_lock(key, tmp_path / "small.lock")
+    make = lambda **kwargs: lxc_container_factory(**kwargs)[0]  # noqa: E731
+    return WheelStoreSite(tmp_path / "site", make, lock, key)
 
 
 def stray_wheel() -> bytes:

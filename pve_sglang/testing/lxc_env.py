@@ -306,6 +306,14 @@ def shift_ids(root: Path, offset: int) -> None:
                 os.chmod(path, st.st_mode & 0o7777)  # chown cleared them
 
 
+def reachable_by_container_root(folder: Path) -> None:
+    """Make FOLDER walkable by an unprivileged container's root (an unmapped uid): every
+    folder above it gets ``o+x`` (pytest's temporary folders are 0700)."""
+    for parent in [folder, *folder.parents]:
+        if parent.stat().st_mode & 0o001 == 0:
+            parent.chmod(parent.stat().st_mode | 0o011)
+
+
 def root_has_subids() -> bool:
     """Whether /etc/subuid and /etc/subgid give root the unprivileged range used here."""
     for path in ("/etc/subuid", "/etc/subgid"):
