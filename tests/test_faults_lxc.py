@@ -455,8 +455,9 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
                  for dest, body in uploads.items()]
         lines += [f"{defaults['sglang_cache_dir']}|dir|755|", "/etc/sglang|dir|700|",
                   f"{defaults['venv_path']}/pyvenv.cfg|file|644|0"]
-        pins = {"sglang": defaults["sglang_version"], "torch": defaults["torch_version"],
-                "flashinfer_python": defaults["flashinfer_version"]}
+        # A converged venv is the repository's lock of the default set, package for package.
+        from pve_sglang.stack_lock import default_key, lock_for
+        pins = lock_for(default_key()).packages
         debs = ["ca-certificates", "curl", "python3", "python3-venv", "g++", "make",
                 f"cuda-toolkit-{defaults['cuda_toolkit_version'].replace('.', '-')}"]
         py = f"{defaults['venv_path']}/bin/python"
@@ -469,7 +470,7 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
                                       f"ctime=0 size=1 '{runfile}'"} if libcuda == host_version
                else {}),
             text(SglangVenv().command(py, "/opt/sglang")): json.dumps(
-                {"packages": pins, "patch": "already-patched\n"}),
+                {"packages": pins, "patch": "already-patched\n", "python": "3.11"}),
             text(UvVersion().command("/opt/sglang/tools/bin/uv")):
                 f"uv {defaults['uv_version']}",
             text(UnitState().command(SERVICE)): "ActiveState=active\nUnitFileState=enabled",

@@ -61,6 +61,7 @@ def test_store_is_filled_once_and_containers_install_from_it_offline(site):
     assert "failed" not in changed, changed
     assert changed["@local"] == [f"Wheel store {site.store}"]
     assert installed(first) == site.lock.packages
+    assert f"runs lock {site.lock.id} (small.lock): 5 packages as locked" in site.last.stderr + site.last.stdout
     assert first.attach("/opt/stack/venv/bin/python -c 'import requests, charset_normalizer'").returncode == 0
     # Every locked wheel, each with the lock's sha256, and the marker written last.
     manifest = Path(marker(str(site.store), site.lock)).read_text()

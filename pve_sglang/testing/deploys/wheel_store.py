@@ -15,7 +15,7 @@ from pathlib import Path
 from pyinfra import host
 
 from pve_sglang import stack_lock
-from pve_sglang.operations import paths, stack, wheels
+from pve_sglang.operations import paths, stack, verify, wheels
 
 data = host.data
 lock = stack_lock.parse(Path(data.lock_file))
@@ -32,3 +32,5 @@ else:
                       lock_file="/opt/stack/stack.lock", lock=lock,
                       args=stack.source_args(None, None, None, data.store),
                       python_version=data.python)
+    verify.stack_as_locked(name="The stack is the locked set", python="/opt/stack/venv/bin/python",
+                           tools="/opt/stack", lock=lock)
