@@ -82,6 +82,8 @@ def main(argv: list[str]) -> int:
     key = stack_lock.default_key()
     lock = stack_lock.lock_for(key)
     work = Path(tempfile.mkdtemp(prefix="pve-sglang-bench-stack-", dir="/var/tmp"))
+    work.chmod(0o755)  # the unprivileged containers' root walks down to the store
+    (work / "lxc").mkdir()
     env = lxc_env.LxcEnv(lxc_path=work / "lxc")
     try:
         site = WheelStoreSite(work / "site", lambda **kw: env.create(**kw), lock, key)
