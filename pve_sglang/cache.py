@@ -4,7 +4,8 @@ pyinfra 3 caches no fact. What several operations or phases read the same way is
 run here, under a KIND, per host:
 
 - per stage (``per_stage=True``, facts): the container's managed paths (``paths``), its venv
-  (``venv``), a Proxmox container's config (``pct_config``). Prepare (``--dry``) and execute
+  (``venv``), a Proxmox container's config (``pct_config``), the other parts of a container's
+  one read (``operations/container_state.py``: ``debs``, ``uv``, ``unit``, ``hostname``). Prepare (``--dry``) and execute
   keep apart: execute must see the real host. An operation that changes what it read forgets
   it (``forget``, ``changed``), so the next one reads it again.
 - for the whole run (``per_stage=False``): what does not change while the deploy runs or must
@@ -48,11 +49,23 @@ def forget(kind: str, *keys: Hashable, of: Host | None = None) -> None:
 
 def changed(path: str, of: Host | None = None) -> None:
     """An operation changed the file PATH: every per-stage cache of the host forgets what it
-    read from it (a managed path's state, a Proxmox config read through ``pct``)."""
+    read from it (a managed path's state, a Proxmox config read through ``pct``), and what was
+    read through it (``depends``)."""
     h = _host(of)
-    for (_, name, stage), known in _RUNS.get(h.state, {}).items():
+    caches = _RUNS.get(h.state, {})
+    dependents = {dep for (kind, name, stage), known in caches.items()
+                  if kind == "depends" and name == h.name for dep in known.get(path, ())}
+    for (_, name, stage), known in caches.items():
         if name == h.name and stage is not None:
             known.pop(path, None)
+    for kind, key in dependents:
+        forget(kind, key, of=h)
+
+
+def depends(path: str, kind: str, key: Hashable, of: Host | None = None) -> None:
+    """KEY of the host's KIND cache was read through the file PATH (the venv's state runs a
+    script uploaded there): ``changed(PATH)`` forgets it too."""
+    memo("depends", of).setdefault(path, set()).add((kind, key))
 
 
 def once(kind: str, key: Hashable, of: Host | None = None) -> bool:

@@ -14,7 +14,7 @@ from pyinfra.context import state
 from pyinfra.operations import files, server, systemd
 
 from pve_sglang import remote
-from pve_sglang.operations import paths, stack
+from pve_sglang.operations import container_state, paths, stack
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.phases import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import ServerFiles, select_gpus, server_files, stack_lock_of
@@ -109,9 +109,8 @@ def set_hostname(name: str) -> list:
     its hostnamectl needs D-Bus, which is not up yet right after a (re)start."""
     paths.put(name=f"Hostname {name} (/etc/hostname)", src=StringIO(f"{name}\n"),
               dest="/etc/hostname", mode="644")
-    if host.get_fact(Hostname) != name:
-        server.shell(name=f"Hostname {name} (now)",
-                     commands=[StringCommand("hostname", QuoteString(name))])
+    # An operation, not a fact read here: read with the container's other reads at execution.
+    container_state.hostname(name=f"Hostname {name} (now)", hostname=name)
     return []
 
 

@@ -21,7 +21,7 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations.util.files import generate_color_diff
 
 from .. import cache
-from ..facts.container import PathStates
+from . import container_state
 
 SECRET_MASK = "<secret>"
 _ENV_KEY = re.compile(r"\s*(export\s+)?[A-Za-z_][A-Za-z0-9_]*")
@@ -34,12 +34,8 @@ def watch(*paths: str) -> None:
 
 def state(path: str) -> dict | None:
     """What PATH is now (see ``PathStates``), from one read of every watched path not known."""
-    known = cache.memo("paths")
-    if path not in known:
-        watched = cache.memo("watched", per_stage=False).keys()
-        wanted = tuple(sorted((watched - known.keys()) | {path}))
-        known.update(host.get_fact(PathStates, paths=wanted))
-    return known.get(path)
+    # With the container's other reads when its connector folds them.
+    return container_state.path_state(path)
 
 
 def forget(path: str) -> None:

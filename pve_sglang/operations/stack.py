@@ -23,7 +23,7 @@ from ..facts.verify import JournalTail
 from ..remote.venv_state import INSTALL_MARKER
 from ..server_command import check_flags
 from ..stack_lock import Lock, normalized
-from . import paths
+from . import container_state, paths
 from ..cache import forget, memo
 
 RUNFILE_URL = "https://us.download.nvidia.com/XFree86/Linux-x86_64/{v}/NVIDIA-Linux-x86_64-{v}.run"
@@ -42,7 +42,8 @@ def venv_state(python: str, tools: str) -> dict:
     """The ``SglangVenv`` fact of this container, read once until the venv changes."""
     known = memo("venv")
     if (python, tools) not in known:
-        known[(python, tools)] = host.get_fact(SglangVenv, python=python, tools=tools)
+        # With the container's other reads (kept in memo("venv") too).
+        known[(python, tools)] = container_state.read("venv", python, tools)
     return known[(python, tools)]
 
 
@@ -354,7 +355,9 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool],
                    "the environment file": "/etc/sglang/sglang.env"},
         )
     """
-    unit_state = host.get_fact(UnitState, unit=unit)
+    unit_state = container_state.read("unit", unit)
+    # What this operation does moves it: a later ask reads it again.
+    container_state.forget("unit")
     quoted = QuoteString(unit)
     # Written but never loaded (a deploy killed between the write and the reload): the server
     # runs the old unit. Load it and restart, as the killed run would have.
@@ -469,12 +472,13 @@ def tools_venv(path: str, uv_version: str):
                          uv_version="0.13.8")
     """
     uv = f"{path.rstrip('/')}/bin/uv"
-    if host.get_fact(UvVersion, uv=uv) == uv_version:
+    if container_state.read("uv", uv) == uv_version:
         host.noop(f"uv {uv_version} is installed in {path}")
         return
     pip = QuoteString(f"{path}/bin/pip")
     yield StringCommand("[ -x", pip, "] || python3 -m venv", QuoteString(path))
     yield StringCommand(pip, "install", QuoteString(f"uv=={uv_version}"))
+    container_state.forget("uv")
 
 
 @operation()
@@ -564,7 +568,7 @@ def deb_packages(packages: list[str]):
         stack.deb_packages(name="Base packages",
                            packages=["ca-certificates", "curl", "python3", "python3-venv"])
     """
-    installed = host.get_fact(DebPackages)
+    installed = container_state.read("debs")
     missing = [name for name in packages if name not in installed]
     if not missing:
         host.noop("Debian packages installed: " + ", ".join(packages))
@@ -573,3 +577,4 @@ def deb_packages(packages: list[str]):
         "DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive "
         "apt-get install -y -q --no-install-recommends", *(QuoteString(m) for m in missing)
     )
+    container_state.forget("debs")

@@ -28,7 +28,7 @@ from pve_sglang.testing.deploy_cost.fleet import (
 )
 from pve_sglang.testing.deploy_cost.plot import plot
 from pve_sglang.testing.deploy_cost.report import build_report, print_table
-from pve_sglang.testing.deploy_cost.runner import Bench, rounds
+from pve_sglang.testing.deploy_cost.runner import Bench, Checkout, rounds
 
 RESULTS = REPO / "bench" / "results"
 
@@ -45,6 +45,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sizes", default="1,2,4", help="container counts (default 1,2,4)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     parser.add_argument("--keep", action="store_true", help="keep the containers and the work dir")
+    parser.add_argument("--against", metavar="REV",
+                        help="also run each no-op round through git revision REV's own "
+                             "inventory.py deploy.py (a worktree in the work dir), interleaved "
+                             "with this checkout's, and report both")
     parser.add_argument("--replot", type=Path, metavar="JSON",
                         help="only redraw the plot and the table from a results file")
     args = parser.parse_args(argv)
@@ -71,12 +75,15 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: sys.exit(1))
     bench_start = time.monotonic()
+    against = None
     try:
+        if args.against:
+            against = Checkout(work, args.against)
         tarball = bench_tarball(work)
         wh = wheelhouse(work, defaults["sglang_version"])
         bench = Bench(work, tarball, wh, sizes, f"{defaults['service_name']}.service")
 
-        first, noop, snapshots_ok = rounds(bench, sizes, args.reps)
+        first, noop, snapshots_ok, old = rounds(bench, sizes, args.reps, against)
 
         meta = {
             "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
@@ -95,13 +102,17 @@ def main(argv: list[str]) -> int:
                                   "ExecMainStartTimestamp, NRestarts; compared around each no-op run",
             "bench_seconds": round(time.monotonic() - bench_start, 1),
         }
-        write_results(build_report(first, noop, snapshots_ok, meta), args.out)
+        compared = against and {"rev": against.rev, "commit": against.commit,
+                                "new_commit": meta["git_commit"], "imported": against.imported}
+        write_results(build_report(first, noop, snapshots_ok, meta, old, compared), args.out)
         return 0
     finally:
         if args.keep:
             log(f"kept {work}")
         else:
             destroy_containers(work / "lxc")
+            if against:
+                against.remove()
             shutil.rmtree(work, ignore_errors=True)
 
 

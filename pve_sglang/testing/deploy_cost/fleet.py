@@ -44,6 +44,8 @@ def remove_stale_workdirs() -> None:
             log(f"removing stale bench dir {work} (owner {owner} is gone)")
             destroy_containers(work / "lxc")
             shutil.rmtree(work, ignore_errors=True)
+            # Its --against worktree, if any, is gone with it: git forgets it.
+            _run(["git", "-C", str(REPO), "worktree", "prune"], check=False, capture_output=True)
 
 
 def bench_tarball(work: Path) -> Path:

@@ -63,9 +63,15 @@ def plot(report: dict[str, Any], path: Path) -> None:
     for i, v in enumerate(med):
         ax2.annotate(f"{v:.2f}s", (i, v + high[i]), textcoords="offset points", xytext=(0, 4),
                      ha="center")
+    if "against" in report:  # the old revision's medians, from the interleaved runs
+        old = report["against"]["summary"]["old"]["wall_s_median"]
+        ax2.plot(range(len(sizes)), [old[str(n)] for n in sizes], "kx", ms=9, mew=2,
+                 label=f"no-op median, {report['against']['rev']} (old)")
     top = max(max(m + h for m, h in zip(med, high)), GOAL_FOUR_OVER_ONE * med[0],
               max(s["cpu_s"]["median"] for s in noop),
-              GOAL_NOOP_OVER_FIRST * first[0])
+              GOAL_NOOP_OVER_FIRST * first[0],
+              *report.get("against", {}).get("summary", {}).get("old", {}).get(
+                  "wall_s_median", {}).values())
     ax2.set_ylim(0, top * 1.75)
     ax2.set_title("No-op re-run: wall time (stages: median run)")
     ax2.set_xlabel("containers")

@@ -37,19 +37,24 @@ class Bench:
             hosts_file(self.hosts[n], self.lxc_path, tarball, wh, names)
         self.runs = 0
 
-    def deploy(self, n: int, label: str) -> dict[str, Any]:
-        """One pyinfra run against the set of N containers: wall time, JSON, commands."""
+    def deploy(self, n: int, label: str, checkout: "Checkout | None" = None) -> dict[str, Any]:
+        """One pyinfra run against the set of N containers: wall time, JSON, commands. CHECKOUT:
+        another revision's ``inventory.py deploy.py`` and package (``--against``); None: this one."""
         self.runs += 1
         stem = self.work / f"run{self.runs:02d}-{label}-{n}"
         cmd_log = stem.with_suffix(".commands.json")
         env = {**os.environ, "PVE_SGLANG_HOSTS": str(self.hosts[n])}
+        cwd = REPO
+        if checkout is not None:
+            cwd = checkout.path
+            env = checkout.environ(env)
         argv = [sys.executable, "-m", "pve_sglang.testing.deploy_cost.driver", str(cmd_log), "--",
                 "inventory.py", "deploy.py", "-y", "--json"]
         load = os.getloadavg()[0]
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         started_at = time.time()
         start = time.monotonic()
-        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+        proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
         wall = time.monotonic() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         # CPU of pyinfra and of every command it waited for (lxc-attach and what runs inside).
@@ -92,12 +97,15 @@ class Bench:
         return {name: container_snapshot(self.lxc_path, name, self.unit) for name in self.sets[n]}
 
 
-def rounds(bench: Bench, sizes: list[int], reps: int
-           ) -> tuple[dict[int, dict], dict[int, list[dict]], dict[int, bool]]:
-    """The first run of each size, then REPS no-op runs per size, sizes interleaved in each round.
+def rounds(bench: Bench, sizes: list[int], reps: int, against: "Checkout | None" = None
+           ) -> tuple[dict[int, dict], dict[int, list[dict]], dict[int, bool], dict[int, list[dict]]]:
+    """The first run of each size, then REPS no-op runs per size, sizes interleaved in each round;
+    with AGAINST, each no-op run of this checkout follows one of AGAINST's on the same fleet
+    (old 1, new 1, old 2, new 2, ...), so both come from the same conditions.
 
-    Returns the first runs, the no-op runs and, per size, whether every container's snapshot
-    (init process, unit invocation) stayed the same around every no-op run.
+    Returns the first runs, the no-op runs, per size whether every container's snapshot (init
+    process, unit invocation) stayed the same around every no-op run (either checkout's), and
+    AGAINST's no-op runs (empty without it).
     """
     first: dict[int, dict] = {}
     for n in sizes:
@@ -107,18 +115,57 @@ def rounds(bench: Bench, sizes: list[int], reps: int
             f"{first[n]['commands']} commands")
 
     noop: dict[int, list[dict]] = {n: [] for n in sizes}
+    old: dict[int, list[dict]] = {n: [] for n in sizes}
     snapshots_ok = {n: True for n in sizes}
     before = {n: bench.snapshot(n) for n in sizes}
+    variants = ([("old", against)] if against else []) + [("new", None)]
     for rep in range(reps):
         for n in sizes:
-            run = bench.deploy(n, "noop")
-            after = bench.snapshot(n)
-            run["state_unchanged"] = after == before[n]
-            if not run["state_unchanged"]:
-                snapshots_ok[n] = False
-                log(f"  state changed in a no-op run of {n}: {before[n]} -> {after}")
-            before[n] = after
-            noop[n].append(run)
-            log(f"no-op {rep + 1}/{reps}, {n} container(s): {run['wall_s']:.2f}s, "
-                f"{run['commands']} commands, {run['changes']} changes")
-    return first, noop, snapshots_ok
+            for label, checkout in variants:
+                run = bench.deploy(n, "noop" if checkout is None else "noop-old", checkout)
+                after = bench.snapshot(n)
+                run["state_unchanged"] = after == before[n]
+                if not run["state_unchanged"]:
+                    snapshots_ok[n] = False
+                    log(f"  state changed in a no-op run ({label}) of {n}: {before[n]} -> {after}")
+                before[n] = after
+                (noop if checkout is None else old)[n].append(run)
+                log(f"no-op {rep + 1}/{reps}{f' ({label})' if against else ''}, {n} container(s): "
+                    f"{run['wall_s']:.2f}s, {run['commands']} commands, {run['changes']} changes")
+    return first, noop, snapshots_ok, old
+
+
+class Checkout:
+    """A git worktree of revision REV in the bench's work dir, whose own ``inventory.py
+    deploy.py`` and ``pve_sglang`` a run uses (``PYTHONPATH`` before this venv's editable
+    install of the current checkout)."""
+
+    def __init__(self, work: Path, rev: str):
+        self.rev = rev
+        self.path = work / "against"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q",
+                        str(self.path), rev], check=True)
+        self.commit = subprocess.run(["git", "-C", str(self.path), "rev-parse", "--short", "HEAD"],
+                                     check=True, capture_output=True, text=True).stdout.strip()
+        # The package its pyinfra run imports must be its own: checked, not assumed.
+        probe = subprocess.run(
+            [sys.executable, "-c", "import pve_sglang, pve_sglang.connectors.lxc as c, "
+             "pve_sglang.testing.deploy_cost.driver as d; print(pve_sglang.__file__); "
+             "print(c.__file__); print(d.__file__)"],
+            cwd=self.path, env=self.environ(dict(os.environ)), check=True, capture_output=True,
+            text=True)
+        self.imported = probe.stdout.split()
+        outside = [f for f in self.imported if not Path(f).resolve().is_relative_to(self.path.resolve())]
+        if outside:
+            raise RuntimeError(f"--against {rev}: imports {outside}, not its worktree's")
+        log(f"against {rev} ({self.commit}): worktree {self.path}, imports {self.imported[0]}")
+
+    def environ(self, env: dict[str, str]) -> dict[str, str]:
+        return {**env, "PYTHONPATH": os.pathsep.join(
+            [str(self.path), *filter(None, [env.get("PYTHONPATH")])])}
+
+    def remove(self) -> None:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(self.path)],
+                       check=False, capture_output=True)
+        subprocess.run(["git", "-C", str(REPO), "worktree", "prune"], check=False,
+                       capture_output=True)

@@ -1,0 +1,123 @@
+"""One read of what a converged container run checks: each part the command of its own fact.
+
+A read through a container connector costs a process on the host and one in the container
+(``lxc-attach``, ``pct exec`` over SSH). ``ContainerState`` runs the commands of several facts
+(``PARTS``) in one shell, each in its own subshell and section, and hands each section to its
+own fact's ``process``: the values are the ones the facts give read one by one, the checks made
+on them the same. ``operations/container_state.py`` decides what one read asks for.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pyinfra.api import FactBase, StringCommand
+from pyinfra.api.facts import _MISSING_COMMAND_MARKER
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.server import Hostname
+from typing_extensions import override
+
+from .container import PathStates, SglangVenv, UnitState, UvVersion
+
+#: The parts one read can hold: kind -> (fact, the names of its arguments, in order).
+PARTS: dict[str, tuple[type[FactBase], tuple[str, ...]]] = {
+    "paths": (PathStates, ("paths",)),
+    "venv": (SglangVenv, ("python", "tools")),
+    "debs": (DebPackages, ()),
+    "uv": (UvVersion, ("uv",)),
+    "unit": (UnitState, ("unit",)),
+    "hostname": (Hostname, ()),
+}
+
+# The section lines: a part's own output never starts with this (nothing it prints does).
+_MARK = "--pve-sglang-part"
+_END = re.compile(rf"^{_MARK}-end (\d+) (\d+)$")
+_START = re.compile(rf"^{_MARK} (\d+)$")
+
+
+class PartFailed:
+    """A part whose command exited with RC (its fact would have failed the host)."""
+
+    def __init__(self, rc: int, lines: list[str]):
+        self.rc, self.lines = rc, lines
+
+    def __repr__(self) -> str:
+        return f"PartFailed(rc={self.rc}, {self.lines[-3:]!r})"
+
+
+class PartMissingCommand:
+    """A part whose fact needs a command the container lacks (pyinfra's ``requires_command``)."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+
+def part_command(kind: str, args: tuple) -> StringCommand | str:
+    """The command of part KIND's fact for ARGS, guarded as pyinfra guards it when the fact
+    requires a command (``_get_fact``)."""
+    fact = PARTS[kind][0]()
+    command = fact.command(*args)
+    required = fact.requires_command(*args)
+    if not required:
+        return command
+    return StringCommand("if command -v", required, ">/dev/null 2>&1; then (", command,
+                         "); else echo", f"'{_MISSING_COMMAND_MARKER}';", "fi")
+
+
+class ContainerState(FactBase[dict]):
+    """
+    Returns each part's section of output, ``{index: (lines, exit status)}``, for PARTS
+    (``((kind, args), ...)``, kinds of ``PARTS``) read in one command; ``part_values`` turns
+    them into the values of the parts' own facts.
+    """
+
+    @override
+    def command(self, parts: tuple) -> StringCommand:
+        pieces: list = []
+        for i, (kind, args) in enumerate(parts):
+            # A subshell each: a part's own `exit` (SglangVenv's) ends only its part; the end
+            # line starts on a line of its own even when the part's output has no newline.
+            pieces += [f"echo '{_MARK} {i}'; (", part_command(kind, args),
+                       f"); printf '\\n{_MARK}-end {i} %s\\n' $?;"]
+        return StringCommand(*pieces)
+
+    @staticmethod
+    @override
+    def default() -> dict:
+        return {}
+
+    @override
+    def process(self, output: list[str]) -> dict:
+        # pyinfra's process gets no arguments: the parts come back by their order.
+        sections: dict[int, list[str]] = {}
+        ends: dict[int, int] = {}
+        current: int | None = None
+        for line in output:
+            start, end = _START.match(line), _END.match(line)
+            if start:
+                current = int(start.group(1))
+                sections[current] = []
+            elif end:
+                ends[int(end.group(1))] = int(end.group(2))
+                current = None
+            elif current is not None:
+                sections[current].append(line)
+        return {i: (lines, ends.get(i)) for i, lines in sections.items()}
+
+
+def part_values(parts: tuple, raw: dict) -> dict:
+    """``{(kind, args): value}`` of PARTS from ``ContainerState``'s output RAW: each section
+    as its own fact would have processed it read alone."""
+    values = {}
+    for i, (kind, args) in enumerate(parts):
+        lines, rc = raw.get(i, ([], None))
+        while lines and not lines[-1].strip():  # the end line's own newline
+            lines = lines[:-1]
+        fact = PARTS[kind][0]()
+        if rc is None or rc != 0:
+            values[(kind, args)] = PartFailed(-1 if rc is None else rc, lines)
+        elif lines == [_MISSING_COMMAND_MARKER]:
+            values[(kind, args)] = PartMissingCommand(str(fact.requires_command(*args)))
+        else:
+            values[(kind, args)] = fact.process(lines) if lines else fact.default()
+    return values

@@ -1,0 +1,178 @@
+"""What a container run checks, read in one command per run stage (``ContainerState``).
+
+A converged container run asks its managed paths (``paths.state``), its Debian packages, the
+tools venv's uv, the sglang venv (one Python start), the server unit and, on plain LXC, the
+hostname: six facts, six processes on the host and in the container. ``read`` answers the
+first of them with one read of all that the run will ask (``expected``: what the container
+phase's operations ask for these settings) and keeps each answer in the per-stage cache of
+its kind (``cache.memo``), where the operations' own ``forget`` finds it:
+
+- ``paths``: ``memo("paths")[path]``, forgotten by ``paths.forget`` (``cache.changed``);
+- ``venv``: ``memo("venv")[(python, tools)]``, forgotten by ``stack.venv_changed``, and when the
+  autotune patch script it runs is written (``cache.depends``);
+- ``debs``, ``uv``, ``hostname``: forgotten by the operation that installs or sets them;
+- ``unit``: ``memo("unit")[unit]``, forgotten when the unit file is written (its
+  ``NeedDaemonReload`` moves) and by ``service_running``'s own commands.
+
+A part not expected, or asked again after it was forgotten, is read alone, with its own fact.
+Only through a container connector are parts folded: that is where a read is a process on the
+host and in the container; any other connector (SSH into a machine, ``@fake`` in the plan
+tests) reads each part with its own fact, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from pyinfra import host
+from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+from pyinfra.api.exceptions import MissingCommandError
+
+from .. import cache, remote
+from ..facts.container_state import (
+    PARTS,
+    ContainerState,
+    PartFailed,
+    PartMissingCommand,
+    part_values,
+)
+
+#: The tools venv's uv, as ``tasks/container.py`` installs it (``stack.tools_venv``).
+TOOLS_UV = f"{remote.TOOLS}/tools/bin/uv"
+
+
+def _folds() -> bool:
+    from ..connectors.container import ContainerConnector
+
+    return isinstance(getattr(host, "connector", None), ContainerConnector)
+
+
+def expected() -> list[tuple[str, tuple]]:
+    """The parts (``(kind, args)``) the container phase's operations ask for this host's
+    settings, paths aside (``paths.watch`` names those); none outside ``gpu_containers``."""
+    if "gpu_containers" not in getattr(host, "groups", ()):
+        return []
+    from ..server_command import unit_name, venv_python
+    from ..settings import ContainerSettings, host_settings
+
+    cs = host_settings(ContainerSettings)
+    parts = [("debs", ()), ("uv", (TOOLS_UV,)), ("venv", (venv_python(cs), remote.TOOLS)),
+             ("unit", (unit_name(cs),))]
+    if host.data.get("platform") == "lxc":
+        parts.append(("hostname", ()))
+    return parts
+
+
+def _key(kind: str, args: tuple) -> Hashable:
+    """Where part KIND/ARGS is kept in ``memo(kind)``: the keys the operations forget."""
+    if kind == "venv":
+        return args
+    return args[0] if args else None
+
+
+def _pending_paths(asked: tuple[str, ...] = ()) -> tuple[str, ...]:
+    known = cache.memo("paths")
+    watched = cache.memo("watched", per_stage=False).keys()
+    return tuple(sorted((watched - known.keys()) | set(asked)))
+
+
+def _store(kind: str, args: tuple, value) -> None:
+    if kind == "paths":
+        if isinstance(value, dict):
+            cache.memo("paths").update(value)
+        else:  # failed: every asked path holds the failure
+            cache.memo("paths").update(dict.fromkeys(args[0], value))
+        return
+    cache.memo(kind)[_key(kind, args)] = value
+    if kind == "venv":
+        # It runs the patch script's --check: a new script forgets what the old one said.
+        cache.depends(remote.path(remote.AUTOTUNE_PATCH, args[1]), kind, _key(kind, args))
+    elif kind == "unit":
+        # Writing the unit file moves its NeedDaemonReload (``server_command.unit_path``).
+        cache.depends(f"/etc/systemd/system/{args[0]}", kind, _key(kind, args))
+
+
+def _read_alone(kind: str, args: tuple):
+    fact, names = PARTS[kind]
+    return host.get_fact(fact, **dict(zip(names, args)))
+
+
+def _checked(kind: str, args: tuple, value):
+    if isinstance(value, PartMissingCommand):
+        raise MissingCommandError(value.command)
+    if isinstance(value, PartFailed):
+        raise OperationError(f"could not read {kind} {args or ''} in the container "
+                             f"(exit status {value.rc}): {' '.join(value.lines[-3:])}")
+    return value
+
+
+def read(kind: str, *args):
+    """Part KIND (a kind of ``PARTS``) for ARGS, as its own fact gives it; the first ask of a
+    run stage reads every expected part not known yet, in one command."""
+    if kind == "paths":
+        raise TypeError("paths are read with path_state")
+    known = cache.memo(kind)
+    key = _key(kind, args)
+    if key not in known:
+        wanted = [(kind, args)]
+        if _folds():
+            wanted += [p for p in expected()
+                       if p != (kind, args) and _key(*p) not in cache.memo(p[0])]
+            paths = _pending_paths()
+            if paths:
+                wanted.append(("paths", (paths,)))
+        _read(wanted)
+    return _checked(kind, args, known[key])
+
+
+def path_state(path: str) -> dict | None:
+    """What PATH is (``PathStates``), from ``memo("paths")``; when it is not known, one read of
+    it, every watched path not known and, when the connector folds, every expected part not
+    known."""
+    known = cache.memo("paths")
+    if path not in known:
+        wanted = [("paths", (_pending_paths((path,)),))]
+        if _folds():
+            wanted += [p for p in expected() if _key(*p) not in cache.memo(p[0])]
+        _read(wanted)
+    return _checked("paths", (path,), known.get(path))
+
+
+def _read(wanted: list[tuple[str, tuple]]) -> None:
+    if len(wanted) == 1:
+        kind, args = wanted[0]
+        _store(kind, args, _read_alone(kind, args))
+        return
+    parts = tuple(wanted)
+    values = part_values(parts, host.get_fact(ContainerState, parts=parts))
+    for (kind, args), value in values.items():
+        _store(kind, args, value)
+
+
+def forget(kind: str) -> None:
+    """An operation changed what part KIND reads: the next ask reads it again."""
+    cache.forget(kind)
+
+
+@operation()
+def hostname(hostname: str):
+    """
+    Set the container's running hostname to HOSTNAME when it differs (``hostname NAME``; not
+    pyinfra's ``server.hostname``: its hostnamectl needs D-Bus, which is not up yet right after
+    a (re)start). Read with the run's one read of the container (``read``).
+
+    + hostname: the name
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import container_state
+
+        container_state.hostname(name="Hostname gpu-box (now)", hostname="gpu-box")
+    """
+    if read("hostname") == hostname:
+        host.noop(f"hostname is {hostname}")
+        return
+    yield StringCommand("hostname", QuoteString(hostname))
+    forget("hostname")
