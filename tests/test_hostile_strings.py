@@ -231,6 +231,12 @@ def _responses(platform: str) -> dict:
             "status": 200, "text": "Red, blue and yellow.", "tokens": 5, "ttft_s": 0.05,
             "elapsed_s": 0.1, "logprobs": ["-0.1"], "model": "m"}),
         "sglang.bench_serving": (FIXTURES / "bench" / "bench_serving_0.5.9.txt").read_text(),
+        # The venv is the locked set, as the verify phase finds it after the install (a
+        # recorded answer cannot change between the install and the check); the install
+        # command itself gets hostile arguments in test_every_operation_quotes_its_string_arguments.
+        # (Matched on its script's text: the venv's path may be a hostile one.)
+        "importlib.metadata.distributions()": json.dumps({"packages": parse(SHIPPED_LOCK).packages,
+                                      "patch": "already-patched\n", "python": "3.11"}),
     }
     # The @fake connector answers the first key contained in a command: longest first.
     return dict(sorted(answers.items(), key=lambda item: -len(str(item[0]))))

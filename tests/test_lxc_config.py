@@ -72,7 +72,10 @@ def test_config_lines_unprivileged_first_then_name_autostart_nesting_network_mou
                          "lxc.idmap = u 0 100000 65536", "lxc.idmap = g 0 100000 65536"]
     assert "lxc.uts.name = box" in lines and "lxc.start.auto = 0" in lines
     assert "lxc.include = /usr/share/lxc/config/nesting.conf" in lines
-    assert lines[-1] == "lxc.mount.entry = /tank/m models none bind,ro,create=dir,x-pve-sglang 0 0"
+    assert lines[-2] == "lxc.mount.entry = /tank/m models none bind,ro,create=dir,x-pve-sglang 0 0"
+    # Then the host's wheel store, read-only, which the locked install reads from.
+    assert lines[-1] == ("lxc.mount.entry = /var/cache/pve-sglang/wheels var/cache/pve-sglang/wheels "
+                         "none bind,ro,create=dir,x-pve-sglang 0 0")
     assert f"lxc.net.0.hwaddr = {hwaddr('ct1')}" in lines and hwaddr("ct1") == hwaddr("ct1")
     privileged = config_lines(settings(nesting=False), "box", "ct1", None,
                               ["lxc.net.0.type = none"])

@@ -46,7 +46,14 @@ class WheelStoreSite:
         self.seconds = 0.0
 
     def container(self):
-        return self.make(extra_config=self.mounts, unprivileged=True)
+        from .lxc_env import LxcError
+
+        try:
+            return self.make(extra_config=self.mounts, unprivileged=True)
+        except LxcError:
+            # A start seen aborting once while other containers started and stopped on this
+            # machine: one more try, and a second failure stands.
+            return self.make(extra_config=self.mounts, unprivileged=True)
 
     def deploy(self, *boxes, limit: str | None = None) -> dict:
         """The deploy on @local and BOXES (LIMIT: one inventory name only): ``{host: [names of
