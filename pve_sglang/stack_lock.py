@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from packaging.utils import canonicalize_name as normalized  # PEP 503 names
+
 from .project import ROOT
 
 #: The locks of the default release sets, in the checkout.
@@ -39,11 +41,6 @@ _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 
 class LockError(ValueError):
     """A lock that cannot be used: unreadable, without hashes, or not the pinned set."""
-
-
-def normalized(name: str) -> str:
-    """A distribution name as indexes and installers compare it (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -115,8 +114,3 @@ def _write_manifest(lock: Lock, folder: Path) -> dict[str, str]:
 
 def total_bytes(folder: Path, entries: dict[str, str]) -> int:
     return sum((folder / name).stat().st_size for name in entries)
-
-
-def remove(lock: Lock) -> None:
-    """Forget the wheels of LOCK on this machine (the bench starts cold with it)."""
-    shutil.rmtree(wheel_dir(lock), ignore_errors=True)
