@@ -88,6 +88,10 @@ stack_python = "3.11"
 # Folder on the host that keeps the locked set's wheels, read-only in each container, which
 # installs from it offline with hashes checked; null: each container downloads its own.
 wheel_store = "/var/cache/pve-sglang/wheels"
+# Install the locked set but sglang once per host, into a read-only layer in the wheel store
+# that every container's venv reads (sglang stays in the venv: the autotune patch writes to
+# it); false: each venv holds the whole set.
+shared_layer = True
 # URL of NVIDIA's driver runfile; null: NVIDIA's download URL for the host's version.
 nvidia_runfile_url = None
 # Path of the driver runfile on the machine running pyinfra (uploaded; no download).

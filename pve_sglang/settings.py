@@ -450,6 +450,7 @@ class ContainerSettings(_Strict):
     stack_lock: Annotated[str, AfterValidator(local_file)] | None
     stack_python: Annotated[str, BeforeValidator(_version_text), AfterValidator(major_minor)]
     wheel_store: MountPath | None
+    shared_layer: bool
     nvidia_runfile_url: HttpUrl | None
     nvidia_runfile_path: Annotated[str, AfterValidator(local_file)] | None
 
@@ -568,6 +569,11 @@ class ContainerSettings(_Strict):
     def uses_wheel_store(self) -> bool:
         """Whether the container installs the locked set from the host's wheel store."""
         return self.stack_install == "pinned" and self.wheel_store is not None
+
+    @property
+    def uses_shared_layer(self) -> bool:
+        """Whether the venv reads the locked set but sglang from the host's shared layer."""
+        return self.uses_wheel_store and self.shared_layer
 
     @property
     def all_mounts(self) -> list[Mount]:

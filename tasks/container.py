@@ -14,16 +14,19 @@ from pyinfra.context import state
 from pyinfra.operations import files, server, systemd
 
 from pve_sglang import remote
-from pve_sglang.operations import container_state, paths, stack
+from pve_sglang.operations import container_state, layer, paths, stack
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.phases import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import ServerFiles, select_gpus, server_files, stack_lock_of
 from pve_sglang.server_command import LAUNCHER, env_file_path, unit_name, unit_path, venv_python
 from pve_sglang.settings import ContainerSettings, container_hostname, host_settings
+from pve_sglang.stack_lock import Lock
 
 TOOLS = remote.TOOLS
 #: The lock of the container's stack, as its venv was last made from it.
 LOCK_FILE = f"{TOOLS}/stack.lock"
+#: Its part the venv holds itself when the rest comes from the host's shared layer.
+VENV_LOCK_FILE = f"{TOOLS}/stack-venv.lock"
 BASE_PACKAGES = ["ca-certificates", "curl", "python3", "python3-venv"]
 # FlashInfer compiles kernels at run time: nvcc and a host compiler.
 JIT_PACKAGES = ["g++", "make"]
@@ -125,6 +128,7 @@ def container_steps() -> None:
         *(remote.path(script) for script in (remote.AUTOTUNE_PATCH, remote.FLAG_LISTER)),
         LAUNCHER, f"{cs.venv_path}/pyvenv.cfg",
         cs.venv_path, *([LOCK_FILE] if cs.stack_install == "pinned" else []),
+        *(shared_layer_paths(cs) if cs.uses_shared_layer else []),
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
         unit_path(cs), f"{cs.model_path}/config.json",
         *(["/etc/hostname"] if host.data.get("platform") == "lxc" else []),
@@ -214,14 +218,20 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
         paths.put(name=f"Stack lock {lock.id} ({lock.path.name})", src=StringIO(lock.text),
                   dest=LOCK_FILE, mode="644")
         source = "the host's wheel store, offline" if cs.uses_wheel_store else "the index"
+        restart_on = []
+        lock_file, own = LOCK_FILE, None
+        if cs.uses_shared_layer:
+            restart_on += shared_layer(cs, uv, py, lock)
+            lock_file, own = VENV_LOCK_FILE, layer.venv_names(lock)
+            source += ", the rest in the host's shared layer"
         packages = stack.locked_venv(
             name=f"sglang stack as locked: {lock.summary()}, from {source}",
-            uv=uv, python=py, tools=TOOLS, lock_file=LOCK_FILE, lock=lock,
+            uv=uv, python=py, tools=TOOLS, lock_file=lock_file, lock=lock,
             args=stack.source_args(cs.pip_index_url, cs.torch_index_url, cs.wheelhouse,
                                    cs.wheel_store if cs.uses_wheel_store else None),
-            python_version=cs.stack_python,
+            python_version=cs.stack_python, own=own,
         )
-        return [packages]
+        return [*restart_on, packages]
     pins = {"sglang": cs.sglang_version}
     packages = stack.venv_packages(
         name=f"sglang sglang=={cs.sglang_version} (no dependencies)",
@@ -238,6 +248,31 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
         ),
     )
     return [packages]
+
+
+def shared_layer_paths(cs: ContainerSettings) -> list[str]:
+    """The paths the shared layer's steps ask about: its marker (through the store's mount),
+    the venv's ``.pth`` and its own lock."""
+    assert cs.wheel_store is not None
+    lock, _ = stack_lock_of(host.name, cs)
+    return [layer.marker(cs.wheel_store, lock), layer.pth_path(cs.venv_path, cs.stack_python),
+            VENV_LOCK_FILE]
+
+
+def shared_layer(cs: ContainerSettings, uv: str, py: str, lock: Lock) -> list:
+    """The host's shared layer of LOCK (built once per host), the venv's ``.pth`` to it, and
+    the lock of what the venv holds itself; the ops that need a restart."""
+    assert cs.wheel_store is not None
+    layer.shared(name=f"Shared stack layer of lock {lock.id} in {cs.wheel_store}/layers "
+                      f"({len(layer.layer_names(lock))} packages, built once per host)",
+                 uv=uv, python=py, store=cs.wheel_store, lock=lock)
+    pth = paths.put(name=f"The venv reads the shared layer ({layer.PTH})",
+                    src=StringIO(layer.pth_text(cs.wheel_store, lock)),
+                    dest=layer.pth_path(cs.venv_path, cs.stack_python), mode="644")
+    own = paths.put(name=f"Stack lock {lock.id}, the venv's own part ({', '.join(layer.venv_names(lock))})",
+                    src=StringIO(lock.requirement_lines(layer.venv_names(lock))),
+                    dest=VENV_LOCK_FILE, mode="644")
+    return [pth, own]
 
 
 def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: list,

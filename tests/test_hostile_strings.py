@@ -55,7 +55,7 @@ from pve_sglang.facts import verify as verify_facts
 from pve_sglang.facts.container import UnitState
 from pve_sglang.facts.pve import LxcContainerStatus, PctStatus
 from pve_sglang.hosts_file import build_groups
-from pve_sglang.operations import lxc, paths, pct, phase, stack, wheels
+from pve_sglang.operations import layer, lxc, paths, pct, phase, stack, wheels
 from pve_sglang.preflight import PreflightError
 from pve_sglang.settings import ContainerSettings, HostSettings, Mount, SettingsError, load_defaults
 from pve_sglang.stack_lock import SHIPPED, Lock, LockKey, parse
@@ -593,7 +593,7 @@ def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
 # that. Each operation and fact of the project gets the payloads in every string argument,
 # with the facts saying "nothing there yet" (and "running, changed" for the restart paths).
 
-OPERATION_MODULES = (pct, lxc, stack, paths, wheels)
+OPERATION_MODULES = (pct, lxc, stack, paths, wheels, layer)
 FACT_MODULES = (container_facts, nvidia_facts, pve_facts, system_facts, verify_facts)
 RUNNING = {PctStatus: "running", LxcContainerStatus: "RUNNING",
            UnitState: {"active": "active", "enabled": "disabled"}}
@@ -692,6 +692,26 @@ def test_every_operation_quotes_its_string_arguments(payload, sandbox):
             planned += len(shell)
             problems += [f"{name}: {p}" for p in _run_all(sandbox, shell)]
     assert planned > 30  # the operations did plan their commands
+    assert not problems, "\n".join(problems)
+
+
+class _ShellExec:
+    """A container exec tool in the sandbox: the inner command runs in its own ``sh -c``, as
+    ``lxc-attach ... -- sh -c`` and ``pct exec ... -- sh -c`` run it."""
+
+    def make_exec_command(self, inner: StringCommand) -> StringCommand:
+        return StringCommand("sh", "-c", QuoteString(inner))
+
+
+@pytest.mark.parametrize("payload", list(PAYLOADS))
+def test_the_shared_layer_commands_quote_their_paths(payload, sandbox):
+    """The layer's commands are made at execution (a FunctionCommand): run them here."""
+    value = PAYLOADS[payload]
+    store = f"/srv/{value}"
+    commands = [layer.install_command(f"/opt/{value}/uv", f"/opt/{value}/python", store,
+                                      f"/tmp/{value}.txt"),
+                layer.copy_command(_ShellExec(), store, parse(SHIPPED_LOCK))]
+    problems = _run_all(sandbox, [command.get_raw_value() for command in commands])
     assert not problems, "\n".join(problems)
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from pve_sglang import stack_lock
+from pve_sglang.operations import layer
 from pve_sglang.operations.wheels import INCOMING, marker
-from pve_sglang.testing.wheel_store_site import UV, WheelStoreSite, installed
+from pve_sglang.testing.wheel_store_site import UV, WheelStoreSite, installed, own_site_packages
 from pve_sglang.wheel_fetch import MANIFEST
 
 PINS = (("requests", "2.32.3"),)
@@ -120,3 +121,93 @@ def test_a_wheel_that_is_not_the_locked_one_never_enters_the_store(site, monkeyp
     shutil.rmtree(folder)
     assert site.deploy() == {"@local": [f"Wheel store {site.store}"]}
     assert (folder / MANIFEST).exists()
+
+
+OWN = ("requests",)
+
+
+@pytest.fixture
+def layered(site):
+    site.own = OWN
+    return site
+
+
+def layer_folder(site) -> Path:
+    return Path(layer.path(str(site.store), site.lock))
+
+
+def test_the_shared_layer_is_built_once_owned_by_the_host_and_read_only(layered):
+    site = layered
+    first = site.container()
+    changed = site.deploy(first)
+    assert "failed" not in changed, changed
+    assert "Shared stack layer" in changed[first.inventory_name]
+    # The layer: every locked package but the venv's own, the host's root's, marker last.
+    folder = layer_folder(site)
+    names = {p.name for p in folder.iterdir()}
+    assert {"idna", "urllib3", "certifi", "charset_normalizer"} <= names
+    assert not any(n.startswith("requests") for n in names)
+    assert all(p.stat().st_uid == 0 and not p.stat().st_mode & 0o022 for p in folder.rglob("*"))
+    assert Path(layer.marker(str(site.store), site.lock)).is_file()
+    assert list(folder.rglob("*.pyc")), "bytecode compiled once, in the layer"
+    assert not list(site.store.glob(".incoming-layer-*"))
+    # The venv holds only its own part and imports the rest from the layer.
+    own = own_site_packages(first)
+    assert any(n.startswith("requests") for n in own) and not any(n.startswith("idna") for n in own)
+    assert installed(first) == site.lock.packages
+    assert first.attach("/opt/stack/venv/bin/python -c 'import idna; print(idna.__file__)'"
+                        ).stdout.startswith(str(folder))
+    assert f"runs lock {site.lock.id} (small.lock): 5 packages as locked" in site.last.stderr + site.last.stdout
+    assert first.attach("test -e /var/tmp/pve-sglang-layer", check=False).returncode != 0
+    attempt = first.attach(f"touch {folder}/idna/x 2>&1; rm -rf {folder}/idna 2>&1", check=False)
+    assert "Read-only file system" in attempt.stdout
+    assert (folder / "idna" / "__init__.py").exists()
+
+    assert site.deploy(first) == {}  # converged
+
+    # A second container finds the layer: it installs its own part only.
+    second = site.container()
+    changed = site.deploy(first, second)
+    assert list(changed) == [second.inventory_name], changed
+    assert "Shared stack layer" not in changed[second.inventory_name]
+    assert installed(second) == site.lock.packages
+    assert not any(n.startswith("idna") for n in own_site_packages(second))
+
+
+def test_containers_new_and_old_in_one_run_share_one_layer_build(site):
+    # A container whose venv holds the whole set (shared layer off), then the layer turned on
+    # with a new container beside it: one build, and the old venv gives up its copies.
+    old = site.container()
+    assert "failed" not in site.deploy(old)
+    assert any(n.startswith("idna") for n in own_site_packages(old))
+    site.own = OWN
+    new = site.container()
+    changed = site.deploy(old, new)
+    assert "failed" not in changed, changed
+    out = site.last.stderr + site.last.stdout
+    assert out.count("building the shared layer") == 1, out
+    assert out.count("was built by another container") == 1, out
+    assert "in the venv, not the shared layer: idna" in out
+    for box in (old, new):
+        assert installed(box) == site.lock.packages
+        assert not any(n.startswith("idna") for n in own_site_packages(box))
+    assert site.deploy(old, new) == {}
+
+
+def test_a_layered_venv_drifting_is_reconciled(layered):
+    site = layered
+    box = site.container()
+    assert "failed" not in site.deploy(box)
+    # A copy of a layer's package in the venv itself, and a package the lock does not hold.
+    box.attach(f"{UV} pip install --offline --no-index --find-links {site.store} --no-deps "
+               f"--python /opt/stack/venv/bin/python idna=={site.lock.packages['idna']}")
+    box.attach("cat > /tmp/stray-1.0-py3-none-any.whl", input=stray_wheel())
+    box.attach(f"{UV} pip install --offline --python /opt/stack/venv/bin/python "
+               "/tmp/stray-1.0-py3-none-any.whl")
+    changed = site.deploy(box)
+    assert changed == {box.inventory_name: ["Stack as locked, from the wheel store"]}, changed
+    out = site.last.stderr + site.last.stdout
+    assert "in the venv, not the shared layer: idna" in out or "not in the lock: stray" in out
+    assert installed(box) == site.lock.packages
+    assert not any(n.startswith(("idna", "stray")) for n in own_site_packages(box))
+    assert site.deploy(box) == {}

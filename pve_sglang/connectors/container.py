@@ -229,6 +229,11 @@ class ContainerConnector(BaseConnector, abc.ABC):
             **control_arguments,
         )
 
+    def run_on_host(self, command: StringCommand) -> tuple[bool, CommandOutput]:
+        """Run COMMAND on the container's host (not in the container), e.g. a pipe from
+        ``make_exec_command`` into a host-side tool."""
+        return self._run_on_host(command)
+
     @override
     def run_shell_command(
         self,

@@ -7,6 +7,7 @@ import json
 import re
 import time
 
+from packaging.utils import canonicalize_name
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
@@ -44,7 +45,9 @@ class SglangVenv(FactBase[dict]):
     Returns the state of the sglang venv at PYTHON: ``packages`` (``{normalised name:
     version}``) and ``patch`` (the last line of ``remote/autotune_patch.py --check`` in TOOLS:
     needs-patch, already-patched, upstream-enabled, unrecognised: ...; None when sglang or the
-    script is not there yet) and ``incomplete`` (an install was cut short: ``remote.venv_state.INSTALL_MARKER``).
+    script is not there yet), ``incomplete`` (an install was cut short: ``remote.venv_state.INSTALL_MARKER``),
+    ``in_venv`` (the packages in the venv's own site-packages, not the shared layer) and
+    ``python`` (its version, ``3.11``).
     ``{"packages": {}, "patch": None}`` before the venv exists.
     """
 
@@ -64,9 +67,11 @@ class SglangVenv(FactBase[dict]):
         raw = json.loads("".join(output))
         patch_lines = [line.strip() for line in raw.get("patch", "").splitlines() if line.strip()]
         return {
-            "packages": {re.sub(r"[-_.]+", "-", n).lower(): v for n, v in raw["packages"].items()},
+            "packages": {canonicalize_name(n): v for n, v in raw["packages"].items()},
+            "in_venv": sorted(canonicalize_name(n) for n in raw.get("in_venv", [])),
             "patch": patch_lines[-1] if patch_lines else None,
             "incomplete": bool(raw.get("incomplete")),
+            "python": raw.get("python"),
         }
 
 

@@ -180,7 +180,7 @@ def source_args(index_url: str | None, extra_index_url: str | None, wheelhouse: 
 
 @operation()
 def locked_venv(uv: str, python: str, tools: str, lock_file: str, lock: Lock, args: list[str],
-                python_version: str):
+                python_version: str, own: list[str] | None = None):
     """
     Make the venv at PYTHON exactly the locked set (``uv pip sync --require-hashes``: every
     file checked against the lock's sha256, packages not in the lock removed) when what is
@@ -194,6 +194,9 @@ def locked_venv(uv: str, python: str, tools: str, lock_file: str, lock: Lock, ar
     + lock: the parsed lock (``stack_lock.lock_for``)
     + args: where the files come from (``source_args``)
     + python_version: the containers' Python the lock is made for (``stack_python``)
+    + own: the packages the venv holds itself when the rest comes from the host's shared
+      layer (``layer.venv_names``; LOCK_FILE then holds only them); any other package in the
+      venv's own site-packages is a difference. None: the venv holds the whole set
 
     **Example:**
 
@@ -221,6 +224,9 @@ def locked_venv(uv: str, python: str, tools: str, lock_file: str, lock: Lock, ar
             f"stack_python: '{running}' (a lock for it is made once on this machine)"
         )
     differences = lock_differences(state["packages"], lock.packages) if state["packages"] else []
+    if own is not None:
+        differences += [f"in the venv, not the shared layer: {name}"
+                        for name in state.get("in_venv", []) if name not in own]
     incomplete = bool(state.get("incomplete"))
     if state["packages"] and not differences and not incomplete:
         host.noop(f"the venv is the locked set: {lock.summary()}, lock {lock.id}")

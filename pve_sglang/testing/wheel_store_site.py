@@ -28,10 +28,12 @@ class WheelStoreSite:
     """ROOT/store (the host's store), ROOT/pyinfra-machine-cache, containers from MAKE
     (``LxcEnv.create``-like: ``make(extra_config=..., unprivileged=True)``)."""
 
-    def __init__(self, root: Path, make, lock: Lock, key: LockKey):
+    def __init__(self, root: Path, make, lock: Lock, key: LockKey,
+                 own: tuple[str, ...] | None = None):
         from uv import find_uv_bin
 
-        self.root, self.make, self.lock, self.key = root, make, lock, key
+        # OWN: the venvs hold these and read the rest from the shared layer; None: whole set.
+        self.root, self.make, self.lock, self.key, self.own = root, make, lock, key, own
         self.cache = root / "pyinfra-machine-cache"
         self.store = root / "store"
         self.store.mkdir(parents=True, exist_ok=True)
@@ -59,7 +61,8 @@ class WheelStoreSite:
         """The deploy on @local and BOXES (LIMIT: one inventory name only): ``{host: [names of
         the operations it changed]}``, or ``{"failed": output}``; its wall time in ``seconds``."""
         common = {"lock_file": str(self.lock.path), "pins": [list(p) for p in self.key.pins],
-                  "python": self.key.python, "store": str(self.store), "uv": UV}
+                  "python": self.key.python, "store": str(self.store), "uv": UV,
+                  "own": None if self.own is None else list(self.own)}
         hosts = [("@local", common)] + [(b.inventory_name, {**b.host_data(), **common}) for b in boxes]
         inventory = self.root / "inventory.py"
         inventory.write_text(f"hosts = {hosts!r}\n")
@@ -81,9 +84,18 @@ class WheelStoreSite:
 
 
 def installed(box, python: str = "/opt/stack/venv/bin/python") -> dict[str, str]:
-    """``{normalized name: version}`` of the container's venv."""
+    """``{normalized name: version}`` of what the container's venv imports (the first of a name
+    on ``sys.path``: the venv's own before the shared layer's)."""
     from ..stack_lock import normalized
 
     out = box.attach(f"{python} -c 'import importlib.metadata as m, json; "
-                     "print(json.dumps({d.metadata[\"Name\"]: d.version for d in m.distributions()}))'")
-    return {normalized(k): v for k, v in json.loads(out.stdout).items()}
+                     "print(json.dumps([[d.metadata[\"Name\"], d.version] for d in m.distributions()]))'")
+    found: dict[str, str] = {}
+    for name, version in json.loads(out.stdout):
+        found.setdefault(normalized(name), version)
+    return found
+
+
+def own_site_packages(box, venv: str = "/opt/stack/venv", python: str = "3.11") -> set[str]:
+    """The names in the venv's own site-packages folder."""
+    return set(box.attach(f"ls {venv}/lib/python{python}/site-packages").stdout.split())

@@ -6,7 +6,9 @@ from. In each container: the venv (``stack.venv``), the lock file, and the locke
 (``stack.locked_venv``) from the store, offline, with the uv binary the host data names.
 
 Host data: ``lock_file`` (on this machine), ``pins`` (``[[name, version], ...]``), ``python``,
-``store`` (the store's path on the host and in the containers), ``uv`` (in the containers).
+``store`` (the store's path on the host and in the containers), ``uv`` (in the containers),
+``own`` (a list: the venv holds these itself and reads the rest from the host's shared layer,
+``operations/layer.shared``, as the deploy's ``shared_layer`` does; None: the whole set).
 """
 
 from io import StringIO
@@ -15,7 +17,7 @@ from pathlib import Path
 from pyinfra import host
 
 from pve_sglang import stack_lock
-from pve_sglang.operations import paths, stack, verify, wheels
+from pve_sglang.operations import layer, paths, stack, verify, wheels
 
 data = host.data
 lock = stack_lock.parse(Path(data.lock_file))
@@ -27,10 +29,20 @@ else:
     stack.venv(name="venv /opt/stack/venv", uv=data.uv, path="/opt/stack/venv",
                python="/usr/bin/python3")
     paths.put(name="Stack lock", src=StringIO(lock.text), dest="/opt/stack/stack.lock", mode="644")
+    own = None if data.get("own") is None else tuple(data.own)
+    lock_file = "/opt/stack/stack.lock"
+    if own is not None:
+        layer.shared(name="Shared stack layer", uv=data.uv, python="/opt/stack/venv/bin/python",
+                     store=data.store, lock=lock, own=own)
+        paths.put(name="The venv reads the shared layer", src=StringIO(layer.pth_text(data.store, lock)),
+                  dest=layer.pth_path("/opt/stack/venv", data.python), mode="644")
+        lock_file = "/opt/stack/stack-venv.lock"
+        paths.put(name="Stack lock, the venv's own part", dest=lock_file, mode="644",
+                  src=StringIO(lock.requirement_lines(layer.venv_names(lock, own))))
     stack.locked_venv(name="Stack as locked, from the wheel store", uv=data.uv,
                       python="/opt/stack/venv/bin/python", tools="/opt/stack",
-                      lock_file="/opt/stack/stack.lock", lock=lock,
+                      lock_file=lock_file, lock=lock,
                       args=stack.source_args(None, None, None, data.store),
-                      python_version=data.python)
+                      python_version=data.python, own=None if own is None else list(own))
     verify.stack_as_locked(name="The stack is the locked set", python="/opt/stack/venv/bin/python",
                            tools="/opt/stack", lock=lock)

@@ -1,0 +1,171 @@
+"""The shared stack layer: the locked set but sglang, installed once per host into its wheel store.
+
+Each container's venv reads it through the store's read-only mount (a ``.pth`` file), and keeps
+only sglang itself, which the autotune patch writes to. A second container on the host, or a
+container recreated, installs one package instead of the whole set, and one container cannot
+change what another runs.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+from weakref import WeakKeyDictionary
+
+import gevent.lock
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+
+from ..connectors.container import ContainerConnector
+from ..stack_lock import Lock
+from . import paths
+from .wheels import LOCKS
+
+#: What the container's venv holds itself: the autotune patch writes into sglang.
+VENV_OWNED = ("sglang",)
+#: Where the building container installs the layer before its host copies it into the store.
+STAGING = "/var/tmp/pve-sglang-layer"
+PTH = "pve-sglang-layer.pth"
+
+# One build per container host, store and lock in a run (per pyinfra State, across its
+# hosts): the other containers wait, then find it there.
+_BUILDS: WeakKeyDictionary = WeakKeyDictionary()
+_BUILDING = gevent.lock.Semaphore()
+
+
+def path(store: str, lock: Lock) -> str:
+    """The layer of LOCK in STORE (the same path on the host and in the containers)."""
+    return f"{store.rstrip('/')}/layers/{lock.id}"
+
+
+def marker(store: str, lock: Lock) -> str:
+    """The file that says the layer of LOCK in STORE is complete; written last."""
+    return f"{store.rstrip('/')}/{LOCKS}/{lock.id}.layer"
+
+
+def pth_path(venv: str, python_version: str) -> str:
+    """The ``.pth`` file that puts the layer on the venv's ``sys.path``, after its own packages."""
+    return f"{venv.rstrip('/')}/lib/python{python_version}/site-packages/{PTH}"
+
+
+def venv_names(lock: Lock, own: tuple[str, ...] = VENV_OWNED) -> list[str]:
+    """The packages of LOCK the venv holds itself (OWN)."""
+    return [name for name in lock.packages if name in own]
+
+
+def layer_names(lock: Lock, own: tuple[str, ...] = VENV_OWNED) -> list[str]:
+    """The packages of LOCK in the shared layer: all but OWN."""
+    return [name for name in lock.packages if name not in own]
+
+
+@operation()
+def shared(uv: str, python: str, store: str, lock: Lock, own: tuple[str, ...] = VENV_OWNED):
+    """
+    The host's wheel store holds the layer of LOCK: its packages but sglang, installed once per
+    host. Built at execution by the first container that gets here (the others of the run wait,
+    then find it): uv installs it offline from STORE, hashes checked and bytecode compiled, into
+    ``STAGING`` in this container; the host copies it with ``tar`` into the store as its own
+    (root-owned, not writable by a container), moves it into place whole, and writes the
+    marker. A converged run reads the marker with the container's watched paths.
+
+    + uv: the uv binary (of the tools venv)
+    + python: the container's venv Python (the layer is built for its interpreter)
+    + store: the host's wheel store, mounted read-only at the same path in the container
+    + lock: the parsed lock (``stack_lock.lock_for``)
+    + own: the packages the venvs hold themselves, left out of the layer
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang import stack_lock
+        from pve_sglang.operations import layer
+
+        layer.shared(name="Shared stack layer", uv="/opt/sglang/tools/bin/uv",
+                     python="/opt/sglang/venv/bin/python",
+                     store="/var/cache/pve-sglang/wheels",
+                     lock=stack_lock.lock_for(stack_lock.default_key()))
+    """
+    if paths.state(marker(store, lock)):
+        host.noop(f"the shared layer of lock {lock.id} is in {path(store, lock)}")
+        return
+    yield FunctionCommand(_build, (uv, python, store, lock, own), {})
+
+
+def _building(store: str, lock: Lock) -> gevent.lock.Semaphore:
+    # Per container host where the inventory names it (hosts files); else one build at a time.
+    outer = host.data.get("pve_host")
+    with _BUILDING:
+        return _BUILDS.setdefault(host.state, {}).setdefault(
+            (outer, store, lock.id), gevent.lock.Semaphore())
+
+
+def _build(state, host, uv: str, python: str, store: str, lock: Lock,
+           own: tuple[str, ...]) -> bool:
+    """At execution: install into staging here, copy it into the store on the host."""
+    if not isinstance(host.connector, ContainerConnector):
+        # The hosts files reach every container through one (tests plan on @fake hosts).
+        logger.error(f"{host.name}: the shared layer is copied by the container's host: it "
+                     "needs the @pct or @lxc connector; set shared_layer: false")
+        return False
+    done = QuoteString(marker(store, lock))
+    with _building(store, lock):
+        if host.run_shell_command(StringCommand("test -f", done))[0]:
+            logger.info(f"{host.name}: the shared layer of lock {lock.id} was built by another "
+                        "container of the host in this run")
+            return True
+        requirements = f"{STAGING}.txt"
+        if not host.put_file(StringIO(lock.requirement_lines(layer_names(lock, own))), requirements):
+            return False
+        logger.info(f"{host.name}: building the shared layer of lock {lock.id} "
+                    f"({len(layer_names(lock, own))} packages) for {store}")
+        ok, output = host.run_shell_command(install_command(uv, python, store, requirements))
+        if not ok:
+            logger.error(f"{host.name}: shared layer: uv could not install lock {lock.id} from "
+                         f"{store}: {output.stderr or output.stdout}")
+            return False
+        ok, output = host.connector.run_on_host(copy_command(host.connector, store, lock))
+        if not ok:
+            logger.error(f"{host.name}: shared layer: the copy into {store} failed: "
+                         f"{output.stderr or output.stdout}")
+            return False
+        return host.run_shell_command(
+            StringCommand("rm -rf", QuoteString(STAGING), QuoteString(requirements)))[0]
+
+
+def install_command(uv: str, python: str, store: str, requirements: str) -> StringCommand:
+    """The container-side command that installs the REQUIREMENTS file (the layer's part of the
+    lock) from STORE into ``STAGING``: offline, hashes required, bytecode compiled once here
+    (the layer is read-only where it is used)."""
+    staging = QuoteString(STAGING)
+    return StringCommand(
+        "rm -rf", staging, "&&", QuoteString(uv), "pip install --system-certs --python",
+        QuoteString(python), "--target", staging, "--compile-bytecode --require-hashes "
+        "--no-deps --offline --no-index --find-links", QuoteString(store), "-r",
+        QuoteString(requirements))
+
+
+def copy_command(connector: ContainerConnector, store: str, lock: Lock) -> StringCommand:
+    """The host-side command that copies ``STAGING`` out of the container into the store as
+    the layer of LOCK: into a folder of its own, owned by the host's root, moved into place
+    whole, then the marker. A cut copy leaves no marker: the next run builds it again."""
+    base = store.rstrip("/")
+    incoming = QuoteString(f"{base}/.incoming-layer-{lock.id}")
+    status = QuoteString(f"{base}/.incoming-layer-{lock.id}.status")
+    layers = QuoteString(f"{base}/layers")
+    final = QuoteString(path(store, lock))
+    done = QuoteString(marker(store, lock))
+    archive = connector.make_exec_command(StringCommand("tar -C", QuoteString(STAGING), "-cf - ."))
+    return StringCommand(
+        "rm -rf", incoming, "&& mkdir -p", incoming, layers, "&& chmod 755", layers,
+        # sh has no pipefail: the archive's status goes through a file.
+        "&& {", archive, "; echo $? >", status, "; } | tar -C", incoming, "-xf - --no-same-owner",
+        "&& [ \"$(cat", status, ")\" = 0 ] && rm -f", status,
+        # 755/644: an unprivileged container's root (an unmapped uid) reads it, nobody writes.
+        "&& chmod -R u+rwX,go+rX,go-w", incoming, "&& rm -rf", final, "&& mv", incoming, final,
+        "&& touch", done, "&& chmod 644", done,
+    )
+
+
+def pth_text(store: str, lock: Lock) -> str:
+    """The ``.pth`` file's text: the layer's path."""
+    return path(store, lock) + "\n"
