@@ -8,8 +8,7 @@ from io import StringIO
 from pathlib import Path
 
 from pyinfra import host, logger
-from pyinfra.api import QuoteString, StringCommand, deploy
-from pyinfra.facts.server import Hostname
+from pyinfra.api import deploy
 from pyinfra.context import state
 from pyinfra.operations import files, server, systemd
 

@@ -9,16 +9,9 @@ from io import StringIO
 from pyinfra import host, logger
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.util import get_file_sha1
-from pyinfra.facts.deb import DebPackages
 
 from .. import cache, remote
-from ..facts.container import (
-    NvidiaUserspaceVersion,
-    SglangServerFlags,
-    SglangVenv,
-    UnitState,
-    UvVersion,
-)
+from ..facts.container import NvidiaUserspaceVersion, SglangServerFlags
 from ..facts.verify import JournalTail
 from ..remote.venv_state import INSTALL_MARKER
 from ..server_command import check_flags

@@ -21,7 +21,7 @@ from ..facts.container import UnitState
 from ..facts.verify import GenerationCheck, HttpStatus, JournalTail, StartupWatch, VisibleGpus
 from ..p2p import build_report, format_report
 from ..settings import ContainerSettings, host_settings
-from ..stack_lock import Lock, normalized
+from ..stack_lock import Lock
 from .stack import lock_differences, venv_state
 from ..remote.gpu_sampler import parse_summary
 from ..remote.sglang_launch import mask_text
@@ -80,9 +80,9 @@ def stack_as_locked(python: str, tools: str, lock: Lock):
     if differences:
         raise OperationError(f"the venv differs from lock {lock.id} ({lock.path.name}) in "
                              f"{len(differences)} packages: {', '.join(differences[:10])}")
-    have = {normalized(name): version for name, version in installed.items()}
-    shown = ", ".join(f"{name} {have[name]}" for name in STACK_SHOWN if name in have)
-    logger.info(f"{host.name}: runs lock {lock.id} ({lock.path.name}): {len(have)} packages "
+    # No difference: the venv runs exactly the lock's versions.
+    shown = ", ".join(f"{name} {lock.packages[name]}" for name in STACK_SHOWN if name in lock.packages)
+    logger.info(f"{host.name}: runs lock {lock.id} ({lock.path.name}): {len(lock.packages)} packages "
                 f"as locked: {shown}")
     host.noop(f"the venv is lock {lock.id}: {shown}")
     yield from ()
