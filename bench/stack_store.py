@@ -15,7 +15,10 @@ the end:
 3. each measured step is the deploy's own operations through the pyinfra CLI
    (``pve_sglang/testing/deploys/wheel_store.py``): the store (``--limit @local``: the fetch on
    the machine running pyinfra, the upload into the store, its sha256 check) and the install
-   in the container (``uv pip sync --require-hashes --offline`` from the store), timed apart;
+   in the container, timed apart: with the shared layer (the default, ``shared_layer``), the
+   first container builds the host's layer (``uv pip install --target`` offline from the store,
+   copied into it by the host) and every venv installs only sglang; with ``--whole-venv``,
+   each venv installs the whole set (``uv pip sync --require-hashes --offline``);
 4. first container (store empty, cache empty), second container (store complete), the first
    destroyed and created again, and each venv checked against the lock.
 
@@ -39,6 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from pve_sglang import stack_lock  # noqa: E402
 from pve_sglang.testing import lxc_env  # noqa: E402
+from pve_sglang.operations import layer  # noqa: E402
 from pve_sglang.testing.wheel_store_site import WheelStoreSite, installed  # noqa: E402
 from pve_sglang.wheel_fetch import MANIFEST, total_bytes, read_manifest  # noqa: E402
 
@@ -75,6 +79,8 @@ def measure(site: WheelStoreSite, box, label: str) -> dict:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="leave the work folder")
+    parser.add_argument("--whole-venv", action="store_true",
+                        help="each venv holds the whole set (shared_layer: false)")
     args = parser.parse_args(argv)
     missing = lxc_env.missing_requirements()
     if missing:
@@ -86,7 +92,8 @@ def main(argv: list[str]) -> int:
     (work / "lxc").mkdir()
     env = lxc_env.LxcEnv(lxc_path=work / "lxc")
     try:
-        site = WheelStoreSite(work / "site", lambda **kw: env.create(**kw), lock, key)
+        own = None if args.whole_venv else layer.VENV_OWNED
+        site = WheelStoreSite(work / "site", lambda **kw: env.create(**kw), lock, key, own=own)
         started = time.monotonic()
         first = site.container()
         rows = [measure(site, first, "first container")]
@@ -109,6 +116,9 @@ def main(argv: list[str]) -> int:
                 "packages": len(lock.packages), "wheels": len(entries),
                 "wheel_bytes": total_bytes(folder, entries),
                 "containers": "unprivileged, no network (loopback only), store read-only",
+                "mode": "whole venv" if args.whole_venv else "shared layer (venv: sglang)",
+                "layer_bytes": None if args.whole_venv else du_bytes(Path(layer.path(str(site.store), lock))),
+                "load_at_end": round(__import__("os").getloadavg()[0], 2),
                 "bench_seconds": round(time.monotonic() - started, 1),
             },
             "rows": rows,
@@ -118,7 +128,8 @@ def main(argv: list[str]) -> int:
             },
         }
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+        results = RESULTS.with_name("stack_store_whole_venv.json") if args.whole_venv else RESULTS
+        results.write_text(json.dumps(report, indent=2) + "\n")
         print(f"\nlock {lock.path.name}: {len(lock.packages)} packages, "
               f"{report['meta']['wheel_bytes'] / 1e9:.2f} GB of wheels")
         print("| step | store | install | stack step |\n| --- | --- | --- | --- |")
@@ -126,7 +137,7 @@ def main(argv: list[str]) -> int:
             print(f"| {row['step']} | {row['store_s']} s | {row['install_s']} s | "
                   f"{row['stack_step_s']} s |")
         print(f"first / second: {report['ratios']['first_over_second']}x, first / recreated: "
-              f"{report['ratios']['first_over_recreated']}x  -> {RESULTS.relative_to(REPO)}")
+              f"{report['ratios']['first_over_recreated']}x  -> {results.relative_to(REPO)}")
         return 0
     finally:
         env.close()
