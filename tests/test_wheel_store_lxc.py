@@ -211,3 +211,16 @@ def test_a_layered_venv_drifting_is_reconciled(layered):
     assert installed(box) == site.lock.packages
     assert not any(n.startswith(("idna", "stray")) for n in own_site_packages(box))
     assert site.deploy(box) == {}
+
+    # A copy cut short (no marker yet, a half-filled incoming folder): the next run builds it
+    # again, and what the cut left goes.
+    Path(layer.marker(str(site.store), site.lock)).unlink()
+    cut = site.store / f".incoming-layer-{site.lock.id}"
+    cut.mkdir()
+    (cut / "half-copied.py").write_text("")
+    changed = site.deploy(box)
+    assert "Shared stack layer" in changed.get(box.inventory_name, []), changed
+    assert Path(layer.marker(str(site.store), site.lock)).is_file() and not cut.exists()
+    assert not (layer_folder(site) / "half-copied.py").exists()
+    assert installed(box) == site.lock.packages
+    assert site.deploy(box) == {}
