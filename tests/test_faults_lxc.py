@@ -453,11 +453,15 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
         modes = {"/etc/sglang/sglang.env": "600"}
         lines = [f"{dest}|file|{modes.get(dest, '644')}|{hashlib.sha1(body.encode()).hexdigest()}"
                  for dest, body in uploads.items()]
-        lines += [f"{defaults['sglang_cache_dir']}|dir|755|", "/etc/sglang|dir|700|",
-                  f"{defaults['venv_path']}/pyvenv.cfg|file|644|0"]
-        # A converged venv is the repository's lock of the default set, package for package.
+        # A converged venv is the repository's lock of the default set, package for package:
+        # sglang in the venv, the rest in the host's shared layer (its marker there).
+        from pve_sglang.operations import layer
         from pve_sglang.stack_lock import default_key, lock_for
-        pins = lock_for(default_key()).packages
+        lock = lock_for(default_key())
+        pins = lock.packages
+        lines += [f"{defaults['sglang_cache_dir']}|dir|755|", "/etc/sglang|dir|700|",
+                  f"{defaults['venv_path']}/pyvenv.cfg|file|644|0",
+                  f"{layer.marker(defaults['wheel_store'], lock)}|file|644|0"]
         debs = ["ca-certificates", "curl", "python3", "python3-venv", "g++", "make",
                 f"cuda-toolkit-{defaults['cuda_toolkit_version'].replace('.', '-')}"]
         py = f"{defaults['venv_path']}/bin/python"
@@ -470,7 +474,8 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
                                       f"ctime=0 size=1 '{runfile}'"} if libcuda == host_version
                else {}),
             text(SglangVenv().command(py, "/opt/sglang")): json.dumps(
-                {"packages": pins, "patch": "already-patched\n", "python": "3.11"}),
+                {"packages": pins, "in_venv": ["sglang"], "patch": "already-patched\n",
+                 "python": "3.11"}),
             text(UvVersion().command("/opt/sglang/tools/bin/uv")):
                 f"uv {defaults['uv_version']}",
             text(UnitState().command(SERVICE)): "ActiveState=active\nUnitFileState=enabled",
