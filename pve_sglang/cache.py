@@ -5,7 +5,9 @@ run here, under a KIND, per host:
 
 - per stage (``per_stage=True``, facts): the container's managed paths (``paths``), its venv
   (``venv``), a Proxmox container's config (``pct_config``), the other parts of a container's
-  one read (``operations/container_state.py``: ``debs``, ``uv``, ``unit``, ``hostname``). Prepare (``--dry``) and execute
+  one read (``operations/container_state.py``: ``debs``, ``uv``, ``unit``, ``hostname``), a plain
+  LXC host's one read of its containers (``operations/host_state.py``: ``lxc_status``,
+  ``file_contents``, ``lxc_files``, ``lxc_cgroup``, ``cgroup_limits``). Prepare (``--dry``) and execute
   keep apart: execute must see the real host. An operation that changes what it read forgets
   it (``forget``, ``changed``), so the next one reads it again.
 - for the whole run (``per_stage=False``): what does not change while the deploy runs or must

@@ -9,7 +9,7 @@ from pyinfra.context import state
 from pyinfra.operations import files, server, systemd
 
 from pve_sglang.config_lines import owned_by_gpu_passthrough, owned_by_settings
-from pve_sglang.facts.lxc_host import CgroupLimits, RootSubIds
+from pve_sglang.facts.lxc_host import RootSubIds
 from pve_sglang.facts.nvidia import NvidiaGpuProcesses, UvmDisableHmm
 from pve_sglang.lxc_config import (
     DEFAULT_SUBID,
@@ -27,7 +27,7 @@ from pve_sglang.lxc_config import (
     subid_base,
 )
 from pve_sglang.lxc_config import limits as lxc_limits
-from pve_sglang.operations import lxc, owned, pct, wheels
+from pve_sglang.operations import host_state, lxc, owned, pct, wheels
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.preflight import (
     GpuHost,
@@ -74,6 +74,10 @@ def host_phase() -> None:
         nvidia_uvm(settings, gpu)
     wheel_stores(plans)
     idmap_base = lxc_host(plans, settings) if settings.platform == "lxc" else None
+    if settings.platform == "lxc":
+        # Every container's config and the host's limits in one read (host_state).
+        host_state.expect([("config", (lxc.config_path(ct.data.get("lxc_name"), settings.lxc_path),))
+                           for ct, _ in plans] + [("limits", ())], executing=False)
     for ct, cs in plans:
         if settings.platform == "pve":
             pve_container(ct, cs, settings, gpu, indices[ct.name])
@@ -264,7 +268,7 @@ def lxc_container(
             )
         if mapped and not any(line in mapped for line in idmap_lines(idmap_base)):
             base = None  # the user's own id map: kept, the deploy adds none
-    limits = HostLimits.of(host.get_fact(CgroupLimits) or {})
+    limits = HostLimits.of(host_state.read("limits") or {})
     if cs.cores > limits.cpus:
         logger.warning(f"{where}: cores = {cs.cores}, but the host has {limits.cpus} CPUs: "
                        f"the container gets all {limits.cpus}")
@@ -296,6 +300,12 @@ def lxc_container(
         owned=owned_by_limits,
     )
     rootfs = rootfs_dir(existing or [], f"{hs.lxc_path.rstrip('/')}/{name}/rootfs")
+    keys = list(lxc_limits(cs, limits))
+    # What its operations read at execution, read with the other containers' (host_state).
+    host_state.expect([("status", (name, hs.lxc_path)), ("config", (path,)),
+                       ("cgroup", (name, hs.lxc_path, keys))]
+                      + ([("files", (lxc.guard_paths(rootfs),))] if base is None else []),
+                      executing=True)
     guard = None
     if base is None:  # only a privileged container can share the host's network namespace
         guard = lxc.network_guard(name=f"Container {name} leaves the host's interfaces alone",

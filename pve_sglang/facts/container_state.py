@@ -52,10 +52,10 @@ class PartMissingCommand:
         self.command = command
 
 
-def part_command(kind: str, args: tuple) -> StringCommand | str:
-    """The command of part KIND's fact for ARGS, guarded as pyinfra guards it when the fact
-    requires a command (``_get_fact``)."""
-    fact = PARTS[kind][0]()
+def part_command(kind: str, args: tuple, table: dict = PARTS) -> StringCommand | str:
+    """The command of part KIND's fact (in TABLE) for ARGS, guarded as pyinfra guards it when
+    the fact requires a command (``_get_fact``)."""
+    fact = table[kind][0]()
     command = fact.command(*args)
     required = fact.requires_command(*args)
     if not required:
@@ -71,13 +71,16 @@ class ContainerState(FactBase[dict]):
     them into the values of the parts' own facts.
     """
 
+    #: The kinds its parts may be (a subclass reads other facts in one command).
+    PARTS = PARTS
+
     @override
     def command(self, parts: tuple) -> StringCommand:
         pieces: list = []
         for i, (kind, args) in enumerate(parts):
             # A subshell each: a part's own `exit` (SglangVenv's) ends only its part; the end
             # line starts on a line of its own even when the part's output has no newline.
-            pieces += [f"echo '{_MARK} {i}'; (", part_command(kind, args),
+            pieces += [f"echo '{_MARK} {i}'; (", part_command(kind, args, self.PARTS),
                        f"); printf '\\n{_MARK}-end {i} %s\\n' $?;"]
         return StringCommand(*pieces)
 
@@ -105,15 +108,18 @@ class ContainerState(FactBase[dict]):
         return {i: (lines, ends.get(i)) for i, lines in sections.items()}
 
 
-def part_values(parts: tuple, raw: dict) -> dict:
-    """``{(kind, args): value}`` of PARTS from ``ContainerState``'s output RAW: each section
-    as its own fact would have processed it read alone."""
+def part_values(parts: tuple, raw: dict, table: dict = PARTS) -> dict:
+    """``{(kind, args): value}`` of PARTS (kinds of TABLE) from ``ContainerState``'s output
+    RAW: each section as its own fact would have processed it read alone."""
     values = {}
     for i, (kind, args) in enumerate(parts):
         lines, rc = raw.get(i, ([], None))
-        while lines and not lines[-1].strip():  # the end line's own newline
+        # The end line's own newline: one empty line when the output ended with a newline
+        # (pyinfra keeps a file's own empty last lines: so does this).
+        if lines and lines[-1] == "":
             lines = lines[:-1]
-        fact = PARTS[kind][0]()
+        fact = table[kind][0]()
+        fact.command(*args)  # as pyinfra does: a fact may keep what its command was (FileContents)
         if rc is None or rc != 0:
             values[(kind, args)] = PartFailed(-1 if rc is None else rc, lines)
         elif lines == [_MISSING_COMMAND_MARKER]:

@@ -1,7 +1,8 @@
 """
 Facts of a plain LXC host that decide how container settings become LXC config: the cgroup
 limits it can apply, root's subordinate id ranges (unprivileged containers), its network
-bridges, and the cgroup values a running container has now.
+bridges, and the cgroup values a running container has now; ``LxcHostState`` reads several of
+them, for every container of the host, in one command.
 """
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ from __future__ import annotations
 from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.facts.files import FileContents
 
+from .container_state import ContainerState
+from .pve import LxcContainerStatus
 from .system import CgroupVersion, parse_cgroup_version
 
 try:
@@ -175,3 +179,24 @@ class ExistingFiles(FactBase[list]):
     @override
     def process(self, output: list[str]) -> list:
         return [line for line in output if line]
+
+
+#: The parts one read of a plain LXC host can hold: kind -> (fact, its arguments' names).
+HOST_PARTS: dict[str, tuple[type[FactBase], tuple[str, ...]]] = {
+    "status": (LxcContainerStatus, ("container", "lxc_path")),
+    "config": (FileContents, ("path",)),
+    "files": (ExistingFiles, ("paths",)),
+    "cgroup": (LxcCgroupValues, ("container", "lxc_path", "keys")),
+    "limits": (CgroupLimits, ()),
+}
+
+
+class LxcHostState(ContainerState):
+    """
+    Returns each part's section of output, ``{index: (lines, exit status)}``, for PARTS
+    (``((kind, args), ...)``, kinds of ``HOST_PARTS``: every container's status, config, the
+    network guard's files and cgroup values, the host's cgroup limits) read in one command on
+    the host; ``part_values(parts, raw, HOST_PARTS)`` turns them into each fact's own value.
+    """
+
+    PARTS = HOST_PARTS

@@ -11,15 +11,7 @@ from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
 from .. import cache
-from ..facts.lxc_host import (
-    LXC_NET_DNSMASQ_ALIVE,
-    LXC_NET_RUN,
-    ExistingFiles,
-    LxcCgroupValues,
-    LxcNetState,
-    NetworkBridges,
-)
-from ..facts.pve import LxcContainerStatus
+from ..facts.lxc_host import LXC_NET_DNSMASQ_ALIVE, LXC_NET_RUN, LxcNetState, NetworkBridges
 from ..lxc_config import (
     IDMAP_SIZE,
     NETWORK_MANAGERS,
@@ -28,6 +20,7 @@ from ..lxc_config import (
     bytes_of,
     same_limit,
 )
+from . import host_state
 
 #: Where new containers are built before they move into place (see ``create``).
 STAGING = ".pve-sglang-staging"
@@ -41,13 +34,15 @@ def config_path(name: str, lxc_path: str) -> str:
 
 
 def status(container: str, lxc_path: str) -> str | None:
-    """Container CONTAINER's state (``LxcContainerStatus``), read once per run stage until
-    ``create`` or ``power`` changes it."""
-    known = cache.memo("lxc_status")
-    key = (lxc_path, container)
-    if key not in known:
-        known[key] = host.get_fact(LxcContainerStatus, container=container, lxc_path=lxc_path)
-    return known[key]
+    """Container CONTAINER's state (``LxcContainerStatus``), read once per run stage (with the
+    host's other reads: ``host_state``) until ``create`` or ``power`` changes it."""
+    return host_state.read("status", container, lxc_path)
+
+
+def guard_paths(rootfs: str) -> list[str]:
+    """The drop-ins ``network_guard`` keeps in a container whose root folder is ROOTFS."""
+    return [f"{rootfs}/etc/systemd/system/{unit}.d/{SHARED_NETWORK_DROPIN}"
+            for unit in NETWORK_MANAGERS]
 
 
 def _sh_lines(lines: list[str], dest: str) -> StringCommand:
@@ -173,7 +168,7 @@ def create(
         "&& mv", q(f"{stage}/config.final"), q(f"{base}/config"), "&& rm -rf", q(stage),
     )
     cache.changed(config_path(name, lxc_path))
-    cache.forget("lxc_status", (lxc_path, name))
+    host_state.forget_container(name, lxc_path, created=True)
 
 
 @operation()
@@ -202,9 +197,8 @@ def network_guard(rootfs: str, shared: bool):
             shared=True,
         )
     """
-    paths = [f"{rootfs}/etc/systemd/system/{unit}.d/{SHARED_NETWORK_DROPIN}"
-             for unit in NETWORK_MANAGERS]
-    present = host.get_fact(ExistingFiles, paths=paths) or []
+    paths = guard_paths(rootfs)
+    present = host_state.read("files", paths) or []
     if shared:
         missing = [path for path in paths if path not in present]
         for path in missing:
@@ -212,10 +206,13 @@ def network_guard(rootfs: str, shared: bool):
                                 _sh_lines(SHARED_NETWORK_TEXT.splitlines(), path))
         if not missing:
             host.noop("the network managers in the container are kept from running")
+            return
     elif present:
         yield StringCommand("rm -f", *(QuoteString(path) for path in present))
     else:
         host.noop("the container has its own network: no drop-in of the deploy")
+        return
+    cache.forget("lxc_files", tuple(paths))
 
 
 @operation()
@@ -249,8 +246,7 @@ def cgroup_limits(container: str, lxc_path: str, limits: dict[str, str]):
     if status(container, lxc_path) != "RUNNING":
         host.noop(f"container {container} is not running: its config applies at start")
         return
-    current = host.get_fact(LxcCgroupValues, container=container, lxc_path=lxc_path,
-                            keys=list(limits)) or {}
+    current = host_state.read("cgroup", container, lxc_path, list(limits)) or {}
     changed = [key for key, value in limits.items() if not same_limit(key, current.get(key), value)]
     if not changed:
         host.noop(f"container {container} runs with its limits")
@@ -262,6 +258,7 @@ def cgroup_limits(container: str, lxc_path: str, limits: dict[str, str]):
     for key in changed:
         yield StringCommand("lxc-cgroup -P", QuoteString(lxc_path), "-n", QuoteString(container),
                             QuoteString(key), QuoteString(limits[key]))
+    cache.forget("lxc_cgroup", (lxc_path, container, tuple(limits)))
 
 
 @operation()
@@ -354,4 +351,4 @@ def power(container: str, lxc_path: str, restart: Callable[[], bool]):
     else:
         host.noop(f"container {name} is running")
         return
-    cache.forget("lxc_status", (lxc_path, name))
+    host_state.forget_container(name, lxc_path)

@@ -9,20 +9,17 @@ from io import StringIO
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, operation
 from pyinfra.api.command import QuoteString, StringCommand
-from pyinfra.facts.files import FileContents
-
 from .. import cache
 from ..config_lines import reconcile_lines
+from . import host_state
 from .paths import diff_wanted, show_diff
 
 
 def contents(path: str) -> list[str] | None:
     """PATH's lines (``FileContents``; None when missing), read once per run stage until an
-    operation writes it (``cache.changed``): the config operations of one container share it."""
-    known = cache.memo("file_contents")
-    if path not in known:
-        known[path] = host.get_fact(FileContents, path=path)
-    return known[path]
+    operation writes it (``cache.changed``): the config operations of one container share it.
+    A plain LXC host reads its containers' configs with its other reads (``host_state``)."""
+    return host_state.read("config", path)
 
 
 @operation()
