@@ -11,6 +11,7 @@ Three levels, as in pyinfra's own tests:
 from __future__ import annotations
 
 import re
+import subprocess
 from typing import Any, Callable
 
 from pyinfra.api import Config, Inventory, State
@@ -55,6 +56,31 @@ class _Host(FakeHost):
     def get_fact(self, fact_cls, *args, **kwargs):  # type: ignore[override]
         kwargs = {k: v for k, v in kwargs.items() if not k.startswith("_")}
         return self._facts.get(fact_cls, args, kwargs)
+
+
+class FoldingHost(_Host):
+    """A host whose reads fold into one fact (``FOLD``: ``ContainerState``, ``LxcHostState``)
+    over the parts of ``PARTS``: answers a part read alone from ``lookup`` (VALUES:
+    ``{(kind, args): value}``), a fold with raw sections, and records what each read asked."""
+
+    FOLD: Any = None
+    PARTS: dict = {}
+
+    def __init__(self, values: dict, name: str):
+        super().__init__({}, {}, name)
+        self.values, self.reads = values, []
+
+    def get_fact(self, fact_cls, *args, **kwargs):  # type: ignore[override]
+        if fact_cls is self.FOLD:
+            parts = kwargs["parts"]
+            self.reads.append(tuple(kind for kind, _ in parts))
+            return {i: ("raw", 0) for i in range(len(parts))}
+        kind = next(k for k, (cls, _) in self.PARTS.items() if cls is fact_cls)
+        self.reads.append((kind,))
+        return self.lookup(kind, tuple(kwargs.values()))
+
+    def lookup(self, kind: str, args: tuple):
+        return self.values[(kind, args)]
 
 
 def op_commands(
@@ -123,3 +149,11 @@ def _command_text(command: Any) -> str:
         body = src.getvalue() if hasattr(src, "getvalue") else f"<file {src}>"
         return f"upload {command.dest}\n{body}"
     return str(command)
+
+
+def sh(command) -> list[str]:
+    """The stdout lines of COMMAND (a string or a ``StringCommand``) run here with ``sh -c``:
+    a fact's real command on this machine."""
+    text = command if isinstance(command, str) else command.get_raw_value()
+    done = subprocess.run(["sh", "-c", text], capture_output=True, text=True, check=False)
+    return done.stdout.splitlines()

@@ -4,13 +4,12 @@ what an operation changes is read again (``operations/container_state.py``)."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 
 import pytest
 from pyinfra.context import ctx_host, ctx_state
 
-from harness import _Host
+from harness import FoldingHost, sh
 from pve_sglang import cache
 from pve_sglang.facts.container_state import (
     PARTS,
@@ -20,12 +19,6 @@ from pve_sglang.facts.container_state import (
     part_values,
 )
 from pve_sglang.operations import container_state, paths, stack
-
-
-def sh(command) -> list[str]:
-    text = command if isinstance(command, str) else command.get_raw_value()
-    done = subprocess.run(["sh", "-c", text], capture_output=True, text=True, check=False)
-    return done.stdout.splitlines()
 
 
 def alone(kind: str, args: tuple):
@@ -70,22 +63,14 @@ def test_a_failing_part_is_a_failure_of_that_part_only(tmp_path):
     assert values[parts[1]] is None
 
 
-class FoldingHost(_Host):
-    """A host whose connector folds (as a container connector does): answers each read from
-    VALUES (``{(kind, args): value}``, paths as ``{path: state}``) and records what was read."""
+class ContainerFoldingHost(FoldingHost):
+    """A host whose connector folds (as a container connector does); paths as
+    ``{path: state}`` in VALUES["paths"]."""
+
+    FOLD, PARTS = ContainerState, PARTS
 
     def __init__(self, values: dict):
-        super().__init__({}, {}, "ct")
-        self.values, self.reads = values, []
-
-    def get_fact(self, fact_cls, *args, **kwargs):
-        if fact_cls is ContainerState:
-            parts = kwargs["parts"]
-            self.reads.append(tuple(kind for kind, _ in parts))
-            return {i: ("raw", 0) for i in range(len(parts))}
-        kind = next(k for k, (cls, _) in PARTS.items() if cls is fact_cls)
-        self.reads.append((kind,))
-        return self.lookup(kind, tuple(kwargs.values()))
+        super().__init__(values, "ct")
 
     def lookup(self, kind, args):
         if kind == "paths":
@@ -107,7 +92,7 @@ def folding(monkeypatch):
         ("venv", (PY, TOOLS)): {"packages": {"sglang": "0.5.9"}, "patch": "already-patched"},
         ("unit", (UNIT,)): {"active": "inactive", "enabled": "disabled"},
     }
-    host = FoldingHost(values)
+    host = ContainerFoldingHost(values)
     monkeypatch.setattr(container_state, "_folds", lambda: True)
     monkeypatch.setattr(container_state, "expected", lambda: EXPECTED)
     monkeypatch.setattr("pve_sglang.operations.container_state.part_values",

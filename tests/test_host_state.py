@@ -4,22 +4,15 @@ read alone, on a real container and real files; what an operation changes is rea
 
 from __future__ import annotations
 
-import subprocess
 
 import pytest
 from pyinfra.context import ctx_host, ctx_state
 
-from harness import _Host
+from harness import FoldingHost, sh
 from pve_sglang import cache
 from pve_sglang.facts.container_state import part_values
 from pve_sglang.facts.lxc_host import HOST_PARTS, LxcHostState
 from pve_sglang.operations import host_state, lxc, owned
-
-
-def sh(command) -> list[str]:
-    text = command if isinstance(command, str) else command.get_raw_value()
-    done = subprocess.run(["sh", "-c", text], capture_output=True, text=True, check=False)
-    return done.stdout.splitlines()
 
 
 def alone(kind: str, args: tuple):
@@ -73,23 +66,17 @@ def test_a_running_container_read_with_the_host_gives_each_fact_its_own_value(lx
     assert values[parts[2]]  # a running container's values
 
 
-class FoldingHost(_Host):
-    """A host whose reads fold (a local or SSH host): answers each part from VALUES
-    (``{(kind, args): value}``) and records what each read asked."""
+class HostFoldingHost(FoldingHost):
+    """A host whose reads fold (a local or SSH host), answered from VALUES."""
+
+    FOLD, PARTS = LxcHostState, HOST_PARTS
 
     def __init__(self, values: dict):
-        super().__init__({}, {}, "lxc1")
-        self.values, self.reads = values, []
+        super().__init__(values, "lxc1")
         self.state.is_executing = False
 
-    def get_fact(self, fact_cls, *args, **kwargs):
-        if fact_cls is LxcHostState:
-            parts = kwargs["parts"]
-            self.reads.append(tuple(kind for kind, _ in parts))
-            return {i: ("raw", 0) for i in range(len(parts))}
-        kind = next(k for k, (cls, _) in HOST_PARTS.items() if cls is fact_cls)
-        self.reads.append((kind,))
-        return self.values[host_state._part(kind, tuple(kwargs.values()))]
+    def lookup(self, kind, args):
+        return self.values[host_state._part(kind, args)]
 
 
 LXC = "/var/lib/lxc"
@@ -104,7 +91,7 @@ def folding(monkeypatch):
         values[("config", (config,))] = [f"lxc.uts.name = {ct}"]
         values[("status", (ct, LXC))] = "RUNNING"
         values[("cgroup", (ct, LXC, KEYS))] = {"memory.max": "1073741824"}
-    host = FoldingHost(values)
+    host = HostFoldingHost(values)
     monkeypatch.setattr(host_state, "_folds", lambda: True)
     monkeypatch.setattr(host_state, "part_values",
                         lambda parts, raw, table: {p: values[p] for p in parts})

@@ -97,11 +97,13 @@ def _read_alone(kind: str, args: tuple):
     return host.get_fact(fact, **dict(zip(names, args)))
 
 
-def _checked(kind: str, args: tuple, value):
+def checked(kind: str, args: tuple, value, where: str = "in the container"):
+    """VALUE of part KIND for ARGS, or the error its read ended with (a missing command, a
+    failed part), raised as pyinfra raises it for a fact read alone."""
     if isinstance(value, PartMissingCommand):
         raise MissingCommandError(value.command)
     if isinstance(value, PartFailed):
-        raise OperationError(f"could not read {kind} {args or ''} in the container "
+        raise OperationError(f"could not read {kind} {args or ''} {where} "
                              f"(exit status {value.rc}): {' '.join(value.lines[-3:])}")
     return value
 
@@ -122,7 +124,7 @@ def read(kind: str, *args):
             if paths:
                 wanted.append(("paths", (paths,)))
         _read(wanted)
-    return _checked(kind, args, known[key])
+    return checked(kind, args, known[key])
 
 
 def path_state(path: str) -> dict | None:
@@ -135,7 +137,7 @@ def path_state(path: str) -> dict | None:
         if _folds():
             wanted += [p for p in expected() if _key(*p) not in cache.memo(p[0])]
         _read(wanted)
-    return _checked("paths", (path,), known.get(path))
+    return checked("paths", (path,), known.get(path))
 
 
 def _read(wanted: list[tuple[str, tuple]]) -> None:

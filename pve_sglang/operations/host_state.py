@@ -28,12 +28,11 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 from pyinfra import host
-from pyinfra.api import OperationError
-from pyinfra.api.exceptions import MissingCommandError
 
 from .. import cache
-from ..facts.container_state import PartFailed, PartMissingCommand, part_values
+from ..facts.container_state import part_values
 from ..facts.lxc_host import HOST_PARTS, LxcHostState
+from .container_state import checked
 
 #: The per-stage cache each kind is kept in (``cache.memo``).
 MEMO = {"status": "lxc_status", "config": "file_contents", "files": "lxc_files",
@@ -87,7 +86,7 @@ def read(kind: str, *args):
             expected = cache.memo("lxc_expected", per_stage=False).get(host.state.is_executing, {})
             wanted += [p for p in expected if p != (kind, args) and not _known(*p)]
         _read(wanted)
-    return _checked(kind, args, cache.memo(MEMO[kind])[_key(kind, args)])
+    return checked(kind, args, cache.memo(MEMO[kind])[_key(kind, args)], "on the host")
 
 
 def _read(wanted: list[tuple[str, tuple]]) -> None:
@@ -102,15 +101,6 @@ def _read(wanted: list[tuple[str, tuple]]) -> None:
     values = part_values(parts, host.get_fact(LxcHostState, parts=parts), HOST_PARTS)
     for (kind, args), value in values.items():
         cache.memo(MEMO[kind])[_key(kind, args)] = value
-
-
-def _checked(kind: str, args: tuple, value):
-    if isinstance(value, PartMissingCommand):
-        raise MissingCommandError(value.command)
-    if isinstance(value, PartFailed):
-        raise OperationError(f"could not read {kind} {args or ''} on the host "
-                             f"(exit status {value.rc}): {' '.join(value.lines[-3:])}")
-    return value
 
 
 def forget_container(container: str, lxc_path: str, created: bool = False) -> None:
