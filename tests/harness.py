@@ -33,6 +33,20 @@ def fact_value(fact_cls: type[FactBase], output: str, *args: Any, **kwargs: Any)
     return fact.process(lines)
 
 
+#: A substring of every ``PathStates`` command: the ``@fake`` connector's matcher for it.
+PATH_STATES_COMMAND = 'sha1sum -- "$@"'
+
+
+def path_states_output(states: dict[str, tuple[str, str, str | None] | None]) -> str:
+    """What ``PathStates``' command prints for STATES (``{path: (kind, mode, sha1)}``, None:
+    missing): each path's kind, then stat's mode and mtime of those that exist (whole seconds:
+    no mtime), then sha1sum's line of the files."""
+    kinds = [f"{path}|{state[0] if state else 'missing'}" for path, state in states.items()]
+    stats = [f"{state[1]} 0" for state in states.values() if state]
+    sums = [f"{state[2]}  {path}" for path, state in states.items() if state and state[0] == "file"]
+    return "\n".join(kinds + stats + sums)
+
+
 class _Facts:
     """Fact lookup for FakeHost keyed by fact class (and argument tuple)."""
 

@@ -20,7 +20,7 @@ import yaml
 from pyinfra.api import Config
 from pyinfra.facts.files import FileContents
 
-from harness import plan_deploy
+from harness import PATH_STATES_COMMAND, path_states_output, plan_deploy
 from pve_sglang.facts.container import UnitState
 from pve_sglang.operations.paths import color_diff, mask_secret
 from pve_sglang.settings import load_defaults
@@ -144,7 +144,8 @@ def container_plan(caplog, diff: bool = True, **container):
         **gpu_host_responses(),
         **container_answers(converged_config(DEVICES_ALL), "running"),
         # One read of every managed path (PathStates): the unit and env file exist, changed.
-        "sha1sum <": f"{UNIT}|file|644|{'1' * 40}\n{ENV}|file|600|{'2' * 40}",
+        PATH_STATES_COMMAND: path_states_output({UNIT: ("file", "644", "1" * 40),
+                                                 ENV: ("file", "600", "2" * 40)}),
         FileContents().command(path=UNIT).get_raw_value(): OLD_UNIT,
         FileContents().command(path=ENV).get_raw_value(): OLD_ENV,
         raw(UnitState().command("sglang.service")): "ActiveState=active\nUnitFileState=enabled",

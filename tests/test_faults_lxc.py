@@ -45,7 +45,7 @@ from pathlib import Path
 import pytest
 
 from pve_sglang.testing import lxc_env
-from harness import plan_deploy
+from harness import PATH_STATES_COMMAND, path_states_output, plan_deploy
 from test_deploy_lxc import NO_GPU_DROPIN, REPO, UNIT, Deploy, changed, failed
 
 SITE = "/opt/sglang/venv/lib/python3.11/site-packages"
@@ -451,24 +451,25 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
         import hashlib
 
         modes = {"/etc/sglang/sglang.env": "600"}
-        lines = [f"{dest}|file|{modes.get(dest, '644')}|{hashlib.sha1(body.encode()).hexdigest()}"
-                 for dest, body in uploads.items()]
+        states = {dest: ("file", modes.get(dest, "644"), hashlib.sha1(body.encode()).hexdigest())
+                  for dest, body in uploads.items()}
         # A converged venv is the repository's lock of the default set, package for package:
         # sglang in the venv, the rest in the host's shared layer (its marker there).
         from pve_sglang.operations import layer
         from pve_sglang.stack_lock import default_key, lock_for
         lock = lock_for(default_key())
         pins = lock.packages
-        lines += [f"{defaults['sglang_cache_dir']}|dir|755|", "/etc/sglang|dir|700|",
-                  f"{defaults['venv_path']}/pyvenv.cfg|file|644|0",
-                  f"{layer.marker(defaults['wheel_store'], lock)}|file|644|0"]
+        states.update({defaults["sglang_cache_dir"]: ("dir", "755", None),
+                       "/etc/sglang": ("dir", "700", None),
+                       f"{defaults['venv_path']}/pyvenv.cfg": ("file", "644", "0" * 40),
+                       layer.marker(defaults["wheel_store"], lock): ("file", "644", "0" * 40)})
         debs = ["ca-certificates", "curl", "python3", "python3-venv", "g++", "make",
                 f"cuda-toolkit-{defaults['cuda_toolkit_version'].replace('.', '-')}"]
         py = f"{defaults['venv_path']}/bin/python"
         return {
             text(NvidiaUserspaceVersion().command()): f"libcuda.so\nlibcuda.so.1\nlibcuda.so.{libcuda}\n",
             # One read of every watched path: answer any PathStates command with all of them.
-            'if [ -f "$p" ]; then printf': "\n".join(lines),
+            PATH_STATES_COMMAND: path_states_output(states),
             # The runfile of the host's version is kept once downloaded (files.download).
             **({f"test -e {runfile}": f"user=root group=root mode=-rwxr-xr-x atime=0 mtime=0 "
                                       f"ctime=0 size=1 '{runfile}'"} if libcuda == host_version

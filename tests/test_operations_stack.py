@@ -391,32 +391,49 @@ def test_directory(current, expected):
 
 
 def test_path_states_fact_reads_files_dirs_and_missing_in_one_output():
-    output = "/e|file|600|abc123\n/etc/sglang|dir|700|\n/nope|missing||\n"
+    a, b = "a" * 40, "b" * 40
+    output = (f"/e|file\n/etc/sglang|dir\n/nope|missing\n/a|b|file\n"
+              f"600 1796245854.682410\n700 1796245854.5\n644 1796245854\n"
+              f"{a}  /e\n\\{b}  /a|b\n")
     assert fact_value(PathStates, output) == {
-        "/e": {"type": "file", "mode": "600", "sha1": "abc123", "mtime": None},
-        "/etc/sglang": {"type": "dir", "mode": "700", "sha1": None, "mtime": None},
+        "/e": {"type": "file", "mode": "600", "sha1": a, "mtime": 1796245854682410},
+        "/etc/sglang": {"type": "dir", "mode": "700", "sha1": None, "mtime": 1796245854500000},
         "/nope": None,
+        # A path may hold "|"; sha1sum escapes some names (a backslash first); a stat without
+        # fractions gives no mtime.
+        "/a|b": {"type": "file", "mode": "644", "sha1": b, "mtime": None},
     }
-    # With the mtime (stat's %.6Y), in microseconds; a path may hold "|".
-    output = "/e|file|600|abc123|1796245854.682410\n/a|b|dir|755||1796245854.5\n"
-    assert fact_value(PathStates, output) == {
-        "/e": {"type": "file", "mode": "600", "sha1": "abc123", "mtime": 1796245854682410},
-        "/a|b": {"type": "dir", "mode": "755", "sha1": None, "mtime": 1796245854500000},
-    }
+
+
+def test_path_states_fact_refuses_output_that_does_not_add_up():
+    # A file removed between the kinds and stat: one stat line short.
+    with pytest.raises(OperationError, match="2 paths"):
+        fact_value(PathStates, f"/e|file\n/f|file\n600 1.5\n{'a' * 40}  /e\n")
 
 
 def test_path_states_command_on_this_machine(tmp_path):
-    """The fact's shell command, run here for real, gives what process() expects."""
+    """The fact's shell command, run here for real, gives what process() expects: also for a
+    name sha1sum escapes, a name holding "|" and "'", and a link (its own mode, the file's
+    hash)."""
     import subprocess
     (tmp_path / "f").write_text("x")
     (tmp_path / "f").chmod(0o640)
-    cmd = PathStates().command(paths=(str(tmp_path / "f"), str(tmp_path), str(tmp_path / "nope"))).get_raw_value()
+    odd = tmp_path / "a|b\\c'd"
+    odd.write_text("odd")
+    (tmp_path / "link").symlink_to(tmp_path / "f")
+    asked = (str(odd), str(tmp_path / "f"), str(tmp_path), str(tmp_path / "nope"),
+             str(tmp_path / "link"))
+    cmd = PathStates().command(paths=asked).get_raw_value()
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, check=True).stdout
     states = fact_value(PathStates, out)
+    assert set(states) == set(asked)
     mtime = (tmp_path / "f").stat().st_mtime_ns // 1000
     assert states[str(tmp_path / "f")] == {"type": "file", "mode": "640",
                                             "sha1": get_file_sha1(str(tmp_path / "f")),
                                             "mtime": mtime}
+    assert states[str(odd)]["sha1"] == get_file_sha1(str(odd))
+    assert states[str(tmp_path / "link")]["mode"] == "777"
+    assert states[str(tmp_path / "link")]["sha1"] == get_file_sha1(str(tmp_path / "f"))
     assert states[str(tmp_path)]["mtime"] == tmp_path.stat().st_mtime_ns // 1000
     assert states[str(tmp_path)]["type"] == "dir" and states[str(tmp_path / "nope")] is None
 

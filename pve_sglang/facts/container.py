@@ -8,7 +8,7 @@ import re
 import time
 
 from packaging.utils import canonicalize_name
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand
 from typing_extensions import override
 
 from .. import remote
@@ -118,15 +118,18 @@ class PathStates(FactBase[dict]):
 
     @override
     def command(self, paths: tuple[str, ...]) -> StringCommand:
-        # One stat per path gives the mode and the mtime (the second field of its output).
+        # Shell builtins name each path's kind; then one stat (mode, mtime) of the paths that
+        # exist and one sha1sum of the files, in that order: two processes for any number of
+        # paths. A path removed between the two makes stat fail: the read fails, not lies.
         return StringCommand(
-            StringCommand("for p in", *(QuoteString(p) for p in paths)),
+            StringCommand("set --; for p in", *(QuoteString(p) for p in paths)),
             "; do "
-            'if [ -e "$p" ]; then s="$(stat -c \'%a %.6Y\' "$p")"; fi; '
-            'if [ -f "$p" ]; then printf \'%s|file|%s|%s|%s\\n\' "$p" "${s%% *}" '
-            '"$(sha1sum < "$p" | cut -d" " -f1)" "${s#* }"; '
-            'elif [ -d "$p" ]; then printf \'%s|dir|%s||%s\\n\' "$p" "${s%% *}" "${s#* }"; '
-            "else printf '%s|missing||\\n' \"$p\"; fi; done",
+            'if [ -f "$p" ]; then printf \'%s|file\\n\' "$p"; set -- "$@" "$p"; '
+            'elif [ -d "$p" ]; then printf \'%s|dir\\n\' "$p"; set -- "$@" "$p"; '
+            "else printf '%s|missing\\n' \"$p\"; fi; done; "
+            '[ $# -eq 0 ] || stat -c \'%a %.6Y\' -- "$@" || exit; '
+            'for p in "$@"; do if [ -f "$p" ]; then set -- "$@" "$p"; fi; shift; done; '
+            '[ $# -eq 0 ] || sha1sum -- "$@"',
             _separator="",
         )
 
@@ -137,19 +140,33 @@ class PathStates(FactBase[dict]):
 
     @override
     def process(self, output: list[str]) -> dict:
-        states: dict = {}
+        kinds, stats, sums = [], [], []
         for line in output:
-            found = _PATH_STATE.match(line.rstrip("\n"))
-            if not found:
-                continue
-            path, kind, mode, sha1, mtime = found.groups()
-            states[path] = None if kind == "missing" else {
-                "type": kind, "mode": mode, "sha1": sha1 or None, "mtime": _micros(mtime)}
+            line = line.rstrip("\n")
+            if line.startswith("/"):
+                path, _, kind = line.rpartition("|")
+                kinds.append((path, kind))
+            elif found := _STAT_LINE.match(line):
+                stats.append(found.groups())
+            elif found := _SHA1_LINE.match(line):
+                sums.append(found.group(1))
+        existing = [(path, kind) for path, kind in kinds if kind in ("file", "dir")]
+        files = [path for path, kind in existing if kind == "file"]
+        if len(stats) != len(existing) or len(sums) != len(files):
+            raise OperationError(f"path states: {len(stats)} stat and {len(sums)} sha1 lines for "
+                             f"{len(existing)} paths and {len(files)} files")
+        sha1 = dict(zip(files, sums))
+        states: dict = {path: None for path, kind in kinds if kind not in ("file", "dir")}
+        for (path, kind), (mode, mtime) in zip(existing, stats):
+            states[path] = {"type": kind, "mode": mode, "sha1": sha1.get(path),
+                            "mtime": _micros(mtime)}
         return states
 
 
-# PATH|KIND|MODE|SHA1[|MTIME]: the path may hold "|", the kind and what follows do not.
-_PATH_STATE = re.compile(r"^(.*)\|(file|dir|missing)\|(\d*)\|([0-9a-f]*)(?:\|(\S*))?$")
+# stat -c '%a %.6Y': the mode, the mtime (seconds and fraction). sha1sum: the hash first (after
+# a backslash when it escaped the name).
+_STAT_LINE = re.compile(r"^(\d+) (\S+)$")
+_SHA1_LINE = re.compile(r"^\\?([0-9a-f]{40}) ")
 _STAMP = re.compile(r"^(\d+)\.(\d{1,9})$")
 # systemctl show --timestamp=us+utc: "Wed 2026-12-02 21:09:32.618391 UTC".
 _UNIT_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{6}) UTC$")
