@@ -285,3 +285,49 @@ def test_failing_write_leaves_original(
     monkeypatch.setattr(autotune_patch.os, "replace", real_replace)
     assert autotune_patch.main(["--apply", str(pkg)]) == 0
     assert capsys.readouterr().out == "applied\n"
+
+
+NESTED_DEFS = '''
+def should_run_flashinfer_autotune(): pass
+class Runner:
+    def _should_run_flashinfer_autotune(self):
+        def should_run_flashinfer_autotune(): pass
+    if True:
+        async def should_run_flashinfer_autotune(): pass
+    else:
+        def _should_run_flashinfer_autotune(): pass
+try:
+    def should_run_flashinfer_autotune(): pass
+except Exception:
+    def should_run_flashinfer_autotune(): pass
+else:
+    def should_run_flashinfer_autotune(): pass
+finally:
+    with open(x) as f:
+        for y in z:
+            while y:
+                def _should_run_flashinfer_autotune(): pass
+match x:
+    case 1:
+        def should_run_flashinfer_autotune(): pass
+f = lambda: should_run_flashinfer_autotune
+'''
+
+
+@pytest.mark.parametrize("version", [*PATCHABLE, *UPSTREAM, *REFUSED])
+def test_the_autotune_functions_are_those_ast_walk_finds(version: str) -> None:
+    """Only statements are visited for the gate's definitions: the same ones (each once) as
+    walking every node, in each candidate file of the real wheels and at every nesting."""
+    def by_walk(tree: ast.AST) -> list[ast.AST]:
+        return [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.name in autotune_patch.FUNCTION_NAMES]
+
+    sources = [data.decode() for name, data in members(version).items() if name in autotune_patch.CANDIDATES]
+    if version == "0.5.6":
+        sources.append(NESTED_DEFS)
+    for source in sources:
+        tree = ast.parse(source)
+        found = autotune_patch.autotune_functions(tree)
+        assert sorted(map(id, found)) == sorted(map(id, by_walk(tree)))
+    if version == "0.5.6":
+        assert len(autotune_patch.autotune_functions(ast.parse(NESTED_DEFS))) == 10
