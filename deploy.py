@@ -4,13 +4,13 @@ Run as ``pyinfra inventory.py deploy.py``. The phases follow the data: the host'
 GPUs decide the container's passthrough, its driver version and the server's flags.
 """
 
-from pve_sglang import op_order
+from pve_sglang import pyinfra_per_op
 from pve_sglang.operations import phase
 from tasks.container import container_phase
 from tasks.host import host_phase
 from tasks.verify import verify_phase
 
-op_order.install()  # before the first operation: pyinfra's per-operation stack reads cost less
+pyinfra_per_op.install()  # before the first operation: pyinfra's work per operation costs less
 host_phase()
 phase.done(name="Proxmox hosts done", phase="host")
 container_phase()
