@@ -81,7 +81,8 @@ def main(argv: list[str]) -> int:
             against = Checkout(work, args.against)
         tarball = bench_tarball(work)
         wh = wheelhouse(work, defaults["sglang_version"])
-        bench = Bench(work, tarball, wh, sizes, f"{defaults['service_name']}.service")
+        bench = Bench(work, tarball, wh, sizes, f"{defaults['service_name']}.service",
+                      against=against is not None)
 
         first, noop, snapshots_ok, old = rounds(bench, sizes, args.reps, against)
 

@@ -23,18 +23,28 @@ from pve_sglang.testing.deploy_cost.fleet import REPO, container_snapshot, hosts
 
 
 class Bench:
-    def __init__(self, work: Path, tarball: Path, wh: Path, sizes: list[int], unit: str):
+    """The fleets of the run: one set of containers per size for this checkout and, with
+    ``--against``, one more for the other revision. Each checkout converges its own: a
+    remote file that differs between the two (a script they upload) would otherwise be
+    written back and forth, and neither no-op would be one."""
+
+    def __init__(self, work: Path, tarball: Path, wh: Path, sizes: list[int], unit: str,
+                 against: bool = False):
         self.work = work
         self.lxc_path = work / "lxc"
         self.lxc_path.mkdir()
         self.lxc_path.chmod(0o755)
         self.unit = unit
         tag = os.getpid() % 100000
-        self.sets = {n: [f"pvsb{tag}-{n}-{i}" for i in range(1, n + 1)] for n in sizes}
-        self.hosts = {}
-        for n, names in self.sets.items():
-            self.hosts[n] = work / f"hosts-{n}.yml"
-            hosts_file(self.hosts[n], self.lxc_path, tarball, wh, names)
+        self.sets: dict[tuple[str, int], list[str]] = {}
+        self.hosts: dict[tuple[str, int], Path] = {}
+        for variant in ("new", "old") if against else ("new",):
+            prefix = "" if variant == "new" else "o"
+            for n in sizes:
+                key = (variant, n)
+                self.sets[key] = [f"pvsb{tag}-{prefix}{n}-{i}" for i in range(1, n + 1)]
+                self.hosts[key] = work / f"hosts-{prefix}{n}.yml"
+                hosts_file(self.hosts[key], self.lxc_path, tarball, wh, self.sets[key])
         self.runs = 0
 
     def deploy(self, n: int, label: str, checkout: "Checkout | None" = None) -> dict[str, Any]:
@@ -43,7 +53,7 @@ class Bench:
         self.runs += 1
         stem = self.work / f"run{self.runs:02d}-{label}-{n}"
         cmd_log = stem.with_suffix(".commands.json")
-        env = {**os.environ, "PVE_SGLANG_HOSTS": str(self.hosts[n])}
+        env = {**os.environ, "PVE_SGLANG_HOSTS": str(self.hosts[(variant(checkout), n)])}
         cwd = REPO
         if checkout is not None:
             cwd = checkout.path
@@ -93,42 +103,52 @@ class Bench:
             "_commands": commands,
         }
 
-    def snapshot(self, n: int) -> dict[str, dict[str, str]]:
-        return {name: container_snapshot(self.lxc_path, name, self.unit) for name in self.sets[n]}
+    def snapshot(self, n: int, checkout: "Checkout | None" = None) -> dict[str, dict[str, str]]:
+        return {name: container_snapshot(self.lxc_path, name, self.unit)
+                for name in self.sets[(variant(checkout), n)]}
+
+
+def variant(checkout: "Checkout | None") -> str:
+    """Whose fleet a run uses: this checkout's ("new") or the ``--against`` one's ("old")."""
+    return "new" if checkout is None else "old"
 
 
 def rounds(bench: Bench, sizes: list[int], reps: int, against: "Checkout | None" = None
            ) -> tuple[dict[int, dict], dict[int, list[dict]], dict[int, bool], dict[int, list[dict]]]:
     """The first run of each size, then REPS no-op runs per size, sizes interleaved in each round;
-    with AGAINST, each no-op run of this checkout follows one of AGAINST's on the same fleet
-    (old 1, new 1, old 2, new 2, ...), so both come from the same conditions.
+    with AGAINST, each no-op run of this checkout follows one of AGAINST's on its own fleet of
+    the same size, made by AGAINST's own first run (old 1, new 1, old 2, new 2, ...), so both
+    come from the same conditions.
 
     Returns the first runs, the no-op runs, per size whether every container's snapshot (init
     process, unit invocation) stayed the same around every no-op run (either checkout's), and
     AGAINST's no-op runs (empty without it).
     """
+    variants = ([("old", against)] if against else []) + [("new", None)]
     first: dict[int, dict] = {}
     for n in sizes:
-        log(f"first run, {n} container(s) ...")
-        first[n] = bench.deploy(n, "first")
-        log(f"  {first[n]['wall_s']:.1f}s, {first[n]['changes']} changes, "
-            f"{first[n]['commands']} commands")
+        for label, checkout in variants:
+            log(f"first run{f' ({label})' if against else ''}, {n} container(s) ...")
+            run = bench.deploy(n, "first" if checkout is None else "first-old", checkout)
+            log(f"  {run['wall_s']:.1f}s, {run['changes']} changes, {run['commands']} commands")
+            if checkout is None:
+                first[n] = run
 
     noop: dict[int, list[dict]] = {n: [] for n in sizes}
     old: dict[int, list[dict]] = {n: [] for n in sizes}
     snapshots_ok = {n: True for n in sizes}
-    before = {n: bench.snapshot(n) for n in sizes}
-    variants = ([("old", against)] if against else []) + [("new", None)]
+    before = {(label, n): bench.snapshot(n, checkout) for n in sizes for label, checkout in variants}
     for rep in range(reps):
         for n in sizes:
             for label, checkout in variants:
                 run = bench.deploy(n, "noop" if checkout is None else "noop-old", checkout)
-                after = bench.snapshot(n)
-                run["state_unchanged"] = after == before[n]
+                after = bench.snapshot(n, checkout)
+                run["state_unchanged"] = after == before[(label, n)]
                 if not run["state_unchanged"]:
                     snapshots_ok[n] = False
-                    log(f"  state changed in a no-op run ({label}) of {n}: {before[n]} -> {after}")
-                before[n] = after
+                    log(f"  state changed in a no-op run ({label}) of {n}: "
+                        f"{before[(label, n)]} -> {after}")
+                before[(label, n)] = after
                 (noop if checkout is None else old)[n].append(run)
                 log(f"no-op {rep + 1}/{reps}{f' ({label})' if against else ''}, {n} container(s): "
                     f"{run['wall_s']:.2f}s, {run['commands']} commands, {run['changes']} changes")
