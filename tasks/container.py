@@ -262,16 +262,9 @@ def shared_layer(cs: ContainerSettings, uv: str, py: str, lock: Lock) -> list:
     """The host's shared layer of LOCK (built once per host), the venv's ``.pth`` to it, and
     the lock of what the venv holds itself; the ops that need a restart."""
     assert cs.wheel_store is not None
-    layer.shared(name=f"Shared stack layer of lock {lock.id} in {cs.wheel_store}/layers "
-                      f"({len(layer.layer_names(lock))} packages, built once per host)",
-                 uv=uv, python=py, store=cs.wheel_store, lock=lock)
-    pth = paths.put(name=f"The venv reads the shared layer ({layer.PTH})",
-                    src=StringIO(layer.pth_text(cs.wheel_store, lock)),
-                    dest=layer.pth_path(cs.venv_path, cs.stack_python), mode="644")
-    own = paths.put(name=f"Stack lock {lock.id}, the venv's own part ({', '.join(layer.venv_names(lock))})",
-                    src=StringIO(lock.requirement_lines(layer.venv_names(lock))),
-                    dest=VENV_LOCK_FILE, mode="644")
-    return [pth, own]
+    return layer.venv_on_layer(uv=uv, python=py, tools=TOOLS, venv=cs.venv_path,
+                               python_version=cs.stack_python, store=cs.wheel_store, lock=lock,
+                               lock_file=VENV_LOCK_FILE)
 
 
 def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: list,

@@ -136,12 +136,17 @@ def layer_folder(site) -> Path:
     return Path(layer.path(str(site.store), site.lock))
 
 
+def builds_layer(changed: dict, box) -> bool:
+    """Whether BOX's changed operations include the shared layer's."""
+    return any(name.startswith("Shared stack layer") for name in changed.get(box.inventory_name, []))
+
+
 def test_the_shared_layer_is_built_once_owned_by_the_host_and_read_only(layered):
     site = layered
     first = site.container()
     changed = site.deploy(first)
     assert "failed" not in changed, changed
-    assert "Shared stack layer" in changed[first.inventory_name]
+    assert builds_layer(changed, first)
     # The layer: every locked package but the venv's own, the host's root's, marker last.
     folder = layer_folder(site)
     names = {p.name for p in folder.iterdir()}
@@ -169,7 +174,7 @@ def test_the_shared_layer_is_built_once_owned_by_the_host_and_read_only(layered)
     second = site.container()
     changed = site.deploy(first, second)
     assert list(changed) == [second.inventory_name], changed
-    assert "Shared stack layer" not in changed[second.inventory_name]
+    assert not builds_layer(changed, second)
     assert installed(second) == site.lock.packages
     assert not any(n.startswith("idna") for n in own_site_packages(second))
 
@@ -219,8 +224,28 @@ def test_a_layered_venv_drifting_is_reconciled(layered):
     cut.mkdir()
     (cut / "half-copied.py").write_text("")
     changed = site.deploy(box)
-    assert "Shared stack layer" in changed.get(box.inventory_name, []), changed
+    assert builds_layer(changed, box), changed
     assert Path(layer.marker(str(site.store), site.lock)).is_file() and not cut.exists()
     assert not (layer_folder(site) / "half-copied.py").exists()
+    assert installed(box) == site.lock.packages
+    assert site.deploy(box) == {}
+
+
+def test_a_damaged_layer_is_built_again(layered):
+    """A package's files gone from the host's layer (a disk error, a clean-up by hand): the
+    venv no longer finds it as locked, so the layer is built again, once, and the container
+    runs the locked set; the run after changes nothing."""
+    site = layered
+    box = site.container()
+    assert "failed" not in site.deploy(box)
+    folder = layer_folder(site)
+    for gone in [folder / "idna", *folder.glob("idna-*.dist-info")]:
+        shutil.rmtree(gone)
+    changed = site.deploy(box)
+    assert builds_layer(changed, box), changed
+    out = site.last.stderr + site.last.stdout
+    assert f"the shared layer of lock {site.lock.id}" in out and "lacks what the venv should find" in out
+    assert "idna" in out and out.count("building the shared layer") == 1, out
+    assert (folder / "idna" / "__init__.py").exists()
     assert installed(box) == site.lock.packages
     assert site.deploy(box) == {}

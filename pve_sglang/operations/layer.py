@@ -8,6 +8,7 @@ change what another runs.
 
 from __future__ import annotations
 
+import hashlib
 from io import StringIO
 from weakref import WeakKeyDictionary
 
@@ -16,8 +17,8 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from ..connectors.container import ContainerConnector
-from ..stack_lock import Lock
-from . import paths
+from ..stack_lock import Lock, normalized
+from . import container_state, paths
 from .wheels import LOCKS
 
 #: What the container's venv holds itself: the autotune patch writes into sglang.
@@ -57,18 +58,61 @@ def layer_names(lock: Lock, own: tuple[str, ...] = VENV_OWNED) -> list[str]:
     return [name for name in lock.packages if name not in own]
 
 
+def venv_on_layer(uv: str, python: str, tools: str, venv: str, python_version: str,
+                  store: str, lock: Lock, lock_file: str, own: tuple[str, ...] = VENV_OWNED) -> list:
+    """The host's shared layer of LOCK in STORE (built once per host), the venv's ``.pth`` to
+    it, and LOCK_FILE: the lock of what the venv holds itself (OWN). Returns the operations
+    after whose change the server restarts (a layer built again, a venv reading another)."""
+    pth = pth_path(venv, python_version)
+    built = shared(name=f"Shared stack layer of lock {lock.id} in {store}/layers "
+                        f"({len(layer_names(lock, own))} packages, built once per host)",
+                   uv=uv, python=python, tools=tools, pth=pth, store=store, lock=lock, own=own)
+    reads = paths.put(name=f"The venv reads the shared layer ({PTH})",
+                      src=StringIO(pth_text(store, lock)), dest=pth, mode="644")
+    own_lock = paths.put(name=f"Stack lock {lock.id}, the venv's own part "
+                              f"({', '.join(venv_names(lock, own))})",
+                         src=StringIO(lock.requirement_lines(venv_names(lock, own))),
+                         dest=lock_file, mode="644")
+    return [built, reads, own_lock]
+
+
+def damaged(python: str, tools: str, pth: str, store: str, lock: Lock,
+            own: tuple[str, ...] = VENV_OWNED) -> list[str]:
+    """The layer's packages a venv reading it does not find as locked (its files went from
+    the store): the venv's one read of its state says. Nothing is judged while the venv does
+    not read the layer yet (no ``.pth``, or another) or changes in this run."""
+    from . import stack
+
+    reads = paths.state(pth)
+    expected = hashlib.sha1(pth_text(store, lock).encode()).hexdigest()
+    if stack.venv_changed_in_this_run() or not reads or reads.get("sha1") != expected:
+        return []
+    state = stack.venv_state(python, tools)
+    if not state["packages"]:
+        return []
+    found = {normalized(name): version for name, version in state["packages"].items()}
+    own_copies = set(state.get("in_venv", []))
+    return [name for name in layer_names(lock, own)
+            if normalized(name) not in own_copies and found.get(normalized(name)) != lock.packages[name]]
+
+
 @operation()
-def shared(uv: str, python: str, store: str, lock: Lock, own: tuple[str, ...] = VENV_OWNED):
+def shared(uv: str, python: str, tools: str, pth: str, store: str, lock: Lock,
+           own: tuple[str, ...] = VENV_OWNED):
     """
     The host's wheel store holds the layer of LOCK: its packages but sglang, installed once per
     host. Built at execution by the first container that gets here (the others of the run wait,
     then find it): uv installs it offline from STORE, hashes checked and bytecode compiled, into
     ``STAGING`` in this container; the host copies it with ``tar`` into the store as its own
     (root-owned, not writable by a container), moves it into place whole, and writes the
-    marker. A converged run reads the marker with the container's watched paths.
+    marker. A converged run reads the marker with the container's watched paths. A layer whose
+    packages the venv reading it no longer finds as locked (``damaged``) is built again, once
+    per run for all the host's containers.
 
     + uv: the uv binary (of the tools venv)
     + python: the container's venv Python (the layer is built for its interpreter)
+    + tools: the directory of the helper scripts that read the venv's state
+    + pth: the venv's ``.pth`` file to the layer (``pth_path``)
     + store: the host's wheel store, mounted read-only at the same path in the container
     + lock: the parsed lock (``stack_lock.lock_for``)
     + own: the packages the venvs hold themselves, left out of the layer
@@ -81,27 +125,40 @@ def shared(uv: str, python: str, store: str, lock: Lock, own: tuple[str, ...] = 
         from pve_sglang.operations import layer
 
         layer.shared(name="Shared stack layer", uv="/opt/sglang/tools/bin/uv",
-                     python="/opt/sglang/venv/bin/python",
+                     python="/opt/sglang/venv/bin/python", tools="/opt/sglang",
+                     pth="/opt/sglang/venv/lib/python3.11/site-packages/pve-sglang-layer.pth",
                      store="/var/cache/pve-sglang/wheels",
                      lock=stack_lock.lock_for(stack_lock.default_key()))
     """
+    rebuild = False
     if paths.state(marker(store, lock)):
-        host.noop(f"the shared layer of lock {lock.id} is in {path(store, lock)}")
-        return
-    yield FunctionCommand(_build, (uv, python, store, lock, own), {})
+        missing = damaged(python, tools, pth, store, lock, own)
+        if not missing:
+            host.noop(f"the shared layer of lock {lock.id} is in {path(store, lock)}")
+            return
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        logger.warning(f"{host.name}: the shared layer of lock {lock.id} in {path(store, lock)} "
+                       f"lacks what the venv should find there ({', '.join(missing[:5])}{more}): "
+                       "building it again")
+        rebuild = True
+    yield FunctionCommand(_build, (uv, python, store, lock, own, rebuild), {})
+    # What the venv finds is read again (the packages of a layer built now).
+    container_state.forget("venv")
 
 
-def _building(store: str, lock: Lock) -> gevent.lock.Semaphore:
+def _building(store: str, lock: Lock) -> tuple[gevent.lock.Semaphore, set]:
     # Per container host where the inventory names it (hosts files); else one build at a time.
+    # The set: the layer was built in this run (a damaged one is built again once).
     outer = host.data.get("pve_host")
     with _BUILDING:
         return _BUILDS.setdefault(host.state, {}).setdefault(
-            (outer, store, lock.id), gevent.lock.Semaphore())
+            (outer, store, lock.id), (gevent.lock.Semaphore(), set()))
 
 
 def _build(state, host, uv: str, python: str, store: str, lock: Lock,
-           own: tuple[str, ...]) -> bool:
-    """At execution: install into staging here, copy it into the store on the host."""
+           own: tuple[str, ...], rebuild: bool = False) -> bool:
+    """At execution: install into staging here, copy it into the store on the host (REBUILD:
+    also when its marker is there, unless it was built in this run)."""
     # A container connector (ContainerConnector) runs commands on the container's host too;
     # the hosts files reach every container through one.
     if not hasattr(host.connector, "run_on_host"):
@@ -109,8 +166,9 @@ def _build(state, host, uv: str, python: str, store: str, lock: Lock,
                      "needs the @pct or @lxc connector; set shared_layer: false")
         return False
     done = QuoteString(marker(store, lock))
-    with _building(store, lock):
-        if host.run_shell_command(StringCommand("test -f", done))[0]:
+    building, built = _building(store, lock)
+    with building:
+        if built or not rebuild and host.run_shell_command(StringCommand("test -f", done))[0]:
             logger.info(f"{host.name}: the shared layer of lock {lock.id} was built by another "
                         "container of the host in this run")
             return True
@@ -129,6 +187,7 @@ def _build(state, host, uv: str, python: str, store: str, lock: Lock,
             logger.error(f"{host.name}: shared layer: the copy into {store} failed: "
                          f"{output.stderr or output.stdout}")
             return False
+        built.add(lock.id)
         return host.run_shell_command(
             StringCommand("rm -rf", QuoteString(STAGING), QuoteString(requirements)))[0]
 

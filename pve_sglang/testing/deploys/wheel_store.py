@@ -8,7 +8,7 @@ from. In each container: the venv (``stack.venv``), the lock file, and the locke
 Host data: ``lock_file`` (on this machine), ``pins`` (``[[name, version], ...]``), ``python``,
 ``store`` (the store's path on the host and in the containers), ``uv`` (in the containers),
 ``own`` (a list: the venv holds these itself and reads the rest from the host's shared layer,
-``operations/layer.shared``, as the deploy's ``shared_layer`` does; None: the whole set).
+``operations/layer.venv_on_layer``, as the deploy's ``shared_layer`` does; None: the whole set).
 """
 
 from io import StringIO
@@ -32,13 +32,10 @@ else:
     own = None if data.get("own") is None else tuple(data.own)
     lock_file = "/opt/stack/stack.lock"
     if own is not None:
-        layer.shared(name="Shared stack layer", uv=data.uv, python="/opt/stack/venv/bin/python",
-                     store=data.store, lock=lock, own=own)
-        paths.put(name="The venv reads the shared layer", src=StringIO(layer.pth_text(data.store, lock)),
-                  dest=layer.pth_path("/opt/stack/venv", data.python), mode="644")
         lock_file = "/opt/stack/stack-venv.lock"
-        paths.put(name="Stack lock, the venv's own part", dest=lock_file, mode="644",
-                  src=StringIO(lock.requirement_lines(layer.venv_names(lock, own))))
+        layer.venv_on_layer(uv=data.uv, python="/opt/stack/venv/bin/python", tools="/opt/stack",
+                            venv="/opt/stack/venv", python_version=data.python, store=data.store,
+                            lock=lock, lock_file=lock_file, own=own)
     stack.locked_venv(name="Stack as locked, from the wheel store", uv=data.uv,
                       python="/opt/stack/venv/bin/python", tools="/opt/stack",
                       lock_file=lock_file, lock=lock,
