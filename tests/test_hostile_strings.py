@@ -235,7 +235,7 @@ def _responses(platform: str) -> dict:
         # recorded answer cannot change between the install and the check); the install
         # command itself gets hostile arguments in test_every_operation_quotes_its_string_arguments.
         # (Matched on its script's text: the venv's path may be a hostile one.)
-        "importlib.metadata.distributions()": json.dumps({"packages": parse(SHIPPED_LOCK).packages,
+        "def distributions():": json.dumps({"packages": parse(SHIPPED_LOCK).packages,
                                       "patch": "already-patched\n", "python": "3.11"}),
     }
     # No shared layer yet: the container builds it (its marker's test fails).
