@@ -8,17 +8,17 @@ change what another runs.
 
 from __future__ import annotations
 
-import hashlib
 from io import StringIO
 from weakref import WeakKeyDictionary
 
 import gevent.lock
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api.util import get_file_sha1
 
 from ..connectors.container import ContainerConnector
-from ..stack_lock import Lock, normalized
-from . import container_state, paths
+from ..stack_lock import Lock
+from . import container_state, paths, stack
 from .wheels import LOCKS
 
 #: What the container's venv holds itself: the autotune patch writes into sglang.
@@ -81,19 +81,17 @@ def damaged(python: str, tools: str, pth: str, store: str, lock: Lock,
     """The layer's packages a venv reading it does not find as locked (its files went from
     the store): the venv's one read of its state says. Nothing is judged while the venv does
     not read the layer yet (no ``.pth``, or another) or changes in this run."""
-    from . import stack
-
     reads = paths.state(pth)
-    expected = hashlib.sha1(pth_text(store, lock).encode()).hexdigest()
+    expected = get_file_sha1(StringIO(pth_text(store, lock)))
     if stack.venv_changed_in_this_run() or not reads or reads.get("sha1") != expected:
         return []
     state = stack.venv_state(python, tools)
     if not state["packages"]:
         return []
-    found = {normalized(name): version for name, version in state["packages"].items()}
+    # Names are normalized on both sides already (SglangVenv, the lock).
     own_copies = set(state.get("in_venv", []))
     return [name for name in layer_names(lock, own)
-            if normalized(name) not in own_copies and found.get(normalized(name)) != lock.packages[name]]
+            if name not in own_copies and state["packages"].get(name) != lock.packages[name]]
 
 
 @operation()
