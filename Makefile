@@ -15,7 +15,7 @@ define apt_install
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null
 endef
 
-.PHONY: deploy deploy-deps test system-deps bench lock bench-stack
+.PHONY: deploy deploy-deps test test-fast system-deps bench lock bench-stack
 
 # Debian's python3 has no ensurepip without python3-venv: `python3 -m venv` fails there.
 $(STAMP): pyproject.toml
@@ -46,13 +46,18 @@ deploy: deploy-deps $(STAMP)
 test: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest $(ARGS)
 
+# The fast tier: every test that boots no container, needs no root and downloads nothing
+# (tests/conftest.py marks the others from the fixtures they use). No system packages needed.
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -m "not lxc and not root and not network" $(ARGS)
+
 bench: $(STAMP) system-deps
 	$(VENV)/bin/python bench/deploy_cost.py $(ARGS)
 
 # The repository's lock of the default release set (group_data/locks/), made again with uv
 # from the pins in group_data/all.py: after a pin changes, or to take newer dependencies.
 lock: $(STAMP)
-	$(VENV)/bin/python -m pve_sglang.stack_lock refresh
+	$(VENV)/bin/python -m pve_sglang.stack.lock refresh
 
 # The wheel store with the real locked set (about 5 GB of wheels, 10 GB installed): the stack
 # step of a first container, a second one on the same host, and the first recreated.

@@ -4,7 +4,7 @@ Run as ``pyinfra inventory.py deploy.py``. The phases follow the data: the host'
 GPUs decide the container's passthrough, its driver version and the server's flags.
 """
 
-from pve_sglang import pyinfra_per_op
+from pve_sglang.runtime import pyinfra_per_op
 from pve_sglang.operations import phase
 from tasks.container import container_phase
 from tasks.host import host_phase

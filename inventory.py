@@ -13,7 +13,7 @@ from pve_sglang.hosts_file import (
     hosts_file_path,
     read_hosts_file,
 )
-from pve_sglang.settings import SettingsError
+from pve_sglang.config.settings import SettingsError
 
 try:
     pve_hosts, gpu_containers = build_groups(

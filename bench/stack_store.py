@@ -13,7 +13,7 @@ the end:
    running pyinfra (``PVE_SGLANG_CACHE``), unprivileged containers from the tests' Debian 12
    rootfs with no network at all (loopback only): whatever they install comes from the store;
 3. each measured step is the deploy's own operations through the pyinfra CLI
-   (``pve_sglang/testing/deploys/wheel_store.py``): the store (``--limit @local``: the fetch on
+   (``devtools/deploys/wheel_store.py``): the store (``--limit @local``: the fetch on
    the machine running pyinfra, the upload into the store, its sha256 check) and the install
    in the container, timed apart: with the shared layer (the default, ``shared_layer``), the
    first container builds the host's layer (``uv pip install --target`` offline from the store,
@@ -40,11 +40,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pve_sglang import stack_lock  # noqa: E402
-from pve_sglang.testing import lxc_env  # noqa: E402
+from pve_sglang.stack import lock as stack_lock  # noqa: E402
+from devtools import lxc_env  # noqa: E402
 from pve_sglang.operations import layer  # noqa: E402
-from pve_sglang.testing.wheel_store_site import WheelStoreSite, installed  # noqa: E402
-from pve_sglang.wheel_fetch import MANIFEST, total_bytes, read_manifest  # noqa: E402
+from devtools.wheel_store_site import WheelStoreSite, installed  # noqa: E402
+from pve_sglang.stack.wheel_fetch import MANIFEST, total_bytes, read_manifest  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "stack_store.json"
 

@@ -1,8 +1,8 @@
 """Every default of pve-sglang, in one place.
 
 Host data from the hosts file overrides any of these per Proxmox host or per container
-(``pve_sglang.settings`` validates the merged result before anything runs). The README's
-settings table is generated from this file (``python -m pve_sglang.settings_table``): each
+(``pve_sglang.config.settings`` validates the merged result before anything runs). The README's
+settings table is generated from this file (``python -m pve_sglang.config.settings_table``): each
 setting's comment is its description there.
 """
 

@@ -23,10 +23,11 @@ from pydantic import SecretStr
 from pyinfra.api.exceptions import ConnectorDataTypeError
 from pyinfra.api.util import raise_if_bad_type
 
-from .connectors import connector_data_types
-from .connectors.container import LOCAL_HOSTNAMES as LOCAL_NAMES
-from .lxc_config import check_settings as check_lxc_settings
-from .settings import (
+from pve_sglang.connectors import connector_data_types
+from pve_sglang.connectors.container import LOCAL_HOSTNAMES as LOCAL_NAMES
+from pve_sglang.container_config.lxc_keys import check_settings as check_lxc_settings
+from pve_sglang.project import load_defaults
+from pve_sglang.config.settings import (
     CONTAINER_FIELDS,
     HOST_FIELDS,
     SECRET_FIELDS,
@@ -34,7 +35,6 @@ from .settings import (
     did_you_mean,
     check_container_keys,
     check_vmid,
-    load_defaults,
     shown,
     validate_container,
     validate_host,

@@ -17,12 +17,12 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.facts.server import Command, Which
 from packaging.version import Version
 
-from .cache import memo
-from .facts.nvidia import CharDeviceMajors, NvidiaDeviceNodes, NvidiaDriverVersion, NvidiaGpus
-from .facts.pve import PveContainerVersion
-from .facts.system import CgroupVersion, IommuAcs, VirtualMachineType
-from .passthrough import pve_dev_entries, raw_lxc_lines
-from .server_command import (
+from pve_sglang.runtime.cache import memo
+from pve_sglang.facts.nvidia import CharDeviceMajors, NvidiaDeviceNodes, NvidiaDriverVersion, NvidiaGpus
+from pve_sglang.facts.pve import PveContainerVersion
+from pve_sglang.facts.system import CgroupVersion, IommuAcs, VirtualMachineType
+from pve_sglang.gpu.passthrough import pve_dev_entries, raw_lxc_lines
+from pve_sglang.server.command import (
     ServerArgv,
     dist_init_addr,
     node_rank_for,
@@ -31,8 +31,8 @@ from .server_command import (
     server_argv,
     venv_python,
 )
-from .settings import ContainerSettings, HostSettings, container_hostname, tensor_parallel_size
-from .stack_lock import Lock, LockError, LockKey, key_of, lock_for
+from pve_sglang.config.settings import ContainerSettings, HostSettings, container_hostname, tensor_parallel_size
+from pve_sglang.stack.lock import Lock, LockError, LockKey, key_of, lock_for
 
 # Created at boot by the nvidia-uvm-devices unit this deploy installs, before containers start.
 UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")

@@ -6,7 +6,7 @@ The project runs from a checkout of its repository (``pyinfra inventory.py deplo
 modules of the package and stay at the checkout's root, where pyinfra's layout puts them:
 
 + ``group_data/all.py``: the defaults. pyinfra loads ``group_data/`` next to the inventory; the
-  settings models read the same file (``settings.load_defaults``), so the defaults live once;
+  settings models read the same file (``load_defaults``), so the defaults live once;
 + ``templates/``: the Jinja2 templates of the files the deploy writes (``sglang.service.j2``,
   ``sglang.env.j2``, ``nvidia-uvm.conf.j2``, ...), for ``server_command`` and ``files.template``.
 
@@ -18,7 +18,9 @@ missing file.
 
 from __future__ import annotations
 
+import runpy
 from pathlib import Path
+from typing import Any
 
 #: The checkout's root: the folder that holds ``pve_sglang/``, ``group_data/`` and ``templates/``.
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,3 +47,9 @@ def project_file(relative: str) -> Path:
 def template(name: str) -> str:
     """The template NAME in ``templates/`` as a path string, for ``files.template(src=...)``."""
     return str(project_file(f"{TEMPLATES}/{name}"))
+
+
+def load_defaults(path: Path | None = None) -> dict[str, Any]:
+    """Read the defaults from PATH (the checkout's ``group_data/all.py``), as pyinfra itself does."""
+    path = project_file(GROUP_DATA) if path is None else path
+    return {k: v for k, v in runpy.run_path(str(path)).items() if not k.startswith("__")}

@@ -15,11 +15,11 @@ from pyinfra.operations import files, server, systemd
 from pve_sglang import remote
 from pve_sglang.operations import container_state, layer, paths, stack
 from pve_sglang.operations.changes import any_changed
-from pve_sglang.phases import host_gpus, run_when_container_exists, upload_script
+from tasks.common import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import ServerFiles, select_gpus, server_files, stack_lock_of
-from pve_sglang.server_command import LAUNCHER, env_file_path, unit_name, unit_path, venv_python
-from pve_sglang.settings import ContainerSettings, container_hostname, host_settings
-from pve_sglang.stack_lock import Lock
+from pve_sglang.server.command import LAUNCHER, env_file_path, unit_name, unit_path, venv_python
+from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
+from pve_sglang.stack.lock import Lock
 
 TOOLS = remote.TOOLS
 #: The lock of the container's stack, as its venv was last made from it.

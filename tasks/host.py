@@ -8,10 +8,10 @@ from pyinfra.api.host import Host
 from pyinfra.context import state
 from pyinfra.operations import files, server, systemd
 
-from pve_sglang.config_lines import owned_by_gpu_passthrough, owned_by_settings
+from pve_sglang.container_config.owned_lines import owned_by_gpu_passthrough, owned_by_settings
 from pve_sglang.facts.lxc_host import RootSubIds
 from pve_sglang.facts.nvidia import NvidiaGpuProcesses, UvmDisableHmm
-from pve_sglang.lxc_config import (
+from pve_sglang.container_config.lxc_keys import (
     DEFAULT_SUBID,
     HostLimits,
     config_lines,
@@ -26,7 +26,7 @@ from pve_sglang.lxc_config import (
     shares_host_network,
     subid_base,
 )
-from pve_sglang.lxc_config import limits as lxc_limits
+from pve_sglang.container_config.lxc_keys import limits as lxc_limits
 from pve_sglang.operations import host_state, lxc, owned, pct, wheels
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.preflight import (
@@ -40,7 +40,7 @@ from pve_sglang.preflight import (
     select_gpus,
 )
 from pve_sglang.project import template
-from pve_sglang.settings import (
+from pve_sglang.config.settings import (
     ContainerSettings,
     HostSettings,
     container_hostname,

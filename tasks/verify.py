@@ -8,13 +8,13 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 
 from pve_sglang import remote
-from pve_sglang.bench_history import run_meta
-from pve_sglang.bench_serving import bench_levels, bench_runs
+from pve_sglang.server.bench_history import run_meta
+from pve_sglang.server.bench import bench_levels, bench_runs
 from pve_sglang.operations import verify
-from pve_sglang.phases import host_gpus, run_when_container_exists, upload_script
+from tasks.common import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import select_gpus, stack_lock_of
-from pve_sglang.server_command import env_file_path, unit_name, venv_python
-from pve_sglang.settings import ContainerSettings, base_url, client_address, host_settings
+from pve_sglang.server.command import env_file_path, unit_name, venv_python
+from pve_sglang.config.settings import ContainerSettings, base_url, client_address, host_settings
 
 #: A check of the verify phase: what it checks in words (the plan shown before the container
 #: runs), and the function that calls its operations.

@@ -1,7 +1,13 @@
 """
-Shared pytest fixtures.
+Shared pytest fixtures, and the test tiers they decide.
 
-LXC test environment (see pve_sglang/testing/lxc_env.py), all needing root, lxc, debootstrap and zstd:
+A test's tier follows from the fixtures it uses (directly or through other fixtures), never from
+its name: ``lxc_host`` (and every fixture built on it: ``lxc_env``, ``lxc_container``) marks it
+``lxc`` and ``root``, ``as_root``
+marks it ``root``, ``sglang_wheel`` marks it ``network``. The fast tier is every other test:
+``make test-fast`` (``pytest -m "not lxc and not root and not network"``).
+
+LXC test environment (see devtools/lxc_env.py), all needing root, lxc, debootstrap and zstd:
 
 + ``lxc_env`` (session): the ``LxcEnv``: a private LXC path with the extracted Debian 12 base.
 + ``lxc_container`` (session): a running container (systemd up). Its ``name``, ``lxc_path``,
@@ -18,19 +24,55 @@ from __future__ import annotations
 
 import pytest
 
-from pve_sglang.testing import lxc_env as lxc_env_module
+import os
+
+from devtools import lxc_env as lxc_env_module
+
+import wheels
+
+#: Fixture -> the markers a test that uses it gets (pyproject.toml registers them).
+TIER_OF_FIXTURE: dict[str, tuple[str, ...]] = {
+    "lxc_host": ("lxc", "root"),
+    "as_root": ("root",),
+    "sglang_wheel": ("network",),
+}
 
 
-def _skip_without_lxc() -> None:
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers set here
+def pytest_collection_modifyitems(items):
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for name, markers in TIER_OF_FIXTURE.items():
+            if name in used:
+                for marker in markers:
+                    item.add_marker(marker)
+
+
+@pytest.fixture(scope="session")
+def as_root() -> None:
+    """Skip unless running as root (chroots, lxc-net, LXC containers)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+
+
+@pytest.fixture(scope="session")
+def sglang_wheel():
+    """``wheel(version) -> Path``: a real sglang wheel from the package index, downloaded once
+    into ``.cache/wheels`` and reused by every later run."""
+    return wheels.wheel
+
+
+@pytest.fixture(scope="session")
+def lxc_host(as_root) -> None:
+    """Skip unless this machine can boot the LXC test containers (lxc, debootstrap, zstd)."""
     missing = lxc_env_module.missing_requirements()
     if missing:
         pytest.skip(f"LXC test environment needs: {', '.join(missing)}")
 
 
 @pytest.fixture(scope="session")
-def lxc_env():
+def lxc_env(lxc_host):
     """The session's LXC environment; every container in it is destroyed at the end."""
-    _skip_without_lxc()
     env = lxc_env_module.LxcEnv()
     try:
         yield env

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pve_sglang.bench_serving import (
+from pve_sglang.server.bench import (
     MAIN_RUN_MARKER,
     RESULT_HEADER,
     bench_runs,
@@ -27,7 +27,8 @@ from pve_sglang.bench_serving import (
 )
 from pve_sglang.remote import GPU_SAMPLER, source
 from pve_sglang.remote import gpu_sampler
-from pve_sglang.settings import ContainerSettings, load_defaults
+from pve_sglang.project import load_defaults
+from pve_sglang.config.settings import ContainerSettings
 from wheels import wheel
 
 REPO = Path(__file__).resolve().parents[1]

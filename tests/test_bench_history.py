@@ -1,4 +1,4 @@
-"""Benchmark history (pve_sglang/bench_history.py) on real bench_serving output.
+"""Benchmark history (pve_sglang/server/bench_history.py) on real bench_serving output.
 
 The recorded runs are public: Kimi-K2.5 with the same benchmark command on 8x H200 and on 4x
 MI350X (tests/fixtures/public/bench_serving_kimi-k2.5_*_sgl-cookbook.txt; sources in
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from pve_sglang import bench_history
-from pve_sglang.bench_serving import RESULT_HEADER, parse_bench_output, summary_table
-from pve_sglang.settings import SettingsError, load_defaults, validate_container
+from pve_sglang.server import bench_history
+from pve_sglang.server.bench import RESULT_HEADER, parse_bench_output, summary_table
+from pve_sglang.project import load_defaults
+from pve_sglang.config.settings import SettingsError, validate_container
 
 REPO = Path(__file__).resolve().parents[1]
 PUBLIC = REPO / "tests" / "fixtures" / "public"
@@ -142,11 +143,12 @@ def test_settings_refuse_bad_bench_values():
 DEPLOY = '''
 import os, sys
 from pyinfra import host
-from pve_sglang.bench_history import run_meta
-from pve_sglang.bench_serving import sampled_argv
+from pve_sglang.server.bench_history import run_meta
+from pve_sglang.server.bench import sampled_argv
 from pve_sglang.operations import verify
 from pve_sglang.remote import GPU_SAMPLER, source
-from pve_sglang.settings import ContainerSettings, load_defaults
+from pve_sglang.project import load_defaults
+from pve_sglang.config.settings import ContainerSettings
 
 cs = ContainerSettings.model_validate(
     {k: v for k, v in load_defaults().items() if k in ContainerSettings.model_fields})

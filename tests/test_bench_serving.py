@@ -1,4 +1,4 @@
-"""Tests for pve_sglang/bench_serving.py against the real sglang wheels.
+"""Tests for pve_sglang/server/bench.py against the real sglang wheels.
 
 The fixture tests/fixtures/bench/bench_serving_0.5.9.txt is rendered from sglang 0.5.9's own
 format strings (its "Serving Benchmark Result" print block, executed with made-up metrics, after
@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pve_sglang.bench_serving import (
+from pve_sglang.server.bench import (
     bench_argv,
     bench_module,
     bench_shell,
@@ -28,7 +28,8 @@ from pve_sglang.bench_serving import (
     release_tuple,
     summary_table,
 )
-from pve_sglang.settings import ContainerSettings, load_defaults
+from pve_sglang.project import load_defaults
+from pve_sglang.config.settings import ContainerSettings
 from wheels import wheel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -267,7 +268,7 @@ def test_bench_argv_options():
 def test_bench_shell_reads_the_key_from_the_env_file(tmp_path):
     import subprocess
 
-    from pve_sglang.server_command import render_env
+    from pve_sglang.server.command import render_env
 
     env_file = tmp_path / "sglang.env"
     env_file.write_text(render_env(settings(api_key='k$y"1"')))

@@ -1,4 +1,4 @@
-"""The pure parts of the deploy-cost benchmark (pve_sglang.testing.deploy_cost): pyinfra's JSON,
+"""The pure parts of the deploy-cost benchmark (devtools.deploy_cost): pyinfra's JSON,
 command counting, statistics, the report; and bench/deploy_cost.py redrawing saved results.
 
 No containers and no timing asserts: the benchmark itself is ``make bench``.
@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from pve_sglang.testing.deploy_cost.counting import (
+from devtools.deploy_cost.counting import (
     overlap,
     parse_run_json,
     restart_commands,
     stage_seconds,
     summarise_commands,
 )
-from pve_sglang.testing.deploy_cost.fleet import hosts_file
-from pve_sglang.testing.deploy_cost.plot import plot
-from pve_sglang.testing.deploy_cost.report import build_report, print_table, spread
+from devtools.deploy_cost.fleet import hosts_file
+from devtools.deploy_cost.plot import plot
+from devtools.deploy_cost.report import build_report, print_table, spread
 
 REPO = Path(__file__).resolve().parent.parent
 

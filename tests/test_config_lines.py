@@ -1,6 +1,6 @@
 """Owned lines in a config the user also edits: replaced in place, the rest untouched."""
 
-from pve_sglang.config_lines import owned_by_gpu_passthrough, owned_by_settings, reconcile_lines
+from pve_sglang.container_config.owned_lines import owned_by_gpu_passthrough, owned_by_settings, reconcile_lines
 
 OWNED = owned_by_gpu_passthrough({"nvidia-frontend": 195, "nvidia-uvm": 508, "nvidia-caps": 509})
 USER_CONF = """arch: amd64

@@ -1,5 +1,5 @@
 """
-The @lxc connector against real LXC containers (pve_sglang/testing/lxc_env.py), through pyinfra's API the way
+The @lxc connector against real LXC containers (devtools/lxc_env.py), through pyinfra's API the way
 the CLI drives it: Inventory, State, connect_all, add_op, run_ops.
 """
 

@@ -3,7 +3,7 @@ follows the host's version, and several nodes get their ranks. pyinfra's real AP
 hosts; the container's own answers are empty (a fresh container)."""
 
 from harness import plan_deploy
-from pve_sglang.settings import load_defaults
+from pve_sglang.project import load_defaults
 from tasks.container import container_phase
 from test_host_phase_recorded import container_answers, gpu_host_responses
 

@@ -10,7 +10,7 @@ import pytest
 from pyinfra.context import ctx_host, ctx_state
 
 from harness import FoldingHost, sh
-from pve_sglang import cache
+from pve_sglang.runtime import cache
 from pve_sglang.facts.container_state import (
     PARTS,
     ContainerState,

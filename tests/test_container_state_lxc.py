@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from pve_sglang.testing import lxc_env
+from devtools import lxc_env
 from test_deploy_lxc import REPO, Deploy, changed, failed
 
 NAME = "pvs-state"
@@ -26,10 +26,7 @@ ENV = "/etc/sglang/sglang.env"
 
 
 @pytest.fixture(scope="module")
-def deploy(tmp_path_factory):
-    missing = lxc_env.missing_requirements()
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)}")
+def deploy(tmp_path_factory, lxc_host):
     deploy = Deploy(tmp_path_factory.mktemp("state"), name=NAME)
     results, _ = deploy.run()
     assert failed(results) == []
@@ -41,7 +38,7 @@ def recorded_run(deploy: Deploy, tmp_path) -> tuple[dict, list[dict]]:
     """A real run through the bench's driver: pyinfra's JSON and every command it sent."""
     command, env = deploy.cli()
     log = tmp_path / "commands.json"
-    done = subprocess.run([sys.executable, "-m", "pve_sglang.testing.deploy_cost.driver",
+    done = subprocess.run([sys.executable, "-m", "devtools.deploy_cost.driver",
                            str(log), "--", *command[1:]], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

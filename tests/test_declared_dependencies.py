@@ -1,7 +1,7 @@
 """
 Every third-party distribution that the deploy's code imports is declared in pyproject.toml,
 not merely brought along by pyinfra: pve_sglang/, tasks/, deploy.py and inventory.py against
-``[project] dependencies`` (pve_sglang/testing/ may also use the ``test`` and ``bench`` extras).
+``[project] dependencies`` (devtools/ may also use the ``test`` and ``bench`` extras).
 
 An import inside ``try: ... except ImportError`` is optional (``typing_extensions`` where the
 standard library lacks ``override``; torch in the scripts that run in the container's venv).

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pve_sglang.testing import lxc_env
+from devtools import lxc_env
 from wheels import wheel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,10 +121,7 @@ def failed(results: dict) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def deploy(tmp_path_factory):
-    missing = lxc_env.missing_requirements()
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)}")
+def deploy(tmp_path_factory, lxc_host):
     deploy = Deploy(tmp_path_factory.mktemp("deploy"))
     yield deploy
     deploy.destroy()

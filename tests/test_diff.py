@@ -23,8 +23,8 @@ from pyinfra.facts.files import FileContents
 from harness import PATH_STATES_COMMAND, path_states_output, plan_deploy
 from pve_sglang.facts.container import UnitState
 from pve_sglang.operations.paths import color_diff, mask_secret
-from pve_sglang.settings import load_defaults
-from pve_sglang.testing import lxc_env
+from pve_sglang.project import load_defaults
+from devtools import lxc_env
 from tasks.container import container_phase
 from test_host_phase_recorded import (
     DEVICES_ALL,

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 
-from pve_sglang.testing import lxc_env
+from devtools import lxc_env
 from harness import PATH_STATES_COMMAND, path_states_output, plan_deploy
 from test_deploy_lxc import NO_GPU_DROPIN, REPO, UNIT, Deploy, changed, failed
 
@@ -195,14 +195,12 @@ def converge(deploy: Deploy, logs: list[str] | None = None) -> tuple[int, list[l
 
 
 def new_deploy(tmp_path_factory, name: str) -> Deploy:
-    missing = lxc_env.missing_requirements()
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)}")
+    """A Deploy of a new container NAME (its callers are fixtures that take lxc_host)."""
     return Deploy(tmp_path_factory.mktemp(name), name=name)
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(tmp_path_factory, lxc_host):
     """A container deployed once, never killed: the state a killed deploy must end in."""
     deploy = new_deploy(tmp_path_factory, "pvs-f-ref")
     started = time.monotonic()
@@ -292,7 +290,7 @@ exec /usr/bin/systemctl "$@"
 
 
 @pytest.fixture(scope="module")
-def serving(tmp_path_factory):
+def serving(tmp_path_factory, lxc_host):
     """A deployed container whose server runs (a drop-in replaces only ExecStart: no GPU)."""
     deploy = new_deploy(tmp_path_factory, "pvs-f-unit")
     deploy.run()
@@ -416,7 +414,7 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
         UnitState,
         UvVersion,
     )
-    from pve_sglang.settings import load_defaults
+    from pve_sglang.project import load_defaults
     from tasks.container import container_phase
     from test_host_phase_recorded import gpu_host_responses
 
@@ -456,7 +454,7 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
         # A converged venv is the repository's lock of the default set, package for package:
         # sglang in the venv, the rest in the host's shared layer (its marker there).
         from pve_sglang.operations import layer
-        from pve_sglang.stack_lock import default_key, lock_for
+        from pve_sglang.stack.lock import default_key, lock_for
         lock = lock_for(default_key())
         pins = lock.packages
         states.update({defaults["sglang_cache_dir"]: ("dir", "755", None),

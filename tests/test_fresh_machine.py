@@ -8,7 +8,7 @@ debootstrap (the embedded default deploys a local LXC container) and python3-ven
 far as it goes: creating a container inside this test container is not tried.
 
 It downloads Debian packages and the Python packages (a few minutes); without a network it is
-skipped, saying so. The container trusts this machine's CA certificates (pve_sglang/testing/lxc_env.py),
+skipped, saying so. The container trusts this machine's CA certificates (devtools/lxc_env.py),
 and ``PIP_CERT`` points pip at them, as on this machine: a machine without an intercepting
 proxy needs neither.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pve_sglang.testing import lxc_env
+from devtools import lxc_env
 
 REPO = Path(__file__).resolve().parents[1]
 EXCLUDE = (".git", ".venv", ".cache", "hosts.yml", "__pycache__", "*.egg-info", ".pytest_cache")

@@ -24,7 +24,7 @@ from pve_sglang.facts.nvidia import (
 from pve_sglang.facts.pve import PctConfig, PctStatus, PveamTemplates, PveContainerVersion
 from pve_sglang.facts.system import CgroupVersion, IommuAcs, VirtualMachineType
 from pve_sglang.preflight import PreflightError
-from pve_sglang.settings import load_defaults
+from pve_sglang.project import load_defaults
 from tasks.host import host_phase
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -239,7 +239,7 @@ def test_old_cuda_torch_index_on_blackwell_is_refused():
     with pytest.raises(PreflightError, match="torch_index_url.*CUDA 12.6 builds.*12.0.*cu128"):
         plan(responses, torch_index_url="https://download.pytorch.org/whl/cu126")
     # A lock of the set is given: with another index the deploy would make one (network).
-    from pve_sglang.stack_lock import SHIPPED
+    from pve_sglang.stack.lock import SHIPPED
     [lock] = SHIPPED.glob("*.txt")
     plan(responses, torch_index_url="https://download.pytorch.org/whl/cu128", stack_lock=str(lock))
 

@@ -9,7 +9,7 @@ import pytest
 from pyinfra.context import ctx_host, ctx_state
 
 from harness import FoldingHost, sh
-from pve_sglang import cache
+from pve_sglang.runtime import cache
 from pve_sglang.facts.container_state import part_values
 from pve_sglang.facts.lxc_host import HOST_PARTS, LxcHostState
 from pve_sglang.operations import host_state, lxc, owned

@@ -57,9 +57,10 @@ from pve_sglang.facts.pve import LxcContainerStatus, PctStatus
 from pve_sglang.hosts_file import build_groups
 from pve_sglang.operations import layer, lxc, paths, pct, phase, stack, wheels
 from pve_sglang.preflight import PreflightError
-from pve_sglang.settings import ContainerSettings, HostSettings, Mount, SettingsError, load_defaults
-from pve_sglang.stack_lock import SHIPPED, Lock, LockKey, parse
-from pve_sglang.wheel_fetch import MANIFEST, sha256_of, wheel_dir
+from pve_sglang.project import load_defaults
+from pve_sglang.config.settings import ContainerSettings, HostSettings, Mount, SettingsError
+from pve_sglang.stack.lock import SHIPPED, Lock, LockKey, parse
+from pve_sglang.stack.wheel_fetch import MANIFEST, sha256_of, wheel_dir
 from tasks.container import container_phase
 from tasks.host import host_phase
 from tasks.verify import verify_phase
@@ -430,7 +431,7 @@ class Sandbox:
 
 
 @pytest.fixture(scope="module")
-def sandbox(tmp_path_factory):
+def sandbox(tmp_path_factory, as_root):
     if os.geteuid() != 0 or not shutil.which("chroot"):
         pytest.skip("the sandbox is a chroot: needs root")
     return Sandbox(tmp_path_factory.mktemp("hostile-root"))

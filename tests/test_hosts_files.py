@@ -343,7 +343,8 @@ def test_debug_inventory_never_prints_literal_secrets(run_cli, flags):
 def test_literal_secret_is_masked_in_host_data_but_reaches_the_settings():
     """The mask is only for printing: the server's env file still gets the real values."""
     from pve_sglang.hosts_file import HostSecret, build_groups
-    from pve_sglang.settings import ContainerSettings, load_defaults, settings_for
+    from pve_sglang.project import load_defaults
+    from pve_sglang.config.settings import ContainerSettings, settings_for
 
     _, containers = build_groups(yaml.safe_load(secret_hosts_file()))
     data = dict(containers)["@lxc/lab1/c1"]

@@ -1,4 +1,4 @@
-"""Container settings as plain LXC config (pve_sglang/lxc_config.py): the lines, what they own,
+"""Container settings as plain LXC config (pve_sglang/container_config/lxc_keys.py): the lines, what they own,
 the host facts they read, and the settings refused at inventory time on plain LXC."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from pve_sglang.facts.lxc_host import parse_cgroup_limits, parse_subids
 from pve_sglang.hosts_file import build_groups
-from pve_sglang.lxc_config import (
+from pve_sglang.container_config.lxc_keys import (
     HostLimits,
     config_lines,
     hwaddr,
@@ -20,7 +20,8 @@ from pve_sglang.lxc_config import (
     same_limit,
     subid_base,
 )
-from pve_sglang.settings import ContainerSettings, SettingsError, load_defaults, settings_for
+from pve_sglang.project import load_defaults
+from pve_sglang.config.settings import ContainerSettings, SettingsError, settings_for
 
 DEFAULTS = load_defaults()
 

@@ -53,10 +53,9 @@ def dns_answers() -> bool:
 
 
 @pytest.fixture
-def lxc_net():
-    if os.geteuid() != 0 or not Path("/usr/libexec/lxc/lxc-net").exists() \
-            or not shutil.which("dnsmasq"):
-        pytest.skip("needs root, the lxc package's lxc-net and dnsmasq")
+def lxc_net(as_root):
+    if not Path("/usr/libexec/lxc/lxc-net").exists() or not shutil.which("dnsmasq"):
+        pytest.skip("needs the lxc package's lxc-net and dnsmasq")
     bridge_operation()
     assert state() == "serving"
     yield

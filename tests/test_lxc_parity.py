@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pve_sglang.lxc_config import SHARED_NETWORK_DROPIN
-from pve_sglang.testing import lxc_env
+from pve_sglang.container_config.lxc_keys import SHARED_NETWORK_DROPIN
+from devtools import lxc_env
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -131,10 +131,7 @@ CONTAINER = {
 
 
 @pytest.fixture(scope="module")
-def parity(tmp_path_factory):
-    missing = lxc_env.missing_requirements()
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)}")
+def parity(tmp_path_factory, lxc_host):
     root = tmp_path_factory.mktemp("parity")
     shared = root / "models"
     shared.mkdir()
@@ -251,10 +248,7 @@ WantedBy=multi-user.target
 """
 
 
-def test_shared_network_container_leaves_the_host_interfaces_alone(tmp_path, private_netns):
-    missing = lxc_env.missing_requirements()
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)}")
+def test_shared_network_container_leaves_the_host_interfaces_alone(tmp_path, private_netns, lxc_host):
     phase = HostPhase(tmp_path, "pvs-shared", {"unprivileged": False, "cores": 1,
                                                "memory_mib": 1024, "wheel_store": None},
                       host={"lxc_config": ["lxc.net.0.type = none"]}, netns=private_netns)
@@ -291,14 +285,11 @@ def test_shared_network_container_leaves_the_host_interfaces_alone(tmp_path, pri
         phase.destroy()
 
 
-def test_embedded_default_container_has_its_own_network_and_leaves_the_host_alone(tmp_path):
+def test_embedded_default_container_has_its_own_network_and_leaves_the_host_alone(tmp_path, lxc_host):
     """The container `make deploy` makes without a hosts file (pve_sglang/embedded_hosts.yml),
     built by Debian's lxc template as there, only in a folder of the test: unprivileged, on
     lxc-net's bridge, its own ifupdown and DHCP client on its own eth0; stopping and starting
     it leaves this machine's addresses and routes as they were."""
-    missing = lxc_env.missing_requirements()
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)}")
     embedded = yaml.safe_load((REPO / "pve_sglang" / "embedded_hosts.yml").read_text())["local"]
     [container] = embedded.pop("containers")
     phase = HostPhase(tmp_path, container.pop("name"), container, host=embedded)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness import fact_value, op_commands
-from pve_sglang.config_lines import owned_by_gpu_passthrough
+from pve_sglang.container_config.owned_lines import owned_by_gpu_passthrough
 from pve_sglang.facts.pve import LxcContainerStatus, PctConfig, PctStatus, PveamTemplates
 from pve_sglang.operations import lxc, owned, pct
 from pyinfra.facts.files import Directory, File, FileContents

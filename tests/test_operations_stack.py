@@ -19,7 +19,7 @@ from pve_sglang.facts.container import (
 )
 from pve_sglang.facts.verify import JournalTail
 from pve_sglang.operations import paths, stack
-from pve_sglang.server_command import KnownFlags
+from pve_sglang.server.command import KnownFlags
 
 PY = "/opt/sglang/venv/bin/python"
 TOOLS = "/opt/sglang"

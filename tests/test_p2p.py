@@ -18,7 +18,7 @@ import pytest
 
 from fixtures.factutil import fake_bin, lines, text
 from pve_sglang.facts.system import parse_iommu_acs
-from pve_sglang.p2p import (
+from pve_sglang.gpu.p2p import (
     build_report,
     format_bandwidth_matrix,
     format_report,

@@ -1,5 +1,5 @@
 """
-GPU passthrough config (pve_sglang/passthrough.py): the generated lines, then the lines applied
+GPU passthrough config (pve_sglang/gpu/passthrough.py): the generated lines, then the lines applied
 to a real LXC container with character nodes carrying NVIDIA's numbers. With no NVIDIA driver
 here, opening an allowed node gives ENXIO (the cgroup let it through, no driver behind the
 major), a node the rules do not allow gives EPERM.
@@ -13,10 +13,10 @@ import textwrap
 
 import pytest
 
-from pve_sglang.testing import lxc_env
-from pve_sglang import passthrough
+from devtools import lxc_env
+from pve_sglang.gpu import passthrough
 from pve_sglang.facts.nvidia import CharDeviceMajors
-from pve_sglang.passthrough import pve_dev_entries, raw_lxc_lines
+from pve_sglang.gpu.passthrough import pve_dev_entries, raw_lxc_lines
 
 MAJORS = {"nvidia-frontend": 195, "nvidia-uvm": 508, "nvidia-caps": 509}
 ALL_NODES = [

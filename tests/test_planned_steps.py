@@ -9,7 +9,7 @@ import pytest
 from pyinfra import host
 
 from harness import plan_deploy
-from pve_sglang.settings import load_defaults
+from pve_sglang.project import load_defaults
 from tasks import container, verify
 from test_host_phase_recorded import container_answers, gpu_host_responses
 

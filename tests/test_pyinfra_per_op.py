@@ -13,7 +13,7 @@ import pyinfra
 import pytest
 from pyinfra.api import Config, Inventory, State, util
 
-from pve_sglang import pyinfra_per_op
+from pve_sglang.runtime import pyinfra_per_op
 
 DEPLOY = '''\
 def task(probe, state):

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from pve_sglang import settings_table
+from pve_sglang.config import settings_table
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -12,7 +12,7 @@ README = (REPO / "README.md").read_text()
 def test_settings_table_matches_group_data():
     begin, end = README.index(settings_table.BEGIN), README.index(settings_table.END)
     assert README[begin:end + len(settings_table.END)] == settings_table.markdown(), (
-        "README's settings table is stale: paste `python -m pve_sglang.settings_table`"
+        "README's settings table is stale: paste `python -m pve_sglang.config.settings_table`"
     )
 
 

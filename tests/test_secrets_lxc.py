@@ -36,7 +36,7 @@ import pytest
 
 from pve_sglang.facts.verify import HttpStatus
 from pve_sglang import remote
-from pve_sglang.server_command import (
+from pve_sglang.server.command import (
     LAUNCHER,
     env_file_path,
     render_env,
@@ -45,7 +45,8 @@ from pve_sglang.server_command import (
     unit_name,
     venv_python,
 )
-from pve_sglang.settings import ContainerSettings, load_defaults
+from pve_sglang.project import load_defaults
+from pve_sglang.config.settings import ContainerSettings
 from wheels import PIP_TARGET, wheel
 
 LAUNCHER_SOURCE = remote.source(remote.LAUNCHER)

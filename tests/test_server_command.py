@@ -17,7 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from pve_sglang import remote
-from pve_sglang.server_command import (
+from pve_sglang.server.command import (
     API_KEY_VAR,
     LAUNCHER,
     EnvRef,
@@ -31,7 +31,8 @@ from pve_sglang.server_command import (
     systemd_quote,
     venv_python,
 )
-from pve_sglang.settings import ContainerSettings, load_defaults
+from pve_sglang.project import load_defaults
+from pve_sglang.config.settings import ContainerSettings
 from wheels import wheel
 
 REPO = Path(__file__).resolve().parents[1]

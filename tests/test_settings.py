@@ -9,12 +9,12 @@ import pytest
 import yaml
 
 from pve_sglang.hosts_file import build_groups, read_hosts_file
-from pve_sglang.settings import (
+from pve_sglang.project import load_defaults
+from pve_sglang.config.settings import (
     ContainerSettings,
     SettingsError,
     base_url,
     client_address,
-    load_defaults,
     settings_for,
     tensor_parallel_size,
     validate_container,

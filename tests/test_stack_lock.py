@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pve_sglang import stack_lock
+from pve_sglang.stack import lock as stack_lock
 from pve_sglang.operations.stack import lock_differences
-from pve_sglang.settings import load_defaults
+from pve_sglang.project import load_defaults
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -82,7 +82,7 @@ def test_the_lock_of_a_users_set_is_made_once_here_and_reused(tmp_path):
     """Another release set than the repository's: uv makes its lock (real index) into this
     machine's cache; a later run (another process) finds it there and makes nothing."""
     env = {**os.environ, "PVE_SGLANG_CACHE": str(tmp_path)}
-    script = ("from pve_sglang import stack_lock as s; k = s.LockKey(pins=(('sglang', '0.5.8'), "
+    script = ("from pve_sglang.stack import lock as s; k = s.LockKey(pins=(('sglang', '0.5.8'), "
               "('torch', '2.9.1'), ('flashinfer-python', '0.6.1')), python='3.11'); "
               "l = s.lock_for(k); print(l.path, l.packages['sglang'], len(l.packages))")
     first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,

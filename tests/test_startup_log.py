@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pve_sglang.startup_log import (
+from pve_sglang.server.startup_log import (
     HINTS,
     READY_LINE,
     Progress,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pve_sglang import remote
-from pve_sglang.server_command import (
+from pve_sglang.server.command import (
     LAUNCHER,
     env_file_path,
     env_quote,
@@ -26,7 +26,8 @@ from pve_sglang.server_command import (
     server_argv,
     systemd_quote,
 )
-from pve_sglang.settings import ContainerSettings, load_defaults
+from pve_sglang.project import load_defaults
+from pve_sglang.config.settings import ContainerSettings
 
 LAUNCHER_SOURCE = remote.source(remote.LAUNCHER)
 

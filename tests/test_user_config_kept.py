@@ -41,7 +41,8 @@ from pve_sglang.facts.nvidia import (
 from pve_sglang.facts.system import CgroupVersion, VirtualMachineType
 from pve_sglang.hosts_file import build_groups
 from pve_sglang.preflight import check_container, check_container_tools, gpu_host
-from pve_sglang.settings import ContainerSettings, HostSettings, load_defaults, settings_for
+from pve_sglang.project import load_defaults
+from pve_sglang.config.settings import ContainerSettings, HostSettings, settings_for
 from tasks.host import lxc_container
 from test_host_phase_recorded import (
     DEVICES_ALL,

@@ -3,7 +3,7 @@
 The lock is made here with uv (``stack_lock.compile_lock``, the code that makes a user's
 lock) for ``requests`` and its dependencies: real wheels from the package index, pure Python
 and manylinux ones (charset-normalizer), a few MB, where the deploy's default set is 10 GB.
-The deploy is ``pve_sglang/testing/deploys/wheel_store.py``: the deploy's own store and
+The deploy is ``devtools/deploys/wheel_store.py``: the deploy's own store and
 install operations through the pyinfra CLI, on this machine as the plain LXC host (``@local``)
 and in unprivileged containers that have no network (a loopback-only namespace): what they
 install can only come from the store, read-only, checked against the lock's hashes.
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from pve_sglang import stack_lock
+from pve_sglang.stack import lock as stack_lock
 from pve_sglang.operations import layer
 from pve_sglang.operations.wheels import INCOMING, marker
-from pve_sglang.testing.wheel_store_site import UV, WheelStoreSite, installed, own_site_packages
-from pve_sglang.wheel_fetch import MANIFEST
+from devtools.wheel_store_site import UV, WheelStoreSite, installed, own_site_packages
+from pve_sglang.stack.wheel_fetch import MANIFEST
 
 PINS = (("requests", "2.32.3"),)
 
@@ -106,7 +106,7 @@ def test_the_venv_drifting_from_the_lock_is_reconciled(site):
 
 def test_a_wheel_that_is_not_the_locked_one_never_enters_the_store(site, monkeypatch):
     # The machine running pyinfra fetched the wheels; one of them is then changed there.
-    from pve_sglang.wheel_fetch import fetch
+    from pve_sglang.stack.wheel_fetch import fetch
     monkeypatch.setenv("PVE_SGLANG_CACHE", str(site.cache))
     folder, entries = fetch(site.lock, site.key)
     victim = folder / sorted(entries)[0]

@@ -13,8 +13,8 @@ from typing import Any, get_type_hints
 from pyinfra.connectors.base import BaseConnector
 from pyinfra.connectors.ssh import SSHConnector
 
-from .lxc import LxcConnector
-from .pct import PctConnector
+from pve_sglang.connectors.lxc import LxcConnector
+from pve_sglang.connectors.pct import PctConnector
 
 #: The connectors a hosts file can reach, by their ``pyinfra.connectors`` entry point name: the
 #: Proxmox or LXC host over SSH, and the containers on it (which reach the host through SSH too).

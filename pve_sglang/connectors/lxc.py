@@ -13,7 +13,7 @@ from pyinfra.api.exceptions import InventoryError
 from pyinfra.connectors.base import DataMeta
 from pyinfra.connectors.util import CommandOutput
 
-from .container import CONTAINER_PATH, ContainerConnector, is_local_hostname, push_into_container
+from pve_sglang.connectors.container import CONTAINER_PATH, ContainerConnector, is_local_hostname, push_into_container
 
 
 class LxcConnectorData(TypedDict, total=False):

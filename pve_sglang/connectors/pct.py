@@ -13,7 +13,7 @@ from pyinfra.api.exceptions import InventoryError
 from pyinfra.connectors.base import DataMeta
 from pyinfra.connectors.util import CommandOutput
 
-from .container import ContainerConnector, is_local_hostname, push_into_container
+from pve_sglang.connectors.container import ContainerConnector, is_local_hostname, push_into_container
 
 #: Proxmox VE's VMID range, the one home of it (settings import it): ``pve-vmid`` in pve-common's
 #: src/PVE/JSONSchema.pm accepts ``^[1-9][0-9]{2,8}$``, i.e. 100..999999999.

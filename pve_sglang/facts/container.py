@@ -11,7 +11,7 @@ from packaging.utils import canonicalize_name
 from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand
 from typing_extensions import override
 
-from .. import remote
+from pve_sglang import remote
 
 _LIBCUDA = re.compile(r"libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
 # Directories where NVIDIA's runfile and Debian's packages put libcuda.
@@ -90,7 +90,7 @@ class SglangServerFlags(FactBase["set[str] | None"]):
 
     @override
     def process(self, output: list[str]):
-        from ..server_command import parse_flags_output
+        from pve_sglang.server.command import parse_flags_output
 
         text = "\n".join(output)
         return parse_flags_output(text) if text.startswith("version ") else None

@@ -17,7 +17,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Hostname
 from typing_extensions import override
 
-from .container import PathStates, SglangVenv, UnitState, UvVersion
+from pve_sglang.facts.container import PathStates, SglangVenv, UnitState, UvVersion
 
 #: The parts one read can hold: kind -> (fact, the names of its arguments, in order).
 PARTS: dict[str, tuple[type[FactBase], tuple[str, ...]]] = {

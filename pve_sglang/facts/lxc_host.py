@@ -12,9 +12,9 @@ from typing import TypedDict
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.facts.files import FileContents
 
-from .container_state import ContainerState
-from .pve import LxcContainerStatus
-from .system import CgroupVersion, parse_cgroup_version
+from pve_sglang.facts.container_state import ContainerState
+from pve_sglang.facts.pve import LxcContainerStatus
+from pve_sglang.facts.system import CgroupVersion, parse_cgroup_version
 
 try:
     from typing_extensions import override

@@ -16,7 +16,7 @@ from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from pve_sglang.p2p import parse_p2p_matrix, parse_topo_matrix
+from pve_sglang.gpu.p2p import parse_p2p_matrix, parse_topo_matrix
 
 try:  # pyinfra ships typing_extensions as a dependency; keep the facts importable without it
     from typing_extensions import override

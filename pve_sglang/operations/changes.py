@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pyinfra import context, logger
 from pyinfra.api.operation import OperationMeta
 
-from .. import cache
+from pve_sglang.runtime import cache
 
 
 def operation_name(meta: OperationMeta) -> str:

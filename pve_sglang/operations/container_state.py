@@ -28,8 +28,10 @@ from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import MissingCommandError
 
-from .. import cache, remote
-from ..facts.container_state import (
+from pve_sglang import remote
+
+from pve_sglang.runtime import cache
+from pve_sglang.facts.container_state import (
     PARTS,
     ContainerState,
     PartFailed,
@@ -42,7 +44,7 @@ TOOLS_UV = f"{remote.TOOLS}/tools/bin/uv"
 
 
 def _folds() -> bool:
-    from ..connectors.container import ContainerConnector
+    from pve_sglang.connectors.container import ContainerConnector
 
     return isinstance(getattr(host, "connector", None), ContainerConnector)
 
@@ -52,8 +54,8 @@ def expected() -> list[tuple[str, tuple]]:
     settings, paths aside (``paths.watch`` names those); none outside ``gpu_containers``."""
     if "gpu_containers" not in getattr(host, "groups", ()):
         return []
-    from ..server_command import unit_name, venv_python
-    from ..settings import ContainerSettings, host_settings
+    from pve_sglang.server.command import unit_name, venv_python
+    from pve_sglang.config.settings import ContainerSettings, host_settings
 
     cs = host_settings(ContainerSettings)
     parts = [("debs", ()), ("uv", (TOOLS_UV,)), ("venv", (venv_python(cs), remote.TOOLS)),

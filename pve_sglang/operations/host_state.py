@@ -29,10 +29,10 @@ from collections.abc import Hashable
 
 from pyinfra import host
 
-from .. import cache
-from ..facts.container_state import part_values
-from ..facts.lxc_host import HOST_PARTS, LxcHostState
-from .container_state import checked
+from pve_sglang.runtime import cache
+from pve_sglang.facts.container_state import part_values
+from pve_sglang.facts.lxc_host import HOST_PARTS, LxcHostState
+from pve_sglang.operations.container_state import checked
 
 #: The per-stage cache each kind is kept in (``cache.memo``).
 MEMO = {"status": "lxc_status", "config": "file_contents", "files": "lxc_files",

@@ -16,10 +16,10 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.util import get_file_sha1
 
-from ..connectors.container import ContainerConnector
-from ..stack_lock import Lock
-from . import container_state, paths, stack
-from .wheels import LOCKS
+from pve_sglang.connectors.container import ContainerConnector
+from pve_sglang.stack.lock import Lock
+from pve_sglang.operations import container_state, paths, stack
+from pve_sglang.operations.wheels import LOCKS
 
 #: What the container's venv holds itself: the autotune patch writes into sglang.
 VENV_OWNED = ("sglang",)
@@ -119,7 +119,7 @@ def shared(uv: str, python: str, tools: str, pth: str, store: str, lock: Lock,
 
     .. code:: python
 
-        from pve_sglang import stack_lock
+        from pve_sglang.stack import lock as stack_lock
         from pve_sglang.operations import layer
 
         layer.shared(name="Shared stack layer", uv="/opt/sglang/tools/bin/uv",

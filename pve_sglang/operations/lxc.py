@@ -10,9 +10,9 @@ import shlex
 from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
-from .. import cache
-from ..facts.lxc_host import LXC_NET_DNSMASQ_ALIVE, LXC_NET_RUN, LxcNetState, NetworkBridges
-from ..lxc_config import (
+from pve_sglang.runtime import cache
+from pve_sglang.facts.lxc_host import LXC_NET_DNSMASQ_ALIVE, LXC_NET_RUN, LxcNetState, NetworkBridges
+from pve_sglang.container_config.lxc_keys import (
     IDMAP_SIZE,
     NETWORK_MANAGERS,
     SHARED_NETWORK_DROPIN,
@@ -20,7 +20,7 @@ from ..lxc_config import (
     bytes_of,
     same_limit,
 )
-from . import host_state
+from pve_sglang.operations import host_state
 
 #: Where new containers are built before they move into place (see ``create``).
 STAGING = ".pve-sglang-staging"

@@ -9,10 +9,10 @@ from io import StringIO
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, operation
 from pyinfra.api.command import QuoteString, StringCommand
-from .. import cache
-from ..config_lines import reconcile_lines
-from . import host_state
-from .paths import diff_wanted, show_diff
+from pve_sglang.runtime import cache
+from pve_sglang.container_config.owned_lines import reconcile_lines
+from pve_sglang.operations import host_state
+from pve_sglang.operations.paths import diff_wanted, show_diff
 
 
 def contents(path: str) -> list[str] | None:
@@ -39,7 +39,7 @@ def lines(path: str, lines: list[str], owned: Callable[[str], bool]):
 
     .. code:: python
 
-        from pve_sglang.config_lines import owned_by_gpu_passthrough
+        from pve_sglang.container_config.owned_lines import owned_by_gpu_passthrough
         from pve_sglang.operations import owned
 
         owned.lines(

@@ -20,8 +20,8 @@ from pyinfra.api.util import get_file_io, get_file_sha1
 from pyinfra.facts.files import FileContents
 from pyinfra.operations.util.files import generate_color_diff
 
-from .. import cache
-from . import container_state
+from pve_sglang.runtime import cache
+from pve_sglang.operations import container_state
 
 SECRET_MASK = "<secret>"
 _ENV_KEY = re.compile(r"\s*(export\s+)?[A-Za-z_][A-Za-z0-9_]*")

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from .. import cache
-from ..facts.pve import PctConfig, PctStatus, PveamTemplates
+from pve_sglang.runtime import cache
+from pve_sglang.facts.pve import PctConfig, PctStatus, PveamTemplates
 
 TEMPLATE_SUFFIXES = (".tar.zst", ".tar.gz", ".tar.xz")
 

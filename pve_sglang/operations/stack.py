@@ -10,14 +10,16 @@ from pyinfra import host, logger
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.util import get_file_sha1
 
-from .. import cache, remote
-from ..facts.container import NvidiaUserspaceVersion, SglangServerFlags
-from ..facts.verify import JournalTail
-from ..remote.venv_state import INSTALL_MARKER
-from ..server_command import check_flags
-from ..stack_lock import Lock, normalized
-from . import container_state, paths
-from ..cache import forget, memo
+from pve_sglang import remote
+
+from pve_sglang.runtime import cache
+from pve_sglang.facts.container import NvidiaUserspaceVersion, SglangServerFlags
+from pve_sglang.facts.verify import JournalTail
+from pve_sglang.remote.venv_state import INSTALL_MARKER
+from pve_sglang.server.command import check_flags
+from pve_sglang.stack.lock import Lock, normalized
+from pve_sglang.operations import container_state, paths
+from pve_sglang.runtime.cache import forget, memo
 
 RUNFILE_URL = "https://us.download.nvidia.com/XFree86/Linux-x86_64/{v}/NVIDIA-Linux-x86_64-{v}.run"
 PATCH_DONE = ("already-patched", "upstream-enabled")
@@ -195,7 +197,7 @@ def locked_venv(uv: str, python: str, tools: str, lock_file: str, lock: Lock, ar
 
     .. code:: python
 
-        from pve_sglang import stack_lock
+        from pve_sglang.stack import lock as stack_lock
         from pve_sglang.operations import stack
 
         stack.locked_venv(

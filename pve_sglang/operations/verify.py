@@ -13,19 +13,19 @@ from pyinfra.api import OperationError, operation
 from pyinfra.context import state
 from pyinfra.facts.server import Command
 
-from .. import bench_history
-from ..bench_serving import bench_shell, gpu_columns, parse_bench_output, summary_table
-from ..facts.nvidia import GpuCheck, NvidiaP2pMatrix, NvidiaTopoMatrix
-from ..facts.system import IommuAcs, VirtualMachineType
-from ..facts.container import UnitState
-from ..facts.verify import GenerationCheck, HttpStatus, JournalTail, StartupWatch, VisibleGpus
-from ..p2p import build_report, format_report
-from ..settings import ContainerSettings, host_settings
-from ..stack_lock import Lock
-from .stack import lock_differences, venv_state
-from ..remote.gpu_sampler import parse_summary
-from ..remote.sglang_launch import mask_text
-from ..startup_log import READY_LINE, Progress, bad_logprobs, degenerate, diagnose, duration
+from pve_sglang.server import bench_history
+from pve_sglang.server.bench import bench_shell, gpu_columns, parse_bench_output, summary_table
+from pve_sglang.facts.nvidia import GpuCheck, NvidiaP2pMatrix, NvidiaTopoMatrix
+from pve_sglang.facts.system import IommuAcs, VirtualMachineType
+from pve_sglang.facts.container import UnitState
+from pve_sglang.facts.verify import GenerationCheck, HttpStatus, JournalTail, StartupWatch, VisibleGpus
+from pve_sglang.gpu.p2p import build_report, format_report
+from pve_sglang.config.settings import ContainerSettings, host_settings
+from pve_sglang.stack.lock import Lock
+from pve_sglang.operations.stack import lock_differences, venv_state
+from pve_sglang.remote.gpu_sampler import parse_summary
+from pve_sglang.remote.sglang_launch import mask_text
+from pve_sglang.server.startup_log import READY_LINE, Progress, bad_logprobs, degenerate, diagnose, duration
 
 HMM_HINT = (
     "if nvidia-smi works but CUDA does not initialise (cuInit error 3), nvidia_uvm runs with "
@@ -66,7 +66,7 @@ def stack_as_locked(python: str, tools: str, lock: Lock):
 
     .. code:: python
 
-        from pve_sglang import stack_lock
+        from pve_sglang.stack import lock as stack_lock
         from pve_sglang.operations import verify
 
         verify.stack_as_locked(name="The stack is the locked set",
@@ -440,7 +440,7 @@ def benchmark(runs: dict[int, list[str]], env_file: str, history_dir: str | None
 
     .. code:: python
 
-        from pve_sglang.bench_serving import bench_argv
+        from pve_sglang.server.bench import bench_argv
         from pve_sglang.operations import verify
 
         # cs: the container's ContainerSettings

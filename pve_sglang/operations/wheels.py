@@ -7,9 +7,9 @@ from io import StringIO
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
-from ..facts.lxc_host import ExistingFiles
-from ..stack_lock import Lock, LockError, LockKey
-from ..wheel_fetch import fetch, total_bytes
+from pve_sglang.facts.lxc_host import ExistingFiles
+from pve_sglang.stack.lock import Lock, LockError, LockKey
+from pve_sglang.stack.wheel_fetch import fetch, total_bytes
 
 INCOMING = ".incoming"
 LOCKS = ".locks"
@@ -38,7 +38,7 @@ def store(path: str, lock: Lock, key: LockKey):
 
     .. code:: python
 
-        from pve_sglang import stack_lock
+        from pve_sglang.stack import lock as stack_lock
         from pve_sglang.operations import wheels
 
         key = stack_lock.default_key()

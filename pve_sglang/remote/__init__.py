@@ -2,7 +2,7 @@
 
 Each script here imports nothing from ``pve_sglang`` and, but for ``gpu_checks.py`` (which
 imports the venv's torch when it runs), only the standard library: the deploy uploads the file
-as it is (``pve_sglang.phases.upload_script``) to ``path(NAME)`` and runs it with the
+as it is (``tasks.common.upload_script``) to ``path(NAME)`` and runs it with the
 container's Python. This ``__init__`` is the local side only, and stays stdlib too, so that
 ``python -m pve_sglang.remote.autotune_patch`` needs nothing installed.
 

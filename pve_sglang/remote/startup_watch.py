@@ -11,7 +11,7 @@ Stand-alone (stdlib only), uploaded by the verify phase and run with the contain
     REGEX, when the unit leaves ``active`` (failed, auto-restart, stopped) or is started
     again, or when /health answers 200. The last line is ``{"state": {...}, "cursor": C,
     "health": CODE, "now": US}``: what to ask next time, and the container's clock. The
-    deploy decides what the lines mean (``pve_sglang/startup_log.py``).
+    deploy decides what the lines mean (``pve_sglang/server/startup_log.py``).
 ``generate --url BASE [--env-file F] [--max-tokens N] [--prompt TEXT]``
     One streamed chat completion (``/v1/chat/completions``, temperature 0, logprobs on):
     ``{"status", "text", "tokens", "ttft_s", "elapsed_s", "logprobs", "model", "error"}``.

@@ -10,8 +10,9 @@ from pyinfra.operations import server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pve_sglang.server_command import unit_name  # noqa: E402
-from pve_sglang.settings import ContainerSettings, load_defaults  # noqa: E402
+from pve_sglang.server.command import unit_name  # noqa: E402
+from pve_sglang.project import load_defaults  # noqa: E402
+from pve_sglang.config.settings import ContainerSettings  # noqa: E402
 from tasks.verify import server_checks  # noqa: E402
 
 defaults = {k: v for k, v in load_defaults().items() if k in ContainerSettings.model_fields}

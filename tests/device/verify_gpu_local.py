@@ -14,7 +14,8 @@ from pyinfra import host, logger
 
 from pve_sglang.operations import verify
 from pve_sglang.preflight import gpu_host
-from pve_sglang.settings import HostSettings, load_defaults, settings_for
+from pve_sglang.project import load_defaults
+from pve_sglang.config.settings import HostSettings, settings_for
 
 REPO = Path(__file__).resolve().parents[2]
 settings = settings_for({**load_defaults(), "platform": "lxc"}, HostSettings)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from pve_sglang.testing.deploy_cost.counting import summarise_commands
+from devtools.deploy_cost.counting import summarise_commands
 
 # Goals of issue 7.
 GOAL_NOOP_COMMANDS = 40  # commands of a no-op run of one container, fewer than this

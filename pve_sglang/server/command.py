@@ -32,7 +32,7 @@ from pve_sglang import remote
 from pve_sglang.remote import sglang_launch
 from pve_sglang.remote.sglang_flags import release_flags
 from pve_sglang.project import TEMPLATES, project_file
-from pve_sglang.settings import ContainerSettings, host_port, tensor_parallel_size
+from pve_sglang.config.settings import ContainerSettings, host_port, tensor_parallel_size
 
 UNIT_TEMPLATE = "sglang.service.j2"
 ENV_TEMPLATE = "sglang.env.j2"

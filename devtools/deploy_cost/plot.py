@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from pve_sglang.testing.deploy_cost.report import (
+from devtools.deploy_cost.report import (
     GOAL_FOUR_OVER_ONE,
     GOAL_NOOP_COMMANDS,
     GOAL_NOOP_OVER_FIRST,

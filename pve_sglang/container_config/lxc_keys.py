@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from .settings import ContainerSettings, SettingsError
+from pve_sglang.config.settings import ContainerSettings, SettingsError
 
 USERNS_INCLUDE = "lxc.include = /usr/share/lxc/config/userns.conf"
 NESTING_INCLUDE = "lxc.include = /usr/share/lxc/config/nesting.conf"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 
-from .passthrough import CAPS_MAJOR_NAME, FRONTEND_MAJOR_NAMES, UVM_MAJOR_NAME
+from pve_sglang.gpu.passthrough import CAPS_MAJOR_NAME, FRONTEND_MAJOR_NAMES, UVM_MAJOR_NAME
 
 _RULE = re.compile(r"^lxc\.cgroup2?\.devices\.allow\s*[:=]\s*c\s+(?P<major>\d+):")
 # Fields of a mount entry: source, then the target (relative to the rootfs, or absolute).

@@ -1,6 +1,6 @@
 """The README's settings table, generated from ``group_data/all.py`` (names, defaults, comments).
 
-``python -m pve_sglang.settings_table`` prints it; a test checks README.md carries it as printed.
+``python -m pve_sglang.config.settings_table`` prints it; a test checks README.md carries it as printed.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from .project import GROUP_DATA, project_file
-from .settings import HOST_FIELDS
+from pve_sglang.project import GROUP_DATA, project_file
+from pve_sglang.config.settings import HOST_FIELDS
 
 BEGIN = "<!-- settings-table:begin -->"
 END = "<!-- settings-table:end -->"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pyinfra import host
 
-from pve_sglang import stack_lock
+from pve_sglang.stack import lock as stack_lock
 from pve_sglang.operations import layer, paths, stack, verify, wheels
 
 data = host.data

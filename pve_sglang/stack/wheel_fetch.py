@@ -17,7 +17,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .stack_lock import Lock, LockError, LockKey, cache_dir, index_env
+from pve_sglang.stack.lock import Lock, LockError, LockKey, cache_dir, index_env
 
 MANIFEST = "MANIFEST"
 #: Parallel pip downloads: pip fetches one file at a time.

@@ -1,6 +1,6 @@
 """
 pyinfra's CLI in this process, with every command it sends recorded (run by ``runner`` as
-``python -m pve_sglang.testing.deploy_cost.driver LOG_PATH -- PYINFRA_ARGS``).
+``python -m devtools.deploy_cost.driver LOG_PATH -- PYINFRA_ARGS``).
 """
 
 from __future__ import annotations

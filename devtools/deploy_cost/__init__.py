@@ -10,7 +10,7 @@ grouped, restarts, overlap), ``report`` (goals, statistics, the JSON report and 
 
 Steps, all in a private LXC path under /tmp that is destroyed at the end (also on error):
 
-1. a rootfs tarball for the containers: ``pve_sglang.testing.lxc_env``'s cached Debian rootfs with the
+1. a rootfs tarball for the containers: ``devtools.lxc_env``'s cached Debian rootfs with the
    test-time additions (resolv.conf, this machine's CA certificates, sshd and apt timers off);
 2. one hosts file per size (1, 2, 4 containers), every container installing the real sglang
    wheel (``stack_install: sglang-no-deps``) from a bind-mounted wheelhouse; the host has no
@@ -20,7 +20,7 @@ Steps, all in a private LXC path under /tmp that is destroyed at the end (also o
    interleaved in each round so that their ratios come from the same conditions.
 
 Commands are counted for real: every deploy runs pyinfra's own CLI in a child Python
-(``python -m pve_sglang.testing.deploy_cost.driver``) that wraps ``pyinfra.connectors.local.run_local_process``, the
+(``python -m devtools.deploy_cost.driver``) that wraps ``pyinfra.connectors.local.run_local_process``, the
 one place where a command leaves pyinfra on this machine (the ``@local`` host's commands and
 every ``lxc-attach`` of the container connector). Each command is attributed to the fact,
 operation or connector step that sent it (``_get_fact``, ``_run_host_op``,

@@ -11,7 +11,6 @@ import ipaddress
 import os
 import posixpath
 import re
-import runpy
 import typing
 from pathlib import Path
 from collections.abc import Callable
@@ -32,9 +31,9 @@ from pydantic import (
     model_validator,
 )
 
-from .connectors import connector_data_keys
-from .connectors.pct import VMID_MAX, VMID_MIN
-from .project import GROUP_DATA, project_file
+from pve_sglang.connectors import connector_data_keys
+from pve_sglang.connectors.pct import VMID_MAX, VMID_MIN
+from pve_sglang.stack.lock import LockError, key_of, lock_path, read_checked
 
 MOE_RUNNER_BACKENDS = (
     "auto",
@@ -543,8 +542,6 @@ class ContainerSettings(_Strict):
     def _lock_is_the_pinned_set(self) -> ContainerSettings:
         """A lock there is (stack_lock's, or the repository's) must hold the pins: a lock made
         later, on the machine running pyinfra, is checked when it is made."""
-        from .stack_lock import LockError, key_of, lock_path, read_checked
-
         if self.stack_install != "pinned":
             return self
         key = key_of(self)
@@ -611,12 +608,6 @@ SECRET_FIELDS = frozenset(
     name for name, field in ContainerSettings.model_fields.items()
     if field.annotation is SecretStr or SecretStr in typing.get_args(field.annotation)
 )
-
-
-def load_defaults(path: Path | None = None) -> dict[str, Any]:
-    """Read the defaults from PATH (the checkout's ``group_data/all.py``), as pyinfra itself does."""
-    path = project_file(GROUP_DATA) if path is None else path
-    return {k: v for k, v in runpy.run_path(str(path)).items() if not k.startswith("__")}
 
 
 def _is_connector_key(key: str) -> bool:
@@ -762,7 +753,7 @@ def host_settings(model: type[BaseModel], of: Any = None) -> Any:
     deploy runs. A value that fails validation raises ``SettingsError`` at each ask."""
     from pyinfra import host
 
-    from .cache import memo
+    from pve_sglang.runtime.cache import memo
 
     target = host if of is None else of
     known = memo("settings", of=of, per_stage=False)

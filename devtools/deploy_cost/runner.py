@@ -12,14 +12,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pve_sglang.testing.deploy_cost import log
-from pve_sglang.testing.deploy_cost.counting import (
+from devtools.deploy_cost import log
+from devtools.deploy_cost.counting import (
     overlap,
     parse_run_json,
     restart_commands,
     stage_seconds,
 )
-from pve_sglang.testing.deploy_cost.fleet import REPO, container_snapshot, hosts_file
+from devtools.deploy_cost.fleet import REPO, container_snapshot, hosts_file
 
 
 class Bench:
@@ -58,7 +58,7 @@ class Bench:
         if checkout is not None:
             cwd = checkout.path
             env = checkout.environ(env)
-        argv = [sys.executable, "-m", "pve_sglang.testing.deploy_cost.driver", str(cmd_log), "--",
+        argv = [sys.executable, "-m", "devtools.deploy_cost.driver", str(cmd_log), "--",
                 "inventory.py", "deploy.py", "-y", "--json"]
         load = os.getloadavg()[0]
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -170,7 +170,7 @@ class Checkout:
         # The package its pyinfra run imports must be its own: checked, not assumed.
         probe = subprocess.run(
             [sys.executable, "-c", "import pve_sglang, pve_sglang.connectors.lxc as c, "
-             "pve_sglang.testing.deploy_cost.driver as d; print(pve_sglang.__file__); "
+             "devtools.deploy_cost.driver as d; print(pve_sglang.__file__); "
              "print(c.__file__); print(d.__file__)"],
             cwd=self.path, env=self.environ(dict(os.environ)), check=True, capture_output=True,
             text=True)

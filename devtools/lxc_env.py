@@ -38,8 +38,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: The checkout this module is in (pve_sglang/testing/lxc_env.py): the cache is the checkout's.
-REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The checkout this module is in (devtools/lxc_env.py): the cache is the checkout's.
+REPO_ROOT = Path(__file__).resolve().parents[1]
 #: Where the rootfs tarball is cached; PVE_SGLANG_ROOTFS_CACHE overrides (e.g. to time a cold build).
 CACHE_DIR = Path(os.environ.get("PVE_SGLANG_ROOTFS_CACHE") or REPO_ROOT / ".cache" / "rootfs")
 

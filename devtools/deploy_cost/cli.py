@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pve_sglang.testing import deploy_cost
-from pve_sglang.testing.deploy_cost import log
-from pve_sglang.testing.deploy_cost.fleet import (
+from devtools import deploy_cost
+from devtools.deploy_cost import log
+from devtools.deploy_cost.fleet import (
     OWNER_FILE,
     REPO,
     WORK_PREFIX,
@@ -26,9 +26,9 @@ from pve_sglang.testing.deploy_cost.fleet import (
     remove_stale_workdirs,
     wheelhouse,
 )
-from pve_sglang.testing.deploy_cost.plot import plot
-from pve_sglang.testing.deploy_cost.report import build_report, print_table
-from pve_sglang.testing.deploy_cost.runner import Bench, Checkout, rounds
+from devtools.deploy_cost.plot import plot
+from devtools.deploy_cost.report import build_report, print_table
+from devtools.deploy_cost.runner import Bench, Checkout, rounds
 
 RESULTS = REPO / "bench" / "results"
 
@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
         log(f"needs root and {', '.join(missing) or 'lxc'} (make system-deps)")
         return 2
 
-    from pve_sglang.settings import load_defaults
+    from pve_sglang.project import load_defaults
 
     defaults = load_defaults()
     remove_stale_workdirs()

@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .settings import ContainerSettings
+from pve_sglang.config.settings import ContainerSettings
 
 PLOT_NAME = "output_tok_s.png"
 #: Runs the plot overlays: the newest and the ones before it.

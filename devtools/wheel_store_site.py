@@ -14,12 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-from ..project import ROOT
-from ..stack_lock import Lock, LockKey
-from .lxc_env import reachable_by_container_root
+from pve_sglang.project import ROOT
+from pve_sglang.stack.lock import Lock, LockKey
+from devtools.lxc_env import reachable_by_container_root
 
 PYINFRA = Path(sys.executable).parent / "pyinfra"
-DEPLOY = "pve_sglang/testing/deploys/wheel_store.py"
+DEPLOY = "devtools/deploys/wheel_store.py"
 #: The uv binary in the containers (this machine's, mounted read-only).
 UV = "/opt/uv/uv"
 
@@ -48,7 +48,7 @@ class WheelStoreSite:
         self.seconds = 0.0
 
     def container(self):
-        from .lxc_env import LxcError
+        from devtools.lxc_env import LxcError
 
         try:
             return self.make(extra_config=self.mounts, unprivileged=True)
@@ -86,7 +86,7 @@ class WheelStoreSite:
 def installed(box, python: str = "/opt/stack/venv/bin/python") -> dict[str, str]:
     """``{normalized name: version}`` of what the container's venv imports (the first of a name
     on ``sys.path``: the venv's own before the shared layer's)."""
-    from ..stack_lock import normalized
+    from pve_sglang.stack.lock import normalized
 
     out = box.attach(f"{python} -c 'import importlib.metadata as m, json; "
                      "print(json.dumps([[d.metadata[\"Name\"], d.version] for d in m.distributions()]))'")

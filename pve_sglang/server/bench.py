@@ -20,7 +20,7 @@ from typing import Any
 
 from pyinfra.api import QuoteString, StringCommand
 
-from pve_sglang.settings import ContainerSettings, base_url
+from pve_sglang.config.settings import ContainerSettings, base_url
 
 RESULT_HEADER = " Serving Benchmark Result "
 # Printed once the warmup request is done, before the measured run (0.5.9 bench_serving.py and

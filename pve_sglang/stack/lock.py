@@ -9,8 +9,8 @@ once on the machine running pyinfra (in ``$PVE_SGLANG_CACHE``, else ``~/.cache/p
 and reused; a lock file of one's own is the ``stack_lock`` setting. A lock whose versions are
 not the pins is refused.
 
-    python -m pve_sglang.stack_lock refresh     # the repository's lock of the default set
-    python -m pve_sglang.stack_lock show FILE   # what a lock holds
+    python -m pve_sglang.stack.lock refresh     # the repository's lock of the default set
+    python -m pve_sglang.stack.lock show FILE   # what a lock holds
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name as normalized  # PEP 503 names
 
-from .project import ROOT
+from pve_sglang.project import ROOT, load_defaults
 
 #: The locks of the default release sets, in the checkout.
 SHIPPED = ROOT / "group_data" / "locks"
@@ -228,8 +228,6 @@ def lock_for(key: LockKey, given: str | None = None) -> Lock:
 
 def default_key() -> LockKey:
     """The key of the default release set (group_data/all.py)."""
-    from .settings import load_defaults
-
     defaults = load_defaults()
     return key_of(defaults)
 
@@ -263,7 +261,7 @@ def main(argv: list[str]) -> int:
         for name, version in sorted(lock.packages.items()):
             print(f"  {name}=={version}")
         return 0
-    print("usage: python -m pve_sglang.stack_lock refresh | show FILE", file=sys.stderr)
+    print("usage: python -m pve_sglang.stack.lock refresh | show FILE", file=sys.stderr)
     return 2
 
 

@@ -13,9 +13,9 @@ from pyinfra.api import OperationError
 from pyinfra.context import state
 from pyinfra.operations import python
 
-from . import remote
-from .operations import paths
-from .preflight import driver_and_gpus
+from pve_sglang import remote
+from pve_sglang.operations import paths
+from pve_sglang.preflight import driver_and_gpus
 
 
 def run_when_container_exists(steps: Callable[[], None], what: str,

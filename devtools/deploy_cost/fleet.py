@@ -9,8 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pve_sglang.testing import lxc_env
-from pve_sglang.testing.deploy_cost import log
+from devtools import lxc_env
+from devtools.deploy_cost import log
 
 REPO = lxc_env.REPO_ROOT
 WORK_PREFIX = "pve-sglang-bench-"
