@@ -27,6 +27,7 @@ from pve_sglang.connectors import connector_data_types
 from pve_sglang.connectors.container import LOCAL_HOSTNAMES as LOCAL_NAMES
 from pve_sglang.container_config.lxc_keys import check_settings as check_lxc_settings
 from pve_sglang.project import load_defaults
+from pve_sglang.runtime import pyinfra_private
 from pve_sglang.config.settings import (
     CONTAINER_FIELDS,
     HOST_FIELDS,
@@ -339,9 +340,7 @@ def cli_override_data() -> dict[str, Any]:
     params = context.find_root().params
     if "data" not in params:
         return {}
-    from pyinfra_cli.cli import _set_override_data
-
-    return _set_override_data(
+    return pyinfra_private.cli_override_data(
         params["data"],
         params.get("ssh_user"),
         params.get("ssh_key"),

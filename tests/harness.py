@@ -23,6 +23,8 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.operations import parse_commands
 from pyinfra_testing.util import FakeHost, FakeState
 
+from pve_sglang.runtime.pyinfra_private import operation_function
+
 
 def fact_value(fact_cls: type[FactBase], output: str, *args: Any, **kwargs: Any) -> Any:
     """Process a recorded command output the way pyinfra does for a real host."""
@@ -108,7 +110,7 @@ def op_commands(
     """The commands one operation yields for these facts (keys: fact class or (class, args))."""
     host = _Host(facts or {}, data or {}, host_name)
     with ctx_state.use(host.state), ctx_host.use(host):
-        return parse_commands(list(op._inner(*args, **kwargs)))
+        return parse_commands(list(operation_function(op)(*args, **kwargs)))
 
 
 def plan_deploy(

@@ -19,6 +19,7 @@ from pve_sglang.facts.container_state import (
     part_values,
 )
 from pve_sglang.operations import container_state, paths, stack
+from pve_sglang.runtime.pyinfra_private import operation_function
 
 
 def alone(kind: str, args: tuple):
@@ -150,6 +151,6 @@ def test_a_failed_part_fails_the_asking_operation(folding):
 def test_tools_venv_and_deb_packages_forget_what_they_installed(folding):
     folding.values[("uv", (container_state.TOOLS_UV,))] = "0.1.0"
     folding.values[("debs", ())] = {}
-    list(stack.tools_venv._inner(path="/opt/sglang/tools", uv_version="0.13.8"))
-    list(stack.deb_packages._inner(packages=["curl"]))
+    list(operation_function(stack.tools_venv)(path="/opt/sglang/tools", uv_version="0.13.8"))
+    list(operation_function(stack.deb_packages)(packages=["curl"]))
     assert container_state.TOOLS_UV not in cache.memo("uv") and None not in cache.memo("debs")

@@ -95,6 +95,7 @@ def put_with_diff(remote: dict | None, facts: dict, content: str, secret: bool =
     from harness import _Host
     from pve_sglang.facts.container import PathStates
     from pve_sglang.operations import paths
+    from pve_sglang.runtime.pyinfra_private import operation_function
 
     class Host(_Host):
         def log(self, message, log_func):  # pyinfra's Host.log, which the fake lacks
@@ -103,7 +104,7 @@ def put_with_diff(remote: dict | None, facts: dict, content: str, secret: bool =
     host = Host({PathStates: {ENV: remote}, **facts}, {}, "ct")
     host.state.config.DIFF = True
     with ctx_state.use(host.state), ctx_host.use(host):
-        return list(paths.put._inner(src=StringIO(content), dest=ENV, mode="600", secret=secret))
+        return list(operation_function(paths.put)(src=StringIO(content), dest=ENV, mode="600", secret=secret))
 
 
 def test_converged_file_with_diff_on_reads_nothing_more(caplog):

@@ -59,6 +59,7 @@ from pve_sglang.operations import layer, lxc, paths, pct, phase, stack, wheels
 from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings, HostSettings, Mount, SettingsError
+from pve_sglang.runtime.pyinfra_private import operation_function
 from pve_sglang.stack.lock import SHIPPED, Lock, LockKey, parse
 from pve_sglang.stack.wheel_fetch import MANIFEST, sha256_of, wheel_dir
 from tasks.container import container_phase
@@ -661,7 +662,7 @@ def operations() -> list:
         (f"{module.__name__.rsplit('.', 1)[-1]}.{name}", op)
         for module in OPERATION_MODULES
         for name, op in vars(module).items()
-        if hasattr(op, "_inner") and getattr(op, "__module__", None) == module.__name__
+        if operation_function(op) is not None and getattr(op, "__module__", None) == module.__name__
     ]
 
 
@@ -693,12 +694,12 @@ def test_every_operation_quotes_its_string_arguments(payload, sandbox):
     for name, op in operations():
         for world in ({}, RUNNING):
             host = _DefaultFacts(world)
-            kwargs = _hostile_arguments(op._inner, value)
+            kwargs = _hostile_arguments(operation_function(op), value)
             if "src" in kwargs:
                 kwargs["src"] = StringIO(value)
             with ctx_state.use(host.state), ctx_host.use(host):
                 try:
-                    commands = parse_commands(list(op._inner(**kwargs)))
+                    commands = parse_commands(list(operation_function(op)(**kwargs)))
                 except (ValueError, OperationError):
                     continue  # refused before any command: fine
             shell = [c for c in commands if isinstance(c, str)]

@@ -19,6 +19,7 @@ from pyinfra.api import operation
 from pyinfra.api.arguments import all_global_arguments
 
 import pve_sglang.operations
+from pve_sglang.runtime.pyinfra_private import operation_function
 
 GLOBAL_ARGS = {name for name, _ in all_global_arguments()}
 ARG_LINE = re.compile(r"^\s*\+ (\w+): \S", re.MULTILINE)
@@ -31,7 +32,8 @@ def operations() -> list:
     for info in pkgutil.iter_modules(pve_sglang.operations.__path__):
         module = importlib.import_module(f"pve_sglang.operations.{info.name}")
         for name, value in vars(module).items():
-            if hasattr(value, "_inner") and value._inner.__module__ == module.__name__:
+            body = operation_function(value)
+            if body is not None and body.__module__ == module.__name__:
                 found.append(pytest.param(value, id=f"{info.name}.{name}"))
     return found
 
@@ -39,7 +41,8 @@ def operations() -> list:
 def doc_problems(op) -> list[str]:
     """What OP's docstring lacks; empty when it documents every argument and has an example."""
     doc = inspect.getdoc(op) or ""
-    params = [name for name in inspect.signature(op._inner).parameters]
+    body = operation_function(op)
+    params = [name for name in inspect.signature(body).parameters]
     documented = ARG_LINE.findall(doc)
     problems = [f"argument {name!r} is not documented (`+ {name}: ...`)"
                 for name in params if name not in documented]
@@ -56,14 +59,14 @@ def doc_problems(op) -> list[str]:
     except SyntaxError as error:
         return problems + [f"the example does not parse: {error}"]
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
-             and isinstance(node.func, ast.Attribute) and node.func.attr == op._inner.__name__]
+             and isinstance(node.func, ast.Attribute) and node.func.attr == body.__name__]
     if not calls:
-        problems.append(f"the example does not call {op._inner.__name__}()")
+        problems.append(f"the example does not call {body.__name__}()")
     for call in calls:
         given = {kw.arg for kw in call.keywords}
         problems += [f"the example passes {kw!r}, which it does not take"
                      for kw in sorted(given - set(params) - GLOBAL_ARGS)]
-        required = {name for name, p in inspect.signature(op._inner).parameters.items()
+        required = {name for name, p in inspect.signature(body).parameters.items()
                     if p.default is inspect.Parameter.empty}
         problems += [f"the example leaves out the required {name!r}"
                      for name in sorted(required - given)]
@@ -110,7 +113,7 @@ def test_a_missing_or_wrong_example_fails():
         yield from ()
 
     assert doc_problems(sample) == ["no **Example:** with a `.. code:: python` block"]
-    sample.__doc__ = sample._inner.__doc__ = inspect.getdoc(sample) + (
+    sample.__doc__ = operation_function(sample).__doc__ = inspect.getdoc(sample) + (
         "\n\n**Example:**\n\n.. code:: python\n\n    sample.sample(name='d', paht='/tmp/d')\n"
     )
     assert doc_problems(sample) == ["the example passes 'paht', which it does not take",

@@ -43,6 +43,7 @@ from pve_sglang.hosts_file import build_groups
 from pve_sglang.preflight import check_container, check_container_tools, gpu_host
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings, HostSettings, settings_for
+from pve_sglang.runtime.pyinfra_private import operation_commands
 from tasks.host import lxc_container
 from test_host_phase_recorded import (
     DEVICES_ALL,
@@ -328,7 +329,7 @@ def run_host_phase(container, monkeypatch) -> dict:
         meta = state.ops[local].get(op_hash)
         if meta is not None and meta.operation_meta.executed:
             name = ", ".join(sorted(state.get_op_meta(op_hash).names))
-            ran[name] = [str(c) for c in meta.operation_meta._commands]
+            ran[name] = [str(c) for c in operation_commands(meta.operation_meta)]
     return ran
 
 

@@ -23,14 +23,12 @@ def driver(log_path: str, pyinfra_args: list[str]) -> None:
     """Run ``pyinfra PYINFRA_ARGS`` here, writing every command it sends to LOG_PATH (JSON)."""
     import gevent
 
-    from pyinfra.api import facts as facts_mod
-    from pyinfra.api import operations as ops_mod
     from pyinfra.api.state import State
-    from pyinfra.connectors import local as local_mod
     from pyinfra.connectors.local import LocalConnector
     from pyinfra_cli.main import main as pyinfra_main
 
     from pve_sglang.connectors.container import ContainerConnector
+    from pve_sglang.runtime import pyinfra_private
 
     t0 = time.monotonic()
     started_at = time.time()
@@ -68,8 +66,8 @@ def driver(log_path: str, pyinfra_args: list[str]) -> None:
         meta = state.get_op_meta(op_hash)
         return {"kind": "op", "name": " / ".join(meta.names) or op_hash}
 
-    wrap(facts_mod, "_get_fact", fact_frame)
-    wrap(ops_mod, "_run_host_op", op_frame)
+    wrap(*pyinfra_private.fact_read_hook(), fact_frame)
+    wrap(*pyinfra_private.host_operation_hook(), op_frame)
     wrap(LocalConnector, "run_shell_command", lambda self, *a, **k: {"host": self.host.name})
     wrap(ContainerConnector, "container_state",
          lambda self: {"kind": "connector", "name": "container state (lxc-info)"})
@@ -88,7 +86,8 @@ def driver(log_path: str, pyinfra_args: list[str]) -> None:
 
     State.set_stage = set_stage
 
-    original_run = local_mod.run_local_process
+    local_mod, run_name = pyinfra_private.local_process_hook()
+    original_run = getattr(local_mod, run_name)
 
     def run_local_process(command, *args, **kwargs):
         frames = stack()
@@ -112,7 +111,7 @@ def driver(log_path: str, pyinfra_args: list[str]) -> None:
         })
         return rc, output
 
-    local_mod.run_local_process = run_local_process
+    setattr(local_mod, run_name, run_local_process)
 
     sys.argv = ["pyinfra", *pyinfra_args]
     code: Any = 0

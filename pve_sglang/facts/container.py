@@ -12,6 +12,7 @@ from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand
 from typing_extensions import override
 
 from pve_sglang import remote
+from pve_sglang.runtime.pyinfra_private import joined
 
 _LIBCUDA = re.compile(r"libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
 # Directories where NVIDIA's runfile and Debian's packages put libcuda.
@@ -121,7 +122,7 @@ class PathStates(FactBase[dict]):
         # Shell builtins name each path's kind; then one stat (mode, mtime) of the paths that
         # exist and one sha1sum of the files, in that order: two processes for any number of
         # paths. A path removed between the two makes stat fail: the read fails, not lies.
-        return StringCommand(
+        return joined(
             StringCommand("set --; for p in", *(QuoteString(p) for p in paths)),
             "; do "
             'if [ -f "$p" ]; then printf \'%s|file\\n\' "$p"; set -- "$@" "$p"; '
@@ -130,7 +131,6 @@ class PathStates(FactBase[dict]):
             '[ $# -eq 0 ] || stat -c \'%a %.6Y\' -- "$@" || exit; '
             'for p in "$@"; do if [ -f "$p" ]; then set -- "$@" "$p"; fi; shift; done; '
             '[ $# -eq 0 ] || sha1sum -- "$@"',
-            _separator="",
         )
 
     @staticmethod

@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 
 from pyinfra.api import FactBase, StringCommand
-from pyinfra.api.facts import _MISSING_COMMAND_MARKER
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Hostname
 from typing_extensions import override
 
 from pve_sglang.facts.container import PathStates, SglangVenv, UnitState, UvVersion
+from pve_sglang.runtime.pyinfra_private import MISSING_COMMAND_MARKER
 
 #: The parts one read can hold: kind -> (fact, the names of its arguments, in order).
 PARTS: dict[str, tuple[type[FactBase], tuple[str, ...]]] = {
@@ -61,7 +61,7 @@ def part_command(kind: str, args: tuple, table: dict = PARTS) -> StringCommand |
     if not required:
         return command
     return StringCommand("if command -v", required, ">/dev/null 2>&1; then (", command,
-                         "); else echo", f"'{_MISSING_COMMAND_MARKER}';", "fi")
+                         "); else echo", f"'{MISSING_COMMAND_MARKER}';", "fi")
 
 
 class ContainerState(FactBase[dict]):
@@ -122,7 +122,7 @@ def part_values(parts: tuple, raw: dict, table: dict = PARTS) -> dict:
         fact.command(*args)  # as pyinfra does: a fact may keep what its command was (FileContents)
         if rc is None or rc != 0:
             values[(kind, args)] = PartFailed(-1 if rc is None else rc, lines)
-        elif lines == [_MISSING_COMMAND_MARKER]:
+        elif lines == [MISSING_COMMAND_MARKER]:
             values[(kind, args)] = PartMissingCommand(str(fact.requires_command(*args)))
         else:
             values[(kind, args)] = fact.process(lines) if lines else fact.default()

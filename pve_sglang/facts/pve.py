@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover
     def override(func):  # type: ignore[no-redef]
         return func
 
+from pve_sglang.runtime.pyinfra_private import joined
 
 # `pct` for a VMID without a config on this node: "Configuration file 'nodes/pve/lxc/105.conf'
 # does not exist" (stderr, exit 255 or 2). The commands below let only this error through.
@@ -182,8 +183,7 @@ class PveamTemplates(FactBase[list[str]]):
         if not _STORAGE_ID.match(storage):
             raise ValueError(f"not a storage id: {storage!r}")
         listing = StringCommand("pveam list", QuoteString(storage))
-        return StringCommand("if command -v pveam >/dev/null 2>&1; then ", listing, "; fi",
-                             _separator="")
+        return joined("if command -v pveam >/dev/null 2>&1; then ", listing, "; fi")
 
     @staticmethod
     @override

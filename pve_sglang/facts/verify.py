@@ -10,6 +10,8 @@ import json
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
+from pve_sglang.runtime.pyinfra_private import joined
+
 
 class VisibleGpus(FactBase[list[str]]):
     """Returns ``nvidia-smi -L`` lines in the container (``[]`` without nvidia-smi or GPUs)."""
@@ -42,7 +44,7 @@ class HttpStatus(FactBase["int | None"]):
     def command(self, url: str, env_file: str) -> StringCommand:
         env = QuoteString(env_file)
         return StringCommand(
-            "[ -r", env, "] && .", StringCommand(env, ";", _separator=""),
+            "[ -r", env, "] && .", joined(env, ";"),
             'if [ -n "${SGLANG_API_KEY:-}" ]; then '
             "printf 'Authorization: Bearer %s\\n' \"$SGLANG_API_KEY\"; fi | "
             "curl -s -o /dev/null -m 10 -w '%{http_code}' -H @-",

@@ -7,12 +7,13 @@ from collections.abc import Callable
 from pyinfra import context, logger
 from pyinfra.api.operation import OperationMeta
 
-from pve_sglang.runtime import cache
+from pve_sglang.runtime import cache, pyinfra_private
 
 
 def operation_name(meta: OperationMeta) -> str:
     """The name an operation was given (``name=``), without the deploy's ``Deploy | `` prefix."""
-    names = context.state.get_op_meta(meta._hash).names if getattr(meta, "_hash", None) else ()
+    op_hash = pyinfra_private.operation_hash(meta)
+    names = context.state.get_op_meta(op_hash).names if op_hash else ()
     return ", ".join(sorted(name.rsplit(" | ", 1)[-1] for name in names)) or "an operation"
 
 

@@ -9,6 +9,7 @@ from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from pve_sglang.runtime import cache
+from pve_sglang.runtime.pyinfra_private import joined
 from pve_sglang.facts.pve import PctConfig, PctStatus, PveamTemplates
 
 TEMPLATE_SUFFIXES = (".tar.zst", ".tar.gz", ".tar.xz")
@@ -78,7 +79,7 @@ def template(storage: str, template: str):
     # compared as text (awk's index, from the environment: no regex, no escapes).
     yield StringCommand(
         "pveam update >/dev/null && T=$(pveam available --section system |",
-        StringCommand("P=", QuoteString(template), _separator=""),
+        joined("P=", QuoteString(template)),
         "awk 'index($2, ENVIRON[\"P\"]) == 1 {print $2}' | sort -V | tail -n 1) && [ -n \"$T\" ] ||",
         "{ printf '%s\\n'", QuoteString(f"no template matching {template} in pveam available"),
         ">&2; exit 1; }; pveam download", QuoteString(storage), '"$T"',

@@ -20,6 +20,7 @@ from pve_sglang.server.command import check_flags
 from pve_sglang.stack.lock import Lock, normalized
 from pve_sglang.operations import container_state, paths
 from pve_sglang.runtime.cache import forget, memo
+from pve_sglang.runtime.pyinfra_private import joined
 
 RUNFILE_URL = "https://us.download.nvidia.com/XFree86/Linux-x86_64/{v}/NVIDIA-Linux-x86_64-{v}.run"
 PATCH_DONE = ("already-patched", "upstream-enabled")
@@ -276,8 +277,7 @@ def autotune_patch(python: str, tools: str):
     find = (
         "import importlib.util as u; print(u.find_spec('sglang').submodule_search_locations[0])"
     )
-    package = StringCommand('"$(', StringCommand(QuoteString(python), "-c", QuoteString(find)), ')"',
-                            _separator="")
+    package = joined('"$(', StringCommand(QuoteString(python), "-c", QuoteString(find)), ')"')
     # The venv's mtime first: a run killed after the patch restarts the server (service_running).
     venv = QuoteString(venv_of(python))
     yield StringCommand("touch", venv, "&&", QuoteString(python),
@@ -548,7 +548,7 @@ def model_download(python: str, repo: str, revision: str | None, path: str, env_
         f"snapshot_download(repo_id={repo!r}, revision={revision!r}, local_dir={path!r})"
     )
     env = QuoteString(env_file)
-    yield StringCommand("set -a; [ -r", env, "] && .", StringCommand(env, ";", _separator=""),
+    yield StringCommand("set -a; [ -r", env, "] && .", joined(env, ";"),
                         "set +a;", QuoteString(python), "-c", QuoteString(call))
 
 

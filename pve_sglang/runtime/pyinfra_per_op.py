@@ -21,18 +21,18 @@ from __future__ import annotations
 import inspect
 from functools import partial
 
-from pyinfra.api import arguments, util
+from pve_sglang.runtime import pyinfra_private
 
 #: The stack readers pyinfra's ``util`` module imported, and the same without source context.
 ORIGINAL_READERS = (inspect.stack, inspect.getframeinfo)
 WITHOUT_CONTEXT = (partial(inspect.stack, 0), partial(inspect.getframeinfo, context=0))
 #: pyinfra's own ``all_global_arguments``.
-ORIGINAL_ARGUMENTS = arguments.all_global_arguments
+ORIGINAL_ARGUMENTS = pyinfra_private.global_arguments_reader()
 
 
 def use_readers(readers: tuple) -> None:
     """Make ``pyinfra.api.util`` read the stack with READERS (``(stack, getframeinfo)``)."""
-    util.stack, util.getframeinfo = readers
+    pyinfra_private.use_stack_readers(readers)
 
 
 def _arguments_read_once():
@@ -49,11 +49,11 @@ def install() -> None:
     """Make both cheaper for this pyinfra process (again: no change; the deploy file runs
     once per host)."""
     use_readers(WITHOUT_CONTEXT)
-    if arguments.all_global_arguments is ORIGINAL_ARGUMENTS:
-        arguments.all_global_arguments = _arguments_read_once()
+    if pyinfra_private.global_arguments_reader() is ORIGINAL_ARGUMENTS:
+        pyinfra_private.use_global_arguments_reader(_arguments_read_once())
 
 
 def uninstall() -> None:
     """pyinfra's own readers and arguments again (the tests compare both)."""
     use_readers(ORIGINAL_READERS)
-    arguments.all_global_arguments = ORIGINAL_ARGUMENTS
+    pyinfra_private.use_global_arguments_reader(ORIGINAL_ARGUMENTS)

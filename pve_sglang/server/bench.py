@@ -21,6 +21,7 @@ from typing import Any
 from pyinfra.api import QuoteString, StringCommand
 
 from pve_sglang.config.settings import ContainerSettings, base_url
+from pve_sglang.runtime.pyinfra_private import joined
 
 RESULT_HEADER = " Serving Benchmark Result "
 # Printed once the warmup request is done, before the measured run (0.5.9 bench_serving.py and
@@ -161,7 +162,7 @@ def bench_shell(argv: list[str], env_file: str) -> StringCommand:
     ``env_file`` as ``OPENAI_API_KEY``: the key itself never appears in the command or an argv,
     and the env file's other variables (``HF_TOKEN``) are read but not exported."""
     return StringCommand(
-        ".", StringCommand(QuoteString(env_file), ";", _separator=""),
+        ".", joined(QuoteString(env_file), ";"),
         'if [ -n "${SGLANG_API_KEY:-}" ]; then export OPENAI_API_KEY="$SGLANG_API_KEY"; fi;',
         "exec", *(QuoteString(arg) for arg in argv),
     )
