@@ -17,7 +17,7 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.facts.server import Command, Which
 from packaging.version import Version
 
-from pve_sglang.runtime.cache import memo
+from pve_sglang.runtime.cache import Kind, memo
 from pve_sglang.facts.nvidia import CharDeviceMajors, NvidiaDeviceNodes, NvidiaDriverVersion, NvidiaGpus
 from pve_sglang.facts.pve import PveContainerVersion
 from pve_sglang.facts.system import CgroupVersion, IommuAcs, VirtualMachineType
@@ -121,7 +121,7 @@ def driver_and_gpus(host: Host) -> tuple[str | None, list[dict]]:
     """HOST's NVIDIA driver version and GPUs (none without a driver), read once per run: the
     host phase's preflight asks, and every container of the host, in its container and verify
     phases (the host phase installs no driver)."""
-    known = memo("driver_and_gpus", of=host, per_stage=False)
+    known = memo(Kind.DRIVER_AND_GPUS, of=host)
     # pyinfra prepares hosts in parallel greenlets: the host and its containers ask at once.
     with known.setdefault("lock", gevent.lock.BoundedSemaphore()):
         if "facts" not in known:

@@ -11,6 +11,7 @@ from pyinfra.context import ctx_host, ctx_state
 
 from harness import FoldingHost, sh
 from pve_sglang.runtime import cache
+from pve_sglang.runtime.cache import Kind
 from pve_sglang.facts.container_state import (
     PARTS,
     ContainerState,
@@ -117,7 +118,7 @@ def test_what_an_operation_changed_is_read_again_alone(folding):
     container_state.read("debs")
     folding.reads.clear()
     # An install forgets the packages: the next ask reads them alone, with their own fact.
-    container_state.forget("debs")
+    container_state.forget(Kind.DEBS)
     folding.values[("debs", ())] = {"curl": ["1"], "python3-venv": ["2"]}
     assert "python3-venv" in container_state.read("debs")
     assert folding.reads == [("debs",)]
@@ -153,4 +154,4 @@ def test_tools_venv_and_deb_packages_forget_what_they_installed(folding):
     folding.values[("debs", ())] = {}
     list(operation_function(stack.tools_venv)(path="/opt/sglang/tools", uv_version="0.13.8"))
     list(operation_function(stack.deb_packages)(packages=["curl"]))
-    assert container_state.TOOLS_UV not in cache.memo("uv") and None not in cache.memo("debs")
+    assert container_state.TOOLS_UV not in cache.memo(Kind.UV) and None not in cache.memo(Kind.DEBS)

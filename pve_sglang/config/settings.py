@@ -753,10 +753,10 @@ def host_settings(model: type[BaseModel], of: Any = None) -> Any:
     deploy runs. A value that fails validation raises ``SettingsError`` at each ask."""
     from pyinfra import host
 
-    from pve_sglang.runtime.cache import memo
+    from pve_sglang.runtime.cache import Kind, memo
 
     target = host if of is None else of
-    known = memo("settings", of=of, per_stage=False)
+    known = memo(Kind.SETTINGS, of=of)
     if model not in known:
         known[model] = settings_for(target.data, model)
     return known[model]

@@ -8,6 +8,7 @@ from pyinfra import context, logger
 from pyinfra.api.operation import OperationMeta
 
 from pve_sglang.runtime import cache, pyinfra_private
+from pve_sglang.runtime.cache import Kind
 
 
 def operation_name(meta: OperationMeta) -> str:
@@ -44,7 +45,7 @@ def any_changed(*metas: OperationMeta, restarts: str | None = None) -> Callable[
         else:
             changed = [meta for meta in metas if meta.is_complete() and meta.did_change()]
         if changed and restarts:
-            if cache.once("restart_reason", restarts):
+            if cache.once(Kind.RESTART_REASON, restarts):
                 logger.warning(f"{context.host.name}: {restart_reason(restarts, changed, planned)}")
         return bool(changed)
 

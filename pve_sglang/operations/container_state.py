@@ -5,13 +5,13 @@ tools venv's uv, the sglang venv (one Python start), the server unit and, on pla
 hostname: six facts, six processes on the host and in the container. ``read`` answers the
 first of them with one read of all that the run will ask (``expected``: what the container
 phase's operations ask for these settings) and keeps each answer in the per-stage cache of
-its kind (``cache.memo``), where the operations' own ``forget`` finds it:
+its kind (``MEMO``: ``cache.memo``), where the operations' own ``forget`` finds it:
 
-- ``paths``: ``memo("paths")[path]``, forgotten by ``paths.forget`` (``cache.changed``);
-- ``venv``: ``memo("venv")[(python, tools)]``, forgotten by ``stack.venv_changed``, and when the
-  autotune patch script it runs is written (``cache.depends``);
+- ``paths``: ``memo(Kind.PATHS)[path]``, forgotten by ``paths.forget`` (``cache.changed``);
+- ``venv``: ``memo(Kind.VENV)[(python, tools)]``, forgotten by ``stack.venv_changed``, and when
+  the autotune patch script it runs is written (``cache.depends``);
 - ``debs``, ``uv``, ``hostname``: forgotten by the operation that installs or sets them;
-- ``unit``: ``memo("unit")[unit]``, forgotten when the unit file is written (its
+- ``unit``: ``memo(Kind.UNIT)[unit]``, forgotten when the unit file is written (its
   ``NeedDaemonReload`` moves) and by ``service_running``'s own commands.
 
 A part not expected, or asked again after it was forgotten, is read alone, with its own fact.
@@ -31,6 +31,7 @@ from pyinfra.api.exceptions import MissingCommandError
 from pve_sglang import remote
 
 from pve_sglang.runtime import cache
+from pve_sglang.runtime.cache import Kind
 from pve_sglang.facts.container_state import (
     PARTS,
     ContainerState,
@@ -38,6 +39,10 @@ from pve_sglang.facts.container_state import (
     PartMissingCommand,
     part_values,
 )
+
+#: The per-stage cache each part is kept in (``cache.memo``).
+MEMO = {"paths": Kind.PATHS, "venv": Kind.VENV, "debs": Kind.DEBS, "uv": Kind.UV,
+        "unit": Kind.UNIT, "hostname": Kind.HOSTNAME}
 
 #: The tools venv's uv, as ``tasks/container.py`` installs it (``stack.tools_venv``).
 TOOLS_UV = f"{remote.TOOLS}/tools/bin/uv"
@@ -66,32 +71,32 @@ def expected() -> list[tuple[str, tuple]]:
 
 
 def _key(kind: str, args: tuple) -> Hashable:
-    """Where part KIND/ARGS is kept in ``memo(kind)``: the keys the operations forget."""
+    """Where part KIND/ARGS is kept in its memo: the keys the operations forget."""
     if kind == "venv":
         return args
     return args[0] if args else None
 
 
 def _pending_paths(asked: tuple[str, ...] = ()) -> tuple[str, ...]:
-    known = cache.memo("paths")
-    watched = cache.memo("watched", per_stage=False).keys()
+    known = cache.memo(Kind.PATHS)
+    watched = cache.memo(Kind.WATCHED).keys()
     return tuple(sorted((watched - known.keys()) | set(asked)))
 
 
 def _store(kind: str, args: tuple, value) -> None:
     if kind == "paths":
         if isinstance(value, dict):
-            cache.memo("paths").update(value)
+            cache.memo(Kind.PATHS).update(value)
         else:  # failed: every asked path holds the failure
-            cache.memo("paths").update(dict.fromkeys(args[0], value))
+            cache.memo(Kind.PATHS).update(dict.fromkeys(args[0], value))
         return
-    cache.memo(kind)[_key(kind, args)] = value
+    cache.memo(MEMO[kind])[_key(kind, args)] = value
     if kind == "venv":
         # It runs the patch script's --check: a new script forgets what the old one said.
-        cache.depends(remote.path(remote.AUTOTUNE_PATCH, args[1]), kind, _key(kind, args))
+        cache.depends(remote.path(remote.AUTOTUNE_PATCH, args[1]), Kind.VENV, _key(kind, args))
     elif kind == "unit":
         # Writing the unit file moves its NeedDaemonReload (``server_command.unit_path``).
-        cache.depends(f"/etc/systemd/system/{args[0]}", kind, _key(kind, args))
+        cache.depends(f"/etc/systemd/system/{args[0]}", Kind.UNIT, _key(kind, args))
 
 
 def _read_alone(kind: str, args: tuple):
@@ -115,13 +120,13 @@ def read(kind: str, *args):
     run stage reads every expected part not known yet, in one command."""
     if kind == "paths":
         raise TypeError("paths are read with path_state")
-    known = cache.memo(kind)
+    known = cache.memo(MEMO[kind])
     key = _key(kind, args)
     if key not in known:
         wanted = [(kind, args)]
         if _folds():
             wanted += [p for p in expected()
-                       if p != (kind, args) and _key(*p) not in cache.memo(p[0])]
+                       if p != (kind, args) and _key(*p) not in cache.memo(MEMO[p[0]])]
             paths = _pending_paths()
             if paths:
                 wanted.append(("paths", (paths,)))
@@ -130,14 +135,14 @@ def read(kind: str, *args):
 
 
 def path_state(path: str) -> dict | None:
-    """What PATH is (``PathStates``), from ``memo("paths")``; when it is not known, one read of
+    """What PATH is (``PathStates``), from ``memo(Kind.PATHS)``; when it is not known, one read of
     it, every watched path not known and, when the connector folds, every expected part not
     known."""
-    known = cache.memo("paths")
+    known = cache.memo(Kind.PATHS)
     if path not in known:
         wanted = [("paths", (_pending_paths((path,)),))]
         if _folds():
-            wanted += [p for p in expected() if _key(*p) not in cache.memo(p[0])]
+            wanted += [p for p in expected() if _key(*p) not in cache.memo(MEMO[p[0]])]
         _read(wanted)
     return checked("paths", (path,), known.get(path))
 
@@ -153,8 +158,8 @@ def _read(wanted: list[tuple[str, tuple]]) -> None:
         _store(kind, args, value)
 
 
-def forget(kind: str) -> None:
-    """An operation changed what part KIND reads: the next ask reads it again."""
+def forget(kind: Kind) -> None:
+    """An operation changed what a part of KIND (``MEMO``) reads: the next ask reads it again."""
     cache.forget(kind)
 
 
@@ -179,4 +184,4 @@ def hostname(hostname: str):
         host.noop(f"hostname is {hostname}")
         return
     yield StringCommand("hostname", QuoteString(hostname))
-    forget("hostname")
+    forget(Kind.HOSTNAME)

@@ -8,14 +8,14 @@ parts, each for the stage that reads it); the first ask of a stage (``read``) re
 expected part of that stage not known yet in one ``LxcHostState`` command, and keeps each in
 the per-stage cache of its kind, where the operations that change it forget it:
 
-- ``status``: ``memo("lxc_status")[(lxc_path, container)]``, forgotten by ``lxc.create`` and
+- ``status``: ``memo(Kind.LXC_STATUS)[(lxc_path, container)]``, forgotten by ``lxc.create`` and
   ``lxc.power`` (``forget_container``), with the container's cgroup values;
-- ``config``: ``memo("file_contents")[path]`` (``owned.contents``), forgotten by the operation
-  that writes it (``cache.changed``);
-- ``files``: ``memo("lxc_files")[paths]``, all forgotten by ``lxc.create`` (a new rootfs);
-- ``cgroup``: ``memo("lxc_cgroup")[(lxc_path, container, keys)]``, forgotten with the status
+- ``config``: ``memo(Kind.FILE_CONTENTS)[path]`` (``owned.contents``), forgotten by the
+  operation that writes it (``cache.changed``);
+- ``files``: ``memo(Kind.LXC_FILES)[paths]``, all forgotten by ``lxc.create`` (a new rootfs);
+- ``cgroup``: ``memo(Kind.LXC_CGROUP)[(lxc_path, container, keys)]``, forgotten with the status
   and by ``lxc.cgroup_limits``' own commands;
-- ``limits``: ``memo("cgroup_limits")[None]``.
+- ``limits``: ``memo(Kind.CGROUP_LIMITS)[None]``.
 
 Each part is its own fact's command in its own section, processed by that fact: the values
 and the checks made on them are the ones of the reads made one by one. A part not expected,
@@ -30,13 +30,14 @@ from collections.abc import Hashable
 from pyinfra import host
 
 from pve_sglang.runtime import cache
+from pve_sglang.runtime.cache import Kind
 from pve_sglang.facts.container_state import part_values
 from pve_sglang.facts.lxc_host import HOST_PARTS, LxcHostState
 from pve_sglang.operations.container_state import checked
 
 #: The per-stage cache each kind is kept in (``cache.memo``).
-MEMO = {"status": "lxc_status", "config": "file_contents", "files": "lxc_files",
-        "cgroup": "lxc_cgroup", "limits": "cgroup_limits"}
+MEMO = {"status": Kind.LXC_STATUS, "config": Kind.FILE_CONTENTS, "files": Kind.LXC_FILES,
+        "cgroup": Kind.LXC_CGROUP, "limits": Kind.CGROUP_LIMITS}
 
 
 def _folds() -> bool:
@@ -67,7 +68,7 @@ def _part(kind: str, args: tuple) -> tuple[str, tuple]:
 def expect(parts: list[tuple[str, tuple]], executing: bool) -> None:
     """PARTS (``(kind, args)``) will be read at execution (EXECUTING) or while planning: the
     first read of that stage reads them too."""
-    wanted = cache.memo("lxc_expected", per_stage=False).setdefault(executing, {})
+    wanted = cache.memo(Kind.LXC_EXPECTED).setdefault(executing, {})
     for kind, args in parts:
         wanted[_part(kind, args)] = True
 
@@ -83,7 +84,7 @@ def read(kind: str, *args):
     if not _known(kind, args):
         wanted = [(kind, args)]
         if _folds():
-            expected = cache.memo("lxc_expected", per_stage=False).get(host.state.is_executing, {})
+            expected = cache.memo(Kind.LXC_EXPECTED).get(host.state.is_executing, {})
             wanted += [p for p in expected if p != (kind, args) and not _known(*p)]
         _read(wanted)
     return checked(kind, args, cache.memo(MEMO[kind])[_key(kind, args)], "on the host")
@@ -106,9 +107,9 @@ def _read(wanted: list[tuple[str, tuple]]) -> None:
 def forget_container(container: str, lxc_path: str, created: bool = False) -> None:
     """Container CONTAINER was started or restarted (CREATED: made): its status and cgroup
     values are read again, and when it was made (a new rootfs) every network guard's files."""
-    cache.forget("lxc_status", (lxc_path, container))
-    cgroup = [key for key in cache.memo("lxc_cgroup") if key[:2] == (lxc_path, container)]
+    cache.forget(Kind.LXC_STATUS, (lxc_path, container))
+    cgroup = [key for key in cache.memo(Kind.LXC_CGROUP) if key[:2] == (lxc_path, container)]
     if cgroup:
-        cache.forget("lxc_cgroup", *cgroup)
+        cache.forget(Kind.LXC_CGROUP, *cgroup)
     if created:
-        cache.forget("lxc_files")
+        cache.forget(Kind.LXC_FILES)

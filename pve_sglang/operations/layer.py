@@ -19,6 +19,7 @@ from pyinfra.api.util import get_file_sha1
 from pve_sglang.connectors.container import ContainerConnector
 from pve_sglang.stack.lock import Lock
 from pve_sglang.operations import container_state, paths, stack
+from pve_sglang.runtime.cache import Kind
 from pve_sglang.operations.wheels import LOCKS
 
 #: What the container's venv holds itself: the autotune patch writes into sglang.
@@ -141,7 +142,7 @@ def shared(uv: str, python: str, tools: str, pth: str, store: str, lock: Lock,
         rebuild = True
     yield FunctionCommand(_build, (uv, python, store, lock, own, rebuild), {})
     # What the venv finds is read again (the packages of a layer built now).
-    container_state.forget("venv")
+    container_state.forget(Kind.VENV)
 
 
 def _building(store: str, lock: Lock) -> tuple[gevent.lock.Semaphore, set]:

@@ -11,6 +11,7 @@ from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
 from pve_sglang.runtime import cache
+from pve_sglang.runtime.cache import Kind
 from pve_sglang.facts.lxc_host import LXC_NET_DNSMASQ_ALIVE, LXC_NET_RUN, LxcNetState, NetworkBridges
 from pve_sglang.container_config.lxc_keys import (
     IDMAP_SIZE,
@@ -167,6 +168,8 @@ def create(
         q(f"lxc.rootfs.path = dir:{final}"), "; } >", q(f"{stage}/config.final"),
         "&& mv", q(f"{stage}/config.final"), q(f"{base}/config"), "&& rm -rf", q(stage),
     )
+    # Read again: its config (Kind.FILE_CONTENTS), status (LXC_STATUS), cgroup values
+    # (LXC_CGROUP) and, in a new rootfs, the network guard's files (LXC_FILES).
     cache.changed(config_path(name, lxc_path))
     host_state.forget_container(name, lxc_path, created=True)
 
@@ -212,7 +215,7 @@ def network_guard(rootfs: str, shared: bool):
     else:
         host.noop("the container has its own network: no drop-in of the deploy")
         return
-    cache.forget("lxc_files", tuple(paths))
+    cache.forget(Kind.LXC_FILES, tuple(paths))
 
 
 @operation()
@@ -258,7 +261,7 @@ def cgroup_limits(container: str, lxc_path: str, limits: dict[str, str]):
     for key in changed:
         yield StringCommand("lxc-cgroup -P", QuoteString(lxc_path), "-n", QuoteString(container),
                             QuoteString(key), QuoteString(limits[key]))
-    cache.forget("lxc_cgroup", (lxc_path, container, tuple(limits)))
+    cache.forget(Kind.LXC_CGROUP, (lxc_path, container, tuple(limits)))
 
 
 @operation()
@@ -351,4 +354,5 @@ def power(container: str, lxc_path: str, restart: Callable[[], bool]):
     else:
         host.noop(f"container {name} is running")
         return
+    # Read again: its status (Kind.LXC_STATUS) and cgroup values (LXC_CGROUP).
     host_state.forget_container(name, lxc_path)

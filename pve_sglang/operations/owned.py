@@ -64,5 +64,6 @@ def lines(path: str, lines: list[str], owned: Callable[[str], bool]):
     if content is None:
         yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(path) or "/"))
     yield FileUploadCommand(StringIO(new), path, remote_temp_filename=host.get_temp_filename(path))
-    # What this run read from PATH (a Proxmox container's config: pct.current_config) is stale.
+    # What this run read from PATH is stale: its lines (Kind.FILE_CONTENTS), a Proxmox
+    # container's config (Kind.PCT_CONFIG: pct.current_config).
     cache.changed(path)

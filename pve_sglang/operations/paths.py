@@ -21,6 +21,7 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations.util.files import generate_color_diff
 
 from pve_sglang.runtime import cache
+from pve_sglang.runtime.cache import Kind
 from pve_sglang.operations import container_state
 
 SECRET_MASK = "<secret>"
@@ -29,7 +30,7 @@ _ENV_KEY = re.compile(r"\s*(export\s+)?[A-Za-z_][A-Za-z0-9_]*")
 
 def watch(*paths: str) -> None:
     """Name paths this host's operations will ask about, so one read answers them all."""
-    cache.memo("watched", per_stage=False).update(dict.fromkeys(paths))
+    cache.memo(Kind.WATCHED).update(dict.fromkeys(paths))
 
 
 def state(path: str) -> dict | None:
@@ -62,7 +63,7 @@ def diff_wanted() -> bool:
     execution when the plan skipped change detection (``-y``), as files.put shows it."""
     if not host.state.config.DIFF:
         return False
-    return host.current_op_hash not in cache.memo("diff_shown", per_stage=False)
+    return host.current_op_hash not in cache.memo(Kind.DIFF_SHOWN)
 
 
 class _Shown(str):
@@ -86,7 +87,7 @@ def show_diff(dest: str, current: list[str] | None, desired: list[str] | None,
               secret: bool = False) -> None:
     """Log, once per operation, what writing DEST changes, as files.put does with --diff:
     CURRENT is None for a new file, DESIRED None for binary content."""
-    if not cache.once("diff_shown", host.current_op_hash):
+    if not cache.once(Kind.DIFF_SHOWN, host.current_op_hash):
         return
     host.log(f"Will {'create' if current is None else 'modify'} {format_text(dest, bold=True)}",
              logger.info)
@@ -163,7 +164,7 @@ def put(src: str | IO, dest: str, mode: str, secret: bool = False):
         current = None if remote is None else _remote_lines(dest, secret)
         show_diff(dest, current, _local_lines(src), secret)
     elif same and remote["mode"] != _mode(mode) and diff_wanted():
-        cache.once("diff_shown", host.current_op_hash)
+        cache.once(Kind.DIFF_SHOWN, host.current_op_hash)
         logger.info("mode %s", format_text(remote["mode"], "red"))
         logger.info("mode %s", format_text(_mode(mode), "green"))
     if remote is None:

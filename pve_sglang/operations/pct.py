@@ -9,6 +9,7 @@ from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from pve_sglang.runtime import cache
+from pve_sglang.runtime.cache import Kind
 from pve_sglang.runtime.pyinfra_private import joined
 from pve_sglang.facts.pve import PctConfig, PctStatus, PveamTemplates
 
@@ -24,7 +25,7 @@ def current_config(vmid: int) -> dict | None:
     """Container VMID's config (the ``PctConfig`` fact; None when it does not exist), read once
     per run stage: an operation that changes it (``pct create``/``set``/``resize``, a write of
     ``config_path``) forgets it, ``cache.changed(config_path(vmid))``."""
-    known = cache.memo("pct_config")
+    known = cache.memo(Kind.PCT_CONFIG)
     path = config_path(vmid)
     if path not in known:
         known[path] = host.get_fact(PctConfig, vmid=vmid)
@@ -155,7 +156,7 @@ def create(
     args = [bit for key, value in options.items() for bit in (f"--{key}", QuoteString(str(value)))]
     yield StringCommand("pct create", str(int(vmid)), QuoteString(volid), *args,
                         f"--unprivileged {int(unprivileged)}", "--start 0")
-    cache.changed(config_path(vmid))
+    cache.changed(config_path(vmid))  # read again: Kind.PCT_CONFIG
 
 
 def _differs(desired: str, current: str | None) -> bool:
@@ -230,7 +231,7 @@ def config(
     if deletes:
         args.append(f"--delete {','.join(deletes)}")
     yield StringCommand("pct set", str(int(vmid)), *args)
-    cache.changed(config_path(vmid))
+    cache.changed(config_path(vmid))  # read again: Kind.PCT_CONFIG
 
 
 @operation()
@@ -260,7 +261,7 @@ def rootfs_size(vmid: int, size_gib: int):
     have = float(match.group(1)) * scale
     if have < size_gib:
         yield StringCommand("pct resize", str(int(vmid)), "rootfs", f"{int(size_gib)}G")
-        cache.changed(config_path(vmid))
+        cache.changed(config_path(vmid))  # read again: Kind.PCT_CONFIG
     elif have > size_gib:
         logger.warning(f"container {vmid}: rootfs is {have:g} GiB, larger than rootfs_size_gib "
                        f"{size_gib}; Proxmox cannot shrink it, leaving it")

@@ -19,7 +19,7 @@ from pve_sglang.remote.venv_state import INSTALL_MARKER
 from pve_sglang.server.command import check_flags
 from pve_sglang.stack.lock import Lock, normalized
 from pve_sglang.operations import container_state, paths
-from pve_sglang.runtime.cache import forget, memo
+from pve_sglang.runtime.cache import Kind, forget, memo
 from pve_sglang.runtime.pyinfra_private import joined
 
 RUNFILE_URL = "https://us.download.nvidia.com/XFree86/Linux-x86_64/{v}/NVIDIA-Linux-x86_64-{v}.run"
@@ -36,22 +36,22 @@ def venv_of(python: str) -> str:
 
 def venv_state(python: str, tools: str) -> dict:
     """The ``SglangVenv`` fact of this container, read once until the venv changes."""
-    known = memo("venv")
+    known = memo(Kind.VENV)
     if (python, tools) not in known:
-        # With the container's other reads (kept in memo("venv") too).
+        # With the container's other reads (kept in memo(Kind.VENV) too).
         known[(python, tools)] = container_state.read("venv", python, tools)
     return known[(python, tools)]
 
 
 def venv_changed() -> None:
     """Forget this container's venv state, and remember that this run changed the venv."""
-    forget("venv")
-    memo("venv")["changed"] = True
+    forget(Kind.VENV)
+    memo(Kind.VENV)["changed"] = True
 
 
 def venv_changed_in_this_run() -> bool:
     """Whether an operation of this run changed this container's venv."""
-    return bool(memo("venv").get("changed"))
+    return bool(memo(Kind.VENV).get("changed"))
 
 
 @operation()
@@ -358,7 +358,7 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool],
     """
     unit_state = container_state.read("unit", unit)
     # What this operation does moves it: a later ask reads it again.
-    container_state.forget("unit")
+    container_state.forget(Kind.UNIT)
     quoted = QuoteString(unit)
     # Written but never loaded (a deploy killed between the write and the reload): the server
     # runs the old unit. Load it and restart, as the killed run would have.
@@ -374,7 +374,7 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool],
     elif not start and unit_state["enabled"] == "enabled":
         yield StringCommand("systemctl disable", quoted)
     if _looping(unit_state):
-        if cache.once("unit_looping", unit):
+        if cache.once(Kind.UNIT_LOOPING, unit):
             tail = host.get_fact(JournalTail, unit=unit, lines=15)
             logger.warning(f"{host.name}: {unit} is not serving: {_state_words(unit_state)}; "
                            "last journal lines:\n" + "\n".join(f"    {line}" for line in tail))
@@ -389,12 +389,12 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool],
         why = ", ".join(pending) + " changed after the server started" if pending else (
             "this run changed what it runs")
         if not restart_on_change:
-            if cache.once("restart_pending", unit):
+            if cache.once(Kind.RESTART_PENDING, unit):
                 logger.warning(f"{host.name}: {unit} restart pending: {why}; restart_on_change "
                                f"is false: `systemctl restart {unit}` when the model may go down")
             host.noop(f"{unit} restart pending (restart_on_change is false)")
             return
-        if pending and cache.once("restart_pending", unit):
+        if pending and cache.once(Kind.RESTART_PENDING, unit):
             # Once per run: in the plan, or at execution when the plan was skipped (-y).
             logger.warning(f"{host.name}: {unit} restart pending: {why}")
         yield StringCommand("systemctl reset-failed", quoted)
@@ -479,7 +479,7 @@ def tools_venv(path: str, uv_version: str):
     pip = QuoteString(f"{path}/bin/pip")
     yield StringCommand("[ -x", pip, "] || python3 -m venv", QuoteString(path))
     yield StringCommand(pip, "install", QuoteString(f"uv=={uv_version}"))
-    container_state.forget("uv")
+    container_state.forget(Kind.UV)
 
 
 @operation()
@@ -578,4 +578,4 @@ def deb_packages(packages: list[str]):
         "DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive "
         "apt-get install -y -q --no-install-recommends", *(QuoteString(m) for m in missing)
     )
-    container_state.forget("debs")
+    container_state.forget(Kind.DEBS)
