@@ -10,16 +10,13 @@ an error naming both versions, not used silently.
 from __future__ import annotations
 
 import ast
-import importlib
-import inspect
+import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyinfra
-import pyinfra_cli
 import pytest
 from pyinfra.api.arguments import all_global_arguments
 
@@ -55,11 +52,17 @@ def defined_private_names(package_dir: Path) -> set[str]:
     return {n for n in names if n.startswith("_") and not n.startswith("__") and n != "_"}
 
 
+def package_dir(name: str) -> Path:
+    """Where package NAME is, found without importing it (importing pyinfra_cli patches the
+    standard library for gevent)."""
+    spec = importlib.util.find_spec(name)
+    assert spec and spec.submodule_search_locations, name
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 #: pyinfra's private names; its global arguments (``_sudo``, ``_retries``) are its public API.
-PYINFRA_PRIVATE = (
-    defined_private_names(Path(pyinfra.__file__).parent)
-    | defined_private_names(Path(pyinfra_cli.__file__).parent)
-) - {name for name, _ in all_global_arguments()}
+PYINFRA_PRIVATE = set().union(*(defined_private_names(package_dir(p)) for p in PYINFRA_PACKAGES)) - {
+    name for name, _ in all_global_arguments()}
 
 
 def sources() -> Iterator[Path]:
@@ -76,10 +79,10 @@ def _is_pyinfra(dotted: str) -> bool:
 
 
 def _is_module(dotted: str) -> bool:
-    try:
-        return inspect.ismodule(importlib.import_module(dotted))
-    except ImportError:
-        return False
+    """Whether DOTTED (of a pyinfra package) names a module, from its files (not imported)."""
+    top, *rest = dotted.split(".")
+    path = package_dir(top).joinpath(*rest)
+    return (path / "__init__.py").is_file() or path.with_suffix(".py").is_file()
 
 
 def private_uses(source: str) -> Iterator[tuple[int, str]]:
