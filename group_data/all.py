@@ -56,13 +56,13 @@ gpus = "all"
 mounts = []
 
 # --- Stack in the container ---------------------------------------------------------------
-# The sglang release (an exact version, quoted); torch and flashinfer below must be the
-# versions it pins.
+# The sglang release (an exact version, quoted): it picks torch, flashinfer, the kernel package
+# and the CUDA major from its own wheel metadata (group_data/releases/, else fetched once).
 sglang_version = "0.5.9"
-# torch version, as sglang_version pins it.
-torch_version = "2.9.1"
-# flashinfer-python version, as sglang_version pins it.
-flashinfer_version = "0.6.3"
+# torch version; null: the one sglang_version requires (a pin the release does not allow is an error).
+torch_version = None
+# flashinfer-python version; null: the one sglang_version requires (likewise checked).
+flashinfer_version = None
 # CUDA toolkit (nvcc) for FlashInfer's JIT, from NVIDIA's Debian repository.
 cuda_toolkit_version = "12.8"
 # uv version that builds the venv.

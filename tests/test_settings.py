@@ -294,7 +294,7 @@ def test_values_the_rules_allow():
         server_host="::", hostname="glm5.lab.example", net0="name=eth0,bridge=vmbr0,ip=dhcp,tag=20,trunks=10;20",
         mounts=[{"host_path": "/tank/models/", "path": "//models"}], venv_path="/opt/sglang/venv/",
         model_download="Qwen/Qwen3-8B", model_revision="refs/pr/1", served_model_name="org/glm-5:fp4",
-        torch_version="2.9.1+cu128", sglang_version="0.5.12.post1", cuda_toolkit_version="12.8",
+        torch_version="2.9.1+cu128", sglang_version="0.5.9", cuda_toolkit_version="12.8",
         pip_index_url="https://mirror.example/simple", dist_init_addr="fd00::11",
         extra_server_args=["--chat-template", "/models/my template.jinja", "--api-key-prefix-is-not-a-flag"],
         api_key="sk-abc$'\"", hf_token="hf_x", bench_concurrencies=[1, 64], memory_mib=16,

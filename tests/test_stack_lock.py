@@ -29,8 +29,9 @@ def test_the_repository_lock_is_the_default_set_with_every_hash():
     stack_lock.check(lock, key)
     defaults = load_defaults()
     assert lock.packages["sglang"] == defaults["sglang_version"]
-    assert lock.packages["torch"] == defaults["torch_version"]
-    assert lock.packages["flashinfer-python"] == defaults["flashinfer_version"]
+    # torch and flashinfer follow the release: null in the defaults, the release's own versions.
+    assert defaults["torch_version"] is None and defaults["flashinfer_version"] is None
+    assert lock.packages["torch"] == "2.9.1" and lock.packages["flashinfer-python"] == "0.6.3"
     assert lock.python == defaults["stack_python"]
     assert all(lock.hashes[name] for name in lock.packages)
     assert len(lock.packages) > 100  # the whole tree, CUDA libraries included

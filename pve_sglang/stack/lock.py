@@ -236,9 +236,15 @@ def key_of(values) -> LockKey:
     """The lock key of settings VALUES (a ContainerSettings or a mapping of its fields)."""
     get = values.get if isinstance(values, dict) else lambda name: getattr(values, name)
     url = lambda name: str(get(name)) if get(name) else None  # noqa: E731
+    torch, flashinfer = get("torch_version"), get("flashinfer_version")
+    if torch is None or flashinfer is None:
+        # Unvalidated values (the defaults): the release's own versions fill the gaps.
+        from pve_sglang.stack.releases import choose, read_release
+        chosen = choose(read_release(get("sglang_version"), url("pip_index_url")), torch, flashinfer)
+        torch, flashinfer = chosen.torch, chosen.flashinfer
     return LockKey(
-        pins=(("sglang", get("sglang_version")), ("torch", get("torch_version")),
-              ("flashinfer-python", get("flashinfer_version"))),
+        pins=(("sglang", get("sglang_version")), ("torch", torch),
+              ("flashinfer-python", flashinfer)),
         python=get("stack_python"),
         index_url=url("pip_index_url"),
         torch_index_url=url("torch_index_url"),
