@@ -83,7 +83,8 @@ stack_install = "pinned"
 # Lock of the pinned set (uv pip compile --generate-hashes output) on the machine running
 # pyinfra; null: the repository's lock of the set (group_data/locks/), else one made there once.
 stack_lock = None
-# The containers' python3 (Debian 12: 3.11), which the lock is made for.
+# The containers' python3 (Debian 12: 3.11, Debian 13: 3.13); the lock is made for it and its
+# release's glibc (2.36, 2.41).
 stack_python = "3.11"
 # Folder on the host that keeps the locked set's wheels, read-only in each container, which
 # installs from it offline with hashes checked; null: each container downloads its own.

@@ -194,6 +194,8 @@ REFUSED = {
     "sglang latest": ({"sglang_version": "latest"},
                       ["field 'sglang_version' = 'latest'", "PEP 440", "not 'latest'"]),
     "torch range": ({"torch_version": ">=2.9"}, ["field 'torch_version' = '>=2.9'", "PEP 440"]),
+    "python of no Debian": ({"stack_python": "3.12"}, ["field 'stack_python' = '3.12'",
+                                                      "allowed: 3.11 (Debian 12), 3.13 (Debian 13)"]),
     "flashinfer not normal": ({"flashinfer_version": "v0.6.3"}, ["'v0.6.3'", "normal form, '0.6.3'"]),
     "uv a number": ({"uv_version": 0.13}, ["field 'uv_version' = 0.13", "write it quoted"]),
     "cuda a number": ({"cuda_toolkit_version": 12.8}, ["field 'cuda_toolkit_version' = 12.8", "quoted"]),

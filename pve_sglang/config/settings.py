@@ -34,6 +34,7 @@ from pydantic import (
 from pve_sglang.connectors import connector_data_keys
 from pve_sglang.connectors.pct import VMID_MAX, VMID_MIN
 from pve_sglang.stack.lock import LockError, key_of, lock_path, read_checked
+from pve_sglang.stack.platform import PlatformError, platform_for
 from pve_sglang.stack.releases import ReleaseError, choose, read_release
 
 MOE_RUNNER_BACKENDS = (
@@ -192,6 +193,15 @@ def word_rule(pattern: str, allowed: str, flags: int = 0) -> Callable[[str], str
 
 # MAJOR.MINOR, e.g. 12.8 (NVIDIA's cuda-toolkit-12-8 package).
 major_minor = word_rule(r"\d+\.\d+", "MAJOR.MINOR, e.g. '12.8'")
+
+
+def debian_python(value: str) -> str:
+    """A Debian release's python3: the lock's platform (glibc) follows from it."""
+    try:
+        platform_for(value)
+    except PlatformError as error:
+        raise ValueError(str(error).split("; ", 1)[1]) from None
+    return value
 
 
 def http_url(value: str) -> str:
@@ -449,7 +459,8 @@ class ContainerSettings(_Strict):
     torch_index_url: HttpUrl | None
     stack_install: Literal["pinned", "sglang-no-deps"]
     stack_lock: Annotated[str, AfterValidator(local_file)] | None
-    stack_python: Annotated[str, BeforeValidator(_version_text), AfterValidator(major_minor)]
+    stack_python: Annotated[str, BeforeValidator(_version_text), AfterValidator(major_minor),
+                            AfterValidator(debian_python)]
     wheel_store: MountPath | None
     shared_layer: bool
     nvidia_runfile_url: HttpUrl | None
