@@ -102,3 +102,41 @@ def test_a_pin_the_release_does_not_allow_stops_inventory_naming_host_field_and_
     assert str(caught.value) == (
         "host pve1, container 105: field 'torch_version' = '2.9.1': sglang 0.5.23 requires "
         "torch==2.14.1, not 2.9.1; allowed: 2.14.1, or null to follow the release")
+
+
+def test_a_pin_the_release_does_not_allow_exits_2_at_inventory_time(tmp_path):
+    """Through pyinfra's CLI, as a user runs it: the hosts file's pin against 0.5.23's."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text(yaml.safe_dump({"pve1": {
+        "ssh_hostname": "192.0.2.10", "platform": "pve",
+        "containers": [{"vmid": 105, "gpus": [0], "sglang_version": "0.5.23",
+                        "torch_version": "2.9.1"}]}}))
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "inventory.py",
+                           "debug-inventory"], cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "PVE_SGLANG_HOSTS": str(hosts)}, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert ("host pve1, container 105: field 'torch_version' = '2.9.1': sglang 0.5.23 requires "
+            "torch==2.14.1, not 2.9.1") in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_release_not_recorded_is_fetched_once_with_pip_and_cached(tmp_path, monkeypatch):
+    """0.5.10 is not in group_data/releases/: its wheel comes from the real index (pip
+    download --no-deps), its requirements land in this machine's cache, the same lines as the
+    recorded METADATA; a second read fetches nothing."""
+    monkeypatch.setenv("PVE_SGLANG_CACHE", str(tmp_path))
+    release = releases.read_release("0.5.10")
+    assert release == recorded("0.5.10")
+    [cached] = (tmp_path / "releases").iterdir()
+    assert cached.name == "sglang-0.5.10.txt"
+    assert cached.read_text() == releases.record_text(
+        "0.5.10", "sglang-0.5.10-py3-none-any.whl (METADATA)",
+        (FIXTURES / "sglang-0.5.10.METADATA").read_text())
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip could not fetch it again
+    assert releases.read_release("0.5.10") == release
