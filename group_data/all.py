@@ -56,13 +56,13 @@ gpus = "all"
 mounts = []
 
 # --- Stack in the container ---------------------------------------------------------------
-# The sglang release (an exact version, quoted); torch and flashinfer below must be the
-# versions it pins.
+# The sglang release (an exact version, quoted): it picks torch, flashinfer, the kernel package
+# and the CUDA major from its own wheel metadata (group_data/releases/, else fetched once).
 sglang_version = "0.5.9"
-# torch version, as sglang_version pins it.
-torch_version = "2.9.1"
-# flashinfer-python version, as sglang_version pins it.
-flashinfer_version = "0.6.3"
+# torch version; null: the one sglang_version requires (a pin the release does not allow is an error).
+torch_version = None
+# flashinfer-python version; null: the one sglang_version requires (likewise checked).
+flashinfer_version = None
 # CUDA toolkit (nvcc) for FlashInfer's JIT, from NVIDIA's Debian repository.
 cuda_toolkit_version = "12.8"
 # uv version that builds the venv.
@@ -83,7 +83,8 @@ stack_install = "pinned"
 # Lock of the pinned set (uv pip compile --generate-hashes output) on the machine running
 # pyinfra; null: the repository's lock of the set (group_data/locks/), else one made there once.
 stack_lock = None
-# The containers' python3 (Debian 12: 3.11), which the lock is made for.
+# The containers' python3 (Debian 12: 3.11, Debian 13: 3.13); the lock is made for it and its
+# release's glibc (2.36, 2.41).
 stack_python = "3.11"
 # Folder on the host that keeps the locked set's wheels, read-only in each container, which
 # installs from it offline with hashes checked; null: each container downloads its own.

@@ -32,7 +32,9 @@ from pve_sglang.server.command import (
     venv_python,
 )
 from pve_sglang.config.settings import ContainerSettings, HostSettings, container_hostname, tensor_parallel_size
+from pve_sglang.stack.cuda_driver import driver_problem, limited_features
 from pve_sglang.stack.lock import Lock, LockError, LockKey, key_of, lock_for
+from pve_sglang.stack.releases import ReleaseError, read_release
 
 # Created at boot by the nvidia-uvm-devices unit this deploy installs, before containers start.
 UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -216,6 +218,24 @@ def _check_torch_build(where: str, settings: ContainerSettings, caps: list[str])
         )
 
 
+def _check_cuda_driver(where: str, settings: ContainerSettings, driver: str) -> None:
+    """The pinned set's CUDA (its release's cuda-python) against the host's driver."""
+    if settings.stack_install != "pinned":
+        return  # the set is not ours to judge: sglang alone, its CUDA from elsewhere
+    try:
+        release = read_release(settings.sglang_version, settings.pip_index_url)
+    except ReleaseError as error:
+        raise PreflightError(f"{where}: field 'sglang_version': {error}") from None
+    stack = (f"sglang {settings.sglang_version} (torch {settings.torch_version}, CUDA "
+             f"{release.cuda_text})")
+    problem = driver_problem(release.cuda, driver, stack)
+    if problem:
+        raise PreflightError(f"{where}: {problem}; nothing was changed")
+    note = limited_features(release.cuda, driver)
+    if note:
+        logger.warning(f"{where}: {note}")
+
+
 def check_container(where: str, settings: ContainerSettings, gpu: GpuHost | None) -> list[int]:
     """The container's GPU indices, after checking them and TP against the host."""
     if gpu is None:
@@ -226,6 +246,7 @@ def check_container(where: str, settings: ContainerSettings, gpu: GpuHost | None
     except ValueError as error:
         raise PreflightError(f"{where}: {error}") from None
     _check_torch_build(where, settings, gpu.compute_caps)
+    _check_cuda_driver(where, settings, gpu.driver_version)
     if any(cap.startswith("12.") for cap in gpu.compute_caps):
         if settings.moe_runner_backend == "flashinfer_cutlass":
             logger.warning(

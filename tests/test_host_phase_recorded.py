@@ -328,3 +328,32 @@ def test_plain_lxc_unprivileged_container_gets_userns_before_recorded_h200_gpu_l
     assert "lxc.idmap = u 0 100000 65536" in lines
     assert "lxc.cgroup2.devices.allow = c 195:0 rwm" in lines  # recorded majors, key = value
     assert "lxc.cgroup2.cpuset.cpus = 0-63" in lines and "lxc.cgroup2.memory.max = 262144M" in lines
+
+
+# --- the set's CUDA against the host's driver (issue 21) ------------------------------------
+
+def test_cuda_13_set_on_the_recorded_h200_driver_passes_preflight(tmp_path, monkeypatch):
+    """The H200 machine's recorded driver 580.159.04 runs 0.5.23's CUDA 13 set. Its lock is made
+    here with uv against the real index (into a cache of this test's own)."""
+    monkeypatch.setenv("PVE_SGLANG_CACHE", str(tmp_path))
+    assert "580.159.04" in h200("NvidiaDriverVersion")
+    ops = plan({**gpu_host_responses(), **container_answers(None, None)}, sglang_version="0.5.23")
+    assert commands(ops, "pct create")
+
+
+@pytest.mark.parametrize("driver, sglang, needed", [
+    ("570.172.08", "0.5.23", "CUDA 13.x needs driver >= 580"),
+    ("520.61.05", "0.5.9", "CUDA 12.x needs driver >= 525.60.13"),
+])
+def test_a_set_whose_cuda_needs_a_newer_driver_stops_before_any_change(driver, sglang, needed):
+    """The recorded H200 answers with an older driver's version in their place (no such host
+    to record from): preflight names the driver, the set and the way out."""
+    responses = {**gpu_host_responses(), **container_answers(None, None),
+                 NvidiaDriverVersion().command(): h200("NvidiaDriverVersion").replace("580.159.04", driver),
+                 NvidiaGpus().command(): h200("NvidiaGpus").replace("580.159.04", driver)}
+    with pytest.raises(PreflightError) as error:
+        plan(responses, sglang_version=sglang)
+    message = str(error.value)
+    assert message.startswith(f"host @fake/pve1, container @fake/ct105: the NVIDIA driver {driver} "
+                              f"cannot run sglang {sglang} (torch ")
+    assert needed in message and "install driver" in message and "nothing was changed" in message

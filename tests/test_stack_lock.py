@@ -29,8 +29,9 @@ def test_the_repository_lock_is_the_default_set_with_every_hash():
     stack_lock.check(lock, key)
     defaults = load_defaults()
     assert lock.packages["sglang"] == defaults["sglang_version"]
-    assert lock.packages["torch"] == defaults["torch_version"]
-    assert lock.packages["flashinfer-python"] == defaults["flashinfer_version"]
+    # torch and flashinfer follow the release: null in the defaults, the release's own versions.
+    assert defaults["torch_version"] is None and defaults["flashinfer_version"] is None
+    assert lock.packages["torch"] == "2.9.1" and lock.packages["flashinfer-python"] == "0.6.3"
     assert lock.python == defaults["stack_python"]
     assert all(lock.hashes[name] for name in lock.packages)
     assert len(lock.packages) > 100  # the whole tree, CUDA libraries included
@@ -55,6 +56,9 @@ def other_set(path: Path) -> str:
     (lambda p: write_lock(p, "sglang>=0.5\n"), "is not a 'name==version' requirement"),
     (lambda p: write_lock(p, SHIPPED.read_text().replace("# python 3.11,", "# python 3.12,")),
      "made for Python 3.12, the containers run 3.11"),
+    (lambda p: write_lock(p, SHIPPED.read_text().replace("platform x86_64-manylinux_2_36,",
+                                                         "platform x86_64-manylinux_2_28,")),
+     "made for platform x86_64-manylinux_2_28, the containers are x86_64-manylinux_2_36"),
 ])
 def test_a_lock_that_is_not_the_pinned_set_is_refused_before_anything_runs(tmp_path, make, expected):
     lock = make(tmp_path / "given.lock")
@@ -120,3 +124,19 @@ def test_lock_differences_name_each_package():
     assert lock_differences({"torch": "2.9.1", "sglang": "0.5.9", "PyYAML": "6.0.4"}, locked) == []
     assert lock_differences({"torch": "2.9.0", "PyYAML": "6.0.4", "rich": "14.0.0"}, locked) == [
         "missing: sglang", "torch 2.9.0 (lock: 2.9.1)", "not in the lock: rich"]
+
+
+@pytest.mark.parametrize("python, platform", [("3.11", "x86_64-manylinux_2_36"),
+                                              ("3.13", "x86_64-manylinux_2_40")])
+def test_the_newest_release_locks_for_debian_12_and_13(tmp_path, python, platform):
+    """Issue 21: from 0.5.11 sglang ships manylinux_2_34 wheels only, which a lock for
+    manylinux_2_28 could not take. Locked here with uv against the real index."""
+    values = {"sglang_version": "0.5.23", "torch_version": None, "flashinfer_version": None,
+              "stack_python": python, "pip_index_url": None, "torch_index_url": None}
+    key = stack_lock.key_of(values)
+    assert key.platform == platform
+    lock = stack_lock.compile_lock(key, tmp_path / key.name)
+    assert (lock.platform, lock.python) == (platform, python)
+    assert {n: lock.packages[n] for n in ("sglang", "torch", "flashinfer-python", "sglang-kernel")} == {
+        "sglang": "0.5.23", "torch": "2.14.1", "flashinfer-python": "0.7.2", "sglang-kernel": "0.4.10"}
+    assert stack_lock.parse(lock.path).platform == platform

@@ -34,6 +34,8 @@ from pydantic import (
 from pve_sglang.connectors import connector_data_keys
 from pve_sglang.connectors.pct import VMID_MAX, VMID_MIN
 from pve_sglang.stack.lock import LockError, key_of, lock_path, read_checked
+from pve_sglang.stack.platform import PlatformError, platform_for
+from pve_sglang.stack.releases import ReleaseError, choose, read_release
 
 MOE_RUNNER_BACKENDS = (
     "auto",
@@ -191,6 +193,15 @@ def word_rule(pattern: str, allowed: str, flags: int = 0) -> Callable[[str], str
 
 # MAJOR.MINOR, e.g. 12.8 (NVIDIA's cuda-toolkit-12-8 package).
 major_minor = word_rule(r"\d+\.\d+", "MAJOR.MINOR, e.g. '12.8'")
+
+
+def debian_python(value: str) -> str:
+    """A Debian release's python3: the lock's platform (glibc) follows from it."""
+    try:
+        platform_for(value)
+    except PlatformError as error:
+        raise ValueError(str(error).split("; ", 1)[1]) from None
+    return value
 
 
 def http_url(value: str) -> str:
@@ -436,8 +447,9 @@ class ContainerSettings(_Strict):
     mounts: list[Mount]
 
     sglang_version: ExactVersion
-    torch_version: ExactVersion
-    flashinfer_version: ExactVersion
+    # null: the version sglang_version requires; filled in by _set_follows_the_release.
+    torch_version: ExactVersion | None
+    flashinfer_version: ExactVersion | None
     cuda_toolkit_version: Annotated[str, BeforeValidator(_version_text), AfterValidator(major_minor)]
     uv_version: ExactVersion
     venv_path: ContainerPath
@@ -447,7 +459,8 @@ class ContainerSettings(_Strict):
     torch_index_url: HttpUrl | None
     stack_install: Literal["pinned", "sglang-no-deps"]
     stack_lock: Annotated[str, AfterValidator(local_file)] | None
-    stack_python: Annotated[str, BeforeValidator(_version_text), AfterValidator(major_minor)]
+    stack_python: Annotated[str, BeforeValidator(_version_text), AfterValidator(major_minor),
+                            AfterValidator(debian_python)]
     wheel_store: MountPath | None
     shared_layer: bool
     nvidia_runfile_url: HttpUrl | None
@@ -537,6 +550,25 @@ class ContainerSettings(_Strict):
         if value is not None:
             check_secret(value.get_secret_value())
         return value
+
+    @model_validator(mode="after")
+    def _set_follows_the_release(self) -> ContainerSettings:
+        """sglang_version picks the set: torch and flashinfer follow its own requirements, and
+        a pin of the user's must be one the release allows (before the lock is looked at)."""
+        if self.stack_install != "pinned":
+            return self
+        try:
+            release = read_release(self.sglang_version, self.pip_index_url)
+        except ReleaseError as error:
+            raise ValueError(f"field 'sglang_version' = {self.sglang_version!r}: {error}; "
+                             "allowed: a release on the package index") from None
+        try:
+            chosen = choose(release, self.torch_version, self.flashinfer_version,
+                            self.stack_python)
+        except ReleaseError as error:
+            raise ValueError(str(error)) from None
+        self.torch_version, self.flashinfer_version = chosen.torch, chosen.flashinfer
+        return self
 
     @model_validator(mode="after")
     def _lock_is_the_pinned_set(self) -> ContainerSettings:

@@ -27,11 +27,10 @@ from pathlib import Path
 from packaging.utils import canonicalize_name as normalized  # PEP 503 names
 
 from pve_sglang.project import ROOT, load_defaults
+from pve_sglang.stack.platform import PlatformError, platform_for
 
 #: The locks of the default release sets, in the checkout.
 SHIPPED = ROOT / "group_data" / "locks"
-#: The platform locks are made for: x86_64 Linux with glibc 2.28 or newer (Debian 10 on).
-PLATFORM = "x86_64-manylinux_2_28"
 #: The command that refreshes the repository's lock (README, error messages).
 REFRESH = "make lock"
 HEADER = "# pve-sglang stack lock: "
@@ -61,12 +60,20 @@ class LockKey:
         return f"{words}-py{self.python}{digest}.txt"
 
     @property
+    def platform(self) -> str:
+        """uv's platform of the containers' Debian release (the one whose python3 it is)."""
+        try:
+            return platform_for(self.python).uv_platform
+        except PlatformError as error:
+            raise LockError(f"stack_python: {error}") from None
+
+    @property
     def header(self) -> list[str]:
         indexes = ", ".join(f"{what} {_digest(url)}" for what, url in
                             (("index", self.index_url), ("torch index", self.torch_index_url)) if url)
         return [
             HEADER + " ".join(f"{n}=={v}" for n, v in self.pins),
-            f"# python {self.python}, platform {PLATFORM}, indexes: {indexes or 'default'}",
+            f"# python {self.python}, platform {self.platform}, indexes: {indexes or 'default'}",
             f"# made by uv pip compile --generate-hashes; refresh the repository's lock: {REFRESH}",
         ]
 
@@ -85,6 +92,7 @@ class Lock:
     packages: dict[str, str]  # normalized name -> version
     hashes: dict[str, tuple[str, ...]] = field(repr=False)  # normalized name -> sha256s
     python: str | None
+    platform: str | None = None
 
     @property
     def id(self) -> str:
@@ -110,11 +118,13 @@ def parse(path: Path, text: str | None = None) -> Lock:
     packages: dict[str, str] = {}
     hashes: dict[str, list[str]] = {}
     current = None
-    python = None
+    python = platform = None
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if line.startswith("# python "):
             python = line.split()[2].rstrip(",")
+            found = re.search(r"platform (\S+?),", line)
+            platform = found[1] if found else None
         if not line or line.startswith("#"):
             continue
         match = _REQUIREMENT.match(line)
@@ -132,7 +142,7 @@ def parse(path: Path, text: str | None = None) -> Lock:
     if unhashed:
         raise LockError(f"lock {path}: no --hash=sha256 for {', '.join(unhashed[:5])}; a lock "
                         "needs the hashes of every package (uv pip compile --generate-hashes)")
-    return Lock(path, text, packages, {k: tuple(v) for k, v in hashes.items()}, python)
+    return Lock(path, text, packages, {k: tuple(v) for k, v in hashes.items()}, python, platform)
 
 
 def check(lock: Lock, key: LockKey) -> None:
@@ -147,6 +157,10 @@ def check(lock: Lock, key: LockKey) -> None:
     if lock.python not in (None, key.python):
         raise LockError(f"lock {lock.path} is made for Python {lock.python}, the containers "
                         f"run {key.python} (stack_python)")
+    if lock.platform not in (None, key.platform):
+        raise LockError(f"lock {lock.path} is made for platform {lock.platform}, the containers "
+                        f"are {key.platform} (Debian's glibc of Python {key.python}): make the "
+                        f"lock for it ({REFRESH} for the defaults)")
 
 
 def cache_dir() -> Path:
@@ -182,7 +196,7 @@ def compile_lock(key: LockKey, dest: Path) -> Lock:
     requirements = "".join(f"{n}=={v}\n" for n, v in key.pins)
     done = subprocess.run(
         [find_uv_bin(), "pip", "compile", "--quiet", "--generate-hashes", "--no-header",
-         "--python-version", key.python, "--python-platform", PLATFORM, "-"],
+         "--python-version", key.python, "--python-platform", key.platform, "-"],
         input=requirements, capture_output=True, text=True, timeout=900,
         env={**os.environ, **index_env(key)},
     )
@@ -236,9 +250,15 @@ def key_of(values) -> LockKey:
     """The lock key of settings VALUES (a ContainerSettings or a mapping of its fields)."""
     get = values.get if isinstance(values, dict) else lambda name: getattr(values, name)
     url = lambda name: str(get(name)) if get(name) else None  # noqa: E731
+    torch, flashinfer = get("torch_version"), get("flashinfer_version")
+    if torch is None or flashinfer is None:
+        # Unvalidated values (the defaults): the release's own versions fill the gaps.
+        from pve_sglang.stack.releases import choose, read_release
+        chosen = choose(read_release(get("sglang_version"), url("pip_index_url")), torch, flashinfer)
+        torch, flashinfer = chosen.torch, chosen.flashinfer
     return LockKey(
-        pins=(("sglang", get("sglang_version")), ("torch", get("torch_version")),
-              ("flashinfer-python", get("flashinfer_version"))),
+        pins=(("sglang", get("sglang_version")), ("torch", torch),
+              ("flashinfer-python", flashinfer)),
         python=get("stack_python"),
         index_url=url("pip_index_url"),
         torch_index_url=url("torch_index_url"),

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pve_sglang.stack.lock import Lock, LockError, LockKey, cache_dir, index_env
+from pve_sglang.stack.platform import platform_for
 
 MANIFEST = "MANIFEST"
 #: Parallel pip downloads: pip fetches one file at a time.
@@ -29,10 +30,9 @@ def wheel_dir(lock: Lock) -> Path:
 
 
 def platform_args(python: str) -> list[str]:
-    """pip's target options for the lock's platform (``x86_64-manylinux_2_28``) and PYTHON:
-    pip takes each manylinux tag a wheel may carry literally, older ones included."""
-    tags = [f"manylinux_2_{minor}_x86_64" for minor in range(28, 4, -1)]
-    tags += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+    """pip's target options for PYTHON's Debian release (its glibc: the lock's platform): pip
+    takes each manylinux tag a wheel may carry literally, older ones included."""
+    tags = platform_for(python).manylinux_tags
     abi = "cp" + python.replace(".", "")
     return ["--python-version", python, "--implementation", "cp",
             *[arg for tag in tags for arg in ("--platform", tag)],

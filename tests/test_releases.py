@@ -1,0 +1,142 @@
+"""sglang_version alone picks the set: torch, flashinfer, the kernel package and the CUDA major
+follow from the release's own wheel metadata (recorded from real wheels: tests/fixtures/releases/,
+SOURCES.txt names each wheel and its sha256), and a pin of the user's is kept only where the
+release allows it, else inventory stops (exit 2) naming both versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from packaging.specifiers import SpecifierSet
+
+from pve_sglang.config.settings import SettingsError, validate_container
+from pve_sglang.project import load_defaults
+from pve_sglang.stack import releases
+
+FIXTURES = Path(__file__).parent / "fixtures" / "releases"
+
+
+def recorded(version: str) -> releases.ReleaseSet:
+    return releases.release_set(version, *releases.requirement_lines(
+        (FIXTURES / f"sglang-{version}.METADATA").read_text()))
+
+
+# release -> torch, flashinfer-python, kernel package and its version, CUDA, Requires-Python
+RECORDED_TABLE = {
+    "0.5.9": ("2.9.1", "0.6.3", "sgl-kernel", "0.3.21", (12, 9), ">=3.10"),
+    "0.5.10": ("2.9.1", "0.6.7.post2", "sglang-kernel", "0.4.1", (12, 9), ">=3.10"),
+    "0.5.11": ("2.11.0", "0.6.8.post1", "sglang-kernel", "0.4.2", (13, 0), ">=3.10"),
+    "0.5.13": ("2.11.0", "0.6.12", "sglang-kernel", "0.4.3", (13, 0), ">=3.10"),
+    "0.5.18": ("2.13.0", "0.6.17", "sglang-kernel", "0.4.6.post1", (13, 0), ">=3.10"),
+    "0.5.22": ("2.14.1", "0.7.1", "sglang-kernel", "0.4.9", (13, 0), ">=3.11"),
+    "0.5.23": ("2.14.1", "0.7.2", "sglang-kernel", "0.4.10", (13, 0), ">=3.11"),
+}
+
+
+@pytest.mark.parametrize("version", list(RECORDED_TABLE))
+def test_recorded_release_metadata_gives_the_set(version):
+    torch, flashinfer, kernel_package, kernel, cuda, python = RECORDED_TABLE[version]
+    release = recorded(version)
+    assert (release.torch, release.flashinfer) == (SpecifierSet(f"=={torch}"), SpecifierSet(f"=={flashinfer}"))
+    assert (release.kernel_package, release.kernel) == (kernel_package, SpecifierSet(f"=={kernel}"))
+    assert (release.cuda, release.requires_python) == (cuda, SpecifierSet(python))
+    chosen = releases.choose(release, None, None, "3.11")
+    assert (chosen.torch, chosen.flashinfer) == (torch, flashinfer)
+
+
+def test_recorded_every_fixture_is_in_the_table():
+    assert sorted(p.name for p in FIXTURES.glob("*.METADATA")) == sorted(
+        f"sglang-{v}.METADATA" for v in RECORDED_TABLE)
+    assert len(RECORDED_TABLE) >= 6
+
+
+@pytest.mark.parametrize("record", sorted(releases.RECORDED.glob("sglang-*.txt")), ids=lambda p: p.name)
+def test_recorded_repository_records_are_the_wheels_requirements(record):
+    """group_data/releases/ holds the wheel's own lines, as the cache would after a fetch."""
+    version = record.name[len("sglang-"):-len(".txt")]
+    metadata = (FIXTURES / f"sglang-{version}.METADATA").read_text()
+    source = record.read_text().splitlines()[0].split("requirements of ", 1)[1]
+    assert record.read_text() == releases.record_text(version, source, metadata)
+    assert releases.parse_record(version, record.read_text()) == recorded(version)
+
+
+@pytest.mark.parametrize("torch, flashinfer, python, error", [
+    ("2.14.1", "0.7.2", "3.11", None),
+    ("2.14.1+cu130", None, "3.11", None),  # a local build of the allowed version
+    ("2.9.1", None, "3.11", "field 'torch_version' = '2.9.1': sglang 0.5.23 requires torch==2.14.1, "
+                            "not 2.9.1; allowed: 2.14.1, or null to follow the release"),
+    (None, "0.6.3", "3.11", "field 'flashinfer_version' = '0.6.3': sglang 0.5.23 requires "
+                            "flashinfer-python==0.7.2, not 0.6.3"),
+    (None, None, "3.10", "field 'stack_python' = '3.10': sglang 0.5.23 requires Python>=3.11"),
+])
+def test_recorded_pins_against_the_release(torch, flashinfer, python, error):
+    release = recorded("0.5.23")
+    if error is None:
+        chosen = releases.choose(release, torch, flashinfer, python)
+        assert chosen.torch == (torch or "2.14.1") and chosen.flashinfer == (flashinfer or "0.7.2")
+    else:
+        with pytest.raises(releases.ReleaseError) as caught:
+            releases.choose(release, torch, flashinfer, python)
+        assert error in str(caught.value)
+
+
+def test_a_release_without_a_kernel_package_is_refused():
+    with pytest.raises(releases.ReleaseError, match="name no kernel package"):
+        releases.release_set("9.9", ">=3.10", ["torch==2.9.1", "flashinfer_python==0.6.3",
+                                               "cuda-python==12.9"])
+
+
+def test_sglang_version_alone_picks_the_set_at_inventory_time():
+    defaults = load_defaults()
+    cs = validate_container("pve1", "105", {"sglang_version": "0.5.23"}, defaults)
+    assert (cs.torch_version, cs.flashinfer_version) == ("2.14.1", "0.7.2")
+    cs = validate_container("pve1", "105", {}, defaults)
+    assert (cs.sglang_version, cs.torch_version, cs.flashinfer_version) == ("0.5.9", "2.9.1", "0.6.3")
+
+
+def test_a_pin_the_release_does_not_allow_stops_inventory_naming_host_field_and_both_versions():
+    with pytest.raises(SettingsError) as caught:
+        validate_container("pve1", "105", {"sglang_version": "0.5.23", "torch_version": "2.9.1"},
+                           load_defaults())
+    assert str(caught.value) == (
+        "host pve1, container 105: field 'torch_version' = '2.9.1': sglang 0.5.23 requires "
+        "torch==2.14.1, not 2.9.1; allowed: 2.14.1, or null to follow the release")
+
+
+def test_a_pin_the_release_does_not_allow_exits_2_at_inventory_time(tmp_path):
+    """Through pyinfra's CLI, as a user runs it: the hosts file's pin against 0.5.23's."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text(yaml.safe_dump({"pve1": {
+        "ssh_hostname": "192.0.2.10", "platform": "pve",
+        "containers": [{"vmid": 105, "gpus": [0], "sglang_version": "0.5.23",
+                        "torch_version": "2.9.1"}]}}))
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "inventory.py",
+                           "debug-inventory"], cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "PVE_SGLANG_HOSTS": str(hosts)}, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert ("host pve1, container 105: field 'torch_version' = '2.9.1': sglang 0.5.23 requires "
+            "torch==2.14.1, not 2.9.1") in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_release_not_recorded_is_fetched_once_with_pip_and_cached(tmp_path, monkeypatch):
+    """0.5.10 is not in group_data/releases/: its wheel comes from the real index (pip
+    download --no-deps), its requirements land in this machine's cache, the same lines as the
+    recorded METADATA; a second read fetches nothing."""
+    monkeypatch.setenv("PVE_SGLANG_CACHE", str(tmp_path))
+    release = releases.read_release("0.5.10")
+    assert release == recorded("0.5.10")
+    [cached] = (tmp_path / "releases").iterdir()
+    assert cached.name == "sglang-0.5.10.txt"
+    assert cached.read_text() == releases.record_text(
+        "0.5.10", "sglang-0.5.10-py3-none-any.whl (METADATA)",
+        (FIXTURES / "sglang-0.5.10.METADATA").read_text())
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip could not fetch it again
+    assert releases.read_release("0.5.10") == release
