@@ -3,8 +3,8 @@ Shared pytest fixtures, and the test tiers they decide.
 
 A test's tier follows from the fixtures it uses (directly or through other fixtures), never from
 its name: ``lxc_host`` (and every fixture built on it: ``lxc_env``, ``lxc_container``) marks it
-``lxc`` and ``root``, ``as_root``
-marks it ``root``, ``sglang_wheel`` marks it ``network``. The fast tier is every other test:
+``lxc`` and ``root``, ``as_root`` marks it ``root``, ``sglang_wheel`` and ``package_index`` mark it
+``network``. The fast tier is every other test:
 ``make test-fast`` (``pytest -m "not lxc and not root and not network"``).
 
 LXC test environment (see devtools/lxc_env.py), all needing root, lxc, debootstrap and zstd:
@@ -35,6 +35,7 @@ TIER_OF_FIXTURE: dict[str, tuple[str, ...]] = {
     "lxc_host": ("lxc", "root"),
     "as_root": ("root",),
     "sglang_wheel": ("network",),
+    "package_index": ("network",),
 }
 
 
@@ -60,6 +61,12 @@ def sglang_wheel():
     """``wheel(version) -> Path``: a real sglang wheel from the package index, downloaded once
     into ``.cache/wheels`` and reused by every later run."""
     return wheels.wheel
+
+
+@pytest.fixture(scope="session")
+def package_index() -> None:
+    """Taken by a test that asks the real package index itself (uv pip compile, pip download):
+    it marks the test ``network``; uv and pip retry a slow answer themselves."""
 
 
 @pytest.fixture(scope="session")

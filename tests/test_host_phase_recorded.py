@@ -332,7 +332,7 @@ def test_plain_lxc_unprivileged_container_gets_userns_before_recorded_h200_gpu_l
 
 # --- the set's CUDA against the host's driver (issue 21) ------------------------------------
 
-def test_cuda_13_set_on_the_recorded_h200_driver_passes_preflight(tmp_path, monkeypatch):
+def test_cuda_13_set_on_the_recorded_h200_driver_passes_preflight(tmp_path, monkeypatch, package_index):
     """The H200 machine's recorded driver 580.159.04 runs 0.5.23's CUDA 13 set. Its lock is made
     here with uv against the real index (into a cache of this test's own)."""
     monkeypatch.setenv("PVE_SGLANG_CACHE", str(tmp_path))

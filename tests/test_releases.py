@@ -126,7 +126,7 @@ def test_a_pin_the_release_does_not_allow_exits_2_at_inventory_time(tmp_path):
             "torch==2.14.1, not 2.9.1") in done.stderr and "Traceback" not in done.stderr
 
 
-def test_a_release_not_recorded_is_fetched_once_with_pip_and_cached(tmp_path, monkeypatch):
+def test_a_release_not_recorded_is_fetched_once_with_pip_and_cached(tmp_path, monkeypatch, package_index):
     """0.5.10 is not in group_data/releases/: its wheel comes from the real index (pip
     download --no-deps), its requirements land in this machine's cache, the same lines as the
     recorded METADATA; a second read fetches nothing."""

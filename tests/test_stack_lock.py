@@ -82,7 +82,7 @@ def test_a_lock_that_is_not_the_pinned_set_is_refused_before_anything_runs(tmp_p
     assert done.returncode == 2 and expected in done.stderr, done.stderr
 
 
-def test_the_lock_of_a_users_set_is_made_once_here_and_reused(tmp_path):
+def test_the_lock_of_a_users_set_is_made_once_here_and_reused(tmp_path, package_index):
     """Another release set than the repository's: uv makes its lock (real index) into this
     machine's cache; a later run (another process) finds it there and makes nothing."""
     env = {**os.environ, "PVE_SGLANG_CACHE": str(tmp_path)}
@@ -128,7 +128,7 @@ def test_lock_differences_name_each_package():
 
 @pytest.mark.parametrize("python, platform", [("3.11", "x86_64-manylinux_2_36"),
                                               ("3.13", "x86_64-manylinux_2_40")])
-def test_the_newest_release_locks_for_debian_12_and_13(tmp_path, python, platform):
+def test_the_newest_release_locks_for_debian_12_and_13(tmp_path, python, platform, package_index):
     """Issue 21: from 0.5.11 sglang ships manylinux_2_34 wheels only, which a lock for
     manylinux_2_28 could not take. Locked here with uv against the real index."""
     values = {"sglang_version": "0.5.23", "torch_version": None, "flashinfer_version": None,
