@@ -469,7 +469,7 @@ _PLAIN_DRIVER = r"""
 cd "$BATCH" || exit 1
 for f in "$@"; do
     "$DASH" -n "$f" 2>"$f.parse" || echo "$f" >>parse-failed
-    (cd "$WORK" && "$TIMEOUT" -s KILL 30 "$ENV" -i PATH="$CMD_PATH" HOME="$WORK" "$DASH" "$BATCH/$f") \
+    (cd "$WORK" && "$TIMEOUT" -s KILL 30 "$ENV_TOOL" -i PATH="$CMD_PATH" HOME="$WORK" "$DASH" "$BATCH/$f") \
         </dev/null >/dev/null 2>"$f.err"
     [ $? -eq 137 ] && echo "$f" >>timed-out
     if [ -e "$FLAG" ]; then echo "$f" >>injected; "$RM" -f "$FLAG"; fi
@@ -505,7 +505,7 @@ class PlainShell:
         for tool in STUBS:
             _write_stub(self.stub / tool, PASS_THROUGH.get(tool, "exit 0"))
         _write_stub(self.stub / "timeout", PASS_THROUGH["timeout"])
-        self.env = {"DASH": tools["dash"], "TIMEOUT": tools["timeout"], "ENV": tools["env"],
+        self.env = {"DASH": tools["dash"], "TIMEOUT": tools["timeout"], "ENV_TOOL": tools["env"],
                     "RM": tools["rm"], "CMD_PATH": str(self.stub), "WORK": str(self.work),
                     "FLAG": str(self.flag), "PATH": str(self.stub)}
         self.driver = self.root / "driver.sh"
