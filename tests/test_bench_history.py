@@ -112,7 +112,6 @@ def test_low_power_warning_names_the_hints():
 
 
 def test_plot_of_two_recorded_runs(tmp_path):
-    pytest.importorskip("matplotlib")
     bench_history.record(tmp_path, "h", rows(H200), META, now=T0)
     bench_history.record(tmp_path, "h", rows(MI350X), META, now=T0 + datetime.timedelta(days=1))
     picture = bench_history.plot(bench_history.load_runs(tmp_path, "h"), tmp_path / "p.png",

@@ -156,7 +156,6 @@ def _run(n, wall, changes=0):
 
 
 def test_report_table_and_plot_from_synthetic_runs(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
     first = {n: _run(n, 10.0 * n, changes=5 * n) for n in (1, 2, 4)}
     noop = {n: [_run(n, w * n) for w in (1.0, 1.2, 1.1)] for n in (1, 2, 4)}
     report = build_report(first, noop, {1: True, 2: True, 4: True},
@@ -177,7 +176,6 @@ def test_report_table_and_plot_from_synthetic_runs(tmp_path, capsys):
 
 def test_replot_redraws_saved_results(tmp_path):
     """The command line, end to end without containers: --replot redraws the figure and the table."""
-    pytest.importorskip("matplotlib")
     saved = tmp_path / "deploy_cost.json"
     saved.write_text((REPO / "bench" / "results" / "deploy_cost.json").read_text())
     result = subprocess.run([sys.executable, str(REPO / "bench" / "deploy_cost.py"), "--replot",

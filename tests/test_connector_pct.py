@@ -82,7 +82,12 @@ def test_pct_make_names_data():
         ("@pct/pve1/105", {"ssh_hostname": "pve1", "pct_vmid": 105}, ["@pct"]),
     ]
     assert list(PctConnector.make_names_data("105")) == [("@pct/105", {"pct_vmid": 105}, ["@pct"])]
-    for bad in ("", "pve1", "pve1/abc", "pve1/99", "pve1/0105", "a/b/105", "/105"):
+    # The range's edges (Proxmox: 100..999999999) and their outside neighbours.
+    for vmid in (100, 999_999_999):
+        assert list(PctConnector.make_names_data(f"pve1/{vmid}")) == [
+            (f"@pct/pve1/{vmid}", {"ssh_hostname": "pve1", "pct_vmid": vmid}, ["@pct"]),
+        ]
+    for bad in ("", "pve1", "pve1/abc", "pve1/99", "pve1/1000000000", "pve1/0105", "a/b/105", "/105"):
         with pytest.raises(InventoryError):
             list(PctConnector.make_names_data(bad))
 

@@ -102,10 +102,17 @@ def test_pct_status_without_pct_is_none():
     assert done.returncode == 0 and done.stdout == ""
 
 
-@pytest.mark.parametrize("bad", ["105; reboot", 99, "1e3"])
+@pytest.mark.parametrize("bad", ["105; reboot", 99, 1_000_000_000, "1e3"])
 def test_pct_vmid_is_validated(bad):
     with pytest.raises(ValueError):
         PctStatus().command(vmid=bad)
+
+
+@pytest.mark.parametrize("vmid", [100, 999_999_999])
+def test_pct_vmid_edges_are_accepted(vmid):
+    """Proxmox's first and last VMIDs (100..999999999) reach pct."""
+    assert f"pct status {vmid} " in PctStatus().command(vmid=vmid)
+    assert f"pct config {vmid} " in PctConfig().command(vmid=vmid)
 
 
 # --- PctConfig -------------------------------------------------------------------------------

@@ -15,6 +15,11 @@ real tools do) and a few harmless coreutils, so no real tool is ever reached. Co
 commands are wrapped by the real ``@pct`` / ``@lxc`` connector code first. Uploaded files are
 written into the chroot, so the env file is sourced for real by the commands that read it.
 F (a file in the chroot) must never be created.
+
+Below validation, every operation's and fact's commands (and the shared layer's) get the payloads
+in every string argument, in the chroot and, for the fast tier, without root: ``PlainShell`` runs
+the same commands with plain ``sh`` (dash) from a temporary directory whose stub tools come first
+on PATH, the flag file inside it (as nobody when the tests run as root).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import re
 import shutil
 import stat
 import subprocess
+import tempfile
 import inspect
 from io import StringIO
 import types
@@ -68,26 +74,33 @@ from tasks.verify import verify_phase
 from test_host_phase_recorded import container_answers, gpu_host_responses
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def payloads(flag: str) -> dict[str, str]:
+    """The hostile values, by name: each one creates FLAG if a shell runs it unquoted."""
+    return {
+        "dollar-paren": f"$(touch {flag})",
+        "backtick": f"`touch {flag}`",
+        "single-quote": f"';touch {flag};'",
+        "double-quote": f'";touch {flag};"',
+        "semicolon": f";touch {flag}",
+        "newline": f"\ntouch {flag}\n",
+        "and-and": f"&& touch {flag}",
+        "pipe": f"|touch {flag}",
+        "space": "a b",
+        "comma": ",backup=1",
+        # Without whitespace, for fields that refuse it.
+        "dollar-paren-ifs": f"$(touch${{IFS}}{flag})",
+        "backtick-ifs": f"`touch${{IFS}}{flag}`",
+        "single-quote-ifs": f"';touch${{IFS}}{flag};'",
+        "double-quote-ifs": f'";touch${{IFS}}{flag};"',
+        "semicolon-ifs": f";touch${{IFS}}{flag}",
+        "and-and-ifs": f"&&touch${{IFS}}{flag}",
+    }
+
+
 F = "/hostile/F"  # in the chroot
-PAYLOADS = {
-    "dollar-paren": f"$(touch {F})",
-    "backtick": f"`touch {F}`",
-    "single-quote": f"';touch {F};'",
-    "double-quote": f'";touch {F};"',
-    "semicolon": f";touch {F}",
-    "newline": f"\ntouch {F}\n",
-    "and-and": f"&& touch {F}",
-    "pipe": f"|touch {F}",
-    "space": "a b",
-    "comma": ",backup=1",
-    # Without whitespace, for fields that refuse it.
-    "dollar-paren-ifs": f"$(touch${{IFS}}{F})",
-    "backtick-ifs": f"`touch${{IFS}}{F}`",
-    "single-quote-ifs": f"';touch${{IFS}}{F};'",
-    "double-quote-ifs": f'";touch${{IFS}}{F};"',
-    "semicolon-ifs": f";touch${{IFS}}{F}",
-    "and-and-ifs": f"&&touch${{IFS}}{F}",
-}
+PAYLOADS = payloads(F)
 URL_BASE = "https://example.invalid/"
 PATH_BASE = "/srv/x"
 
@@ -381,6 +394,7 @@ class Sandbox:
         _write_stub(root / "stub/timeout", PASS_THROUGH["timeout"])
         self.chroot = shutil.which("chroot") or "/usr/sbin/chroot"
         self.flagged = root / F.lstrip("/")
+        self.payloads = PAYLOADS
         self.runs = 0
         self.parsed = 0
         self.auto_stubs: set[str] = set()
@@ -430,12 +444,135 @@ class Sandbox:
             return True
         return False
 
+    def check_all(self, commands: list[str]) -> list[tuple[int, str]]:
+        """(index, problem) for each command that does not parse or creates F."""
+        problems = []
+        for index, command in enumerate(commands):
+            error = self.parses(command)
+            if error:
+                problems.append((index, f"does not parse: {command!r}: {error}"))
+            self.run(command)
+            if self.injected():
+                problems.append((index, f"F created by: {command!r}"))
+        return problems
+
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory, as_root):
     if os.geteuid() != 0 or not shutil.which("chroot"):
         pytest.skip("the sandbox is a chroot: needs root")
     return Sandbox(tmp_path_factory.mktemp("hostile-root"))
+
+
+# The batch PlainShell runs: each command file parsed with ``sh -n``, then run by its own dash
+# under a timeout, with a clean environment; which ones created the flag is listed.
+_PLAIN_DRIVER = r"""
+cd "$BATCH" || exit 1
+for f in "$@"; do
+    "$DASH" -n "$f" 2>"$f.parse" || echo "$f" >>parse-failed
+    (cd "$WORK" && "$TIMEOUT" -s KILL 30 "$ENV_TOOL" -i PATH="$CMD_PATH" HOME="$WORK" "$DASH" "$BATCH/$f") \
+        </dev/null >/dev/null 2>"$f.err"
+    [ $? -eq 137 ] && echo "$f" >>timed-out
+    if [ -e "$FLAG" ]; then echo "$f" >>injected; "$RM" -f "$FLAG"; fi
+done
+"""
+PLAIN_REAL_TOOLS = ("touch", "true", "false")  # and sh: dash, for the nested sh -c
+PLAIN_NOT_FOUND = re.compile(r"^[^:\n]*: \d+: ([^/:\n]+): not found$")
+NOBODY = 65534
+
+
+class PlainShell:
+    """The same check without a chroot or root: a temporary directory whose stub tools come
+    first on PATH (the chroot's stubs, and every other tool a command does not find), and the
+    flag file inside it. Commands run with plain ``dash`` from the temporary directory with a
+    clean environment; only dash, touch, true and false are real. Run as root, the commands
+    run as nobody, so a redirection to a system path cannot write there. Batched: one dash
+    drives a whole list of commands, each still parsed and run by its own dash."""
+
+    def __init__(self):
+        self.root = Path(tempfile.mkdtemp(prefix="pve-sglang-hostile-"))
+        self.root.chmod(0o755)
+        self.stub, self.work, hostile = self.root / "stub", self.root / "work", self.root / "hostile"
+        for directory, mode in ((self.stub, 0o755), (self.work, 0o777), (hostile, 0o777)):
+            directory.mkdir()
+            directory.chmod(mode)
+        self.flag = hostile / "F"
+        self.payloads = payloads(str(self.flag))
+        tools = {name: shutil.which(name, path="/usr/bin:/bin") for name in
+                 ("dash", "timeout", "env", "rm", *PLAIN_REAL_TOOLS)}
+        for name in PLAIN_REAL_TOOLS:
+            (self.stub / name).symlink_to(tools[name])
+        (self.stub / "sh").symlink_to(tools["dash"])
+        for tool in STUBS:
+            _write_stub(self.stub / tool, PASS_THROUGH.get(tool, "exit 0"))
+        _write_stub(self.stub / "timeout", PASS_THROUGH["timeout"])
+        self.env = {"DASH": tools["dash"], "TIMEOUT": tools["timeout"], "ENV_TOOL": tools["env"],
+                    "RM": tools["rm"], "CMD_PATH": str(self.stub), "WORK": str(self.work),
+                    "FLAG": str(self.flag), "PATH": str(self.stub)}
+        self.driver = self.root / "driver.sh"
+        self.driver.write_text(_PLAIN_DRIVER)
+        self.batches = 0
+        self.user = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
+
+    def _drive(self, batch: Path, names: list[str]) -> None:
+        for result in ("parse-failed", "timed-out", "injected"):
+            (batch / result).unlink(missing_ok=True)
+        subprocess.run([self.env["DASH"], str(self.driver), *names], env={**self.env, "BATCH": str(batch)},
+                       cwd=self.work, stdin=subprocess.DEVNULL, capture_output=True, timeout=600,
+                       check=True, **self.user)
+
+    def check_all(self, commands: list[str]) -> list[tuple[int, str]]:
+        """(index, problem) for each command that does not parse or creates the flag file."""
+        self.batches += 1
+        batch = self.root / f"batch{self.batches}"
+        batch.mkdir()
+        batch.chmod(0o777)
+        names = [f"{index:05d}" for index in range(len(commands))]
+        for name, command in zip(names, commands):
+            (batch / name).write_text(command)
+        found: dict[str, set[str]] = {}
+        pending = names
+        for _ in range(8):
+            self._drive(batch, pending)
+            for result in ("parse-failed", "timed-out", "injected"):
+                listed = batch / result
+                for name in listed.read_text().split() if listed.exists() else ():
+                    found.setdefault(name, set()).add(result)
+            # A tool no stub covers yet: stub it, and run the commands that missed it again.
+            missing = {name: {m.group(1) for m in map(PLAIN_NOT_FOUND.match,
+                                                      (batch / f"{name}.err").read_text().splitlines()) if m}
+                       for name in pending}
+            new = {tool for tools in missing.values() for tool in tools
+                   if not (self.stub / tool).exists()}
+            for tool in new:
+                _write_stub(self.stub / tool)
+            pending = [name for name in pending if missing[name] & new]
+            if not pending:
+                break
+        problems = []
+        for index, name in enumerate(names):
+            results = found.get(name, set())
+            errors = [line for line in (batch / f"{name}.err").read_text().splitlines()
+                      if "Syntax error" in line]
+            if "parse-failed" in results:
+                errors.insert(0, (batch / f"{name}.parse").read_text().strip())
+            if errors:
+                problems.append((index, f"does not parse: {commands[index]!r}: {'; '.join(errors)}"))
+            if "injected" in results:
+                problems.append((index, f"F created by: {commands[index]!r}"))
+            if "timed-out" in results:
+                problems.append((index, f"did not finish in 30 s: {commands[index]!r}"))
+        return problems
+
+    def close(self) -> None:
+        shutil.rmtree(self.root)
+
+
+@pytest.fixture(scope="module")
+def plain_shell():
+    shell = PlainShell()
+    yield shell
+    shell.close()
 
 
 class Findings:
@@ -562,6 +699,24 @@ def test_the_sandbox_sees_an_unquoted_value(sandbox):
     assert sandbox.parses("echo 'unterminated") is not None
 
 
+def test_the_plain_shell_sees_an_unquoted_value(plain_shell):
+    """The check without root can fail too: an unquoted value creates the flag, through pct
+    exec's wrapping as well; a command that does not parse is reported; a quoted one is clean."""
+    value = plain_shell.payloads["dollar-paren"]
+    commands = [f"echo no template matching {value}",
+                f"pct exec 105 --keep-env 0 -- sh -c 'echo {value}'",
+                StringCommand("echo", QuoteString(value)).get_raw_value(),
+                "echo 'unterminated",
+                f"some-tool-no-stub-has --flag && {value.strip('$()')}"]
+    problems = dict(plain_shell.check_all(commands))
+    assert problems[0].startswith("F created by") and problems[1].startswith("F created by")
+    assert 2 not in problems
+    assert problems[3].startswith("does not parse")
+    # A tool without a stub gets one, and the command runs on to the injection.
+    assert problems[4].startswith("F created by")
+    assert not plain_shell.flag.exists()
+
+
 def test_string_settings_are_read_from_the_models():
     """Every string field is tried, as the models define them (not a hand-kept list)."""
     names = {name for name, _ in HOST_STRINGS + CONTAINER_STRINGS} | set(MOUNT_STRINGS)
@@ -675,22 +830,10 @@ def facts() -> list:
     ]
 
 
-def _run_all(sandbox: Sandbox, commands: list[str]) -> list[str]:
-    problems = []
-    for command in commands:
-        error = sandbox.parses(command)
-        if error:
-            problems.append(f"does not parse: {command!r}: {error}")
-        sandbox.run(command)
-        if sandbox.injected():
-            problems.append(f"F created by: {command!r}")
-    return problems
-
-
-@pytest.mark.parametrize("payload", list(PAYLOADS))
-def test_every_operation_quotes_its_string_arguments(payload, sandbox):
-    value = PAYLOADS[payload]
-    problems, planned = [], 0
+def operation_problems(shell, value: str) -> tuple[int, list[str]]:
+    """Every operation's commands with VALUE in every string argument, run by SHELL: how many
+    commands, and the problems found."""
+    planned: list[tuple[str, str]] = []
     for name, op in operations():
         for world in ({}, RUNNING):
             host = _DefaultFacts(world)
@@ -702,10 +845,23 @@ def test_every_operation_quotes_its_string_arguments(payload, sandbox):
                     commands = parse_commands(list(operation_function(op)(**kwargs)))
                 except (ValueError, OperationError):
                     continue  # refused before any command: fine
-            shell = [c for c in commands if isinstance(c, str)]
-            planned += len(shell)
-            problems += [f"{name}: {p}" for p in _run_all(sandbox, shell)]
+            planned += [(name, c) for c in commands if isinstance(c, str)]
+    problems = shell.check_all([command for _, command in planned])
+    return len(planned), [f"{planned[index][0]}: {problem}" for index, problem in problems]
+
+
+@pytest.mark.parametrize("payload", list(PAYLOADS))
+def test_every_operation_quotes_its_string_arguments(payload, sandbox):
+    planned, problems = operation_problems(sandbox, sandbox.payloads[payload])
     assert planned > 30  # the operations did plan their commands
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("payload", list(PAYLOADS))
+def test_every_operation_quotes_its_string_arguments_without_root(payload, plain_shell):
+    """The same commands under plain sh with stub tools first on PATH: no chroot, no root."""
+    planned, problems = operation_problems(plain_shell, plain_shell.payloads[payload])
+    assert planned > 30
     assert not problems, "\n".join(problems)
 
 
@@ -717,32 +873,53 @@ class _ShellExec:
         return StringCommand("sh", "-c", QuoteString(inner))
 
 
-@pytest.mark.parametrize("payload", list(PAYLOADS))
-def test_the_shared_layer_commands_quote_their_paths(payload, sandbox):
-    """The layer's commands are made at execution (a FunctionCommand): run them here."""
-    value = PAYLOADS[payload]
+def layer_problems(shell, value: str) -> list[str]:
+    """The layer's commands are made at execution (a FunctionCommand): run them with SHELL."""
     store = f"/srv/{value}"
     commands = [layer.install_command(f"/opt/{value}/uv", f"/opt/{value}/python", store,
                                       f"/tmp/{value}.txt"),
                 layer.copy_command(_ShellExec(), store, parse(SHIPPED_LOCK))]
-    problems = _run_all(sandbox, [command.get_raw_value() for command in commands])
+    return [problem for _, problem in shell.check_all([c.get_raw_value() for c in commands])]
+
+
+@pytest.mark.parametrize("payload", list(PAYLOADS))
+def test_the_shared_layer_commands_quote_their_paths(payload, sandbox):
+    problems = layer_problems(sandbox, sandbox.payloads[payload])
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("payload", list(PAYLOADS))
-def test_every_fact_quotes_its_string_arguments(payload, sandbox):
-    value = PAYLOADS[payload]
-    problems, ran = [], 0
+def test_the_shared_layer_commands_quote_their_paths_without_root(payload, plain_shell):
+    problems = layer_problems(plain_shell, plain_shell.payloads[payload])
+    assert not problems, "\n".join(problems)
+
+
+def fact_problems(shell, value: str) -> tuple[int, list[str]]:
+    """Every fact's command with VALUE in every string argument, run by SHELL: how many facts
+    took it, and the problems found."""
+    planned: list[tuple[str, str]] = []
     for name, cls in facts():
         kwargs = _hostile_arguments(cls.command, value)
         try:
             command = cls().command(**kwargs)
         except ValueError:
             continue  # refused before any command: fine
-        text = command if isinstance(command, str) else command.get_raw_value()
-        ran += 1
-        problems += [f"{name}: {p}" for p in _run_all(sandbox, [text])]
+        planned.append((name, command if isinstance(command, str) else command.get_raw_value()))
+    problems = shell.check_all([command for _, command in planned])
+    return len(planned), [f"{planned[index][0]}: {problem}" for index, problem in problems]
+
+
+@pytest.mark.parametrize("payload", list(PAYLOADS))
+def test_every_fact_quotes_its_string_arguments(payload, sandbox):
+    ran, problems = fact_problems(sandbox, sandbox.payloads[payload])
     # Most facts took the hostile value (a refusal is fine, but all refused would prove nothing).
+    assert ran > len(facts()) // 2
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("payload", list(PAYLOADS))
+def test_every_fact_quotes_its_string_arguments_without_root(payload, plain_shell):
+    ran, problems = fact_problems(plain_shell, plain_shell.payloads[payload])
     assert ran > len(facts()) // 2
     assert not problems, "\n".join(problems)
 

@@ -6,10 +6,6 @@ must stop at inventory time with exit 2, no Python traceback, and a message nami
 the file and line, for YAML errors) and the field. Secrets written in the file never show in
 ``debug-inventory``'s output, at any verbosity. The summary test at the end prints how many
 files were tried, the exit codes and the tracebacks seen.
-
-Cases marked ``FIELD_RULE`` need a field rule of issue 10 that lands in ``settings.py``
-separately: until it does, such a case that the CLI accepts is an expected failure (a traceback
-still fails it).
 """
 
 from __future__ import annotations
@@ -37,7 +33,6 @@ class Case:
     content: str | bytes
     expect: tuple[str, ...]
     args: tuple[str, ...] = ()
-    field_rule: bool = False  # needs a settings.py field rule of issue 10
     dry: bool = False  # also run `deploy.py --dry`
     env: dict = field(default_factory=dict)
 
@@ -174,27 +169,26 @@ CASES: dict[str, Case] = {
     "nodes unknown container": Case(
         pve({"nodes": ["@pct/pve1/105", "@pct/pve9/105"]}), ("@pct/pve1/105", "'nodes'", "pve9")
     ),
-    # --- field values (rules of issue 10, settings.py) -----------------------------------------
-    "gpus empty": Case(pve({"gpus": []}), (C105, "'gpus'"), field_rule=True),
+    # --- field values (the hardening rules of issue 10) --------------------------------------
+    "gpus empty": Case(pve({"gpus": []}), (C105, "'gpus'")),
     "bench concurrency 0": Case(pve({"bench_concurrencies": [0]}), (C105, "'bench_concurrencies")),
-    "server_host not an ip": Case(pve({"server_host": "not an ip"}), (C105, "'server_host'"), field_rule=True),
-    "model_path relative": Case(pve({"model_path": "models/m"}), (C105, "'model_path'"), field_rule=True),
-    "venv_path relative": Case(pve({"venv_path": "venv"}), (C105, "'venv_path'"), field_rule=True),
+    "server_host not an ip": Case(pve({"server_host": "not an ip"}), (C105, "'server_host'")),
+    "model_path relative": Case(pve({"model_path": "models/m"}), (C105, "'model_path'")),
+    "venv_path relative": Case(pve({"venv_path": "venv"}), (C105, "'venv_path'")),
     "cache dir whitespace": Case(
-        pve({"sglang_cache_dir": "/var/cache/sg lang"}), (C105, "'sglang_cache_dir'"), field_rule=True
+        pve({"sglang_cache_dir": "/var/cache/sg lang"}), (C105, "'sglang_cache_dir'"),
     ),
-    "api_key empty": Case(pve({"api_key": ""}), (C105, "'api_key'"), field_rule=True),
-    "sglang_version latest": Case(pve({"sglang_version": "latest"}), (C105, "'sglang_version'"), field_rule=True),
-    "cores huge": Case(pve({"cores": 100_000_000}), (C105, "'cores'"), field_rule=True),
+    "api_key empty": Case(pve({"api_key": ""}), (C105, "'api_key'")),
+    "sglang_version latest": Case(pve({"sglang_version": "latest"}), (C105, "'sglang_version'")),
+    "cores huge": Case(pve({"cores": 100_000_000}), (C105, "'cores'")),
     "mount host_path comma": Case(
         pve({"mounts": [{"host_path": "/tank,backup=1", "path": "/m"}]}), (C105, "'mounts"),
-        field_rule=True,
     ),
     "api-key in extra args": Case(
-        pve({"extra_server_args": ["--api-key", "x"]}), (C105, "'extra_server_args"), field_rule=True
+        pve({"extra_server_args": ["--api-key", "x"]}), (C105, "'extra_server_args"),
     ),
-    "newline in model_path": Case(pve({"model_path": "/models/a\nb"}), (C105, "'model_path'"), field_rule=True),
-    "newline in venv_path": Case(pve({"venv_path": "/opt/v\n/x"}), (C105, "'venv_path'"), field_rule=True),
+    "newline in model_path": Case(pve({"model_path": "/models/a\nb"}), (C105, "'model_path'")),
+    "newline in venv_path": Case(pve({"venv_path": "/opt/v\n/x"}), (C105, "'venv_path'")),
     # --- --data --------------------------------------------------------------------------------
     "data literal api_key": Case(
         PVE_TEXT, ("--data api_key", "env:NAME", "ps"), args=("--data", "api_key=abc"), dry=True
@@ -225,10 +219,9 @@ CASES: dict[str, Case] = {
     ),
     "data model_path relative": Case(
         PVE_TEXT, (C105, "'model_path'", "given with --data"), args=("--data", "model_path=rel"),
-        field_rule=True,
     ),
     "data gpus empty": Case(
-        PVE_TEXT, (C105, "'gpus'", "given with --data"), args=("--data", "gpus=[]"), field_rule=True
+        PVE_TEXT, (C105, "'gpus'", "given with --data"), args=("--data", "gpus=[]"),
     ),
 }
 
@@ -300,8 +293,6 @@ def test_bad_hosts_file_exits_2_without_traceback(run_cli, name):
         }
         assert "Traceback" not in output, output
         assert "internal exception" not in output.lower() and "full traceback" not in output, output
-        if case.field_rule and result.returncode != 2:
-            pytest.xfail(f"needs the {name!r} field rule (settings.py, issue 10)")
         assert result.returncode == 2, output
         assert "pve-sglang: invalid settings" in result.stderr
         for text in case.expect:
@@ -410,8 +401,6 @@ def test_multi_node_tp_over_two_hosts_is_accepted(run_cli):
     result = run_cli(multi_node_hosts_file())
     output = result.stdout + result.stderr
     assert "Traceback" not in output
-    if result.returncode == 2 and "tp_size" in result.stderr:
-        pytest.xfail("needs the TP-vs-GPUs rule with nodes counted (settings.py, issue 10)")
     assert result.returncode == 0, output
     assert "@pct/a/105" in output and "@pct/b/105" in output
 

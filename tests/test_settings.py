@@ -123,6 +123,16 @@ def test_host_values_are_container_defaults_and_container_overrides_win():
     assert data["@lxc/lab1/sglang-lab"]["lxc_name"] == "sglang-lab"
 
 
+@pytest.mark.parametrize("vmid", [100, 999_999_999])
+def test_vmid_edges_are_accepted(vmid):
+    """The first and last VMIDs Proxmox allows (100..999999999, "vmid too small/large" above
+    are the refused neighbours)."""
+    hosts = example()
+    first_container(hosts)["vmid"] = vmid
+    _, containers = build_groups(hosts)
+    assert dict(containers)[f"@pct/pve1/{vmid}"]["pct_vmid"] == vmid
+
+
 def test_secret_from_environment_is_hidden(monkeypatch):
     monkeypatch.setenv("TEST_HF", "hf_secret_value")
     merged = {**load_defaults(), "hf_token": "env:TEST_HF"}

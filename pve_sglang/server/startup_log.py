@@ -5,7 +5,7 @@ Pure: journal lines in, words out. The line formats are sglang 0.5.9's (its sour
 ``model_executor/model_runner.py``, ``mem_cache/memory_pool.py``,
 ``model_executor/model_runner_kv_cache_mixin.py``, ``entrypoints/http_server.py``); real logs
 of them are kept in ``tests/fixtures/sglang_logs/``. ``HINTS`` is the one table of known causes
-of a failed start, each tested on real lines from public reports.
+of a failed start; every alternative of every row is tested on real lines from public reports.
 """
 
 from __future__ import annotations
@@ -155,9 +155,10 @@ def _hint(name: str, pattern: str, hint: str) -> Hint:
 
 #: Known causes of a failed or stuck start: the first lines they match name them.
 HINTS: list[Hint] = [
+    # torch says "CUDA driver initialization failed" for cudaGetDeviceCount's error 3 (its
+    # "Unexpected error from cudaGetDeviceCount()... Error N" is for the other codes).
     _hint("cuda-init", r"CUDA_ERROR_NOT_INITIALIZED|cuInit\S* (?:failed|returned?)\D*3\b|"
-          r"CUDA driver initialization failed|cuda driver library init failure: 3|"
-          r"cudaGetDeviceCount\(\).*Error 3\b",
+          r"CUDA driver initialization failed|cuda driver library init failure: 3",
           "CUDA did not initialise (cuInit error 3) while the driver is loaded: on the open "
           "kernel modules this is nvidia_uvm's HMM; set uvm_disable_hmm (the host phase's "
           "warning says how) and reload nvidia_uvm"),
