@@ -1,5 +1,5 @@
 """The user's documents stay true: docs/settings.md's table is group_data/all.py, README's set-up
-is two commands."""
+is two commands, and every relative link between the documents resolves."""
 
 import re
 from pathlib import Path
@@ -11,6 +11,11 @@ from pve_sglang.config import settings_table
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 SETTINGS = (REPO / settings_table.DOC).read_text()
+#: The documents a user or contributor reads, whose links must lead somewhere.
+DOCUMENTS = sorted(
+    [REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "bench" / "README.md",
+     REPO / "tests" / "fixtures" / "README.md", *(REPO / "docs").glob("*.md")]
+)
 
 
 def test_settings_table_matches_group_data():
@@ -47,3 +52,31 @@ def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
     ci = (REPO / ".ci" / "run").read_text()
     assert re.search(r"^make test\b", ci, re.M), ci
 
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return {_anchor(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, re.M)}
+
+
+def _links(path: Path) -> list[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return [m.group(1) for m in re.finditer(r"\]\(([^)\s]+)\)", text)
+            if not re.match(r"[a-z]+:", m.group(1))]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_resolve(document):
+    broken = []
+    for link in _links(document):
+        target, _, anchor = link.partition("#")
+        path = (document.parent / target).resolve() if target else document
+        if not path.exists() or REPO not in path.parents and path != REPO:
+            broken.append(f"{link}: no {path}")
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+            broken.append(f"{link}: no heading #{anchor} in {path.relative_to(REPO)}")
+    assert broken == []
