@@ -32,7 +32,7 @@ from pve_sglang.project import ROOT, load_defaults
 SHIPPED = ROOT / "group_data" / "locks"
 #: The platform locks are made for: x86_64 Linux with glibc 2.28 or newer (Debian 10 on).
 PLATFORM = "x86_64-manylinux_2_28"
-#: The command that refreshes the repository's lock (README, error messages).
+#: The command that refreshes the repository's lock (CONTRIBUTING.md, error messages).
 REFRESH = "make lock"
 HEADER = "# pve-sglang stack lock: "
 _REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
