@@ -1,9 +1,9 @@
 """Every default of pve-sglang, in one place.
 
 Host data from the hosts file overrides any of these per Proxmox host or per container
-(``pve_sglang.config.settings`` validates the merged result before anything runs). The README's
-settings table is generated from this file (``python -m pve_sglang.config.settings_table``): each
-setting's comment is its description there.
+(``pve_sglang.config.settings`` validates the merged result before anything runs). The settings
+table of docs/settings.md is generated from this file (``python -m
+pve_sglang.config.settings_table`` writes it): each setting's comment is its description there.
 """
 
 # --- Proxmox host -------------------------------------------------------------------------

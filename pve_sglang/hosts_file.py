@@ -374,7 +374,7 @@ def _check_override(override: dict[str, Any]) -> None:
         if key not in known:
             raise SettingsError(
                 f"{where}: unknown field '{key}'{did_you_mean(key, known)}; allowed fields: see "
-                "README.md (Settings) and the connectors' keys (ssh_*, pct_local, lxc_local, "
+                "docs/settings.md and the connectors' keys (ssh_*, pct_local, lxc_local, "
                 "lxc_home)"
             )
         if key in connector_keys:

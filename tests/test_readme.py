@@ -1,23 +1,48 @@
-"""README.md stays true: its settings table is group_data/all.py, its set-up is two commands."""
+"""The user's documents stay true: docs/settings.md's table is group_data/all.py, README's set-up
+is two commands, and every relative link between the documents resolves."""
 
 import re
 from pathlib import Path
+
+import pytest
 
 from pve_sglang.config import settings_table
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
+SETTINGS = (REPO / settings_table.DOC).read_text()
+#: The documents a user or contributor reads, whose links must lead somewhere.
+DOCUMENTS = sorted(
+    [REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "bench" / "README.md",
+     REPO / "tests" / "fixtures" / "README.md", *(REPO / "docs").glob("*.md")]
+)
 
 
 def test_settings_table_matches_group_data():
-    begin, end = README.index(settings_table.BEGIN), README.index(settings_table.END)
-    assert README[begin:end + len(settings_table.END)] == settings_table.markdown(), (
-        "README's settings table is stale: paste `python -m pve_sglang.config.settings_table`"
+    begin, end = SETTINGS.index(settings_table.BEGIN), SETTINGS.index(settings_table.END)
+    assert SETTINGS[begin:end + len(settings_table.END)] == settings_table.markdown(), (
+        f"{settings_table.DOC}'s settings table is stale: run `python -m pve_sglang.config.settings_table`"
     )
 
 
 def test_every_default_has_a_description():
     assert [name for name, _, _, meaning in settings_table.rows() if not meaning] == []
+
+
+def test_the_generator_writes_only_between_the_markers(tmp_path):
+    doc = tmp_path / "settings.md"
+    doc.write_text(f"before\n{settings_table.BEGIN}\nold table\n{settings_table.END}\nafter\n")
+    assert settings_table.write(doc) is True
+    assert doc.read_text() == f"before\n{settings_table.markdown()}\nafter\n"
+    assert settings_table.write(doc) is False  # current: nothing to write
+
+
+def test_the_generator_refuses_a_document_without_markers(tmp_path):
+    doc = tmp_path / "settings.md"
+    doc.write_text("no table here\n")
+    with pytest.raises(ValueError, match="settings-table:begin"):
+        settings_table.write(doc)
+    assert doc.read_text() == "no table here\n"
 
 
 def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
@@ -26,3 +51,32 @@ def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
     assert commands == ["make deploy", "make test"]
     ci = (REPO / ".ci" / "run").read_text()
     assert re.search(r"^make test\b", ci, re.M), ci
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return {_anchor(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, re.M)}
+
+
+def _links(path: Path) -> list[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return [m.group(1) for m in re.finditer(r"\]\(([^)\s]+)\)", text)
+            if not re.match(r"[a-z]+:", m.group(1))]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_resolve(document):
+    broken = []
+    for link in _links(document):
+        target, _, anchor = link.partition("#")
+        path = (document.parent / target).resolve() if target else document
+        if not path.exists() or REPO not in path.parents and path != REPO:
+            broken.append(f"{link}: no {path}")
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+            broken.append(f"{link}: no heading #{anchor} in {path.relative_to(REPO)}")
+    assert broken == []

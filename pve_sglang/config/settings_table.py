@@ -1,10 +1,13 @@
-"""The README's settings table, generated from ``group_data/all.py`` (names, defaults, comments).
+"""The settings table of ``docs/settings.md``, generated from ``group_data/all.py`` (names,
+defaults, comments).
 
-``python -m pve_sglang.config.settings_table`` prints it; a test checks README.md carries it as printed.
+``python -m pve_sglang.config.settings_table`` writes it into ``docs/settings.md``, between its
+markers (``--print`` prints it instead); a test checks the file carries it as generated.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 from pathlib import Path
 
@@ -13,6 +16,8 @@ from pve_sglang.config.settings import HOST_FIELDS
 
 BEGIN = "<!-- settings-table:begin -->"
 END = "<!-- settings-table:end -->"
+#: The document that carries the table, relative to the checkout's root.
+DOC = "docs/settings.md"
 
 
 def _comments_above(lines: list[str], lineno: int) -> str:
@@ -50,5 +55,33 @@ def markdown(path: Path | None = None) -> str:
     return "\n".join(out)
 
 
+def replace_table(text: str, table: str) -> str:
+    """TEXT with its part from BEGIN to END (both markers included) replaced by TABLE."""
+    begin, end = text.find(BEGIN), text.find(END)
+    if begin < 0 or end < begin:
+        raise ValueError(f"no {BEGIN} ... {END} in the text: the table has nowhere to go")
+    return text[:begin] + table + text[end + len(END):]
+
+
+def write(doc: Path | None = None) -> bool:
+    """Write the table into DOC (the checkout's ``docs/settings.md``); True when it changed."""
+    doc = project_file(DOC) if doc is None else doc
+    text = doc.read_text()
+    new = replace_table(text, markdown())
+    if new != text:
+        doc.write_text(new)
+    return new != text
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pve_sglang.config.settings_table",
+                                     description=f"Write the settings table into {DOC}.")
+    parser.add_argument("--print", action="store_true", help="print the table instead")
+    if parser.parse_args(argv).print:
+        print(markdown())
+    else:
+        print(f"{DOC}: {'table written' if write() else 'table already current'}")
+
+
 if __name__ == "__main__":
-    print(markdown())
+    main()

@@ -31,7 +31,7 @@ from pve_sglang.stack.platform import PlatformError, platform_for
 
 #: The locks of the default release sets, in the checkout.
 SHIPPED = ROOT / "group_data" / "locks"
-#: The command that refreshes the repository's lock (README, error messages).
+#: The command that refreshes the repository's lock (CONTRIBUTING.md, error messages).
 REFRESH = "make lock"
 HEADER = "# pve-sglang stack lock: "
 _REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
