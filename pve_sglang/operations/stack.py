@@ -16,7 +16,9 @@ from pve_sglang.runtime import cache
 from pve_sglang.facts.container import NvidiaUserspaceVersion, SglangServerFlags
 from pve_sglang.facts.verify import JournalTail
 from pve_sglang.remote.venv_state import INSTALL_MARKER
+from pve_sglang.server import unit_action
 from pve_sglang.server.command import check_flags
+from pve_sglang.server.unit_action import Action
 from pve_sglang.stack.lock import Lock, normalized
 from pve_sglang.operations import container_state, paths
 from pve_sglang.runtime.cache import Kind, forget, memo
@@ -302,11 +304,6 @@ def restart_pending(started: int | None, since: dict[str, str]) -> list[str]:
     return changed
 
 
-def _looping(unit_state: dict) -> bool:
-    """The unit failed, or waits between two tries of Restart= (auto-restart): it does not serve."""
-    return unit_state["active"] == "failed" or unit_state.get("sub") == "auto-restart"
-
-
 def _state_words(unit_state: dict) -> str:
     words = f"{unit_state['active']}/{unit_state.get('sub')} (Result={unit_state.get('result')}"
     if unit_state.get("restarts") not in (None, "", "0"):
@@ -359,47 +356,45 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool],
     unit_state = container_state.read("unit", unit)
     # What this operation does moves it: a later ask reads it again.
     container_state.forget(Kind.UNIT)
-    quoted = QuoteString(unit)
+    active, sub = unit_state["active"], unit_state.get("sub")
     # Written but never loaded (a deploy killed between the write and the reload): the server
     # runs the old unit. Load it and restart, as the killed run would have.
     stale = unit_state.get("stale", False)
-    running = unit_state["active"] in ("active", "activating", "reloading")
+    serving = active in unit_action.RUNNING_STATES and not unit_action.looping(active, sub)
     # Asked before the first command: a plan (--dry) reads an operation only up to its first
     # command, and the restart's reason is logged when it is asked.
-    changed = running and not _looping(unit_state) and (stale or restart())
-    if stale:
+    changed = serving and (stale or restart())
+    pending = restart_pending(unit_state.get("started"), since or {}) if serving and not changed else []
+    plan = unit_action.decide(active=active, sub=sub, enabled=unit_state["enabled"], stale=stale,
+                              start=start, changed=changed, pending=pending,
+                              restart_on_change=restart_on_change)
+    quoted = QuoteString(unit)
+    if plan.daemon_reload:
         yield StringCommand("systemctl daemon-reload")
-    if start and unit_state["enabled"] != "enabled":
-        yield StringCommand("systemctl enable", quoted)
-    elif not start and unit_state["enabled"] == "enabled":
-        yield StringCommand("systemctl disable", quoted)
-    if _looping(unit_state):
+    if plan.boot:
+        yield StringCommand(f"systemctl {plan.boot}", quoted)
+    action = plan.action
+    if action is Action.RECOVER:
         if cache.once(Kind.UNIT_LOOPING, unit):
             tail = host.get_fact(JournalTail, unit=unit, lines=15)
             logger.warning(f"{host.name}: {unit} is not serving: {_state_words(unit_state)}; "
                            "last journal lines:\n" + "\n".join(f"    {line}" for line in tail))
         yield StringCommand("systemctl reset-failed", quoted)
         yield StringCommand("systemctl restart" if start else "systemctl stop", quoted)
-        return
-    if running:
-        pending = [] if changed else restart_pending(unit_state.get("started"), since or {})
-        if not changed and not pending:
-            host.noop(f"{unit} is running and unchanged")
-            return
-        why = ", ".join(pending) + " changed after the server started" if pending else (
-            "this run changed what it runs")
-        if not restart_on_change:
-            if cache.once(Kind.RESTART_PENDING, unit):
-                logger.warning(f"{host.name}: {unit} restart pending: {why}; restart_on_change "
-                               f"is false: `systemctl restart {unit}` when the model may go down")
-            host.noop(f"{unit} restart pending (restart_on_change is false)")
-            return
+    elif action is Action.NOTHING:
+        host.noop(f"{unit} is running and unchanged")
+    elif action is Action.PENDING:
+        if cache.once(Kind.RESTART_PENDING, unit):
+            logger.warning(f"{host.name}: {unit} restart pending: {plan.why}; restart_on_change "
+                           f"is false: `systemctl restart {unit}` when the model may go down")
+        host.noop(f"{unit} restart pending (restart_on_change is false)")
+    elif action is Action.RESTART:
         if pending and cache.once(Kind.RESTART_PENDING, unit):
             # Once per run: in the plan, or at execution when the plan was skipped (-y).
-            logger.warning(f"{host.name}: {unit} restart pending: {why}")
+            logger.warning(f"{host.name}: {unit} restart pending: {plan.why}")
         yield StringCommand("systemctl reset-failed", quoted)
         yield StringCommand("systemctl restart", quoted)
-    elif start:
+    elif action is Action.START:
         yield StringCommand("systemctl reset-failed", quoted)
         yield StringCommand("systemctl start", quoted)
     else:
