@@ -190,6 +190,44 @@ def build_report(
     if isinstance(topo, str):
         topo = parse_topo_matrix(topo)
     topo = topo or {"gpus": [], "matrix": [], "affinity": {}}
+    gpus, pairs = _pairs(topo, p2p_read, p2p_write, checks)
+    warnings, missing = _pair_warnings(pairs)
+    slow, slow_warnings = _slow_pairs(pairs)
+    warnings += slow_warnings
+    advice: list[str] = []
+    in_vm = virt not in (None, "", "none")
+    if missing or slow or any(pair["data_ok"] is False for pair in pairs):
+        advice = _advice(virt if in_vm else None, iommu_acs)
+    elif in_vm and len(gpus) > 1:
+        warnings.append(
+            f"This host is a VM ({virt}): its P2P topology may not be the real one "
+            "(VFIO); check the bandwidth matrix."
+        )
+    notes = _notes(pairs, gpus, checks)
+    if checks is not None and checks.get("error"):
+        warnings.append(f"gpu_checks p2p failed: {checks['error']}")
+        if checks.get("hint"):
+            advice.append(checks["hint"])
+
+    return {
+        "gpus": gpus,
+        "pairs": pairs,
+        "local_gbps": {
+            entry["src"]: entry.get("gbps") for entry in (checks or {}).get("local", []) or []
+        },
+        "affinity": topo.get("affinity", {}),
+        "virt": virt,
+        "warnings": warnings,
+        "advice": advice,
+        "notes": notes,
+        "ok": not warnings,
+    }
+
+
+def _pairs(topo: dict[str, Any], p2p_read, p2p_write, checks: dict | None,
+           ) -> tuple[list[int], list[dict[str, Any]]]:
+    """The GPUs any input names, and one entry per ordered pair of them with what each input
+    says of it."""
     links = matrix_pairs(topo)
     reads = matrix_pairs(p2p_read)
     writes = matrix_pairs(p2p_write)
@@ -197,7 +235,6 @@ def build_report(
     gpus = sorted(set(topo["gpus"]) | {s for s, _ in reads} | {s for s, _ in measured})
     if checks and checks.get("device_count"):
         gpus = sorted(set(gpus) | set(range(checks["device_count"])))
-
     pairs = []
     for src in gpus:
         for dst in gpus:
@@ -217,7 +254,12 @@ def build_report(
                 "data_ok": check.get("data_ok"),
                 "error": check.get("error"),
             })
+    return gpus, pairs
 
+
+def _pair_warnings(pairs: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Warnings for copies that failed or delivered wrong data, and for pairs whose link allows
+    P2P but that lack it; the second list holds the latter pairs."""
     warnings: list[str] = []
     missing: list[dict] = []
     for pair in pairs:
@@ -242,14 +284,18 @@ def build_report(
                 f"{name}: P2P missing although the topology allows it (link {pair['link']}): "
                 + ", ".join(problems) + "."
             )
+    return warnings, missing
 
-    # Slow pairs: under half the best pair over the same kind of link.
+
+def _slow_pairs(pairs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Slow pairs: under half the best pair over the same kind of link, and their warnings."""
     best: dict[str, float] = {}
     for pair in pairs:
         kind = link_kind(pair["link"]) or "?"
         if pair["gbps"]:
             best[kind] = max(best.get(kind, 0.0), pair["gbps"])
     slow: list[dict] = []
+    warnings: list[str] = []
     for pair in pairs:
         kind = link_kind(pair["link"]) or "?"
         if pair["gbps"] and best.get(kind) and pair["gbps"] < 0.5 * best[kind]:
@@ -258,26 +304,25 @@ def build_report(
                 f"GPU{pair['src']}->GPU{pair['dst']}: {pair['gbps']:.1f} GB/s, under half of the "
                 f"best {kind} pair ({best[kind]:.1f} GB/s)."
             )
+    return slow, warnings
 
-    advice: list[str] = []
-    in_vm = virt not in (None, "", "none")
+
+def _advice(vm: str | None, iommu_acs: dict | None) -> list[str]:
+    """What to try when P2P is missing, slow or wrong: on a VM (VM: its kind), the IOMMU,
+    the bridges whose ACS redirects P2P, and the last resort."""
+    advice = [ADVICE_VM.format(virt=vm)] if vm else []
+    if iommu_acs is None or not iommu_acs.get("iommu_passthrough"):
+        advice.append(ADVICE_IOMMU)
     redirect = (iommu_acs or {}).get("p2p_redirect") or []
-    if missing or slow or any(pair["data_ok"] is False for pair in pairs):
-        if in_vm:
-            advice.append(ADVICE_VM.format(virt=virt))
-        if iommu_acs is not None and not iommu_acs.get("iommu_passthrough"):
-            advice.append(ADVICE_IOMMU)
-        elif iommu_acs is None:
-            advice.append(ADVICE_IOMMU)
-        if redirect:
-            advice.append(ADVICE_ACS.format(bridges=", ".join(redirect)))
-        advice.append(ADVICE_LAST_RESORT)
-    elif in_vm and len(gpus) > 1:
-        warnings.append(
-            f"This host is a VM ({virt}): its P2P topology may not be the real one "
-            "(VFIO); check the bandwidth matrix."
-        )
+    if redirect:
+        advice.append(ADVICE_ACS.format(bridges=", ".join(redirect)))
+    advice.append(ADVICE_LAST_RESORT)
+    return advice
 
+
+def _notes(pairs: list[dict[str, Any]], gpus: list[int], checks: dict | None) -> list[str]:
+    """What is not a problem but worth saying: links without P2P by design, too few GPUs, and
+    bandwidth not measured."""
     notes = []
     by_design = sorted({
         (min(p["src"], p["dst"]), max(p["src"], p["dst"]), p["link"], p["p2p_read"])
@@ -297,24 +342,7 @@ def build_report(
             "Bandwidth not measured: no gpu_checks.py p2p result (give a python that holds "
             "torch, host data p2p_python)."
         )
-    elif checks.get("error"):
-        warnings.append(f"gpu_checks p2p failed: {checks['error']}")
-        if checks.get("hint"):
-            advice.append(checks["hint"])
-
-    return {
-        "gpus": gpus,
-        "pairs": pairs,
-        "local_gbps": {
-            entry["src"]: entry.get("gbps") for entry in (checks or {}).get("local", []) or []
-        },
-        "affinity": topo.get("affinity", {}),
-        "virt": virt,
-        "warnings": warnings,
-        "advice": advice,
-        "notes": notes,
-        "ok": not warnings,
-    }
+    return notes
 
 
 def format_matrix(gpus: list[int], value, width: int = 9) -> str:
