@@ -510,81 +510,98 @@ def _build_host(
     hosts: Any,
 ) -> Group:
     """Validate one host entry and its containers; return its containers' names and data."""
-    where = f"host {host_name}"
-    host_path = (host_name,)
-    try:
-        platform = {**defaults, **entry, **override}.get("platform")
-        if platform in PLATFORMS:
-            _check_entry_connector_keys(where, entry, platform, "host")
-        host_settings = validate_host(host_name, {**entry, **override}, defaults)
-    except SettingsError as error:
-        raise _located(error, hosts, host_path, override=override) from None
+    host_settings = _validated_host(host_name, entry, defaults, override, hosts)
     platform = host_settings.platform
-    _, identity, data_key = PLATFORMS[platform]
+    data_key = PLATFORMS[platform][2]
     inventory_name = _host_inventory_name(host_name, entry)
-    local = inventory_name == "@local"
     host_keys = connector_data_types(HOST_CONNECTOR)
     user_keys = _user_connector_keys(platform)
     connection = {k: v for k, v in entry.items() if k in host_keys or k in user_keys}
     container_defaults = {k: v for k, v in entry.items() if k in CONTAINER_FIELDS}
     if not containers:
         # Nothing uses the host's container settings yet: still refuse a bad one now.
-        try:
-            merged = {**container_defaults, **override}
-            cs = validate_container(host_name, "(defaults)", merged, defaults)
-            if platform == "lxc":
-                check_lxc_settings(where, cs, merged, host_settings.lxc_config)
-        except SettingsError as error:
-            raise _located(error, hosts, host_path, override=override) from None
-
+        _validated_container(host_name, None, {}, container_defaults, host_settings,
+                             defaults, override, hosts, (host_name,))
     seen: set[Any] = set()
     pairs: Group = []
     for index, raw in enumerate(containers):
         path = (host_name, "containers", index)
-        at = _at(hosts, *path)
-        container = _mapping(f"{where}, container #{index + 1}", at, raw, "container entry")
-        if identity not in container:
-            other = next((i for _, i, _ in PLATFORMS.values() if i != identity), None)
-            hint = (
-                f"; '{other}' names containers on the other platform" if other in container else ""
+        key, container = _container_key(host_name, index, raw, platform, hosts, path)
+        if key in seen:
+            error = SettingsError(
+                f"host {host_name}: {PLATFORMS[platform][1]} {key} is declared twice; each "
+                f"container on a host needs its own {PLATFORMS[platform][1]}"
             )
-            raise SettingsError(
-                f"{where}, container #{index + 1}{at}: no '{identity}' (platform "
-                f"{platform} names containers by {identity}){hint}"
-            )
-        key = container.pop(identity)
-        try:
-            check_vmid(host_name, platform, key)
-            if key in seen:
-                raise SettingsError(
-                    f"{where}: {identity} {key} is declared twice; each container "
-                    f"on a host needs its own {identity}"
-                )
-            seen.add(key)
-            label = f"{where}, container {key}"
-            _check_entry_connector_keys(label, container, platform, "container")
-            check_container_keys(host_name, str(key), container)
-            data = {**container_defaults, **container}
-            cs = validate_container(host_name, str(key), {**data, **override}, defaults)
-            if platform == "lxc":
-                check_lxc_settings(label, cs, {**data, **override}, host_settings.lxc_config)
-        except SettingsError as error:
-            raise _located(error, hosts, path, host_path, override=override) from None
-        name = _container_inventory_name(platform, host_name, key, local)
-        pairs.append(
-            (
-                name,
-                {
-                    **connection,
-                    **data,
-                    "pve_host": inventory_name,
-                    "platform": platform,
-                    data_key: key,
-                    **({"lxc_path": host_settings.lxc_path} if platform == "lxc" else {}),
-                },
-            )
-        )
+            raise _located(error, hosts, path, (host_name,), override=override) from None
+        seen.add(key)
+        data = _validated_container(host_name, key, container, container_defaults,
+                                    host_settings, defaults, override, hosts, path)
+        name = _container_inventory_name(platform, host_name, key, inventory_name == "@local")
+        pairs.append((name, {
+            **connection,
+            **data,
+            "pve_host": inventory_name,
+            "platform": platform,
+            data_key: key,
+            **({"lxc_path": host_settings.lxc_path} if platform == "lxc" else {}),
+        }))
     return pairs
+
+
+def _validated_host(host_name: str, entry: dict[str, Any], defaults: dict[str, Any],
+                    override: dict[str, Any], hosts: Any):
+    """The host's settings (HostSettings) from its ENTRY; a bad one is refused with its line."""
+    try:
+        platform = {**defaults, **entry, **override}.get("platform")
+        if platform in PLATFORMS:
+            _check_entry_connector_keys(f"host {host_name}", entry, platform, "host")
+        return validate_host(host_name, {**entry, **override}, defaults)
+    except SettingsError as error:
+        raise _located(error, hosts, (host_name,), override=override) from None
+
+
+def _container_key(host_name: str, index: int, raw: Any, platform: str, hosts: Any,
+                   path: tuple) -> tuple[Any, dict[str, Any]]:
+    """The container entry RAW's identity (vmid or name, by PLATFORM) and its other keys."""
+    where = f"host {host_name}, container #{index + 1}"
+    at = _at(hosts, *path)
+    container = _mapping(where, at, raw, "container entry")
+    identity = PLATFORMS[platform][1]
+    if identity not in container:
+        other = next((i for _, i, _ in PLATFORMS.values() if i != identity), None)
+        hint = f"; '{other}' names containers on the other platform" if other in container else ""
+        raise SettingsError(
+            f"{where}{at}: no '{identity}' (platform {platform} names containers by "
+            f"{identity}){hint}"
+        )
+    return container.pop(identity), container
+
+
+def _validated_container(host_name: str, key: Any, container: dict[str, Any],
+                         container_defaults: dict[str, Any], host_settings: Any,
+                         defaults: dict[str, Any], override: dict[str, Any], hosts: Any,
+                         path: tuple) -> dict[str, Any]:
+    """The container's data (the host's container settings under its own), validated; KEY None
+    checks the host's container settings alone. A bad one is refused with its line."""
+    host_path = (host_name,)
+    platform = host_settings.platform
+    data = {**container_defaults, **container}
+    try:
+        if key is not None:
+            check_vmid(host_name, platform, key)
+            _check_entry_connector_keys(f"host {host_name}, container {key}", container,
+                                        platform, "container")
+            check_container_keys(host_name, str(key), container)
+        merged = {**data, **override}
+        cs = validate_container(host_name, "(defaults)" if key is None else str(key), merged,
+                                defaults)
+        if platform == "lxc":
+            label = f"host {host_name}" + ("" if key is None else f", container {key}")
+            check_lxc_settings(label, cs, merged, host_settings.lxc_config)
+    except SettingsError as error:
+        paths = (path, host_path) if path != host_path else (host_path,)
+        raise _located(error, hosts, *paths, override=override) from None
+    return data
 
 
 def _check_nodes(gpu_containers: Group) -> None:
