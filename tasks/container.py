@@ -33,6 +33,7 @@ CUDA_KEYRING = (
     "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
     "cuda-keyring_1.1-1_all.deb"
 )
+KEYRING_FILE = "/var/cache/pve-sglang/cuda-keyring.deb"
 
 
 @deploy("GPU container")
@@ -187,14 +188,11 @@ def nvidia_userspace(cs: ContainerSettings, version: str):
 
 def cuda_toolkit(cs: ContainerSettings) -> None:
     """CUDA toolkit (nvcc) from NVIDIA's Debian repository, for FlashInfer's JIT."""
-    keyring = files.download(
-        name="NVIDIA CUDA repository keyring",
-        src=CUDA_KEYRING,
-        dest="/var/cache/pve-sglang/cuda-keyring.deb",
-    )
-    server.shell(name="Install the CUDA repository keyring",
-                 commands=["dpkg -i /var/cache/pve-sglang/cuda-keyring.deb"],
-                 _if=keyring.did_change)
+    files.download(name="NVIDIA CUDA repository keyring", src=CUDA_KEYRING, dest=KEYRING_FILE)
+    # Decided from dpkg's list, not from keyring.did_change: a failed dpkg -i is made again.
+    package, version = CUDA_KEYRING.rsplit("/", 1)[1].removesuffix("_all.deb").split("_")
+    stack.deb_file(name="Install the CUDA repository keyring", path=KEYRING_FILE,
+                   package=package, version=version)
     version = cs.cuda_toolkit_version.replace(".", "-")
     stack.deb_packages(
         name=f"CUDA toolkit {cs.cuda_toolkit_version} and a host compiler (FlashInfer JIT)",

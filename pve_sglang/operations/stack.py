@@ -548,6 +548,36 @@ def model_download(python: str, repo: str, revision: str | None, path: str, env_
 
 
 @operation()
+def deb_file(path: str, package: str, version: str):
+    """
+    Install the Debian package file at PATH (e.g. a downloaded repository keyring) unless
+    PACKAGE is installed at VERSION. Decided from what dpkg lists, not from whether the file
+    changed in this run: a ``dpkg -i`` that failed (the dpkg lock held at a container's first
+    boot, a full disk) or never ran (a run killed after the download) is made by the next run.
+
+    + path: the ``.deb`` in the container
+    + package: its package name, as ``dpkg -l`` lists it
+    + version: its version, as ``dpkg -l`` lists it
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stack
+
+        stack.deb_file(name="Install the CUDA repository keyring",
+                       path="/var/cache/pve-sglang/cuda-keyring.deb",
+                       package="cuda-keyring", version="1.1-1")
+    """
+    installed = container_state.read("debs").get(package) or ()
+    if version in installed:
+        host.noop(f"{package} {version} installed")
+        return
+    yield StringCommand("dpkg -i", QuoteString(path))
+    container_state.forget(Kind.DEBS)
+
+
+@operation()
 def deb_packages(packages: list[str]):
     """
     Install the Debian PACKAGES that are missing, refreshing the package lists first; one read
