@@ -27,6 +27,14 @@ PIP_TARGET = [
     "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
     "--platform", "manylinux_2_34_x86_64",
 ]
+#: The containers' other tags, after PIP_TARGET's (pip takes each platform tag literally: it
+#: does not widen manylinux_2_34 to the older glibc tags a wheel such as uv's carries).
+OLDER_TARGETS = [
+    "--abi", "abi3", "--abi", "none",
+    *[arg for minor in range(33, 4, -1) for arg in ("--platform", f"manylinux_2_{minor}_x86_64")],
+    *[arg for tag in ("manylinux2014", "manylinux2010", "manylinux1")
+      for arg in ("--platform", f"{tag}_x86_64")],
+]
 #: pip's own retries: connections and each socket read; and an interrupted download resumed
 #: (pip 25.1 and later, through the environment: an older pip ignores it).
 PIP_RETRY = ["--retries", "10", "--timeout", "60"]
@@ -82,7 +90,7 @@ def project_wheel(project: str, version: str) -> Path:
     found = sorted(CACHE.glob(pattern))
     if not found:
         CACHE.mkdir(parents=True, exist_ok=True)
-        pip_download(["--no-deps", "--only-binary=:all:", *PIP_TARGET,
+        pip_download(["--no-deps", "--only-binary=:all:", *PIP_TARGET, *OLDER_TARGETS,
                       f"{project}=={version}", "-d", str(CACHE)], f"{project}=={version}")
         found = sorted(CACHE.glob(pattern))
     if not found:
