@@ -161,7 +161,8 @@ def deploy_namesakes(lxc_env):
             made.append(lxc_env.create(name, lxc_path=lxc_path))
             state = "RUNNING"
         else:
-            lxc_env_module.log(f"{lxc_path}/{name} exists ({state}): used as it is")
+            lxc_env_module.log(f"{lxc_path}/{name} exists ({state}), not made here: "
+                               "left as it is")
         if state == "RUNNING":
             running.append((lxc_path, name))
     yield running
