@@ -10,8 +10,16 @@ A real LXC test environment on this machine: Debian 12 containers booted with sy
   then ``update-ca-certificates``) so that pip works inside.
 + Containers use ``base/`` as the read-only lower layer of an overlay rootfs: creating one is
   writing a config, and resetting one is wiping its upper layer (well under a second).
-+ ``lxc.net.0.type = none``: containers share the host's network namespace. Nothing in them may
-  listen on the host's ports other than loopback test ports.
++ Every container has a network namespace of its own, never the host's: LXC's command socket
+  is an abstract UNIX socket named after the LXC path and the container's name
+  (``@/var/lib/lxc/NAME/command``), and abstract sockets belong to a network namespace, so in
+  the host's one an LXC tool inside a test container would reach the host's containers of that
+  name (a running ``pve-sglang-demo``). ``network="loopback"`` (the default): loopback only.
+  ``network="bridge"``: a veth on LXC's NAT bridge ``lxcbr0`` (lxc-net) with a static address
+  of its own (``LxcContainer.address``), for a container that downloads or that the host reaches.
++ Downloads inside the containers retry: apt (``Acquire::Retries``) and pip (``/etc/pip.conf``:
+  retries, timeout, resumed downloads) are told so in the base; the rootfs build retries
+  debootstrap.
 
 Cgroups: this machine is a hybrid cgroup v1 host (the devices controller is on v1), where a plain
 ``lxc-start`` boots systemd fine and applies ``lxc.cgroup.devices.*`` (v1) rules, ignoring the
@@ -27,6 +35,8 @@ import atexit
 import fcntl
 import glob
 import hashlib
+import ipaddress
+import json
 import os
 import shutil
 import subprocess
@@ -57,7 +67,7 @@ PACKAGES: tuple[str, ...] = (
     "procps",
     "curl",
     "sudo",
-    "openssh-server",  # disabled in every container; a test starts it on a loopback port
+    "openssh-server",  # disabled in every container; a test that needs it starts it
 )
 #: Removed from the built rootfs before packing (downloaded .debs, apt lists, docs).
 PRUNE: tuple[str, ...] = (
@@ -75,6 +85,31 @@ CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 USERNS_BASE_ID = 100000
 USERNS_SIZE = 65536
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
+#: Pauses (seconds) before the second and third debootstrap of a rootfs build: a mirror's slow
+#: answer must not fail the test session.
+DEBOOTSTRAP_PAUSES_S = (10, 30)
+#: Downloads inside the containers retry (test-time additions to the base, never in the tarball).
+APT_RETRIES = 'Acquire::Retries "5";\nAcquire::http::Timeout "60";\nAcquire::https::Timeout "60";\n'
+#: pip of any release reads /etc/pip.conf (venvs too) and ignores what it does not know
+#: (``resume-retries`` came with pip 25.1).
+PIP_RETRIES = "[global]\nretries = 10\ntimeout = 60\nresume-retries = 5\n"
+
+# Networks. A container never shares the host's network namespace (see the module's text).
+NETWORKS = ("loopback", "bridge")
+#: LXC's NAT bridge (lxc-net) that ``network="bridge"`` containers join.
+BRIDGE = "lxcbr0"
+LXC_NET = Path("/usr/libexec/lxc/lxc-net")
+DNSMASQ_LEASES = Path(f"/var/lib/misc/dnsmasq.{BRIDGE}.leases")
+#: Host numbers on the bridge's subnet that ``network="bridge"`` containers take: static (the
+#: rootfs has no DHCP client), below the deploy tests' own (.201, .202), none leased by
+#: lxc-net's dnsmasq or seen on the bridge, each held by a lock file while the container exists.
+BRIDGE_HOSTS = range(150, 200)
+ADDRESS_LOCKS = Path("/run/lock/pve-sglang-tests")
+
+#: LXC's default path, where ``make deploy`` leaves the containers it creates.
+DEFAULT_LXC_PATH = Path("/var/lib/lxc")
+#: In a container folder that this suite made outside its private LXC path: the owner's pid.
+CONTAINER_OWNER_FILE = "pve-sglang-tests.owner"
 
 #: Seconds spent in named steps and how often, printed at the end of the session (tests/conftest.py).
 TIMINGS: dict[str, list[float]] = {}
@@ -153,9 +188,9 @@ def _cache_lock() -> Iterator[None]:
 
 def disable_sshd(rootfs: Path) -> None:
     """
-    Keep sshd from starting at boot. Containers share the host's network, so an enabled sshd
-    would listen on the host's port 22; a test that needs it configures a loopback port and
-    starts it itself. Done at build time so that every user of the tarball gets it.
+    Keep sshd from starting at boot: a test that needs it configures it and starts it itself,
+    and no container made from the tarball (the deploy tests' too) listens for logins nobody
+    asked for. Done at build time so that every user of the tarball gets it.
     """
     for pattern in (
         "etc/systemd/system/*.wants/ssh.service",
@@ -167,30 +202,35 @@ def disable_sshd(rootfs: Path) -> None:
             os.unlink(path)
 
 
+def debootstrap(rootfs: Path, pauses_s: Sequence[float] = DEBOOTSTRAP_PAUSES_S) -> None:
+    """Debootstrap the Debian rootfs into ROOTFS; tried again from scratch after each of
+    PAUSES_S (debootstrap gives up on one failed download), the last failure raised."""
+    for attempt in range(len(pauses_s) + 1):
+        log(f"building Debian {SUITE} rootfs with debootstrap (about a minute) ...")
+        result = _run(
+            ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
+             str(rootfs)],
+            check=False, capture_output=True, text=True,
+        )
+        if result.returncode == 0:
+            return
+        output = f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        if attempt == len(pauses_s):
+            raise RuntimeError(f"debootstrap failed ({result.returncode}), "
+                               f"{attempt + 1} tries:\n{output}")
+        log(f"debootstrap failed ({result.returncode}); again in {pauses_s[attempt]}s:\n"
+            f"{output[-800:]}")
+        shutil.rmtree(rootfs, ignore_errors=True)
+        time.sleep(pauses_s[attempt])
+
+
 def build_rootfs_tarball(dest: Path) -> None:
     """Debootstrap a Debian rootfs, prune it and pack it as ``dest`` (zstd tar)."""
     build_dir = Path(tempfile.mkdtemp(prefix="build-", dir=CACHE_DIR))
     rootfs = build_dir / "rootfs"
     try:
         started = time.monotonic()
-        log(f"building Debian {SUITE} rootfs with debootstrap (about a minute) ...")
-        result = _run(
-            [
-                "debootstrap",
-                "--variant=minbase",
-                f"--include={','.join(PACKAGES)}",
-                SUITE,
-                str(rootfs),
-            ],
-            check=False,
-            capture_output=True,
-            text=True,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(
-                f"debootstrap failed ({result.returncode}):\n{result.stdout[-3000:]}"
-                f"\n{result.stderr[-3000:]}",
-            )
+        debootstrap(rootfs)
         debootstrap_s = time.monotonic() - started
 
         disable_sshd(rootfs)
@@ -285,6 +325,9 @@ def prepare_base(base: Path) -> None:
             env={"PATH": CONTAINER_PATH},
         )
 
+    (base / "etc/apt/apt.conf.d/80-pve-sglang-tests-retries").write_text(APT_RETRIES)
+    (base / "etc/pip.conf").write_text(PIP_RETRIES)
+
     # No apt runs of its own while tests use apt/dpkg.
     systemd_dir = base / "etc/systemd/system"
     for unit in ("apt-daily.timer", "apt-daily-upgrade.timer"):
@@ -332,8 +375,74 @@ def root_has_subids() -> bool:
     return True
 
 
+# Networks
+#
+
+
+def bridge_interface() -> ipaddress.IPv4Interface:
+    """The bridge's IPv4 address and prefix (the gateway of ``network="bridge"`` containers).
+    A missing bridge is made by starting lxc-net, as the embedded default's deploy does."""
+    if not Path(f"/sys/class/net/{BRIDGE}").exists() and LXC_NET.exists():
+        log(f"{BRIDGE} is missing: starting lxc-net")
+        _run([str(LXC_NET), "start"], check=False, capture_output=True)
+    done = _run(["ip", "-j", "-4", "addr", "show", "dev", BRIDGE], check=False,
+                capture_output=True, text=True)
+    found = [f"{a['local']}/{a['prefixlen']}" for entry in json.loads(done.stdout or "[]")
+             for a in entry.get("addr_info", [])]
+    if done.returncode != 0 or not found:
+        raise LxcError(f'network="bridge" needs LXC\'s bridge {BRIDGE} (lxc-net, from the lxc '
+                       f"package) with an IPv4 address; ip says: {done.stderr.strip() or found}")
+    return ipaddress.IPv4Interface(found[0])
+
+
+def taken_on_bridge() -> set[str]:
+    """Addresses lxc-net's dnsmasq has leased or that answer on the bridge now."""
+    taken = set()
+    if DNSMASQ_LEASES.exists():
+        taken |= {line.split()[2] for line in DNSMASQ_LEASES.read_text().splitlines()
+                  if len(line.split()) > 2}
+    done = _run(["ip", "-j", "neigh", "show", "dev", BRIDGE], check=False, capture_output=True,
+                text=True)
+    for entry in json.loads(done.stdout or "[]") if done.returncode == 0 else []:
+        if not set(entry.get("state", [])) & {"FAILED", "INCOMPLETE"}:
+            taken.add(entry["dst"])
+    return taken
+
+
+def reserve_address(bridge: ipaddress.IPv4Interface):
+    """A free address on BRIDGE's subnet and the open lock file that holds it (closing the file,
+    or the process ending, gives it back)."""
+    ADDRESS_LOCKS.mkdir(parents=True, exist_ok=True)
+    taken = taken_on_bridge()
+    for host in BRIDGE_HOSTS:
+        address = bridge.network.network_address + host
+        if address not in bridge.network or address == bridge.ip or str(address) in taken:
+            continue
+        lock = open(ADDRESS_LOCKS / f"{address}.lock", "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        return ipaddress.IPv4Interface(f"{address}/{bridge.network.prefixlen}"), lock
+    raise LxcError(f"no free address for a test container on {BRIDGE} ({bridge.network}, hosts "
+                   f"{BRIDGE_HOSTS.start}-{BRIDGE_HOSTS.stop - 1}): all leased, answering or held")
+
+
 # Containers
 #
+
+
+def state_of(lxc_path: Path, name: str) -> str:
+    """``lxc-info``'s state of container NAME under LXC_PATH (``RUNNING``, ``STOPPED``, ...),
+    ``MISSING`` when there is none."""
+    result = _run(["lxc-info", "-P", str(lxc_path), "-n", name, "-s"], check=False,
+                  capture_output=True, text=True)
+    for line in result.stdout.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "State":
+            return value.strip()
+    return "MISSING"
 
 
 class LxcError(RuntimeError):
@@ -342,17 +451,25 @@ class LxcError(RuntimeError):
 
 @dataclass
 class LxcContainer:
-    """One container of an ``LxcEnv``: overlay rootfs on the env's base, no own network."""
+    """One container of an ``LxcEnv``: overlay rootfs on the env's base, a network namespace of
+    its own (``network``: ``"loopback"`` or ``"bridge"``, then at ``address``)."""
 
     env: LxcEnv
     name: str
     extra_config: list[str] = field(default_factory=list)
     unprivileged: bool = False
     started_cgroup: str | None = None
+    network: str = "loopback"
+    #: With ``network="bridge"``: its address on the bridge (with the prefix) and the gateway.
+    address: ipaddress.IPv4Interface | None = None
+    gateway: ipaddress.IPv4Address | None = None
+    #: Another LXC path than the env's (``DEFAULT_LXC_PATH`` for a namesake of a deploy's).
+    path: Path | None = None
+    _address_lock: object = field(default=None, repr=False)
 
     @property
     def lxc_path(self) -> Path:
-        return self.env.lxc_path
+        return self.path or self.env.lxc_path
 
     @property
     def dir(self) -> Path:
@@ -399,12 +516,26 @@ class LxcContainer:
                 "lxc.include = /usr/share/lxc/config/userns.conf",
                 f"lxc.idmap = u 0 {USERNS_BASE_ID} {USERNS_SIZE}",
                 f"lxc.idmap = g 0 {USERNS_BASE_ID} {USERNS_SIZE}",
-                "lxc.net.0.type = empty",
             ]
-        else:
-            lines.append("lxc.net.0.type = none")
+        lines += self.network_config()
         lines += self.extra_config
         self.config_path.write_text("\n".join(lines) + "\n")
+
+    def network_config(self) -> list[str]:
+        """The ``lxc.net.0.*`` lines: an own network namespace, never the host's (``none``)."""
+        if self.network == "loopback":
+            return ["lxc.net.0.type = empty"]
+        assert self.address is not None and self.gateway is not None
+        last = self.address.ip.packed[-2:]  # a MAC of its own per address
+        return [
+            "lxc.net.0.type = veth",
+            f"lxc.net.0.link = {BRIDGE}",
+            "lxc.net.0.name = eth0",
+            "lxc.net.0.flags = up",
+            f"lxc.net.0.hwaddr = 00:16:3e:7e:{last[0]:02x}:{last[1]:02x}",
+            f"lxc.net.0.ipv4.address = {self.address.with_prefixlen}",
+            f"lxc.net.0.ipv4.gateway = {self.gateway}",
+        ]
 
     def _fresh_rootfs(self) -> None:
         for sub in ("delta", "work"):
@@ -422,17 +553,7 @@ class LxcContainer:
     # Lifecycle
 
     def state(self) -> str:
-        result = _run(
-            ["lxc-info", "-P", str(self.lxc_path), "-n", self.name, "-s"],
-            check=False,
-            capture_output=True,
-            text=True,
-        )
-        for line in result.stdout.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "State":
-                return value.strip()
-        return "MISSING"
+        return state_of(self.lxc_path, self.name)
 
     def start(self, cgroup: str = "host", wait: bool = True, timeout: float = 60) -> None:
         """
@@ -516,6 +637,9 @@ class LxcContainer:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
         self.env.containers.pop(self.name, None)
+        if self._address_lock is not None:
+            self._address_lock.close()
+            self._address_lock = None
 
     # Running things inside (test helpers; the connector code path is pyinfra's)
 
@@ -571,8 +695,25 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_envs(parent: Path | None = None) -> None:
-    """Stop and remove LXC envs left by test sessions that died (their owner pid is gone)."""
+def _owner(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def remove_stale_envs(parent: Path | None = None, lxc_path: Path = DEFAULT_LXC_PATH) -> None:
+    """Stop and remove LXC envs left by test sessions that died (their owner pid is gone), and
+    the containers such a session made under LXC_PATH (those holding its owner file, no other)."""
+    for owner_file in lxc_path.glob(f"*/{CONTAINER_OWNER_FILE}"):
+        owner = _owner(owner_file)
+        if owner is None or _pid_alive(owner):
+            continue
+        container = owner_file.parent
+        log(f"removing stale test container {container} (owner {owner} is gone)")
+        _run(["lxc-stop", "-P", str(lxc_path), "-n", container.name, "-k"], check=False,
+             capture_output=True)
+        shutil.rmtree(container, ignore_errors=True)
     parent = parent or Path(tempfile.gettempdir())
     for env_dir in parent.glob(f"{ENV_PREFIX}*"):
         try:
@@ -647,17 +788,29 @@ class LxcEnv:
         start: bool = True,
         cgroup: str = "host",
         unprivileged: bool = False,
+        network: str = "loopback",
+        lxc_path: Path | None = None,
     ) -> LxcContainer:
         """
         Create a container (and by default start it and wait for systemd). ``unprivileged``:
-        ids mapped to 100000+ on the host, with a network namespace of its own (loopback only).
+        ids mapped to 100000+ on the host. ``network``: ``"loopback"`` (a network namespace
+        with loopback only) or ``"bridge"`` (a veth on ``BRIDGE`` at a static address of its
+        own, and its route out). ``lxc_path``: another folder than the env's (one that already
+        holds a container of that name is refused, never touched).
         """
-        container = LxcContainer(
-            self, name or self.new_name(), list(extra_config), unprivileged=unprivileged
-        )
+        if network not in NETWORKS:
+            raise ValueError(f"network must be one of {', '.join(NETWORKS)}, not {network!r}")
+        container = LxcContainer(self, name or self.new_name(), list(extra_config),
+                                 unprivileged=unprivileged, network=network, path=lxc_path)
         if container.name in self.containers or container.dir.exists():
-            raise LxcError(f"container {container.name} already exists in {self.lxc_path}")
+            raise LxcError(f"container {container.name} already exists in {container.lxc_path}")
+        if network == "bridge":
+            bridge = bridge_interface()
+            container.address, container._address_lock = reserve_address(bridge)
+            container.gateway = bridge.ip
         container.dir.mkdir(parents=True)
+        if lxc_path is not None:
+            (container.dir / CONTAINER_OWNER_FILE).write_text(f"{os.getpid()}\n")
         container.write_config()
         container._fresh_rootfs()
         self.containers[container.name] = container

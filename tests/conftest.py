@@ -3,9 +3,14 @@ Shared pytest fixtures, and the test tiers they decide.
 
 A test's tier follows from the fixtures it uses (directly or through other fixtures), never from
 its name: ``lxc_host`` (and every fixture built on it: ``lxc_env``, ``lxc_container``) marks it
-``lxc`` and ``root``, ``as_root`` marks it ``root``, ``sglang_wheel`` and ``package_index`` mark it
-``network``. The fast tier is every other test:
+``lxc`` and ``root``, ``as_root`` marks it ``root``, ``package_index`` (and every fixture built
+on it: ``sglang_wheel``, ``pypi_wheel``) marks it ``network``. The fast tier is every other test:
 ``make test-fast`` (``pytest -m "not lxc and not root and not network"``).
+
+Downloads retry (tests/wheels.py): a slow answer of the package index fails no test. The
+wheels come from ``.cache/wheels``, filled once with retries; from the first use of
+``package_index`` on, every pip and uv this session starts (the deploy's own wheel fetch and lock
+compile through the pyinfra CLI included) retries too (``RETRY_ENVIRONMENT``).
 
 LXC test environment (see devtools/lxc_env.py), all needing root, lxc, debootstrap and zstd:
 
@@ -14,19 +19,25 @@ LXC test environment (see devtools/lxc_env.py), all needing root, lxc, debootstr
   ``inventory_name`` (``@lxc/NAME``) and ``host_data()`` (``lxc_name``, ``lxc_path``,
   ``lxc_local``) are what the ``@lxc`` connector needs.
 + ``lxc_container_factory`` (function): ``make(count=1, extra_config=(), start=True,
-  cgroup="host", unprivileged=False)`` returns a list of new containers, destroyed when the
-  test ends. ``cgroup="v2"`` starts one under a pure cgroup2 mount (``lxc.cgroup2.*`` rules
-  apply); ``unprivileged=True`` maps its ids to 100000+ and gives it its own loopback-only
-  network namespace.
+  cgroup="host", unprivileged=False, network="loopback")`` returns a list of new containers,
+  destroyed when the test ends. ``cgroup="v2"`` starts one under a pure cgroup2 mount
+  (``lxc.cgroup2.*`` rules apply); ``unprivileged=True`` maps its ids to 100000+;
+  ``network="bridge"`` puts it on LXC's NAT bridge at an address of its own (to download, or
+  to be reached from this machine). Every container has a network namespace of its own.
++ ``deploy_namesakes`` (module): running containers with the names and LXC path that
+  ``make deploy`` without a hosts file gives its containers (``pve-sglang-demo`` under
+  /var/lib/lxc), for tests that must hold beside them.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
-import os
-
 from devtools import lxc_env as lxc_env_module
+from pve_sglang.hosts_file import EMBEDDED_HOSTS_FILE, build_groups, read_hosts_file
 
 import wheels
 
@@ -34,8 +45,16 @@ import wheels
 TIER_OF_FIXTURE: dict[str, tuple[str, ...]] = {
     "lxc_host": ("lxc", "root"),
     "as_root": ("root",),
-    "sglang_wheel": ("network",),
     "package_index": ("network",),
+}
+#: pip's and uv's own retries, for every one this session starts once a test downloads (what is
+#: set already stays): connections and reads tried again, an interrupted download resumed.
+RETRY_ENVIRONMENT = {
+    "PIP_RETRIES": "10",
+    "PIP_DEFAULT_TIMEOUT": "60",
+    "PIP_RESUME_RETRIES": "5",
+    "UV_HTTP_RETRIES": "10",
+    "UV_HTTP_TIMEOUT": "60",
 }
 
 
@@ -57,16 +76,27 @@ def as_root() -> None:
 
 
 @pytest.fixture(scope="session")
-def sglang_wheel():
+def package_index():
+    """The test downloads from the package index: pip and uv started from now on retry
+    (``RETRY_ENVIRONMENT``). Returns tests/wheels.py's ``retried(action, what)``, for a
+    download of the test's own."""
+    for name, value in RETRY_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    return wheels.retried
+
+
+@pytest.fixture(scope="session")
+def sglang_wheel(package_index):
     """``wheel(version) -> Path``: a real sglang wheel from the package index, downloaded once
-    into ``.cache/wheels`` and reused by every later run."""
+    (with retries) into ``.cache/wheels`` and reused by every later run."""
     return wheels.wheel
 
 
 @pytest.fixture(scope="session")
-def package_index() -> None:
-    """Taken by a test that asks the real package index itself (uv pip compile, pip download):
-    it marks the test ``network``; uv and pip retry a slow answer themselves."""
+def pypi_wheel(package_index):
+    """``project_wheel(project, version) -> Path``: another real wheel from the package index
+    (uv's), for the containers' Python and platform, cached as ``sglang_wheel``'s."""
+    return wheels.project_wheel
 
 
 @pytest.fixture(scope="session")
@@ -106,6 +136,35 @@ def lxc_container_factory(lxc_env):
         return new
 
     yield make
+    for container in made:
+        container.destroy()
+
+
+def embedded_default_containers() -> list[tuple[Path, str]]:
+    """(LXC path, name) of each container ``make deploy`` without a hosts file creates."""
+    _, containers = build_groups(read_hosts_file(EMBEDDED_HOSTS_FILE))
+    return [(Path(data["lxc_path"]), data["lxc_name"]) for _, data in containers]
+
+
+@pytest.fixture(scope="module")
+def deploy_namesakes(lxc_env):
+    """``[(lxc_path, name)]`` of running containers named and placed as ``make deploy`` without
+    a hosts file places its own, for a test that must hold whatever runs on this machine. A
+    real one that runs is used as it is and left so; where there is none, a stand-in of the
+    test rootfs takes its name until the module ends; a real one that does not run is left
+    alone (never started, never touched) and is not listed."""
+    made, running = [], []
+    for lxc_path, name in embedded_default_containers():
+        state = lxc_env_module.state_of(lxc_path, name)
+        if state == "MISSING" and not (lxc_path / name).exists():
+            made.append(lxc_env.create(name, lxc_path=lxc_path))
+            state = "RUNNING"
+        else:
+            lxc_env_module.log(f"{lxc_path}/{name} exists ({state}), not made here: "
+                               "left as it is")
+        if state == "RUNNING":
+            running.append((lxc_path, name))
+    yield running
     for container in made:
         container.destroy()
 

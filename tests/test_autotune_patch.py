@@ -1,7 +1,8 @@
 """Tests for pve_sglang/remote/autotune_patch.py against files taken from the real sglang wheels.
 
-The wheels are fetched once into <repo>/.cache/wheels and reused; a failed
-download fails the test run instead of skipping it.
+The wheels come from the ``sglang_wheel`` fixture (network tier): fetched once into
+<repo>/.cache/wheels and reused; a download that fails on every try fails the test run instead
+of skipping it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pve_sglang.remote import autotune_patch  # noqa: E402
-from wheels import wheel  # noqa: E402
 
 MODEL_RUNNER = "srt/model_executor/model_runner.py"
 BASE_RUNNER = "srt/model_executor/runner/base_runner.py"
@@ -51,22 +51,32 @@ DISABLED_LINE = '# "flashinfer_cutlass",'
 ROUTED_DISABLED = '# "flashinfer_trtllm_routed",'
 
 
-@functools.lru_cache(maxsize=None)
-def members(version: str) -> dict[str, bytes]:
-    """Return the version files and candidate files of the wheel, keyed by path under sglang/."""
+def wheel_members(wheel: Path) -> dict[str, bytes]:
+    """Return the version files and candidate files of WHEEL, keyed by path under sglang/."""
     wanted = {"version.py", "_version.py", *autotune_patch.CANDIDATES}
-    with zipfile.ZipFile(wheel(version)) as archive:
+    with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         return {name: archive.read(f"sglang/{name}") for name in wanted if f"sglang/{name}" in names}
 
 
-def package(version: str, root: Path) -> Path:
-    """Lay the wheel's needed files out as root/sglang and return that package dir."""
-    pkg = root / version / "sglang"
-    for name, data in members(version).items():
-        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
-        (pkg / name).write_bytes(data)
-    return pkg
+@pytest.fixture(scope="module")
+def members(sglang_wheel):
+    """``members(version)``: the version files and candidate files of the real wheel."""
+    return functools.lru_cache(maxsize=None)(lambda version: wheel_members(sglang_wheel(version)))
+
+
+@pytest.fixture(scope="module")
+def package(members):
+    """``package(version, root)``: lay the wheel's needed files out as root/VERSION/sglang and
+    return that package dir."""
+    def lay_out(version: str, root: Path) -> Path:
+        pkg = root / version / "sglang"
+        for name, data in members(version).items():
+            (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+            (pkg / name).write_bytes(data)
+        return pkg
+
+    return lay_out
 
 
 def cli(*args: str, cwd: Path = REPO, script: str | None = None) -> tuple[int, str]:
@@ -95,7 +105,7 @@ def moe_entries(source: str) -> list[str]:
 
 
 @pytest.mark.parametrize("version", list(PATCHABLE) + list(UPSTREAM))
-def test_list_location(version: str, tmp_path: Path) -> None:
+def test_list_location(version: str, tmp_path: Path, package) -> None:
     """The list is found in the expected file at the expected line, with the wheel's version."""
     pkg = package(version, tmp_path)
     relative, line = {**PATCHABLE, **UPSTREAM}[version]
@@ -106,7 +116,7 @@ def test_list_location(version: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("version", list(PATCHABLE))
-def test_patchable_release(version: str, tmp_path: Path) -> None:
+def test_patchable_release(version: str, tmp_path: Path, package) -> None:
     """check -> needs-patch, apply -> applied, then already-patched without touching anything."""
     pkg = package(version, tmp_path)
     target = pkg / PATCHABLE[version][0]
@@ -153,7 +163,7 @@ def test_patchable_release(version: str, tmp_path: Path) -> None:
     assert snapshot(pkg) == after
 
 
-def test_routed_stays_commented(tmp_path: Path) -> None:
+def test_routed_stays_commented(tmp_path: Path, package) -> None:
     """0.5.10 to 0.5.12.post1 comment out flashinfer_trtllm_routed too; it stays so."""
     for version in ("0.5.10", "0.5.12.post1"):
         pkg = package(version, tmp_path)
@@ -165,7 +175,7 @@ def test_routed_stays_commented(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("version", list(UPSTREAM))
-def test_upstream_release(version: str, tmp_path: Path) -> None:
+def test_upstream_release(version: str, tmp_path: Path, package) -> None:
     """Releases that list flashinfer_cutlass themselves are reported and left alone."""
     pkg = package(version, tmp_path)
     before = snapshot(pkg)
@@ -177,7 +187,7 @@ def test_upstream_release(version: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("version", REFUSED)
 @pytest.mark.parametrize("mode", ["--check", "--apply"])
-def test_refused_release(version: str, mode: str, tmp_path: Path) -> None:
+def test_refused_release(version: str, mode: str, tmp_path: Path, package) -> None:
     """A release without the MoE list is unrecognised and nothing changes."""
     pkg = package(version, tmp_path)
     before = snapshot(pkg)
@@ -210,7 +220,7 @@ def doctor(source: str, how: str) -> str:
 
 
 @pytest.mark.parametrize("how", ["todo-text", "other-backend", "indent", "twice", "outside-list", "no-anchor"])
-def test_doctored_file_refused(how: str, tmp_path: Path) -> None:
+def test_doctored_file_refused(how: str, tmp_path: Path, package) -> None:
     """A 0.5.8 file whose commented pair is not as expected is unrecognised and untouched."""
     pkg = package("0.5.8", tmp_path)
     target = pkg / MODEL_RUNNER
@@ -236,7 +246,7 @@ def test_usage_error(tmp_path: Path) -> None:
     assert cli("--check", "--apply", str(tmp_path))[0] == 2
 
 
-def test_runs_as_plain_file(tmp_path: Path) -> None:
+def test_runs_as_plain_file(tmp_path: Path, package) -> None:
     """The module works when uploaded alone and run as a file, outside the repo."""
     script = tmp_path / "autotune_patch.py"
     shutil.copy(REPO / "pve_sglang" / "remote" / "autotune_patch.py", script)
@@ -246,7 +256,7 @@ def test_runs_as_plain_file(tmp_path: Path) -> None:
     assert cli("--apply", str(pkg), cwd=tmp_path, script=str(script)) == (0, "already-patched\n")
 
 
-def test_stale_backup_is_refreshed_once(tmp_path: Path) -> None:
+def test_stale_backup_is_refreshed_once(tmp_path: Path, package) -> None:
     """A .orig left by an earlier install is replaced by the current original, then kept."""
     pkg = package("0.5.9", tmp_path)
     target = pkg / MODEL_RUNNER
@@ -262,7 +272,8 @@ def test_stale_backup_is_refreshed_once(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fail_backup", [False, True])
 def test_failing_write_leaves_original(
-    fail_backup: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    fail_backup: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], package,
 ) -> None:
     """If replacing the file (or writing the backup) fails, the original stays byte-identical."""
     pkg = package("0.5.8", tmp_path)
@@ -315,7 +326,7 @@ f = lambda: should_run_flashinfer_autotune
 
 
 @pytest.mark.parametrize("version", [*PATCHABLE, *UPSTREAM, *REFUSED])
-def test_the_autotune_functions_are_those_ast_walk_finds(version: str) -> None:
+def test_the_autotune_functions_are_those_ast_walk_finds(version: str, members) -> None:
     """Only statements are visited for the gate's definitions: the same ones (each once) as
     walking every node, in each candidate file of the real wheels and at every nesting."""
     def by_walk(tree: ast.AST) -> list[ast.AST]:

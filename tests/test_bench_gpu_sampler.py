@@ -29,7 +29,6 @@ from pve_sglang.remote import GPU_SAMPLER, source
 from pve_sglang.remote import gpu_sampler
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
-from wheels import wheel
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_NVIDIA_SMI = """#!/bin/sh
@@ -155,9 +154,9 @@ def test_parse_line():
 
 @pytest.mark.parametrize("release, member", [("0.5.9", "sglang/bench_serving.py"),
                                              ("0.5.23", "sglang/benchmark/serving.py")])
-def test_markers_are_printed_by_the_release(release, member):
+def test_markers_are_printed_by_the_release(release, member, sglang_wheel):
     """The sampler's window opens and closes on lines the release's benchmark prints."""
-    with zipfile.ZipFile(wheel(release)) as archive:
+    with zipfile.ZipFile(sglang_wheel(release)) as archive:
         text = archive.read(member).decode()
     assert f"Starting main benchmark run..." in text and MAIN_RUN_MARKER in text
     assert f'"{RESULT_HEADER}"' in text

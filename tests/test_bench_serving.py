@@ -32,7 +32,6 @@ from pve_sglang.server.bench import (
 )
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
-from wheels import wheel
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "bench" / "bench_serving_0.5.9.txt"
@@ -83,15 +82,26 @@ def settings(**overrides) -> ContainerSettings:
     return ContainerSettings.model_validate({**data, **overrides})
 
 
-@functools.lru_cache(maxsize=None)
-def wheel_text(version: str, member: str) -> str:
-    with zipfile.ZipFile(wheel(version)) as archive:
-        return archive.read(member).decode()
+@pytest.fixture(scope="module")
+def wheel_text(sglang_wheel):
+    """``wheel_text(version, member)``: a file of the real sglang wheel, as text."""
+    @functools.lru_cache(maxsize=None)
+    def text(version: str, member: str) -> str:
+        with zipfile.ZipFile(sglang_wheel(version)) as archive:
+            return archive.read(member).decode()
+
+    return text
 
 
-def summary_block_source(version: str) -> str:
-    """The release's own print statements of the summary block, dedented."""
-    lines = wheel_text(version, BENCH_SOURCE[version]).splitlines()
+@pytest.fixture(scope="module")
+def bench_source(wheel_text):
+    """``bench_source(version)``: the release's benchmark module (``BENCH_SOURCE``), as text."""
+    return lambda version: wheel_text(version, BENCH_SOURCE[version])
+
+
+def summary_block_source(source: str) -> str:
+    """The print statements of the summary block of a release's benchmark SOURCE, dedented."""
+    lines = source.splitlines()
     start = next(i for i, line in enumerate(lines) if '" Serving Benchmark Result "' in line)
     indent = len(lines[start]) - len(lines[start].lstrip())
     block = []
@@ -104,8 +114,9 @@ def summary_block_source(version: str) -> str:
     return textwrap.dedent("\n".join(block))
 
 
-def render_summary(version: str, max_concurrency: int = 64) -> str:
-    """Run the release's summary print block on METRICS; return what it prints."""
+def render_summary(source: str, max_concurrency: int = 64) -> str:
+    """Run the summary print block of a release's benchmark SOURCE on METRICS; return what it
+    prints."""
     namespace = dict(
         metrics=SimpleNamespace(**METRICS),
         backend="sglang",
@@ -121,7 +132,7 @@ def render_summary(version: str, max_concurrency: int = 64) -> str:
     )
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(summary_block_source(version), namespace)
+        exec(summary_block_source(source), namespace)
     return out.getvalue()
 
 
@@ -130,8 +141,8 @@ def fixture_summary() -> str:
     return text[text.index("\n=") :]
 
 
-def test_fixture_is_the_release_format():
-    assert fixture_summary() == render_summary("0.5.9")
+def test_fixture_is_the_release_format(bench_source):
+    assert fixture_summary() == render_summary(bench_source("0.5.9"))
 
 
 def test_parse_fixture():
@@ -150,23 +161,27 @@ def test_parse_fixture():
     assert result["total_output_tokens"] == 16384
 
 
-def test_parse_0_5_23_format():
+def test_parse_0_5_23_format(bench_source):
     """0.5.23 prints the same labels (plus P90/P95 lines) from sglang/benchmark/serving.py."""
-    result = parse_bench_output("Warmup completed\n" + render_summary("0.5.23", max_concurrency=16))
+    result = parse_bench_output("Warmup completed\n"
+                                + render_summary(bench_source("0.5.23"), max_concurrency=16))
     assert result["output_token_throughput"] == 1555.99
     assert result["median_ttft_ms"] == 790.12
     assert result["max_concurrency"] == 16
 
 
-def test_parse_takes_the_last_block():
-    text = render_summary("0.5.9", max_concurrency=1) + "\nmore logs\n" + render_summary("0.5.9", max_concurrency=16)
+def test_parse_takes_the_last_block(bench_source):
+    source = bench_source("0.5.9")
+    text = (render_summary(source, max_concurrency=1) + "\nmore logs\n"
+            + render_summary(source, max_concurrency=16))
     assert parse_bench_output(text)["max_concurrency"] == 16
 
 
-def test_parse_refuses_output_without_summary():
+def test_parse_refuses_output_without_summary(bench_source):
     with pytest.raises(ValueError, match="no 'Serving Benchmark Result' block"):
         parse_bench_output("Traceback (most recent call last):\nConnectionRefusedError\n")
-    cut = "\n".join(line for line in render_summary("0.5.9").splitlines() if "TTFT" not in line)
+    cut = "\n".join(line for line in render_summary(bench_source("0.5.9")).splitlines()
+                    if "TTFT" not in line)
     with pytest.raises(ValueError, match="mean_ttft_ms, median_ttft_ms"):
         parse_bench_output(cut)
 
@@ -205,9 +220,9 @@ def test_summary_table():
     [("0.5.9", "sglang.bench_serving"), ("0.5.14", "sglang.bench_serving"),
      ("0.5.15", "sglang.benchmark.serving"), ("0.5.23", "sglang.benchmark.serving")],
 )
-def test_bench_module_matches_the_wheel(release, module):
+def test_bench_module_matches_the_wheel(release, module, sglang_wheel):
     path = module.replace(".", "/") + ".py"
-    with zipfile.ZipFile(wheel(release)) as archive:
+    with zipfile.ZipFile(sglang_wheel(release)) as archive:
         names = set(archive.namelist())
     assert bench_module(release) == module
     assert path in names
@@ -222,8 +237,7 @@ def test_release_tuple():
         release_tuple("latest")
 
 
-def _parser_flags_and_datasets(version: str) -> tuple[set[str], set[str]]:
-    source = wheel_text(version, BENCH_SOURCE[version])
+def _parser_flags_and_datasets(source: str) -> tuple[set[str], set[str]]:
     flags = set(re.findall(r'add_argument\(\s*"(--[a-z0-9-]+)"', source))
     start = source.index('"--dataset-name"')
     choices = source[start : source.index("]", start)]
@@ -231,7 +245,7 @@ def _parser_flags_and_datasets(version: str) -> tuple[set[str], set[str]]:
 
 
 @pytest.mark.parametrize("release", ["0.5.9", "0.5.23"])
-def test_bench_argv_uses_what_the_release_has(release):
+def test_bench_argv_uses_what_the_release_has(release, bench_source):
     s = settings(bench_num_prompts=64, bench_input_len=1024, bench_output_len=256)
     argv = bench_argv(s, "/opt/sglang/venv/bin/python", 16, "127.0.0.1", 30000, release)
     assert argv[:3] == ["/opt/sglang/venv/bin/python", "-m", bench_module(release)]
@@ -244,13 +258,13 @@ def test_bench_argv_uses_what_the_release_has(release):
     assert pairs["--random-output-len"] == "256"
     assert pairs["--host"] == "127.0.0.1" and pairs["--port"] == "30000"
     assert pairs["--model"] == pairs["--tokenizer"] == "/models/model"
-    flags, datasets = _parser_flags_and_datasets(release)
+    flags, datasets = _parser_flags_and_datasets(bench_source(release))
     assert "random-ids" in datasets
     used = {arg for arg in argv if arg.startswith("--")}
     assert used <= flags, used - flags
 
 
-def test_random_ids_needs_no_download():
+def test_random_ids_needs_no_download(wheel_text):
     """In both releases only the "random" dataset samples (and downloads) ShareGPT."""
     assert 'random_sample=args.dataset_name == "random"' in wheel_text("0.5.9", "sglang/bench_serving.py")
     assert 'random_sample=(args.dataset_name == "random")' in wheel_text(

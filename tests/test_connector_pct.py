@@ -7,8 +7,8 @@ the real LXC test containers (VMID -> container name through ``PCT_STANDIN_CONTA
 tests are named ``..._via_lxc_standin_...`` to say so.
 
 The SSH outer connector (the production path: Proxmox over SSH) is tested with a container
-playing the Proxmox host: its sshd listens on a loopback port of its own, and the stand-in runs
-there with VMID 105 meaning that system itself.
+playing the Proxmox host: on LXC's NAT bridge at an address of its own, its sshd listens there,
+and the stand-in runs there with VMID 105 meaning that system itself.
 """
 
 from __future__ import annotations
@@ -226,30 +226,26 @@ def test_pct_connector_via_lxc_standin_stopped_and_missing(pct_standin, lxc_cont
 # Over SSH: a container plays the Proxmox host
 
 
-def _free_loopback_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_for_port(port: int, timeout: float = 20) -> None:
+def _wait_for_port(address: str, port: int, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
+            sock.settimeout(1)
+            if sock.connect_ex((address, port)) == 0:
                 return
         time.sleep(0.1)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+    raise TimeoutError(f"nothing listens on {address}:{port}")
 
 
 @pytest.fixture
 def ssh_pve_host(lxc_container_factory, tmp_path):
     """
-    A container with sshd on 127.0.0.1:PORT (root, key only) and the pct stand-in installed,
-    VMID 105 = the container itself. Returns (container, host data for pyinfra's SSH).
+    A container on LXC's bridge with sshd on its address (root, key only) and the pct
+    stand-in installed, VMID 105 = the container itself. Returns (container, host data for
+    pyinfra's SSH); pyinfra's host name is the container's address.
     """
-    (container,) = lxc_container_factory(1)
-    port = _free_loopback_port()
+    (container,) = lxc_container_factory(1, network="bridge")
+    address, port = str(container.address.ip), 22
     key = paramiko.RSAKey.generate(2048)
     key_path = tmp_path / "id_rsa"
     key.write_private_key_file(str(key_path))
@@ -261,7 +257,7 @@ def ssh_pve_host(lxc_container_factory, tmp_path):
     container.attach(
         "cat > /etc/ssh/sshd_config.d/00-test.conf",
         input=(
-            f"Port {port}\nListenAddress 127.0.0.1\nPermitRootLogin prohibit-password\n"
+            f"Port {port}\nListenAddress {address}\nPermitRootLogin prohibit-password\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         ),
     )
@@ -271,7 +267,7 @@ def ssh_pve_host(lxc_container_factory, tmp_path):
         input='PCT_STANDIN_CONTAINERS="105=."\nPCT_STANDIN_LOG=/root/pct.log\n',
     )
     container.attach("systemctl start ssh.service")
-    _wait_for_port(port)
+    _wait_for_port(address, port)
 
     data = {
         "ssh_port": port,
@@ -288,7 +284,7 @@ def ssh_pve_host(lxc_container_factory, tmp_path):
 
 def test_pct_connector_over_ssh_via_lxc_standin(ssh_pve_host, tmp_path):
     container, data = ssh_pve_host
-    state = make_state(("@pct/127.0.0.1/105", data))
+    state = make_state((f"@pct/{container.address.ip}/105", data))
     host = only_host(state)
     assert isinstance(host.connector.outer, SSHConnector)
     assert host.connector.container_ready() is True

@@ -26,8 +26,8 @@ ENV = "/etc/sglang/sglang.env"
 
 
 @pytest.fixture(scope="module")
-def deploy(tmp_path_factory, lxc_host):
-    deploy = Deploy(tmp_path_factory.mktemp("state"), name=NAME)
+def deploy(tmp_path_factory, lxc_host, sglang_wheel, pypi_wheel):
+    deploy = Deploy(tmp_path_factory.mktemp("state"), sglang_wheel, pypi_wheel, name=NAME)
     results, _ = deploy.run()
     assert failed(results) == []
     yield deploy

@@ -6,6 +6,10 @@ from a local wheelhouse (without its dependencies: no GPU here), applies the aut
 the real sglang files, renders and enables the unit. Steps that need a GPU (user-space driver,
 CUDA toolkit, starting the server, CUDA and /health checks) are skipped with a message naming
 them; the test checks those messages too.
+
+Nothing is downloaded during a deploy: the wheels (sglang's, and uv's that the deploy's
+``pip install uv==...`` takes) come from tests/wheels.py's cache, fetched once with retries; a
+read-only ``/etc/pip.conf`` in the container points its pip at them (``no-index``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import pytest
 import yaml
 
 from devtools import lxc_env
-from wheels import wheel
+from pve_sglang.project import load_defaults
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -31,16 +35,22 @@ UNIT = "/etc/systemd/system/sglang.service"
 # Lets the test run the unit without a GPU: only ExecStart is replaced, in a drop-in, so the
 # unit file under test stays the deploy's own.
 NO_GPU_DROPIN = "[Service]\nExecStartPre=\nExecStart=\nExecStart=/bin/sleep infinity\n"
+#: Where the container's pip finds its wheels (the deploy's tools venv: uv), and nothing else.
+PIP_WHEELS = "/opt/pvs-pip-wheels"
+PIP_CONF = f"[global]\nno-index = true\nfind-links = {PIP_WHEELS}\n"
 
 
 class Deploy:
-    """A hosts file for one local LXC container, and the pyinfra CLI run against it."""
+    """A hosts file for one local LXC container, and the pyinfra CLI run against it.
+    SGLANG_WHEEL and PYPI_WHEEL: the fixtures of those names (tests/conftest.py)."""
 
-    def __init__(self, root: Path, name: str = NAME):
+    def __init__(self, root: Path, sglang_wheel, pypi_wheel, name: str = NAME):
         self.root = root
         self.name = name
         self.lxc_path = root / "lxc"
         self.wheelhouse = root / "wheelhouse"
+        self.pip_wheels = root / "pip-wheels"
+        self.pip_conf = root / "pip.conf"
         self.lxc_path.mkdir(parents=True)
         # The unprivileged container's root (host uid 100000) walks down to its rootfs:
         # pytest's own folders are 0700.
@@ -48,7 +58,10 @@ class Deploy:
             if folder.stat().st_mode & 0o001 == 0:
                 folder.chmod(folder.stat().st_mode | 0o011)
         self.wheelhouse.mkdir()
-        shutil.copy(wheel("0.5.9"), self.wheelhouse)
+        shutil.copy(sglang_wheel("0.5.9"), self.wheelhouse)
+        self.pip_wheels.mkdir()
+        shutil.copy(pypi_wheel("uv", load_defaults()["uv_version"]), self.pip_wheels)
+        self.pip_conf.write_text(PIP_CONF)
         self.container: dict = {
             "name": name,
             "wheelhouse": "/opt/wheelhouse",
@@ -70,6 +83,9 @@ class Deploy:
                 "net0": f"name=eth0,bridge=lxcbr0,ip={TEST_ADDRESS}/24,gw=10.0.3.1",
                 "lxc_config": [
                     f"lxc.mount.entry = {self.wheelhouse} opt/wheelhouse none bind,ro,create=dir 0 0",
+                    f"lxc.mount.entry = {self.pip_wheels} {PIP_WHEELS.lstrip('/')} none "
+                    "bind,ro,create=dir 0 0",
+                    f"lxc.mount.entry = {self.pip_conf} etc/pip.conf none bind,ro,create=file 0 0",
                 ],
                 "containers": [self.container],
             }
@@ -121,8 +137,8 @@ def failed(results: dict) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def deploy(tmp_path_factory, lxc_host):
-    deploy = Deploy(tmp_path_factory.mktemp("deploy"))
+def deploy(tmp_path_factory, lxc_host, sglang_wheel, pypi_wheel):
+    deploy = Deploy(tmp_path_factory.mktemp("deploy"), sglang_wheel, pypi_wheel)
     yield deploy
     deploy.destroy()
 
@@ -153,7 +169,7 @@ def test_container_has_patched_sglang_enabled_unit_and_private_env(deploy, first
     assert '"flashinfer_cutlass",  # pve-sglang: autotune enabled' in runner
     # No GPU: not enabled at boot, where it would fail and restart every RestartSec.
     assert deploy.attach("systemctl is-enabled sglang.service", check=False) == "disabled"
-    # It shares the host's network: an sshd in it would listen on the host's port 22.
+    # The test rootfs keeps sshd from starting (devtools/lxc_env.py), and the deploy enables none.
     assert deploy.attach("systemctl is-enabled ssh.service", check=False) == "masked"
     deploy.attach(f"systemd-analyze verify {UNIT}")
     assert deploy.attach("stat -c '%a %U' /etc/sglang/sglang.env") == "600 root"

@@ -241,8 +241,8 @@ def running_container(lxc_container_factory):
 
 
 def like_test_container(ct) -> dict:
-    """Settings matching the test environment's container: privileged, sharing the host's
-    network, named as it is named."""
+    """Settings matching the test environment's container: privileged, named as it is named
+    (its network: ``lxc_config`` lines, ``ct.network_config()``)."""
     return {"unprivileged": False, "hostname": ct.name}
 
 
@@ -257,7 +257,7 @@ def test_cli_dry_diff_on_real_container_shows_diff_reason_and_no_secret(running_
         "platform": "lxc", "require_gpu": False, "lxc_path": str(ct.lxc_path),
         "lxc_rootfs_tarball": str(lxc_env.ensure_rootfs_tarball()),
         # One more line than the container has: the config changes, the container restarts.
-        "lxc_config": ["lxc.net.0.type = none", "lxc.cgroup2.devices.allow = c 10:200 rwm"],
+        "lxc_config": [*ct.network_config(), "lxc.cgroup2.devices.allow = c 10:200 rwm"],
         "containers": [{"name": ct.name, "hf_token": NEW_TOKEN, "api_key": NEW_KEY,
                         **like_test_container(ct)}],
     }}
@@ -296,7 +296,7 @@ def test_cli_dry_diff_at_highest_verbosity_prints_no_secret(running_container, t
     hosts = {"local": {
         "platform": "lxc", "require_gpu": False, "lxc_path": str(ct.lxc_path),
         "lxc_rootfs_tarball": str(lxc_env.ensure_rootfs_tarball()),
-        "lxc_config": ["lxc.net.0.type = none"],
+        "lxc_config": ct.network_config(),
         "containers": [{"name": ct.name, "hf_token": NEW_TOKEN, "api_key": NEW_KEY,
                         **like_test_container(ct)}],
     }}

@@ -194,15 +194,16 @@ def converge(deploy: Deploy, logs: list[str] | None = None) -> tuple[int, list[l
     return len(runs), runs
 
 
-def new_deploy(tmp_path_factory, name: str) -> Deploy:
-    """A Deploy of a new container NAME (its callers are fixtures that take lxc_host)."""
-    return Deploy(tmp_path_factory.mktemp(name), name=name)
+@pytest.fixture(scope="module")
+def new_deploy(tmp_path_factory, lxc_host, sglang_wheel, pypi_wheel):
+    """``new_deploy(name) -> Deploy``: a Deploy of a new container NAME."""
+    return lambda name: Deploy(tmp_path_factory.mktemp(name), sglang_wheel, pypi_wheel, name=name)
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, lxc_host):
+def reference(new_deploy):
     """A container deployed once, never killed: the state a killed deploy must end in."""
-    deploy = new_deploy(tmp_path_factory, "pvs-f-ref")
+    deploy = new_deploy("pvs-f-ref")
     started = time.monotonic()
     deploy.run()
     log(f"reference deploy (never killed): {time.monotonic() - started:.1f}s")
@@ -214,8 +215,8 @@ def reference(tmp_path_factory, lxc_host):
 #
 
 
-def test_killed_during_the_stack_install_converges_on_the_next_run(tmp_path_factory, reference):
-    deploy = new_deploy(tmp_path_factory, "pvs-f-stack")
+def test_killed_during_the_stack_install_converges_on_the_next_run(new_deploy, reference):
+    deploy = new_deploy("pvs-f-stack")
     try:
         killed = KilledDeploy(deploy)
 
@@ -290,9 +291,9 @@ exec /usr/bin/systemctl "$@"
 
 
 @pytest.fixture(scope="module")
-def serving(tmp_path_factory, lxc_host):
+def serving(new_deploy):
     """A deployed container whose server runs (a drop-in replaces only ExecStart: no GPU)."""
-    deploy = new_deploy(tmp_path_factory, "pvs-f-unit")
+    deploy = new_deploy("pvs-f-unit")
     deploy.run()
     deploy.attach(f"mkdir -p /etc/systemd/system/{SERVICE}.d && printf '%s' '{NO_GPU_DROPIN}' > "
                   f"/etc/systemd/system/{SERVICE}.d/no-gpu.conf && systemctl daemon-reload && "

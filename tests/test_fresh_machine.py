@@ -11,10 +11,20 @@ It downloads Debian packages and the Python packages (a few minutes); without a 
 skipped, saying so. The container trusts this machine's CA certificates (devtools/lxc_env.py),
 and ``PIP_CERT`` points pip at them, as on this machine: a machine without an intercepting
 proxy needs neither.
+
+The container has a network of its own (LXC's NAT bridge), never this machine's: in this
+machine's network namespace the LXC tools inside it would reach this machine's containers of
+the same name (LXC's command sockets are abstract sockets of a network namespace), and the
+deploy would read a running ``pve-sglang-demo`` of this machine as its own. So it runs beside
+running namesakes of the deploy's containers (``deploy_namesakes``). Its downloads retry: apt's
+and pip's own retries (the test rootfs's settings), the setup's apt steps tried again, and pip's
+cache and apt's archives kept on this machine between runs (``.cache/fresh-machine``,
+``PVE_SGLANG_TEST_CACHE`` moves it).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -25,6 +35,9 @@ import pytest
 from devtools import lxc_env
 
 REPO = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("PVE_SGLANG_TEST_CACHE") or REPO / ".cache") / "fresh-machine"
+#: Host folder -> the container's: kept between runs, so that a run downloads only what changed.
+CACHES = {"pip": "root/.cache/pip", "apt-archives": "var/cache/apt/archives"}
 EXCLUDE = (".git", ".venv", ".cache", "hosts.yml", "__pycache__", "*.egg-info", ".pytest_cache")
 #: Debian's venv support: removed so that `python3 -m venv` cannot work, as on a fresh machine.
 VENV_PACKAGES = ("python3-venv", "python3.11-venv", "python3-pip-whl", "python3-setuptools-whl")
@@ -66,21 +79,32 @@ def clean_checkout() -> bytes:
                           capture_output=True, check=True).stdout
 
 
+def cache_mounts() -> list[str]:
+    lines = []
+    for folder, inside in CACHES.items():
+        (CACHE / folder / ("partial" if folder == "apt-archives" else "")).mkdir(parents=True,
+                                                                                exist_ok=True)
+        lines.append(f"lxc.mount.entry = {CACHE / folder} {inside} none bind,create=dir 0 0")
+    return lines
+
+
 @pytest.fixture
-def fresh_debian(lxc_container_factory):
+def fresh_debian(lxc_container_factory, deploy_namesakes, package_index):
     down = unreachable()
     if down:
         pytest.skip(f"needs the package registries (apt, pip): unreachable: {', '.join(down)}")
-    [container] = lxc_container_factory()
-    ok(container, "apt-get update -qq", timeout=300)
-    ok(container, "DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq "
-       f"{' '.join(VENV_PACKAGES)} && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq make",
-       timeout=300)
+    [container] = lxc_container_factory(network="bridge", extra_config=cache_mounts())
+    # The setup's downloads, tried again on a failure (apt retries each file itself too).
+    package_index(lambda: ok(container, "apt-get update -qq", timeout=300), "apt-get update")
+    package_index(lambda: ok(container, "DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq "
+                             f"{' '.join(VENV_PACKAGES)} && DEBIAN_FRONTEND=noninteractive "
+                             "apt-get install -y -qq make", timeout=300), "apt-get install make")
     return container
 
 
-def test_make_deploy_dry_on_a_fresh_debian_machine(fresh_debian):
+def test_make_deploy_dry_on_a_fresh_debian_machine(fresh_debian, deploy_namesakes):
     container = fresh_debian
+    print(f"[fresh] beside running namesakes of the deploy's containers: {deploy_namesakes}")
     # Fresh as promised: python3 and make, no venv support, no LXC tools.
     for tool in ("lxc-start", "debootstrap", "dnsmasq"):
         assert attach(container, f"command -v {tool}").returncode != 0, tool

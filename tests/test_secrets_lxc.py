@@ -28,7 +28,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -47,7 +46,7 @@ from pve_sglang.server.command import (
 )
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
-from wheels import PIP_TARGET, wheel
+from wheels import PIP_TARGET, pip_download
 
 LAUNCHER_SOURCE = remote.source(remote.LAUNCHER)
 
@@ -164,30 +163,28 @@ def host_cmdlines() -> str:
 # --- the venv ---------------------------------------------------------------------------
 
 
-def _download_wheelhouse(dest: Path) -> None:
+def _download_wheelhouse(dest: Path, sglang_wheel) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     # The containers' Python (tests/wheels.py's target), on every platform tag their wheels use.
     target = [arg for i, arg in enumerate(PIP_TARGET) if "--platform" not in (arg, PIP_TARGET[i - 1])]
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
-    command = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", *target, *platforms,
-               "--abi", "abi3", "--abi", "none", "-d", str(dest), *STACK,
-               f"uv=={load_defaults()['uv_version']}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        pytest.fail(f"pip download of the sglang {RELEASE} stack failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    shutil.copy(wheel(RELEASE), dest)
+    # With retries; what a failed try fetched stays in DEST and is not fetched again.
+    pip_download(["--only-binary=:all:", *target, *platforms, "--abi", "abi3", "--abi", "none",
+                  "-d", str(dest), *STACK, f"uv=={load_defaults()['uv_version']}"],
+                 f"the sglang {RELEASE} stack")
+    shutil.copy(sglang_wheel(RELEASE), dest)
 
 
 @pytest.fixture(scope="session")
-def server_args_venv(lxc_env) -> Path:
+def server_args_venv(lxc_env, sglang_wheel) -> Path:
     """The cached venv (host path) holding sglang 0.5.9 and what its ServerArgs import needs."""
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / f".{VENV_CACHE.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the others then reuse it
-        return _build_venv(lxc_env)
+        return _build_venv(lxc_env, sglang_wheel)
 
 
-def _build_venv(lxc_env) -> Path:
+def _build_venv(lxc_env, sglang_wheel) -> Path:
     venv_path = settings().venv_path
     stamp = VENV_CACHE / ".pvs-complete"
     if stamp.exists():
@@ -195,7 +192,7 @@ def _build_venv(lxc_env) -> Path:
     shutil.rmtree(VENV_CACHE, ignore_errors=True)
     wheelhouse = CACHE / f"wheelhouse-{VENV_KEY}"
     if not (wheelhouse / ".pvs-complete").exists():
-        _download_wheelhouse(wheelhouse)
+        _download_wheelhouse(wheelhouse, sglang_wheel)
         (wheelhouse / ".pvs-complete").write_text("")
     VENV_CACHE.mkdir(parents=True)
     builder = lxc_env.create(extra_config=[

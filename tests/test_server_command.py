@@ -33,7 +33,6 @@ from pve_sglang.server.command import (
 )
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
-from wheels import wheel
 
 REPO = Path(__file__).resolve().parents[1]
 PY = "/opt/sglang/venv/bin/python"
@@ -62,12 +61,12 @@ def pairs(argv) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def site(tmp_path_factory):
+def site(tmp_path_factory, sglang_wheel):
     """Per release, a site-packages folder holding only the files known_flags reads."""
     roots = {}
     for version in RELEASES:
         root = tmp_path_factory.mktemp(f"sglang-{version}")
-        with zipfile.ZipFile(wheel(version)) as archive:
+        with zipfile.ZipFile(sglang_wheel(version)) as archive:
             for name in archive.namelist():
                 if name in ("sglang/srt/server_args.py", "sglang/_version.py") or (
                     name.startswith("sglang/srt/arg_groups/") and name.endswith(".py")

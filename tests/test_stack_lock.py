@@ -83,15 +83,21 @@ def test_a_lock_that_is_not_the_pinned_set_is_refused_before_anything_runs(tmp_p
 
 
 def test_the_lock_of_a_users_set_is_made_once_here_and_reused(tmp_path, package_index):
-    """Another release set than the repository's: uv makes its lock (real index) into this
-    machine's cache; a later run (another process) finds it there and makes nothing."""
+    """Another release set than the repository's: uv makes its lock (real index, with uv's
+    retries and the first run tried again) into this machine's cache; a later run (another
+    process) finds it there and makes nothing."""
     env = {**os.environ, "PVE_SGLANG_CACHE": str(tmp_path)}
     script = ("from pve_sglang.stack import lock as s; k = s.LockKey(pins=(('sglang', '0.5.8'), "
               "('torch', '2.9.1'), ('flashinfer-python', '0.6.1')), python='3.11'); "
               "l = s.lock_for(k); print(l.path, l.packages['sglang'], len(l.packages))")
-    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                           text=True, timeout=600)
-    assert first.returncode == 0, first.stderr
+
+    def make() -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    first = package_index(make, "the lock of sglang 0.5.8 (uv pip compile)")
     path, version, count = first.stdout.split()
     assert Path(path).parent == tmp_path / "locks" and version == "0.5.8" and int(count) > 100
     made = Path(path).stat().st_mtime_ns
@@ -103,7 +109,7 @@ def test_the_lock_of_a_users_set_is_made_once_here_and_reused(tmp_path, package_
     assert again.stdout == first.stdout and Path(path).stat().st_mtime_ns == made
 
 
-def test_a_set_uv_cannot_resolve_says_so_and_leaves_no_lock(tmp_path):
+def test_a_set_uv_cannot_resolve_says_so_and_leaves_no_lock(tmp_path, package_index):
     key = stack_lock.LockKey(pins=(("sglang", "0.0.0"), ("torch", "2.9.1"),
                                    ("flashinfer-python", "0.6.3")), python="3.11")
     with pytest.raises(stack_lock.LockError, match=r"(?s)could not make the lock of sglang==0\.0\.0 .*"

@@ -305,9 +305,9 @@ def run_host_phase(container, monkeypatch) -> dict:
         return real_get_fact(self, cls, *args, **kwargs)
 
     monkeypatch.setattr(Host, "get_fact", get_fact)
-    # As the test environment made it: privileged, sharing the host's network, its own name.
+    # As the test environment made it: privileged, its network, its own name.
     hosts = {"local": {"platform": "lxc", "lxc_path": str(container.lxc_path),
-                       "lxc_config": ["lxc.net.0.type = none"],
+                       "lxc_config": container.network_config(),
                        "containers": [{"name": container.name, "unprivileged": False,
                                        "hostname": container.name, "wheel_store": None}]}}
     pve_hosts, gpu_containers = build_groups(hosts)

@@ -6,7 +6,8 @@ and manylinux ones (charset-normalizer), a few MB, where the deploy's default se
 The deploy is ``devtools/deploys/wheel_store.py``: the deploy's own store and
 install operations through the pyinfra CLI, on this machine as the plain LXC host (``@local``)
 and in unprivileged containers that have no network (a loopback-only namespace): what they
-install can only come from the store, read-only, checked against the lock's hashes.
+install can only come from the store, read-only, checked against the lock's hashes. Its
+downloads (the lock, the store's wheels) retry: the test is in the ``network`` tier.
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ PINS = (("requests", "2.32.3"),)
 
 
 @pytest.fixture
-def site(tmp_path, lxc_container_factory):
+def site(tmp_path, lxc_container_factory, package_index):
+    """The lock (made with retries) and the site; the store's own downloads (the deploy's pip)
+    retry as ``package_index`` tells every pip this session starts."""
     key = stack_lock.LockKey(pins=PINS, python="3.11")
-    lock = stack_lock.compile_lock(key, tmp_path / "small.lock")
+    lock = package_index(lambda: stack_lock.compile_lock(key, tmp_path / "small.lock"),
+                         "the small lock (uv pip compile)")
     make = lambda **kwargs: lxc_container_factory(**kwargs)[0]  # noqa: E731
     return WheelStoreSite(tmp_path / "site", make, lock, key)
 

@@ -1,14 +1,21 @@
-"""Real sglang wheels from the package index, downloaded once into <repo>/.cache/wheels.
+"""Real wheels from the package index, downloaded once into <repo>/.cache/wheels.
 
-A failed download fails the test that needs the wheel instead of skipping it.
+Tests reach them through tests/conftest.py's fixtures (``sglang_wheel``, ``pypi_wheel``), whose
+use marks a test ``network``. A download retries: pip's own retries, timeout and resumed
+downloads, then the whole download again after each pause of ``PAUSES_S``. Only when every try
+failed does the test that needs the wheel fail (it is never skipped).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -20,20 +27,77 @@ PIP_TARGET = [
     "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
     "--platform", "manylinux_2_34_x86_64",
 ]
+#: The containers' other tags, after PIP_TARGET's (pip takes each platform tag literally: it
+#: does not widen manylinux_2_34 to the older glibc tags a wheel such as uv's carries).
+OLDER_TARGETS = [
+    "--abi", "abi3", "--abi", "none",
+    *[arg for minor in range(33, 4, -1) for arg in ("--platform", f"manylinux_2_{minor}_x86_64")],
+    *[arg for tag in ("manylinux2014", "manylinux2010", "manylinux1")
+      for arg in ("--platform", f"{tag}_x86_64")],
+]
+#: pip's own retries: connections and each socket read; and an interrupted download resumed
+#: (pip 25.1 and later, through the environment: an older pip ignores it).
+PIP_RETRY = ["--retries", "10", "--timeout", "60"]
+PIP_RETRY_ENVIRONMENT = {"PIP_RESUME_RETRIES": "5"}
+#: Pauses (seconds) before the second and the third try of a whole download.
+PAUSES_S = (10, 30)
+
+T = TypeVar("T")
+
+
+def retried(action: Callable[[], T], what: str, pauses_s: Sequence[float] = PAUSES_S) -> T:
+    """ACTION's result; ACTION is called again after each of PAUSES_S while it raises (a
+    download: the index answered slowly or not at all). The last failure is raised."""
+    for attempt, pause in enumerate([*pauses_s, None]):
+        try:
+            return action()
+        except Exception as error:  # noqa: BLE001 - any failure of a download is tried again
+            if pause is None:
+                raise
+            print(f"[wheels] {what}: try {attempt + 1} failed ({str(error)[-300:]}); "
+                  f"again in {pause}s", file=sys.stderr, flush=True)
+            time.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+class DownloadError(RuntimeError):
+    pass
+
+
+def pip_download(args: Sequence[str], what: str, timeout: float = 1800,
+                 pauses_s: Sequence[float] = PAUSES_S) -> None:
+    """``pip download ARGS`` with pip's retries (``PIP_RETRY``), tried again after each of
+    PAUSES_S; a failure of every try fails the test, naming WHAT and pip's output."""
+    command = [sys.executable, "-m", "pip", "download", *PIP_RETRY, *args]
+
+    def download() -> None:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env={**PIP_RETRY_ENVIRONMENT, **os.environ})
+        if done.returncode != 0:
+            raise DownloadError(f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+    try:
+        retried(download, what, pauses_s)
+    except (DownloadError, subprocess.TimeoutExpired) as error:
+        pytest.fail(f"pip download of {what} failed, {len(pauses_s) + 1} tries:\n{error}")
 
 
 @functools.lru_cache(maxsize=None)
+def project_wheel(project: str, version: str) -> Path:
+    """The cached wheel of PROJECT==VERSION for the containers' Python and platform,
+    downloaded first if needed."""
+    pattern = f"{project.replace('-', '_')}-{version}-*.whl"
+    found = sorted(CACHE.glob(pattern))
+    if not found:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        pip_download(["--no-deps", "--only-binary=:all:", *PIP_TARGET, *OLDER_TARGETS,
+                      f"{project}=={version}", "-d", str(CACHE)], f"{project}=={version}")
+        found = sorted(CACHE.glob(pattern))
+    if not found:
+        pytest.fail(f"pip download of {project}=={version} left no {pattern} in {CACHE}")
+    return found[0]
+
+
 def wheel(version: str) -> Path:
     """Return the cached sglang wheel for VERSION, downloading it first if needed."""
-    found = sorted(CACHE.glob(f"sglang-{version}-*.whl"))
-    if found:
-        return found[0]
-    CACHE.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *PIP_TARGET]
-    done = subprocess.run(
-        [*command, f"sglang=={version}", "-d", str(CACHE)], capture_output=True, text=True, timeout=600
-    )
-    found = sorted(CACHE.glob(f"sglang-{version}-*.whl"))
-    if done.returncode != 0 or not found:
-        pytest.fail(f"pip download of sglang=={version} failed:\n{done.stdout}\n{done.stderr}")
-    return found[0]
+    return project_wheel("sglang", version)
