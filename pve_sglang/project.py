@@ -18,6 +18,7 @@ missing file.
 
 from __future__ import annotations
 
+import os
 import runpy
 from pathlib import Path
 from typing import Any
@@ -53,3 +54,11 @@ def load_defaults(path: Path | None = None) -> dict[str, Any]:
     """Read the defaults from PATH (the checkout's ``group_data/all.py``), as pyinfra itself does."""
     path = project_file(GROUP_DATA) if path is None else path
     return {k: v for k, v in runpy.run_path(str(path)).items() if not k.startswith("__")}
+
+
+def cache_dir() -> Path:
+    """This machine's pve-sglang cache: ``$PVE_SGLANG_CACHE``, else ``~/.cache/pve-sglang``."""
+    if os.environ.get("PVE_SGLANG_CACHE"):
+        return Path(os.environ["PVE_SGLANG_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "pve-sglang"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name as normalized  # PEP 503 names
 
-from pve_sglang.project import ROOT, load_defaults
+from pve_sglang.project import ROOT, cache_dir, load_defaults
 from pve_sglang.stack.platform import PlatformError, platform_for
 
 #: The locks of the default release sets, in the checkout.
@@ -161,14 +161,6 @@ def check(lock: Lock, key: LockKey) -> None:
         raise LockError(f"lock {lock.path} is made for platform {lock.platform}, the containers "
                         f"are {key.platform} (Debian's glibc of Python {key.python}): make the "
                         f"lock for it ({REFRESH} for the defaults)")
-
-
-def cache_dir() -> Path:
-    """This machine's pve-sglang cache: ``$PVE_SGLANG_CACHE``, else ``~/.cache/pve-sglang``."""
-    if os.environ.get("PVE_SGLANG_CACHE"):
-        return Path(os.environ["PVE_SGLANG_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "pve-sglang"
 
 
 #: The environment variables of each client for (the default index, an extra index).

@@ -29,7 +29,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from pve_sglang.project import ROOT
+from pve_sglang.project import ROOT, cache_dir as machine_cache
 
 #: The requirements of releases, recorded from their wheels, in the checkout.
 RECORDED = ROOT / "group_data" / "releases"
@@ -180,8 +180,8 @@ def parse_record(sglang: str, text: str) -> ReleaseSet:
 
 
 def cache_dir() -> Path:
-    from pve_sglang.stack.lock import cache_dir as base
-    return base() / "releases"
+    """Where release requirements fetched on this machine are kept."""
+    return machine_cache() / "releases"
 
 
 def fetch_metadata(sglang: str, index_url: str | None = None) -> tuple[str, str]:

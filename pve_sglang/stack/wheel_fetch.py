@@ -17,7 +17,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pve_sglang.stack.lock import Lock, LockError, LockKey, cache_dir, index_env
+from pve_sglang.project import cache_dir
+from pve_sglang.stack.lock import Lock, LockError, LockKey, index_env
 from pve_sglang.stack.platform import platform_for
 
 MANIFEST = "MANIFEST"
