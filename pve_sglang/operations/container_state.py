@@ -95,7 +95,7 @@ def _store(kind: str, args: tuple, value) -> None:
         # It runs the patch script's --check: a new script forgets what the old one said.
         cache.depends(remote.path(remote.AUTOTUNE_PATCH, args[1]), Kind.VENV, _key(kind, args))
     elif kind == "unit":
-        # Writing the unit file moves its NeedDaemonReload (``server_command.unit_path``).
+        # Writing the unit file moves its NeedDaemonReload (``server.command.unit_path``).
         cache.depends(f"/etc/systemd/system/{args[0]}", Kind.UNIT, _key(kind, args))
 
 

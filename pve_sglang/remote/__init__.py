@@ -11,7 +11,7 @@ container's Python. This ``__init__`` is the local side only, and stays stdlib t
                               SGLANG_PACKAGE_DIR``; also ``python -m
                               pve_sglang.remote.autotune_patch``
 ``sglang_flags.py``           prints the installed release's server flags, read statically
-                              (``server_command.known_flags`` uses the same code locally)
+                              (``server.command.known_flags`` uses the same code locally)
 ``venv_state.py``             the venv's packages, an interrupted install, the patch's state,
                               in one Python start (the ``SglangVenv`` fact; sent as ``python
                               -c``, since a fact may be read before anything is uploaded)
