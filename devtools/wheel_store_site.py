@@ -50,11 +50,15 @@ class WheelStoreSite:
     def container(self):
         from devtools.lxc_env import LxcError
 
+        # Each start: another pytest session on this machine resets /tmp/pytest-of-root to
+        # 0700 when it begins, and the unprivileged root could no longer reach the mounts.
+        reachable_by_container_root(self.store)
         try:
             return self.make(extra_config=self.mounts, unprivileged=True)
         except LxcError:
             # A start seen aborting once while other containers started and stopped on this
             # machine: one more try, and a second failure stands.
+            reachable_by_container_root(self.store)
             return self.make(extra_config=self.mounts, unprivileged=True)
 
     def deploy(self, *boxes, limit: str | None = None) -> dict:
