@@ -23,10 +23,8 @@ import pytest
 from pve_sglang.server.bench import (
     bench_argv,
     bench_module,
-    RECORD_PREFIX,
     bench_shell,
     parse_bench_output,
-    parse_bench_record,
     release_tuple,
     summary_table,
 )
@@ -281,69 +279,20 @@ def test_bench_argv_options():
         bench_argv(s, "/py", 0, "h", 1, "0.5.9")
 
 
-# A stand-in benchmark: prints the key it was given, then appends a record the way sglang's
-# bench_serving does (0.5.9 and 0.5.23: one JSON line, ``server_info`` holding ServerArgs with
-# the api_key) to its --output-file; with STANDIN_RC set it fails after writing.
-STANDIN_BENCH = """
-import json, os, sys
-key = os.environ.get("OPENAI_API_KEY")
-print("key seen:", key is not None)
-path = sys.argv[sys.argv.index("--output-file") + 1]
-print("record file mode:", oct(os.stat(path).st_mode & 0o777))
-record = {"backend": "sglang", "completed": 64, "request_throughput": 6.08,
-          "output_throughput": 1555.99, "total_throughput": 7779.97, "mean_ttft_ms": 812.45,
-          "median_ttft_ms": 790.12, "mean_itl_ms": 36.73, "median_itl_ms": 35.91,
-          "max_concurrency": 64, "concurrency": 61.87, "request_rate": float("inf"),
-          "server_info": {"api_key": key, "model_path": "m"}}
-with open(path, "a") as f:
-    f.write(json.dumps(record) + "\\n")
-sys.exit(int(os.environ.get("STANDIN_RC", "0")))
-"""
-
-
-def test_bench_shell_keeps_the_key_off_argv_output_and_disk(tmp_path):
-    """The key reaches the benchmark from the env file only; the record it writes (with the key
-    in server_info) lives in a 0600 temporary file that is gone afterwards, also on failure; the
-    printed numbers are read back without server_info."""
+def test_bench_shell_reads_the_key_from_the_env_file(tmp_path):
     import subprocess
 
     from pve_sglang.server.command import render_env
 
-    key = 'k$y"1"'
     env_file = tmp_path / "sglang.env"
-    env_file.write_text(render_env(settings(api_key=key)))
-    script = tmp_path / "bench.py"
-    script.write_text(STANDIN_BENCH)
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    argv = [sys.executable, str(script)]
+    env_file.write_text(render_env(settings(api_key='k$y"1"')))
+    argv = [sys.executable, "-c", "import os; print(os.environ['OPENAI_API_KEY'])"]
     command = bench_shell(argv, str(env_file)).get_raw_value()
     assert "k$y" not in command
-    env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(scratch)}
-    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env,
-                          cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert "key seen: True" in done.stdout and "record file mode: 0o600" in done.stdout
-    assert key not in done.stdout + done.stderr and "server_info" not in done.stdout
-    row = parse_bench_record(done.stdout)
-    assert row["output_token_throughput"] == 1555.99 and row["successful_requests"] == 64
-    assert row["mean_concurrency"] == 61.87 and row["request_rate"] == float("inf")
-    assert list(scratch.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == [
-        "bench.py", "sglang.env", "tmp"]
-    # A failed benchmark: its exit status, and still no record left.
-    failed = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
-                            env={**env, "STANDIN_RC": "3"}, cwd=tmp_path)
-    assert failed.returncode == 3 and list(scratch.iterdir()) == []
-    # Without a key in the env file, none is exported.
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == 'k$y"1"'
     env_file.write_text("# no key\n")
-    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
-    assert "key seen: False" in done.stdout
-
-
-def test_parse_bench_record_refuses_a_missing_record_or_metric():
-    with pytest.raises(ValueError, match="no benchmark record"):
-        parse_bench_record("Traceback (most recent call last):\nConnectionRefusedError\n")
-    with pytest.raises(ValueError, match="lacks mean_ttft_ms"):
-        parse_bench_record(RECORD_PREFIX + '{"completed": 1, "request_throughput": 1, '
-                           '"output_throughput": 1, "total_throughput": 1, "median_ttft_ms": 1, '
-                           '"mean_itl_ms": 1, "median_itl_ms": 1, "mean_ttft_ms": null}')
+    argv = [sys.executable, "-c", "import os; print('OPENAI_API_KEY' in os.environ)"]
+    done = subprocess.run(["sh", "-c", bench_shell(argv, str(env_file)).get_raw_value()], capture_output=True, text=True,
+                          check=True, env={"PATH": "/usr/bin:/bin"})
+    assert done.stdout.strip() == "False"

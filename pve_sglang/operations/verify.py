@@ -14,7 +14,7 @@ from pyinfra.context import state
 from pyinfra.facts.server import Command
 
 from pve_sglang.server import bench_history
-from pve_sglang.server.bench import bench_shell, gpu_columns, parse_bench_record, summary_table
+from pve_sglang.server.bench import bench_shell, gpu_columns, parse_bench_output, summary_table
 from pve_sglang.facts.nvidia import GpuCheck, NvidiaP2pMatrix, NvidiaTopoMatrix
 from pve_sglang.facts.system import IommuAcs, VirtualMachineType
 from pve_sglang.facts.container import UnitState
@@ -457,7 +457,7 @@ def benchmark(runs: dict[int, list[str]], env_file: str, history_dir: str | None
             logger.info(f"{host.name}: benchmark at concurrency {concurrency}...")
             output = host.get_fact(Command, command=bench_shell(argv, env_file))
             try:
-                rows.append({"concurrency": concurrency, **parse_bench_record(output),
+                rows.append({"concurrency": concurrency, **parse_bench_output(output),
                              **gpu_columns(parse_summary(output))})
             except ValueError as error:
                 # The benchmark holds the key (OPENAI_API_KEY): none of its output is trusted.

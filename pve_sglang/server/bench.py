@@ -11,17 +11,10 @@ Bearer``; 0.5.9 ``bench_serving.py`` and 0.5.23 ``benchmark/serving.py`` alike):
 exports it from the server's EnvironmentFile, so the key is never on a command line, and its
 ``benchmark_args=`` line (the argparse Namespace) holds no key. The verify operation masks the
 secrets in any benchmark output it shows all the same.
-
-After its summary the benchmark appends a JSONL record to ``--output-file`` (without it, to
-``sglang_MMDD_...jsonl`` in its working directory), and the record's ``server_info`` is the
-server's ``/get_server_info``: every ServerArgs, ``api_key`` included. ``bench_shell`` gives it
-a private temporary file (``mktemp``: 0600), prints only the numbers of ``RECORD_KEYS`` from it
-and removes it whatever happens; the deploy reads those numbers (``parse_bench_record``).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -74,44 +67,6 @@ REQUIRED = (
     "median_ttft_ms",
     "mean_itl_ms",
     "median_itl_ms",
-)
-
-
-#: Printed by ``bench_shell`` before the record's numbers (one JSON object on the line).
-RECORD_PREFIX = "PVE_SGLANG_BENCH_RECORD "
-#: The benchmark record's keys (0.5.9 ``bench_serving.py`` and 0.5.23 ``benchmark/serving.py``
-#: alike) -> the keys of a row of the summary table and the history. ``server_info`` is not one.
-RECORD_KEYS = {
-    "backend": "backend",
-    "request_rate": "request_rate",
-    "max_concurrency": "max_concurrency",
-    "completed": "successful_requests",
-    "duration": "duration_s",
-    "total_input_tokens": "total_input_tokens",
-    "total_output_tokens": "total_output_tokens",
-    "request_throughput": "request_throughput",
-    "input_throughput": "input_token_throughput",
-    "output_throughput": "output_token_throughput",
-    "max_output_tokens_per_s": "peak_output_token_throughput",
-    "total_throughput": "total_token_throughput",
-    # The measured mean number of requests in flight (not the --max-concurrency asked for).
-    "concurrency": "mean_concurrency",
-    "mean_e2e_latency_ms": "mean_e2e_latency_ms",
-    "median_e2e_latency_ms": "median_e2e_latency_ms",
-    "mean_ttft_ms": "mean_ttft_ms",
-    "median_ttft_ms": "median_ttft_ms",
-    "p99_ttft_ms": "p99_ttft_ms",
-    "mean_tpot_ms": "mean_tpot_ms",
-    "median_tpot_ms": "median_tpot_ms",
-    "mean_itl_ms": "mean_itl_ms",
-    "median_itl_ms": "median_itl_ms",
-    "p99_itl_ms": "p99_itl_ms",
-}
-#: Run with the venv's Python on the record file: prints RECORD_PREFIX and the asked keys of the
-#: last record, nothing else of it (sys.argv: file, prefix, keys).
-RECORD_READER = (
-    "import json, sys; record = json.loads(open(sys.argv[1]).read().splitlines()[-1]); "
-    "print(sys.argv[2] + json.dumps({k: record.get(k) for k in sys.argv[3:]}))"
 )
 
 
@@ -203,35 +158,14 @@ def bench_runs(settings: ContainerSettings, python: str, host: str, release: str
 
 
 def bench_shell(argv: list[str], env_file: str) -> StringCommand:
-    """A ``sh -c`` body running the benchmark ARGV (its first item the venv's Python) with the
-    server's API key (if any) taken from ``env_file`` as ``OPENAI_API_KEY``: the key itself
-    never appears in the command or an argv, and the env file's other variables (``HF_TOKEN``)
-    are read but not exported. The benchmark's record (which holds the key in ``server_info``)
-    goes to a 0600 temporary file, removed on any exit; only its numbers are printed."""
+    """A ``sh -c`` body running the benchmark with the server's API key (if any) taken from
+    ``env_file`` as ``OPENAI_API_KEY``: the key itself never appears in the command or an argv,
+    and the env file's other variables (``HF_TOKEN``) are read but not exported."""
     return StringCommand(
         ".", joined(QuoteString(env_file), ";"),
         'if [ -n "${SGLANG_API_KEY:-}" ]; then export OPENAI_API_KEY="$SGLANG_API_KEY"; fi;',
-        "umask 077; record=$(mktemp) || exit 1;",
-        """trap 'rm -f "$record"' EXIT; trap 'exit 129' HUP INT TERM;""",
-        *(QuoteString(arg) for arg in argv), '--output-file "$record" || exit $?;',
-        QuoteString(argv[0]), "-c", QuoteString(RECORD_READER), '"$record"',
-        QuoteString(RECORD_PREFIX), *(QuoteString(key) for key in RECORD_KEYS),
+        "exec", *(QuoteString(arg) for arg in argv),
     )
-
-
-def parse_bench_record(text: str) -> dict[str, Any]:
-    """The numbers of the last benchmark record ``bench_shell`` printed in TEXT, under the
-    table's keys (``RECORD_KEYS``). Raises ValueError when there is none or a key metric lacks."""
-    lines = [line for line in text.splitlines() if line.startswith(RECORD_PREFIX)]
-    if not lines:
-        raise ValueError("no benchmark record (the benchmark wrote none: see its output)")
-    record = json.loads(lines[-1][len(RECORD_PREFIX):])
-    result = {RECORD_KEYS[key]: value for key, value in record.items()
-              if key in RECORD_KEYS and value is not None}
-    missing = [key for key in REQUIRED if key not in result]
-    if missing:
-        raise ValueError(f"benchmark record lacks {', '.join(missing)}")
-    return result
 
 
 def _number(text: str) -> float | int | str:
@@ -247,9 +181,7 @@ def _number(text: str) -> float | int | str:
 
 
 def parse_bench_output(text: str) -> dict[str, Any]:
-    """Values of the last ``Serving Benchmark Result`` block in ``text`` (keys from ``LABELS``):
-    for printed runs that left no record (the recorded public runs the tests and the history's
-    examples replay); the deploy reads its own runs' records (``parse_bench_record``).
+    """Values of the last ``Serving Benchmark Result`` block in ``text`` (keys from ``LABELS``).
 
     Raises ValueError when there is no block or a key metric is missing.
     """
