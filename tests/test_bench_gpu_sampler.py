@@ -166,16 +166,18 @@ def test_markers_are_printed_by_the_release(release, member):
 def test_bench_runs_follow_the_preset():
     full = settings()
     runs = bench_runs(full, "/opt/sglang/venv/bin/python", "127.0.0.1", "0.5.9",
-                      "/opt/sglang/gpu_sampler.py")
+                      "/opt/sglang/gpu_sampler.py", "/opt/sglang/bench_record.py")
     assert list(runs) == full.bench_concurrencies == [1, 64, 256, 1024]
     argv = runs[1024]
     assert argv[:4] == ["/opt/sglang/venv/bin/python", "/opt/sglang/gpu_sampler.py",
                         "--interval-ms", str(full.bench_gpu_sample_ms)]
-    bench = argv[argv.index("--") + 1:]
+    recorded = argv[argv.index("--") + 1:]
+    assert recorded[:3] == ["/opt/sglang/venv/bin/python", "/opt/sglang/bench_record.py", "--"]
+    bench = recorded[3:]
     assert bench[:3] == ["/opt/sglang/venv/bin/python", "-m", "sglang.bench_serving"]
     prompts = {c: int(a[a.index("--num-prompts") + 1]) for c, a in runs.items()}
     assert prompts == {c: max(full.bench_num_prompts, full.bench_prompts_per_concurrency * c)
                        for c in runs}
     assert prompts[1] == full.bench_num_prompts and prompts[1024] == 4 * 1024
     quick = settings(bench_preset="quick", bench_quick_concurrencies=[2, 8])
-    assert list(bench_runs(quick, "/py", "::1", "0.5.23", "/s.py")) == [2, 8]
+    assert list(bench_runs(quick, "/py", "::1", "0.5.23", "/s.py", "/r.py")) == [2, 8]

@@ -64,10 +64,13 @@ from pve_sglang.stack.wheel_fetch import MANIFEST, sha256_of, wheel_dir
 from tasks.container import container_phase
 from tasks.host import host_phase
 from tasks.verify import verify_phase
+from pve_sglang.remote.bench_record import RECORD_PREFIX, kept
+from bench_summary import summary_record
 from test_host_phase_recorded import container_answers, gpu_host_responses
 
 FIXTURES = Path(__file__).parent / "fixtures"
 F = "/hostile/F"  # in the chroot
+BENCH_OUTPUT = (FIXTURES / "bench" / "bench_serving_0.5.9.txt").read_text()
 PAYLOADS = {
     "dollar-paren": f"$(touch {F})",
     "backtick": f"`touch {F}`",
@@ -231,7 +234,9 @@ def _responses(platform: str) -> dict:
         "startup_watch.py generate": json.dumps({
             "status": 200, "text": "Red, blue and yellow.", "tokens": 5, "ttft_s": 0.05,
             "elapsed_s": 0.1, "logprobs": ["-0.1"], "model": "m"}),
-        "sglang.bench_serving": (FIXTURES / "bench" / "bench_serving_0.5.9.txt").read_text(),
+        # The benchmark's output and, after it, bench_record.py's line of the record's numbers.
+        "sglang.bench_serving": BENCH_OUTPUT + RECORD_PREFIX + json.dumps(
+            kept(summary_record(BENCH_OUTPUT))),
         # The venv is the locked set, as the verify phase finds it after the install (a
         # recorded answer cannot change between the install and the check); the install
         # command itself gets hostile arguments in test_every_operation_quotes_its_string_arguments.

@@ -22,6 +22,8 @@ container's Python. This ``__init__`` is the local side only, and stays stdlib t
                               start; one chat completion (the verify phase)
 ``gpu_sampler.py``            runs the benchmark while nvidia-smi samples each GPU's power,
                               utilisation and memory; prints their averages
+``bench_record.py``           runs the benchmark with its record (the server's API key inside)
+                              in a private file, removed after; prints the record's numbers
 ============================  ===============================================================
 """
 
@@ -39,6 +41,7 @@ LAUNCHER = "sglang_launch.py"
 GPU_CHECKS = "gpu_checks.py"
 STARTUP_WATCH = "startup_watch.py"
 GPU_SAMPLER = "gpu_sampler.py"
+BENCH_RECORD = "bench_record.py"
 
 _HERE = Path(__file__).resolve().parent
 
