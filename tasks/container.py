@@ -33,6 +33,7 @@ CUDA_KEYRING = (
     "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
     "cuda-keyring_1.1-1_all.deb"
 )
+CUDA_KEYRING_DEB = "/var/cache/pve-sglang/cuda-keyring.deb"
 
 
 @deploy("GPU container")
@@ -187,19 +188,22 @@ def nvidia_userspace(cs: ContainerSettings, version: str):
 
 def cuda_toolkit(cs: ContainerSettings) -> None:
     """CUDA toolkit (nvcc) from NVIDIA's Debian repository, for FlashInfer's JIT."""
-    keyring = files.download(
-        name="NVIDIA CUDA repository keyring",
-        src=CUDA_KEYRING,
-        dest="/var/cache/pve-sglang/cuda-keyring.deb",
-    )
-    server.shell(name="Install the CUDA repository keyring",
-                 commands=["dpkg -i /var/cache/pve-sglang/cuda-keyring.deb"],
-                 _if=keyring.did_change)
+    cuda_keyring()
     version = cs.cuda_toolkit_version.replace(".", "-")
     stack.deb_packages(
         name=f"CUDA toolkit {cs.cuda_toolkit_version} and a host compiler (FlashInfer JIT)",
         packages=[f"cuda-toolkit-{version}", *JIT_PACKAGES],
     )
+
+
+def cuda_keyring(url: str = CUDA_KEYRING) -> None:
+    """NVIDIA's repository keyring package from URL, installed until dpkg lists it: not only
+    when the download changed, so a ``dpkg -i`` that failed once is made again
+    (``stack.deb_file``)."""
+    files.download(name="NVIDIA CUDA repository keyring", src=url, dest=CUDA_KEYRING_DEB)
+    package, version = stack.deb_file_name(url)
+    stack.deb_file(name=f"Install the CUDA repository keyring ({package} {version})",
+                   path=CUDA_KEYRING_DEB, package=package, version=version)
 
 
 def python_stack(cs: ContainerSettings, py: str) -> list:

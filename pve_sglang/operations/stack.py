@@ -579,3 +579,45 @@ def deb_packages(packages: list[str]):
         "apt-get install -y -q --no-install-recommends", *(QuoteString(m) for m in missing)
     )
     container_state.forget("debs")
+
+
+def deb_file_name(path: str) -> tuple[str, str]:
+    """The package and version of a Debian package file, from its name as Debian names them
+    (``NAME_VERSION_ARCH.deb``): ``.../cuda-keyring_1.1-1_all.deb`` -> ``("cuda-keyring",
+    "1.1-1")``. The version's epoch, if any, is not in a file name."""
+    name = posixpath.basename(path)
+    parts = name[:-len(".deb")].split("_") if name.endswith(".deb") else []
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(f"{name!r} is not a Debian package file name (NAME_VERSION_ARCH.deb)")
+    return parts[0], parts[1]
+
+
+@operation()
+def deb_file(path: str, package: str, version: str):
+    """
+    Install the Debian package file PATH (PACKAGE at VERSION) with ``dpkg -i`` unless dpkg
+    lists PACKAGE at VERSION as installed: decided from the container's packages (the one read
+    of ``deb_packages``), not from whether PATH changed in this run, so a ``dpkg -i`` that
+    failed (its lock held at a container's first boot, a full disk) or never ran (a run killed
+    after the download) is made by the next run.
+
+    + path: the package file in the container
+    + package: its package name, as ``dpkg -l`` lists it
+    + version: its version, as ``dpkg -l`` lists it
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stack
+
+        stack.deb_file(name="CUDA repository keyring",
+                       path="/var/cache/pve-sglang/cuda-keyring.deb",
+                       package="cuda-keyring", version="1.1-1")
+    """
+    installed = container_state.read("debs")
+    if version in (installed.get(package) or ()):
+        host.noop(f"{package} {version} installed")
+        return
+    yield StringCommand("dpkg -i", QuoteString(path))
+    container_state.forget("debs")
