@@ -34,6 +34,8 @@ CUDA_KEYRING = (
     "cuda-keyring_1.1-1_all.deb"
 )
 CUDA_KEYRING_DEB = "/var/cache/pve-sglang/cuda-keyring.deb"
+#: What update-ca-certificates writes from the store's certificates.
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 @deploy("GPU container")
@@ -124,7 +126,7 @@ def container_steps() -> None:
     env_file = env_file_path(cs)
     # Every path the steps below manage, so one read answers them all.
     paths.watch(
-        *(ca_dest(path) for path in ca_files(cs)),
+        *(ca_dest(path) for path in ca_files(cs)), *([CA_BUNDLE] if ca_files(cs) else []),
         *(remote.path(script) for script in (remote.AUTOTUNE_PATCH, remote.FLAG_LISTER)),
         LAUNCHER, f"{cs.venv_path}/pyvenv.cfg",
         cs.venv_path, *([LOCK_FILE] if cs.stack_install == "pinned" else []),
@@ -155,15 +157,32 @@ def ca_dest(path: str) -> str:
 
 
 def trust_ca_certificates(cs: ContainerSettings) -> None:
-    """Add the given CA certificates to the container's store (a proxy's CA, for pip and uv)."""
+    """Add the given CA certificates to the container's store (a proxy's CA, for pip and uv).
+    The store is updated when a certificate changed in this run, or is newer than the store's
+    bundle: an update that failed, or a run killed after the upload, is made by the next run."""
     uploads = [
         paths.put(name=f"CA certificate {Path(path).name}", src=path, dest=ca_dest(path),
                   mode="644")
         for path in ca_files(cs)
     ]
     if uploads:
+        changed = any_changed(*uploads)
+        certs = [ca_dest(path) for path in ca_files(cs)]
         server.shell(name="Update the CA store", commands=["update-ca-certificates"],
-                     _if=any_changed(*uploads))
+                     _if=lambda: changed() or bundle_older(
+                         paths.state(CA_BUNDLE), [paths.state(cert) for cert in certs]))
+
+
+def bundle_older(bundle: dict | None, certs: list[dict | None]) -> bool:
+    """Whether the CA bundle (``PathStates`` value) misses certificates (theirs): it is missing
+    or older than one of them. update-ca-certificates writes it anew on every run. Unknown
+    times (a ``stat`` without fractions) decide nothing."""
+    if bundle is None:
+        return any(cert is not None for cert in certs)
+    times = [cert.get("mtime") for cert in certs if cert is not None]
+    if bundle.get("mtime") is None or None in times:
+        return False
+    return any(mtime > bundle["mtime"] for mtime in times)
 
 
 def nvidia_userspace(cs: ContainerSettings, version: str):

@@ -12,6 +12,9 @@ tests/test_deploy_lxc.py), and one on a GPU host's recorded outputs.
   first ``-i`` as with the dpkg lock held at a container's first boot): the next run installs
   it, the run after changes nothing. It was installed only when its download changed, so the
   next run skipped it and ``cuda-toolkit-X-Y`` was "unable to locate" on every run after.
++ ``update-ca-certificates`` fails once after the extra CA certificate was uploaded: the next
+  run updates the store (the certificate is newer than the bundle), the run after changes
+  nothing. It ran only when an upload changed, so the CA stayed out of the bundle for good.
 
 How the kill is modelled: the deploying machine dies, so pyinfra and everything it started get
 SIGKILL at once (its process group). On this machine the container is local and reached with
@@ -473,6 +476,51 @@ def test_a_failed_keyring_install_is_made_by_the_next_run(box, tmp_path):
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert changed(results) == ["Install the CUDA repository keyring (cuda-keyring 1.1-1)"], results
     assert box.attach(KEYRING_STATUS).stdout == "installed 1.1-1"
+
+    third, results = run()
+    assert third.returncode == 0 and changed(results) == [], results
+
+
+# Stands in for update-ca-certificates: its first run fails (a full disk, say); every later
+# one is the real one's.
+FAILING_CA_UPDATE = """#!/bin/sh
+if [ ! -e /run/pvs-ca-update-failed ]; then
+    touch /run/pvs-ca-update-failed
+    echo "cat: write error: No space left on device" >&2
+    exit 1
+fi
+exec /usr/sbin/update-ca-certificates "$@"
+"""
+
+
+def test_a_failed_ca_store_update_is_made_by_the_next_run(box, tmp_path):
+    """The extra CA certificate is uploaded, update-ca-certificates fails: the next run updates
+    the store (the certificate is newer than its bundle), the run after changes nothing. It was
+    updated only when an upload changed, so the proxy's CA stayed out of the bundle for good."""
+    cert = tmp_path / "pvs-test-proxy-ca.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=pvs test proxy CA", "-keyout", str(tmp_path / "key.pem"),
+                    "-out", str(cert)], check=True, capture_output=True)
+    body = "".join(cert.read_text().splitlines()[1:3])  # a piece of the base64 body
+    box.attach("cat > /usr/local/sbin/update-ca-certificates && "
+               "chmod 755 /usr/local/sbin/update-ca-certificates", input=FAILING_CA_UPDATE)
+
+    def in_bundle() -> bool:
+        text = box.attach(["cat", "/etc/ssl/certs/ca-certificates.crt"]).stdout
+        return body in text.replace("\n", "")
+
+    def run() -> tuple[subprocess.CompletedProcess, dict | None]:
+        return run_step(box, tmp_path, "ca_store.py", {"settings": {"ca_certificates": [str(cert)]}})
+
+    first, _ = run()
+    log = first.stdout + first.stderr
+    assert first.returncode != 0 and "No space left on device" in log, log[-3000:]
+    assert not in_bundle()
+
+    second, results = run()
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert changed(results) == ["Update the CA store"], results
+    assert in_bundle()
 
     third, results = run()
     assert third.returncode == 0 and changed(results) == [], results
