@@ -328,3 +328,33 @@ def test_plain_lxc_unprivileged_container_gets_userns_before_recorded_h200_gpu_l
     assert "lxc.idmap = u 0 100000 65536" in lines
     assert "lxc.cgroup2.devices.allow = c 195:0 rwm" in lines  # recorded majors, key = value
     assert "lxc.cgroup2.cpuset.cpus = 0-63" in lines and "lxc.cgroup2.memory.max = 262144M" in lines
+
+
+def test_initramfs_older_than_the_uvm_option_is_updated_again():
+    """The option's file converged (unchanged) and an initramfs not rebuilt since it was
+    written (an update-initramfs that failed, a run killed after the write): the plan updates
+    it; with every image newer, nothing."""
+    import hashlib
+
+    from pyinfra.facts.files import Directory, File, Sha1File
+
+    from pve_sglang.facts.system import InitramfsOlderThan
+    from tasks.host import UVM_CONF
+
+    body = (Path(__file__).resolve().parents[1] / "templates" / "nvidia-uvm.conf.j2").read_text()
+    converged = {
+        **gpu_host_responses(), **container_answers(None, None),
+        Directory().command("/etc/modprobe.d").get_raw_value():
+            "user=root group=root mode=drwxr-xr-x atime=0 mtime=0 ctime=0 size=4096 "
+            "'/etc/modprobe.d'",
+        File().command(UVM_CONF).get_raw_value(): f"user=root group=root mode=-rw-r--r-- atime=0 mtime=0 "
+                                  f"ctime=0 size={len(body)} '{UVM_CONF}'",
+        Sha1File().command(UVM_CONF).get_raw_value(): f"{hashlib.sha1(body.encode()).hexdigest()}  {UVM_CONF}",
+    }
+    stale = InitramfsOlderThan().command(UVM_CONF).get_raw_value()
+    assert commands(plan({**converged, stale: "/boot/initrd.img-6.8.12-4-pve"}),
+                    "update-initramfs") == ["update-initramfs -u -k all"]
+    assert commands(plan({**converged, stale: ""}), "update-initramfs") == []
+    # The option written in this run updates it without asking the images.
+    assert commands(plan({**gpu_host_responses(), **container_answers(None, None)}),
+                    "update-initramfs") == ["update-initramfs -u -k all"]
