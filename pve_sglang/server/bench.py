@@ -154,7 +154,8 @@ def recorded_argv(python: str, recorder: str, argv: list[str]) -> list[str]:
 
 def sampled_argv(python: str, sampler: str, interval_ms: int, argv: list[str]) -> list[str]:
     """ARGV run under the uploaded GPU sampler (``remote/gpu_sampler.py`` at SAMPLER), which
-    averages each GPU's nvidia-smi samples over the measured run and prints them after it."""
+    averages each GPU's nvidia-smi samples over the measured run (its mean power from NVML's
+    energy counter where it can be read) and prints them after it."""
     return [python, sampler, "--interval-ms", str(interval_ms),
             "--start-marker", MAIN_RUN_MARKER, "--stop-marker", RESULT_HEADER.strip(), "--", *argv]
 
