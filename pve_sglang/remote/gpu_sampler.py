@@ -174,13 +174,16 @@ class _Energy:
         self._nvml = None
         self._handles: dict = {}
         try:
-            import pynvml
-
+            import pynvml  # nvidia-ml-py, in the sglang venv; optional
+        except ImportError as error:
+            self.error = f"NVML: {type(error).__name__}: {error}"
+            return
+        try:
             pynvml.nvmlInit()
             self._nvml = pynvml
             self._handles = {i: pynvml.nvmlDeviceGetHandleByIndex(i)
                              for i in range(pynvml.nvmlDeviceGetCount())}
-        except Exception as error:  # ImportError, NVMLError_LibraryNotFound, ...
+        except Exception as error:  # NVMLError_LibraryNotFound (no driver), ...
             self.error = f"NVML: {type(error).__name__}: {error}"
 
     def read(self) -> dict[int, int] | None:
