@@ -33,7 +33,9 @@ CUDA_KEYRING = (
     "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
     "cuda-keyring_1.1-1_all.deb"
 )
-KEYRING_FILE = "/var/cache/pve-sglang/cuda-keyring.deb"
+CUDA_KEYRING_DEB = "/var/cache/pve-sglang/cuda-keyring.deb"
+#: What update-ca-certificates writes from the store's certificates.
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 @deploy("GPU container")
@@ -124,7 +126,7 @@ def container_steps() -> None:
     env_file = env_file_path(cs)
     # Every path the steps below manage, so one read answers them all.
     paths.watch(
-        *(ca_dest(path) for path in ca_files(cs)),
+        *(ca_dest(path) for path in ca_files(cs)), *([CA_BUNDLE] if ca_files(cs) else []),
         *(remote.path(script) for script in (remote.AUTOTUNE_PATCH, remote.FLAG_LISTER)),
         LAUNCHER, f"{cs.venv_path}/pyvenv.cfg",
         cs.venv_path, *([LOCK_FILE] if cs.stack_install == "pinned" else []),
@@ -155,15 +157,32 @@ def ca_dest(path: str) -> str:
 
 
 def trust_ca_certificates(cs: ContainerSettings) -> None:
-    """Add the given CA certificates to the container's store (a proxy's CA, for pip and uv)."""
+    """Add the given CA certificates to the container's store (a proxy's CA, for pip and uv).
+    The store is updated when a certificate changed in this run, or is newer than the store's
+    bundle: an update that failed, or a run killed after the upload, is made by the next run."""
     uploads = [
         paths.put(name=f"CA certificate {Path(path).name}", src=path, dest=ca_dest(path),
                   mode="644")
         for path in ca_files(cs)
     ]
     if uploads:
+        changed = any_changed(*uploads)
+        certs = [ca_dest(path) for path in ca_files(cs)]
         server.shell(name="Update the CA store", commands=["update-ca-certificates"],
-                     _if=any_changed(*uploads))
+                     _if=lambda: changed() or bundle_older(
+                         paths.state(CA_BUNDLE), [paths.state(cert) for cert in certs]))
+
+
+def bundle_older(bundle: dict | None, certs: list[dict | None]) -> bool:
+    """Whether the CA bundle (``PathStates`` value) misses certificates (theirs): it is missing
+    or older than one of them. update-ca-certificates writes it anew on every run. Unknown
+    times (a ``stat`` without fractions) decide nothing."""
+    if bundle is None:
+        return any(cert is not None for cert in certs)
+    times = [cert.get("mtime") for cert in certs if cert is not None]
+    if bundle.get("mtime") is None or None in times:
+        return False
+    return any(mtime > bundle["mtime"] for mtime in times)
 
 
 def nvidia_userspace(cs: ContainerSettings, version: str):
@@ -188,16 +207,22 @@ def nvidia_userspace(cs: ContainerSettings, version: str):
 
 def cuda_toolkit(cs: ContainerSettings) -> None:
     """CUDA toolkit (nvcc) from NVIDIA's Debian repository, for FlashInfer's JIT."""
-    files.download(name="NVIDIA CUDA repository keyring", src=CUDA_KEYRING, dest=KEYRING_FILE)
-    # Decided from dpkg's list, not from keyring.did_change: a failed dpkg -i is made again.
-    package, version = CUDA_KEYRING.rsplit("/", 1)[1].removesuffix("_all.deb").split("_")
-    stack.deb_file(name="Install the CUDA repository keyring", path=KEYRING_FILE,
-                   package=package, version=version)
+    cuda_keyring()
     version = cs.cuda_toolkit_version.replace(".", "-")
     stack.deb_packages(
         name=f"CUDA toolkit {cs.cuda_toolkit_version} and a host compiler (FlashInfer JIT)",
         packages=[f"cuda-toolkit-{version}", *JIT_PACKAGES],
     )
+
+
+def cuda_keyring(url: str = CUDA_KEYRING) -> None:
+    """NVIDIA's repository keyring package from URL, installed until dpkg lists it: not only
+    when the download changed, so a ``dpkg -i`` that failed once is made again
+    (``stack.deb_file``)."""
+    files.download(name="NVIDIA CUDA repository keyring", src=url, dest=CUDA_KEYRING_DEB)
+    package, version = stack.deb_file_name(url)
+    stack.deb_file(name=f"Install the CUDA repository keyring ({package} {version})",
+                   path=CUDA_KEYRING_DEB, package=package, version=version)
 
 
 def python_stack(cs: ContainerSettings, py: str) -> list:

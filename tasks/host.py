@@ -27,7 +27,7 @@ from pve_sglang.container_config.lxc_keys import (
     subid_base,
 )
 from pve_sglang.container_config.lxc_keys import limits as lxc_limits
-from pve_sglang.operations import host_state, lxc, owned, pct, wheels
+from pve_sglang.operations import boot, host_state, lxc, owned, pct, wheels
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.preflight import (
     GpuHost,
@@ -108,11 +108,8 @@ def nvidia_uvm(settings: HostSettings, gpu: GpuHost) -> None:
         dest=UVM_CONF,
         mode="644",
     )
-    server.shell(
-        name="Update the initramfs with the nvidia_uvm option",
-        commands=["update-initramfs -u -k all"],
-        _if=conf.did_change,
-    )
+    boot.initramfs_current(name="Update the initramfs with the nvidia_uvm option",
+                           option_file=UVM_CONF, changed=any_changed(conf))
     if host.get_fact(UvmDisableHmm) is False:
         busy = host.get_fact(NvidiaGpuProcesses)
         if settings.reload_modules and not busy:

@@ -49,20 +49,11 @@ def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) 
     script = remote.path(remote.GPU_CHECKS)
     # The server itself binds to server_host; checks run inside the container.
     address = client_address(cs.server_host)
-    env_file = env_file_path(cs)
 
     def cuda() -> None:
         upload_script(remote.GPU_CHECKS, "Upload the GPU checks")
         verify.cuda_initialises(name="CUDA initialises on every GPU", python=py, script=script,
                                 expected=expected)
-
-    def benchmark() -> None:
-        upload_script(remote.GPU_SAMPLER, "Upload the GPU sampler")
-        runs = bench_runs(cs, py, address, cs.sglang_version, remote.path(remote.GPU_SAMPLER))
-        verify.benchmark(name=f"Benchmark at concurrency {bench_levels(cs)}",
-                         runs=runs, env_file=env_file, history_dir=cs.bench_history_dir,
-                         meta=run_meta(cs), regression_pct=cs.bench_regression_pct,
-                         low_power_pct=cs.bench_low_power_pct)
 
     checks: list[Check] = [
         ("GPUs visible in the container", lambda: verify.gpus_visible(
@@ -74,7 +65,8 @@ def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) 
             name=f"P2P between the {expected} GPUs", python=py, script=script)))
     checks += server_checks(cs, address)
     if cs.bench:
-        checks.append((f"benchmark at concurrency {bench_levels(cs)}", benchmark))
+        checks.append((f"benchmark at concurrency {bench_levels(cs)}",
+                       lambda: benchmark_check(cs, address)))
     return checks
 
 
@@ -103,6 +95,19 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                            name="One chat completion is not degenerate", url=url,
                            env_file=env_file, script=watch)))
     return checks
+
+
+def benchmark_check(cs: ContainerSettings, address: str) -> None:
+    """The serving benchmark at each level of the preset against the server at ADDRESS, under
+    the GPU sampler and the record wrapper (its record, the key inside, in a private file)."""
+    upload_script(remote.GPU_SAMPLER, "Upload the GPU sampler")
+    upload_script(remote.BENCH_RECORD, "Upload the benchmark record wrapper")
+    runs = bench_runs(cs, venv_python(cs), address, cs.sglang_version,
+                      remote.path(remote.GPU_SAMPLER), remote.path(remote.BENCH_RECORD))
+    verify.benchmark(name=f"Benchmark at concurrency {bench_levels(cs)}",
+                     runs=runs, env_file=env_file_path(cs), history_dir=cs.bench_history_dir,
+                     meta=run_meta(cs), regression_pct=cs.bench_regression_pct,
+                     low_power_pct=cs.bench_low_power_pct)
 
 
 def verify_steps() -> None:

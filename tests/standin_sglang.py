@@ -2,6 +2,12 @@
 (tests/fixtures/sglang_logs) to stdout with short, realistic pauses, and serves ``/health``,
 ``/v1/models`` and ``/v1/chat/completions`` (streamed, with logprobs) once ready.
 
+For the serving benchmark it also serves SGLang's native ``/generate`` (streamed, cumulative
+text, ``meta_info.completion_tokens``: what ``bench_serving``'s ``sglang`` backend reads) and
+``/get_server_info`` (0.5.9) or ``/server_info`` (0.5.23): the real answer is the whole
+``ServerArgs`` at the top level, ``api_key`` included, which the benchmark puts in its JSONL
+record; this one holds a few of those fields, with the key from ``SGLANG_API_KEY``.
+
 ``python3 standin_sglang.py --logs DIR --port N --case CASE --event-file PATH``; CASE:
 
 + ``normal``: the whole start, then serve sensible text
@@ -80,6 +86,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         if self.path == "/health":
             self._send(200 if STATE["ready"] else 503)
+        elif self.path in ("/get_server_info", "/server_info"):
+            self._send(200, json.dumps(server_info(self.key)).encode())
         elif self.path == "/v1/models":
             self._send(200, json.dumps({"object": "list", "data": [
                 {"id": "standin-model", "object": "model"}]}).encode())
@@ -90,6 +98,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         request = json.loads(self.rfile.read(length) or b"{}")
         if not self._authorised():
+            return
+        if self.path == "/generate" and STATE["ready"]:
+            self._generate(request)
             return
         if self.path != "/v1/chat/completions" or not STATE["ready"]:
             self._send(404 if STATE["ready"] else 503)
@@ -116,8 +127,38 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.case == "degenerate":
             mark(self.event_file)
 
+    def _generate(self, request: dict) -> None:
+        """SGLang's native streamed answer: each event holds the whole text so far."""
+        count = int(request.get("sampling_params", {}).get("max_new_tokens") or 16)
+        prompt = request.get("text", request.get("input_ids")) or ""
+        # Whitespace words: the test's tokenizer is a word-level one.
+        prompt_tokens = len(prompt.split()) if isinstance(prompt, str) else len(prompt)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        time.sleep(0.02)  # prefill
+        text = ""
+        for n in range(1, count + 1):
+            text += f"w{n % 200} "
+            event = {"text": text, "meta_info": {"id": "standin", "completion_tokens": n,
+                                                 "prompt_tokens": prompt_tokens, "cached_tokens": 0}}
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            self.wfile.flush()
+            time.sleep(0.005)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
     def log_message(self, *args) -> None:  # sglang logs requests; not needed here
         pass
+
+
+def server_info(key: str) -> dict:
+    """A few ``ServerArgs`` fields, as ``/get_server_info`` flattens them, and its extras."""
+    return {"model_path": "/models/standin", "tokenizer_path": "/models/standin", "port": 30000,
+            "api_key": key or None, "tp_size": 1, "served_model_name": "standin-model",
+            "internal_states": [{"avg_spec_accept_length": None}], "version": "standin"}
 
 
 def main() -> int:

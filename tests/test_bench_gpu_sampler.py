@@ -44,6 +44,31 @@ done
 """
 
 
+# Stand-in for nvidia-ml-py's pynvml (no GPU here), on the sampler's PYTHONPATH as the venv's
+# would be: two GPUs whose energy counters (mJ) grow at a steady 450.25 W and 300 W, or, with
+# STANDIN_NVML=unsupported, refuse as NVML does on GPUs older than Volta. The real counter's
+# behaviour on an H200 is recorded in tests/fixtures/h200/gpu_sampler_nvml/.
+STANDIN_PYNVML = """
+import os, time
+class NVMLError(Exception):
+    pass
+class NVMLError_NotSupported(NVMLError):
+    pass
+def nvmlInit():
+    pass
+def nvmlShutdown():
+    pass
+def nvmlDeviceGetCount():
+    return 2
+def nvmlDeviceGetHandleByIndex(index):
+    return index
+def nvmlDeviceGetTotalEnergyConsumption(handle):
+    if os.environ.get("STANDIN_NVML") == "unsupported":
+        raise NVMLError_NotSupported("Not Supported")
+    return int(time.monotonic() * 1000 * (450.25, 300.0)[handle])
+"""
+
+
 def settings(**overrides) -> ContainerSettings:
     data = {k: v for k, v in load_defaults().items() if k in ContainerSettings.model_fields}
     return ContainerSettings.model_validate({**data, **overrides})
@@ -165,16 +190,73 @@ def test_markers_are_printed_by_the_release(release, member, sglang_wheel):
 def test_bench_runs_follow_the_preset():
     full = settings()
     runs = bench_runs(full, "/opt/sglang/venv/bin/python", "127.0.0.1", "0.5.9",
-                      "/opt/sglang/gpu_sampler.py")
+                      "/opt/sglang/gpu_sampler.py", "/opt/sglang/bench_record.py")
     assert list(runs) == full.bench_concurrencies == [1, 64, 256, 1024]
     argv = runs[1024]
     assert argv[:4] == ["/opt/sglang/venv/bin/python", "/opt/sglang/gpu_sampler.py",
                         "--interval-ms", str(full.bench_gpu_sample_ms)]
-    bench = argv[argv.index("--") + 1:]
+    recorded = argv[argv.index("--") + 1:]
+    assert recorded[:3] == ["/opt/sglang/venv/bin/python", "/opt/sglang/bench_record.py", "--"]
+    bench = recorded[3:]
     assert bench[:3] == ["/opt/sglang/venv/bin/python", "-m", "sglang.bench_serving"]
     prompts = {c: int(a[a.index("--num-prompts") + 1]) for c, a in runs.items()}
     assert prompts == {c: max(full.bench_num_prompts, full.bench_prompts_per_concurrency * c)
                        for c in runs}
     assert prompts[1] == full.bench_num_prompts and prompts[1024] == 4 * 1024
     quick = settings(bench_preset="quick", bench_quick_concurrencies=[2, 8])
-    assert list(bench_runs(quick, "/py", "::1", "0.5.23", "/s.py")) == [2, 8]
+    assert list(bench_runs(quick, "/py", "::1", "0.5.23", "/s.py", "/r.py")) == [2, 8]
+
+
+def run_script(fake_gpus: Path, tmp_path: Path, **env) -> dict:
+    """The sampler run as the deploy runs it, over the stand-in benchmark; its summary."""
+    argv = sampled_argv(sys.executable, str(source(GPU_SAMPLER)), 50, _load_command(fake_gpus))
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr
+    return gpu_sampler.parse_summary(done.stdout)
+
+
+def test_sampler_takes_the_mean_power_from_the_standin_nvml_energy_counter(fake_gpus, tmp_path):
+    (tmp_path / "nvml").mkdir()
+    (tmp_path / "nvml" / "pynvml.py").write_text(STANDIN_PYNVML)
+    summary = run_script(fake_gpus, tmp_path, PYTHONPATH=str(tmp_path / "nvml"))
+    gpu0, gpu1 = summary["gpus"]
+    assert "energy_error" not in summary
+    # The counters' rate over the window, not the samples' (630.50 W under load, 110.25 idle).
+    assert gpu0["power_source"] == gpu1["power_source"] == "nvml-energy"
+    assert gpu0["power_w"] == pytest.approx(450.25, rel=0.02)
+    assert gpu0["power_pct"] == round(100 * gpu0["power_w"] / 700, 2)
+    assert gpu0["sampled_power_w"] > 450 and gpu0["sampled_power_w"] != gpu0["power_w"]
+    # A GPU whose power.draw is [N/A] still gets its mean draw from its counter.
+    assert gpu1["sampled_power_w"] is None and gpu1["power_w"] == pytest.approx(300, rel=0.02)
+    row = gpu_columns(summary)
+    assert row["gpu_power_w"] == pytest.approx((450.25 + 300) / 2, rel=0.02)
+
+
+def test_sampler_falls_back_to_the_samples_without_nvml(fake_gpus, tmp_path):
+    """No pynvml (this machine), or a GPU without an energy counter: nvidia-smi's samples,
+    and why."""
+    summary = run_script(fake_gpus, tmp_path, PYTHONPATH="")
+    assert summary["energy_error"].startswith("NVML: ModuleNotFoundError")
+    assert all(gpu["power_source"] == "nvidia-smi" for gpu in summary["gpus"])
+    assert summary["gpus"][0]["power_w"] == summary["gpus"][0]["sampled_power_w"] > 450
+    (tmp_path / "nvml").mkdir()
+    (tmp_path / "nvml" / "pynvml.py").write_text(STANDIN_PYNVML)
+    summary = run_script(fake_gpus, tmp_path, PYTHONPATH=str(tmp_path / "nvml"),
+                         STANDIN_NVML="unsupported")
+    assert summary["energy_error"] == "NVML energy counter: NVMLError_NotSupported: Not Supported"
+    assert summary["gpus"][0]["power_source"] == "nvidia-smi"
+
+
+def test_energy_power_and_with_energy():
+    assert gpu_sampler.energy_power({0: 1_000_000, 1: 5_000}, {0: 1_691_160, 1: 4_000}, 1.0) == {
+        0: 691.16}  # GPU 1's counter went back (a driver reload): left out
+    assert gpu_sampler.energy_power({0: 0}, {0: 10}, 0) == {}
+    gpus = [{"index": 0, "power_w": 139.11, "power_limit_w": 700.0, "power_pct": 19.87},
+            {"index": 1, "power_w": 120.0, "power_limit_w": None, "power_pct": None}]
+    assert gpu_sampler.with_energy(gpus, {0: 133.18, 1: 100.0}) == [
+        {"index": 0, "power_w": 133.18, "power_limit_w": 700.0, "power_pct": 19.03,
+         "sampled_power_w": 139.11, "power_source": "nvml-energy"},
+        {"index": 1, "power_w": 100.0, "power_limit_w": None, "power_pct": None,
+         "sampled_power_w": 120.0, "power_source": "nvml-energy"}]
+    assert gpu_sampler.with_energy(gpus[:1], {})[0]["power_source"] == "nvidia-smi"

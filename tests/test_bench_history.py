@@ -2,9 +2,12 @@
 
 The recorded runs are public: Kimi-K2.5 with the same benchmark command on 8x H200 and on 4x
 MI350X (tests/fixtures/public/bench_serving_kimi-k2.5_*_sgl-cookbook.txt; sources in
-tests/fixtures/README.md). The end-to-end test runs the ``benchmark`` operation through the
-pyinfra CLI on @local: the real GPU sampler and env file, a stand-in nvidia-smi, and a stand-in
-benchmark that prints a recorded result block.
+tests/fixtures/README.md), kept as printed text: ``bench_summary.summary_record`` turns each
+block into the record the benchmark writes, which the deploy reads (``bench.record_row``). The
+end-to-end test runs the ``benchmark`` operation through the pyinfra CLI on @local: the real
+GPU sampler, record wrapper and env file, a stand-in nvidia-smi, and a stand-in benchmark that
+prints a recorded result block and appends its record (``server_info`` and the key inside) to
+the ``--output-file`` it is given.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from pathlib import Path
 import pytest
 
 from pve_sglang.server import bench_history
-from pve_sglang.server.bench import RESULT_HEADER, parse_bench_output, summary_table
+from pve_sglang.server.bench import RESULT_HEADER, record_row, summary_table
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import SettingsError, validate_container
+from bench_summary import summary_record
 
 REPO = Path(__file__).resolve().parents[1]
 PUBLIC = REPO / "tests" / "fixtures" / "public"
@@ -41,7 +45,7 @@ def blocks(path: Path) -> list[str]:
 
 
 def rows(path: Path) -> list[dict]:
-    parsed = [parse_bench_output(block) for block in blocks(path)]
+    parsed = [record_row(summary_record(block)) for block in blocks(path)]
     return [{"concurrency": row["max_concurrency"], **row} for row in parsed]
 
 
@@ -143,9 +147,9 @@ DEPLOY = '''
 import os, sys
 from pyinfra import host
 from pve_sglang.server.bench_history import run_meta
-from pve_sglang.server.bench import sampled_argv
+from pve_sglang.server.bench import recorded_argv, sampled_argv
 from pve_sglang.operations import verify
-from pve_sglang.remote import GPU_SAMPLER, source
+from pve_sglang.remote import BENCH_RECORD, GPU_SAMPLER, source
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
 
@@ -156,10 +160,12 @@ code = (
     "print('Warmup completed with 1 sequences. Starting main benchmark run...')\\n"
     "open(os.environ['PHASE'], 'w').write('load'); time.sleep(0.5)\\n"
     "sys.stdout.write(open(sys.argv[1]).read())\\n"
+    "record = sys.argv[sys.argv.index('--output-file') + 1]\\n"
+    "open(record, 'a').write(open(sys.argv[1][:-4] + '.json').read())\\n"
     "open(os.environ['PHASE'], 'w').write('idle')\\n"
 )
-runs = {int(level): sampled_argv(sys.executable, str(source(GPU_SAMPLER)), 50,
-                                 [sys.executable, "-c", code, path])
+runs = {int(level): sampled_argv(sys.executable, str(source(GPU_SAMPLER)), 50, recorded_argv(
+            sys.executable, str(source(BENCH_RECORD)), [sys.executable, "-c", code, path]))
         for level, path in (item.split("=") for item in os.environ["BLOCKS"].split(","))}
 verify.benchmark(name="Benchmark", runs=runs, env_file=os.environ["ENV_FILE"],
                  history_dir="bench-history", meta={**run_meta(cs), "model_path": "kimi"},
@@ -179,8 +185,11 @@ def test_benchmark_operation_through_the_pyinfra_cli(tmp_path):
     (tmp_path / "deploy_bench.py").write_text(DEPLOY)
     env_file = tmp_path / "sglang.env"
     env_file.write_text("SGLANG_API_KEY=sk-secret\n")
-    for i, path in enumerate(blocks(H200) + blocks(MI350X)):
-        (tmp_path / f"b{i}.txt").write_text(path)
+    for i, block in enumerate(blocks(H200) + blocks(MI350X)):
+        (tmp_path / f"b{i}.txt").write_text(block)
+        # The record the benchmark appends: its results and the server's ServerArgs, key included.
+        record = {**summary_record(block), "server_info": {"api_key": "sk-secret", "tp_size": 8}}
+        (tmp_path / f"b{i}.json").write_text(json.dumps(record) + "\n")
     pyinfra = Path(sys.executable).parent / "pyinfra"
     outputs = []
     for blocks_env in ("1=b0.txt,16=b1.txt,100=b2.txt", "1=b3.txt,16=b4.txt"):
@@ -205,3 +214,9 @@ def test_benchmark_operation_through_the_pyinfra_cli(tmp_path):
     assert f"concurrency 16: {old:.2f} -> {new:.2f} tok/s (" in second
     assert "of their power limit on average" in second and "max_running_requests" in second
     assert "sk-secret" not in first + second
+    # The key is in the env file and in the records the stand-in copied from; nowhere else,
+    # the history included, and no record was left where the benchmark ran.
+    holding = {path.name for path in tmp_path.rglob("*") if path.is_file()
+               and b"sk-secret" in path.read_bytes()}
+    assert holding == {"sglang.env"} | {f"b{i}.json" for i in range(5)}
+    assert not list(tmp_path.glob("*.jsonl"))

@@ -1,9 +1,14 @@
-"""Tests for pve_sglang/server/bench.py against the real sglang wheels.
+"""Tests for pve_sglang/server/bench.py and remote/bench_record.py against the real sglang wheels.
 
-The fixture tests/fixtures/bench/bench_serving_0.5.9.txt is rendered from sglang 0.5.9's own
-format strings (its "Serving Benchmark Result" print block, executed with made-up metrics, after
-a few of its progress lines), not captured from a real run. ``test_fixture_is_the_release_format``
-renders the block again from the cached wheel and compares, so the fixture cannot drift from it.
+The benchmark's JSONL record is rendered here by each release's own code (its ``result = {...}``
+block, executed with made-up metrics and a ``server_info`` holding a key); the real benchmarks
+write it against the stand-in server in tests/test_bench_record_lxc.py.
+
+The fixture tests/fixtures/bench/bench_serving_0.5.9.txt (the printed output the hostile-strings
+test answers with) is rendered from sglang 0.5.9's own format strings (its "Serving Benchmark
+Result" print block, executed with made-up metrics, after a few of its progress lines), not
+captured from a real run. ``test_fixture_is_the_release_format`` renders the block again from the
+cached wheel and compares, so the fixture cannot drift from it.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import json
 import re
 import sys
 import textwrap
@@ -20,16 +26,20 @@ from types import SimpleNamespace
 
 import pytest
 
+from pve_sglang.remote.bench_record import RECORD_PREFIX, kept, parse_record
 from pve_sglang.server.bench import (
     bench_argv,
     bench_module,
+    RECORD_KEYS,
     bench_shell,
-    parse_bench_output,
+    record_row,
+    recorded_argv,
     release_tuple,
     summary_table,
 )
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
+from bench_summary import summary_record
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "bench" / "bench_serving_0.5.9.txt"
@@ -71,8 +81,17 @@ METRICS = dict(
     p95_itl_ms=44.16,
     p99_itl_ms=88.42,
     max_itl_ms=412.77,
+    # In the record only.
+    std_e2e_latency_ms=120.4,
+    std_ttft_ms=96.2,
+    std_tpot_ms=0.91,
+    std_itl_ms=7.75,
 )
 BENCHMARK_DURATION = 10.5297
+KEY = "sk-rec'o\"rd$KEY"
+# /get_server_info as 0.5.9 answers it: the ServerArgs fields at the top level.
+SERVER_INFO = {"model_path": "/models/model", "api_key": KEY, "tp_size": 8,
+               "internal_states": [{"avg_spec_accept_length": None}], "version": "0.5.9"}
 
 
 def settings(**overrides) -> ContainerSettings:
@@ -134,6 +153,38 @@ def render_summary(source: str, max_concurrency: int = 64) -> str:
     return out.getvalue()
 
 
+def result_block_source(source: str) -> str:
+    """The ``result = {...}`` statement (the record's results) of a release's benchmark SOURCE,
+    dedented."""
+    lines = source.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "result = {"
+                 and '"server_info": server_info,' in "\n".join(lines[i:i + 15]))
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = next(i for i in range(start + 1, len(lines))
+               if lines[i].strip() == "}" and len(lines[i]) - len(lines[i].lstrip()) == indent)
+    return textwrap.dedent("\n".join(lines[start:end + 1]))
+
+
+def render_record(source: str, max_concurrency: int = 64) -> dict:
+    """The record a release's benchmark SOURCE writes for METRICS (its ``result`` dict), ``server_info`` with
+    the key in it."""
+    namespace = dict(
+        metrics=SimpleNamespace(**METRICS),
+        args=SimpleNamespace(tag=None, backend="sglang", dataset_name="random-ids",
+                             sharegpt_output_len=None, random_input_len=1024,
+                             random_output_len=256, random_range_ratio=1.0),
+        use_trace_timestamps=False,
+        request_rate=float("inf"),
+        max_concurrency=max_concurrency,
+        server_info=SERVER_INFO,
+        benchmark_duration=BENCHMARK_DURATION,
+        accept_length=None,
+    )
+    exec(result_block_source(source), namespace)
+    # Through JSON, as the benchmark writes it (json.dumps) and bench_record reads it.
+    return json.loads(json.dumps(namespace["result"]))
+
+
 def fixture_summary() -> str:
     text = FIXTURE.read_text()
     return text[text.index("\n=") :]
@@ -143,49 +194,69 @@ def test_fixture_is_the_release_format(bench_source):
     assert fixture_summary() == render_summary(bench_source("0.5.9"))
 
 
-def test_parse_fixture():
-    result = parse_bench_output(FIXTURE.read_text())
-    assert result["successful_requests"] == 64
-    assert result["output_token_throughput"] == 1555.99
-    assert result["total_token_throughput"] == 7779.97
-    assert result["request_throughput"] == 6.08
-    assert result["mean_ttft_ms"] == 812.45
-    assert result["median_ttft_ms"] == 790.12
-    assert result["mean_itl_ms"] == 36.73
-    assert result["median_itl_ms"] == 35.91
-    assert result["max_concurrency"] == 64
-    assert result["mean_concurrency"] == 61.87
-    assert result["backend"] == "sglang"
-    assert result["total_output_tokens"] == 16384
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_record_of_the_release_is_read(version, bench_source):
+    record = render_record(bench_source(version), max_concurrency=16)
+    assert record["server_info"]["api_key"] == KEY  # the release does put the key there
+    shown = kept(record)
+    assert "server_info" not in shown and KEY not in json.dumps(shown)
+    row = record_row(shown)
+    assert row["successful_requests"] == 64
+    assert row["output_token_throughput"] == 1555.99
+    assert row["total_token_throughput"] == 7779.97
+    assert row["request_throughput"] == 6.08
+    assert row["mean_ttft_ms"] == 812.45
+    assert row["median_ttft_ms"] == 790.12
+    assert row["p99_ttft_ms"] == 1298.64
+    assert row["mean_itl_ms"] == 36.73
+    assert row["median_itl_ms"] == 35.91
+    assert row["p99_itl_ms"] == 88.42
+    assert row["max_concurrency"] == 16
+    assert row["mean_concurrency"] == 61.87
+    assert row["peak_output_token_throughput"] == 1811.0
+    assert row["duration_s"] == 10.53
+    assert row["backend"] == "sglang" and row["request_rate"] == float("inf")
+    assert row["total_output_tokens"] == 16384
 
 
-def test_parse_0_5_23_format(bench_source):
-    """0.5.23 prints the same labels (plus P90/P95 lines) from sglang/benchmark/serving.py."""
-    result = parse_bench_output("Warmup completed\n"
-                                + render_summary(bench_source("0.5.23"), max_concurrency=16))
-    assert result["output_token_throughput"] == 1555.99
-    assert result["median_ttft_ms"] == 790.12
-    assert result["max_concurrency"] == 16
-
-
-def test_parse_takes_the_last_block(bench_source):
-    source = bench_source("0.5.9")
-    text = (render_summary(source, max_concurrency=1) + "\nmore logs\n"
-            + render_summary(source, max_concurrency=16))
-    assert parse_bench_output(text)["max_concurrency"] == 16
-
-
-def test_parse_refuses_output_without_summary(bench_source):
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_printed_summary_and_record_give_the_same_row(version, bench_source):
+    """Rows were read from the printed summary until the record replaced it: the same keys and
+    values, so the saved history and the plot go on as they were. (tests/bench_summary.py reads
+    the public recordings, kept as printed text only, this way.)"""
+    source = bench_source(version)
+    printed = record_row(summary_record(render_summary(source, max_concurrency=16)))
+    assert printed == record_row(kept(render_record(source, max_concurrency=16)))
+    assert len(printed) == len(RECORD_KEYS)
     with pytest.raises(ValueError, match="no 'Serving Benchmark Result' block"):
-        parse_bench_output("Traceback (most recent call last):\nConnectionRefusedError\n")
-    cut = "\n".join(line for line in render_summary(bench_source("0.5.9")).splitlines()
-                    if "TTFT" not in line)
-    with pytest.raises(ValueError, match="mean_ttft_ms, median_ttft_ms"):
-        parse_bench_output(cut)
+        summary_record("Traceback (most recent call last):\n")
+
+
+def test_record_row_refuses_a_missing_record_or_metric():
+    with pytest.raises(ValueError, match="no benchmark record"):
+        record_row(None)
+    cut = {k: v for k, v in summary_record(FIXTURE.read_text()).items() if "ttft" not in k}
+    with pytest.raises(ValueError, match="lacks mean_ttft_ms, median_ttft_ms"):
+        record_row(cut)
+
+
+def test_parse_record_takes_the_last_line():
+    text = (f"{RECORD_PREFIX}{json.dumps({'completed': 1})}\nlogs\n"
+            f"{RECORD_PREFIX}{json.dumps({'completed': 2})}\n")
+    assert parse_record(text) == {"completed": 2}
+    assert parse_record("Traceback (most recent call last):\n") is None
+
+
+def test_kept_holds_numbers_and_named_strings_only():
+    record = {"completed": 3, "output_throughput": 1.5, "accept_length": None, "tag": "t",
+              "backend": "sglang", "request_rate": "trace", "server_info": {"api_key": "k"},
+              "cache_report": {"x": 1}, "errors": ["e"], "base_url": "http://u:p@h", "flag": True}
+    assert kept(record) == {"completed": 3, "output_throughput": 1.5, "accept_length": None,
+                            "tag": "t", "backend": "sglang", "request_rate": "trace"}
 
 
 def test_summary_table():
-    base = parse_bench_output(FIXTURE.read_text())
+    base = record_row(summary_record(FIXTURE.read_text()))
     rows = [
         {**base, "concurrency": 64},
         {**base, "concurrency": 1, "output_token_throughput": 61.5, "total_token_throughput": 307.48,
@@ -209,7 +280,7 @@ def test_summary_table():
     assert [line.split()[-4:] for line in sampled.splitlines()[2:]] == [
         ["-", "-", "-", "-"], ["612", "87", "99", "131.3"]]
     assert len({len(line) for line in lines}) == 1  # right-aligned columns
-    # Rows straight from parse_bench_output: the level comes from "Max request concurrency".
+    # Rows straight from record_row: the level comes from the record's max_concurrency.
     assert summary_table([base]).splitlines()[2].split()[0] == "64"
 
 
@@ -272,9 +343,11 @@ def test_random_ids_needs_no_download(wheel_text):
 
 def test_bench_argv_options():
     s = settings(served_model_name="glm-5")
-    argv = bench_argv(s, "/py", 1, "10.0.0.5", 30001, "0.5.9", output_file="/var/log/sglang/bench.jsonl")
+    argv = bench_argv(s, "/py", 1, "10.0.0.5", 30001, "0.5.9")
     assert argv[argv.index("--served-model-name") + 1] == "glm-5"
-    assert argv[argv.index("--output-file") + 1] == "/var/log/sglang/bench.jsonl"
+    assert "--output-file" not in argv  # the record wrapper gives it a private one
+    assert recorded_argv("/py", "/opt/sglang/bench_record.py", argv) == [
+        "/py", "/opt/sglang/bench_record.py", "--", *argv]
     with pytest.raises(ValueError, match="concurrency 0"):
         bench_argv(s, "/py", 0, "h", 1, "0.5.9")
 

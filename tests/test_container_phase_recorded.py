@@ -52,3 +52,23 @@ def test_two_nodes_get_ranks_and_rank0_address():
         assert "--nnodes 2" in text and f"--node-rank {rank}" in text, text
         assert "--dist-init-addr sglang-105:50000" in text
         assert "--tp-size 2" in text
+
+
+def test_ca_bundle_older_than_a_certificate_is_updated():
+    """The CA store is updated when its bundle is missing or older than a certificate (an
+    update that failed, a run killed after the upload), not only when an upload changed."""
+    from tasks.container import bundle_older
+
+    def at(mtime):
+        return {"type": "file", "mode": "644", "sha1": "0" * 40, "mtime": mtime}
+
+    for bundle, certs, stale in [
+        (at(200), [at(100), at(150)], False),  # updated after the certificates
+        (at(200), [at(100), at(250)], True),  # a certificate written after the last update
+        (None, [at(100)], True),  # no bundle at all
+        (None, [None], False),  # nothing to add yet (the upload comes first)
+        (at(200), [None, at(100)], False),
+        (at(None), [at(300)], False),  # times unknown: only a change in this run decides
+        (at(200), [at(None)], False),
+    ]:
+        assert bundle_older(bundle, certs) is stale, (bundle, certs)

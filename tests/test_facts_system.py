@@ -6,12 +6,14 @@ cgroup2) and public `lspci -vvv | grep ACSCtl` outputs from NCCL issue threads.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
 from fixtures.factutil import fake_bin, lines, local_fact, run_command, text
 from pve_sglang.facts.system import (
     CgroupVersion,
+    InitramfsOlderThan,
     IommuAcs,
     VirtualMachineType,
     parse_iommu_acs,
@@ -125,3 +127,30 @@ def test_cgroup_through_local_connector():
 def test_vm_type_recorded_h200_firecracker_cpu_flag_fallback():
     # The H200 image has no systemd-detect-virt; its CPU flags carry "hypervisor".
     assert VirtualMachineType().process(lines("h200", "run2", "fact_VirtualMachineType.txt")) == "hypervisor"
+
+
+# --- InitramfsOlderThan ------------------------------------------------------------------------
+
+def test_initramfs_older_than_the_option_run_with_find(tmp_path):
+    """The real command on a boot folder: images not rebuilt since the option was written."""
+    boot = tmp_path / "boot"
+    boot.mkdir()
+    conf = tmp_path / "nvidia-uvm.conf"
+    conf.write_text("options nvidia_uvm uvm_disable_hmm=1\n")
+    os.utime(conf, (2000, 2000))
+    for name, mtime in [("initrd.img-6.8.12-4-pve", 1000), ("initrd.img-6.8.12-9-pve", 3000),
+                        ("vmlinuz-6.8.12-4-pve", 1000), ("initrd.img-6.5.13-6-pve", 2000)]:
+        (boot / name).write_text("x")
+        os.utime(boot / name, (mtime, mtime))
+
+    def value(path) -> list[str]:
+        command = InitramfsOlderThan().command(str(path), str(boot)).get_raw_value()
+        done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True)
+        assert done.returncode == 0
+        return InitramfsOlderThan().process(done.stdout.splitlines())
+
+    # An image as old as the option is not newer: update-initramfs ran before it, or failed.
+    assert value(conf) == [f"{boot}/initrd.img-6.5.13-6-pve", f"{boot}/initrd.img-6.8.12-4-pve"]
+    os.utime(conf, (500, 500))
+    assert value(conf) == []
+    assert value(tmp_path / "missing.conf") == []

@@ -8,6 +8,13 @@ tests/test_deploy_lxc.py), and one on a GPU host's recorded outputs.
   changes nothing.
 + A server process that exits 1 is restarted by systemd (the deploy's own rendered unit).
 + A host driver upgrade moves the container's user-space driver (recorded H200 outputs).
++ The CUDA repository keyring's ``dpkg -i`` fails once (a stand-in ``dpkg`` that fails its
+  first ``-i`` as with the dpkg lock held at a container's first boot): the next run installs
+  it, the run after changes nothing. It was installed only when its download changed, so the
+  next run skipped it and ``cuda-toolkit-X-Y`` was "unable to locate" on every run after.
++ ``update-ca-certificates`` fails once after the extra CA certificate was uploaded: the next
+  run updates the store (the certificate is newer than the bundle), the run after changes
+  nothing. It ran only when an upload changed, so the CA stayed out of the bundle for good.
 
 How the kill is modelled: the deploying machine dies, so pyinfra and everything it started get
 SIGKILL at once (its process group). On this machine the container is local and reached with
@@ -39,6 +46,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -399,6 +407,126 @@ def test_server_process_exiting_1_is_restarted_by_systemd(reference):
     assert "Scheduled restart job, restart counter is at 2" in journal, journal[-2000:]
 
 
+# A dpkg that fails once (the CUDA repository keyring)
+#
+
+# Stands in for dpkg: its first `dpkg -i` fails as dpkg does when another holds its lock (a
+# container's first boot: apt's daily jobs); any other call, and every later one, is the real
+# dpkg's.
+FAILING_DPKG = """#!/bin/sh
+if [ "$1" = -i ] && [ ! -e /run/pvs-dpkg-failed ]; then
+    touch /run/pvs-dpkg-failed
+    echo "dpkg: error: dpkg frontend lock was locked by another process with pid 1" >&2
+    echo "Note: removing the lock file is always wrong, and can end up damaging the" >&2
+    exit 2
+fi
+exec /usr/bin/dpkg "$@"
+"""
+# A keyring package named as NVIDIA's (cuda-keyring_1.1-1_all.deb): no internet here. Its one
+# file stands for the key.
+KEYRING_DEB = "/opt/pvs-repo/cuda-keyring_1.1-1_all.deb"
+KEYRING_CONTROL = ("Package: cuda-keyring\nVersion: 1.1-1\nArchitecture: all\n"
+                   "Maintainer: test <test@example.invalid>\n"
+                   "Description: stand-in for NVIDIA's CUDA repository keyring\n")
+KEYRING_STATUS = "dpkg-query -W -f '${db:Status-Status} ${Version}' cuda-keyring 2>/dev/null || true"
+
+
+@pytest.fixture(scope="module")
+def box(lxc_env):
+    """One container for the steps whose command fails once (each test its own stand-in)."""
+    container = lxc_env.create(lxc_env.new_name("fails"))
+    yield container
+    container.destroy()
+
+
+def run_step(box, tmp_path: Path, deploy: str, data: dict) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """The test deploy DEPLOY (tests/deploys/) against BOX through the pyinfra CLI, with DATA
+    as host data; its result and pyinfra's JSON results."""
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"hosts = [({box.inventory_name!r}, {{**{box.host_data()!r}, "
+                         f"**{data!r}}})]\n")
+    done = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), str(inventory),
+                           f"tests/deploys/{deploy}", "-y", "--json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    try:
+        return done, json.loads(done.stdout)
+    except ValueError:
+        return done, None
+
+
+def test_a_failed_keyring_install_is_made_by_the_next_run(box, tmp_path):
+    box.attach("mkdir -p /tmp/kr/DEBIAN /tmp/kr/usr/share/keyrings /opt/pvs-repo && "
+               "cat > /tmp/kr/DEBIAN/control", input=KEYRING_CONTROL)
+    box.attach("echo stand-in > /tmp/kr/usr/share/keyrings/cuda-archive-keyring.gpg && "
+               f"dpkg-deb --build /tmp/kr {KEYRING_DEB} && rm -rf /tmp/kr")
+    box.attach("cat > /usr/local/sbin/dpkg && chmod 755 /usr/local/sbin/dpkg", input=FAILING_DPKG)
+    # The download's folder: the wheel store's mount point makes it in a deployed container.
+    box.attach("mkdir -p /var/cache/pve-sglang")
+
+    def run() -> tuple[subprocess.CompletedProcess, dict | None]:
+        return run_step(box, tmp_path, "cuda_keyring.py", {"keyring_url": f"file://{KEYRING_DEB}"})
+
+    first, _ = run()
+    log = first.stdout + first.stderr
+    assert first.returncode != 0 and "dpkg frontend lock was locked" in log, log[-3000:]
+    downloaded = box.attach(["test", "-f", "/var/cache/pve-sglang/cuda-keyring.deb"], check=False)
+    assert downloaded.returncode == 0
+    assert box.attach(KEYRING_STATUS).stdout == ""  # downloaded, not installed
+
+    second, results = run()
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert changed(results) == ["Install the CUDA repository keyring (cuda-keyring 1.1-1)"], results
+    assert box.attach(KEYRING_STATUS).stdout == "installed 1.1-1"
+
+    third, results = run()
+    assert third.returncode == 0 and changed(results) == [], results
+
+
+# Stands in for update-ca-certificates: its first run fails (a full disk, say); every later
+# one is the real one's.
+FAILING_CA_UPDATE = """#!/bin/sh
+if [ ! -e /run/pvs-ca-update-failed ]; then
+    touch /run/pvs-ca-update-failed
+    echo "cat: write error: No space left on device" >&2
+    exit 1
+fi
+exec /usr/sbin/update-ca-certificates "$@"
+"""
+
+
+def test_a_failed_ca_store_update_is_made_by_the_next_run(box, tmp_path):
+    """The extra CA certificate is uploaded, update-ca-certificates fails: the next run updates
+    the store (the certificate is newer than its bundle), the run after changes nothing. It was
+    updated only when an upload changed, so the proxy's CA stayed out of the bundle for good."""
+    cert = tmp_path / "pvs-test-proxy-ca.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=pvs test proxy CA", "-keyout", str(tmp_path / "key.pem"),
+                    "-out", str(cert)], check=True, capture_output=True)
+    body = "".join(cert.read_text().splitlines()[1:3])  # a piece of the base64 body
+    box.attach("cat > /usr/local/sbin/update-ca-certificates && "
+               "chmod 755 /usr/local/sbin/update-ca-certificates", input=FAILING_CA_UPDATE)
+
+    def in_bundle() -> bool:
+        text = box.attach(["cat", "/etc/ssl/certs/ca-certificates.crt"]).stdout
+        return body in text.replace("\n", "")
+
+    def run() -> tuple[subprocess.CompletedProcess, dict | None]:
+        return run_step(box, tmp_path, "ca_store.py", {"settings": {"ca_certificates": [str(cert)]}})
+
+    first, _ = run()
+    log = first.stdout + first.stderr
+    assert first.returncode != 0 and "No space left on device" in log, log[-3000:]
+    assert not in_bundle()
+
+    second, results = run()
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert changed(results) == ["Update the CA store"], results
+    assert in_bundle()
+
+    third, results = run()
+    assert third.returncode == 0 and changed(results) == [], results
+
+
 # A host driver upgrade (recorded outputs)
 #
 
@@ -464,6 +592,7 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
                        layer.marker(defaults["wheel_store"], lock): ("file", "644", "0" * 40)})
         debs = ["ca-certificates", "curl", "python3", "python3-venv", "g++", "make",
                 f"cuda-toolkit-{defaults['cuda_toolkit_version'].replace('.', '-')}"]
+        keyring = "ii  cuda-keyring  1.1-1  all  NVIDIA CUDA repository keyring"
         py = f"{defaults['venv_path']}/bin/python"
         return {
             text(NvidiaUserspaceVersion().command()): f"libcuda.so\nlibcuda.so.1\nlibcuda.so.{libcuda}\n",
@@ -479,14 +608,15 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
             text(UvVersion().command("/opt/sglang/tools/bin/uv")):
                 f"uv {defaults['uv_version']}",
             text(UnitState().command(SERVICE)): "ActiveState=active\nUnitFileState=enabled",
-            "dpkg -l": "\n".join(f"ii  {d}  1.0  amd64  x" for d in debs),
+            "dpkg -l": "\n".join([f"ii  {d}  1.0  amd64  x" for d in debs] + [keyring]),
         }
 
     def changes(ops) -> dict[str, list[str]]:
-        # Left out: the CUDA keyring (read with pyinfra's own file facts, not recorded here:
-        # planned either way, no restart) and the ops whose `_if` (an earlier op changed) the
-        # plan does not evaluate: the keyring install and the daemon reload.
-        skip = ("keyring", "Reload systemd units")
+        # Left out: the CUDA keyring's download (read with pyinfra's own file facts, not
+        # recorded here: planned either way, no restart) and the op whose `_if` (an earlier op
+        # changed) the plan does not evaluate: the daemon reload. The keyring's install is
+        # decided from the packages (dpkg -l): converged, it plans nothing.
+        skip = ("NVIDIA CUDA repository keyring", "Reload systemd units")
         return {name: cmds for name, cmds in ops
                 if cmds and not any(word in name for word in skip)}
 

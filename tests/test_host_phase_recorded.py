@@ -357,3 +357,33 @@ def test_a_set_whose_cuda_needs_a_newer_driver_stops_before_any_change(driver, s
     assert message.startswith(f"host @fake/pve1, container @fake/ct105: the NVIDIA driver {driver} "
                               f"cannot run sglang {sglang} (torch ")
     assert needed in message and "install driver" in message and "nothing was changed" in message
+
+
+def test_initramfs_older_than_the_uvm_option_is_updated_again():
+    """The option's file converged (unchanged) and an initramfs not rebuilt since it was
+    written (an update-initramfs that failed, a run killed after the write): the plan updates
+    it; with every image newer, nothing."""
+    import hashlib
+
+    from pyinfra.facts.files import Directory, File, Sha1File
+
+    from pve_sglang.facts.system import InitramfsOlderThan
+    from tasks.host import UVM_CONF
+
+    body = (Path(__file__).resolve().parents[1] / "templates" / "nvidia-uvm.conf.j2").read_text()
+    converged = {
+        **gpu_host_responses(), **container_answers(None, None),
+        Directory().command("/etc/modprobe.d").get_raw_value():
+            "user=root group=root mode=drwxr-xr-x atime=0 mtime=0 ctime=0 size=4096 "
+            "'/etc/modprobe.d'",
+        File().command(UVM_CONF).get_raw_value(): f"user=root group=root mode=-rw-r--r-- atime=0 mtime=0 "
+                                  f"ctime=0 size={len(body)} '{UVM_CONF}'",
+        Sha1File().command(UVM_CONF).get_raw_value(): f"{hashlib.sha1(body.encode()).hexdigest()}  {UVM_CONF}",
+    }
+    stale = InitramfsOlderThan().command(UVM_CONF).get_raw_value()
+    assert commands(plan({**converged, stale: "/boot/initrd.img-6.8.12-4-pve"}),
+                    "update-initramfs") == ["update-initramfs -u -k all"]
+    assert commands(plan({**converged, stale: ""}), "update-initramfs") == []
+    # The option written in this run updates it without asking the images.
+    assert commands(plan({**gpu_host_responses(), **container_answers(None, None)}),
+                    "update-initramfs") == ["update-initramfs -u -k all"]

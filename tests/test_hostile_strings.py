@@ -61,7 +61,7 @@ from pve_sglang.facts import verify as verify_facts
 from pve_sglang.facts.container import UnitState
 from pve_sglang.facts.pve import LxcContainerStatus, PctStatus
 from pve_sglang.hosts_file import build_groups
-from pve_sglang.operations import layer, lxc, paths, pct, phase, stack, wheels
+from pve_sglang.operations import boot, layer, lxc, paths, pct, phase, stack, wheels
 from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings, HostSettings, Mount, SettingsError
@@ -71,6 +71,8 @@ from pve_sglang.stack.wheel_fetch import MANIFEST, sha256_of, wheel_dir
 from tasks.container import container_phase
 from tasks.host import host_phase
 from tasks.verify import verify_phase
+from pve_sglang.remote.bench_record import RECORD_PREFIX, kept
+from bench_summary import summary_record
 from test_host_phase_recorded import container_answers, gpu_host_responses
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -100,6 +102,7 @@ def payloads(flag: str) -> dict[str, str]:
 
 
 F = "/hostile/F"  # in the chroot
+BENCH_OUTPUT = (FIXTURES / "bench" / "bench_serving_0.5.9.txt").read_text()
 PAYLOADS = payloads(F)
 URL_BASE = "https://example.invalid/"
 PATH_BASE = "/srv/x"
@@ -245,7 +248,9 @@ def _responses(platform: str) -> dict:
         "startup_watch.py generate": json.dumps({
             "status": 200, "text": "Red, blue and yellow.", "tokens": 5, "ttft_s": 0.05,
             "elapsed_s": 0.1, "logprobs": ["-0.1"], "model": "m"}),
-        "sglang.bench_serving": (FIXTURES / "bench" / "bench_serving_0.5.9.txt").read_text(),
+        # The benchmark's output and, after it, bench_record.py's line of the record's numbers.
+        "sglang.bench_serving": BENCH_OUTPUT + RECORD_PREFIX + json.dumps(
+            kept(summary_record(BENCH_OUTPUT))),
         # The venv is the locked set, as the verify phase finds it after the install (a
         # recorded answer cannot change between the install and the check); the install
         # command itself gets hostile arguments in test_every_operation_quotes_its_string_arguments.
@@ -762,7 +767,7 @@ def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
 # that. Each operation and fact of the project gets the payloads in every string argument,
 # with the facts saying "nothing there yet" (and "running, changed" for the restart paths).
 
-OPERATION_MODULES = (pct, lxc, stack, paths, wheels, layer)
+OPERATION_MODULES = (pct, lxc, stack, paths, wheels, layer, boot)
 FACT_MODULES = (container_facts, nvidia_facts, pve_facts, system_facts, verify_facts)
 RUNNING = {PctStatus: "running", LxcContainerStatus: "RUNNING",
            UnitState: {"active": "active", "enabled": "disabled"}}

@@ -445,3 +445,34 @@ def test_deb_packages_installs_only_missing_after_refreshing_lists():
     assert op_commands(stack.deb_packages, packages=["curl", "python3-venv", "g++"], facts=facts) == [
         "DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive "
         "apt-get install -y -q --no-install-recommends python3-venv g++"]
+
+
+def test_deb_file_installs_until_dpkg_lists_the_version():
+    """Decided from the packages, not from the download: a dpkg -i that failed runs again."""
+    from pyinfra.facts.deb import DebPackages
+    keyring = dict(path="/var/cache/pve-sglang/cuda-keyring.deb", package="cuda-keyring",
+                   version="1.1-1")
+    install = ["dpkg -i /var/cache/pve-sglang/cuda-keyring.deb"]
+    for installed, commands in [
+        ({}, install),  # never installed, or its dpkg -i failed
+        ({"cuda-keyring": ["1.0-1"]}, install),  # another version: this one is installed
+        ({"cuda-keyring": ["1.1-1"]}, []),
+    ]:
+        assert op_commands(stack.deb_file, **keyring, facts={DebPackages: installed}) == commands
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
+     "cuda-keyring_1.1-1_all.deb", ("cuda-keyring", "1.1-1")),
+    ("file:///opt/pvs-repo/cuda-keyring_1.1-1_all.deb", ("cuda-keyring", "1.1-1")),
+    ("libfoo2_2.4.1+dfsg-3_amd64.deb", ("libfoo2", "2.4.1+dfsg-3")),
+])
+def test_deb_file_name(name, expected):
+    assert stack.deb_file_name(name) == expected
+
+
+@pytest.mark.parametrize("name", ["cuda-keyring.deb", "cuda-keyring_1.1-1_all.tar", "a__all.deb",
+                                  "a_1_b_all.deb"])
+def test_deb_file_name_refuses_other_names(name):
+    with pytest.raises(ValueError, match="not a Debian package file name"):
+        stack.deb_file_name(name)

@@ -17,6 +17,11 @@ and launcher, a module that does what ``engine.py`` does at that point: the real
 sglang's engine logger, in the main process and in a spawned process (as the scheduler ranks are).
 ``test_real_launch_server_exits_1_without_the_key_in_the_journal`` runs ``sglang.launch_server``
 itself until it fails.
+
+``test_benchmark_leaves_the_key_in_no_file`` runs the real serving benchmark of 0.5.9 and 0.5.23
+(each in a venv of what its benchmark imports, built and cached the same way) through the verify
+phase's own benchmark step against the stand-in server (tests/standin_sglang.py) under the
+deploy's unit, then reads every file of the container for the secrets.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -63,9 +69,10 @@ STACK = (
     "dill", "sentencepiece", "compressed_tensors", "gguf", "uvicorn", "uvloop", "fastapi",
     "setproctitle", "msgspec",
 )
-PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
-             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_12_x86_64",
-             "manylinux2010_x86_64", "linux_x86_64")
+# Every tag the containers' glibc (Debian 12: 2.36) takes; the CUDA 13 wheels of 0.5.23's torch
+# use 2_18, 2_25 and 2_27 among others.
+PLATFORMS = (*(f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
+             "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64")
 VENV_KEY = hashlib.sha256("\n".join((RELEASE, *STACK)).encode()).hexdigest()[:12]
 VENV_CACHE = CACHE / f"sglang-{RELEASE}-server-args-venv-{VENV_KEY}"
 
@@ -163,41 +170,46 @@ def host_cmdlines() -> str:
 # --- the venv ---------------------------------------------------------------------------
 
 
-def _download_wheelhouse(dest: Path, sglang_wheel) -> None:
+def _download_wheelhouse(dest: Path, release: str, stack: tuple[str, ...], sglang_wheel) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     # The containers' Python (tests/wheels.py's target), on every platform tag their wheels use.
     target = [arg for i, arg in enumerate(PIP_TARGET) if "--platform" not in (arg, PIP_TARGET[i - 1])]
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     # With retries; what a failed try fetched stays in DEST and is not fetched again.
     pip_download(["--only-binary=:all:", *target, *platforms, "--abi", "abi3", "--abi", "none",
-                  "-d", str(dest), *STACK, f"uv=={load_defaults()['uv_version']}"],
-                 f"the sglang {RELEASE} stack")
-    shutil.copy(sglang_wheel(RELEASE), dest)
+                  "-d", str(dest), *stack, f"uv=={load_defaults()['uv_version']}"],
+                 f"the sglang {release} stack")
+    shutil.copy(sglang_wheel(release), dest)
 
 
 @pytest.fixture(scope="session")
 def server_args_venv(lxc_env, sglang_wheel) -> Path:
     """The cached venv (host path) holding sglang 0.5.9 and what its ServerArgs import needs."""
+    return cached_venv(lxc_env, RELEASE, STACK, VENV_CACHE, sglang_wheel)
+
+
+def cached_venv(lxc_env, release: str, stack: tuple[str, ...], folder: Path, sglang_wheel) -> Path:
+    """FOLDER: a venv of sglang RELEASE (no dependencies) and STACK, built once in a container."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f".{VENV_CACHE.name}.lock", "w") as lock:
+    with open(CACHE / f".{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the others then reuse it
-        return _build_venv(lxc_env, sglang_wheel)
+        return _build_venv(lxc_env, release, stack, folder, sglang_wheel)
 
 
-def _build_venv(lxc_env, sglang_wheel) -> Path:
+def _build_venv(lxc_env, release: str, stack: tuple[str, ...], folder: Path, sglang_wheel) -> Path:
     venv_path = settings().venv_path
-    stamp = VENV_CACHE / ".pvs-complete"
+    stamp = folder / ".pvs-complete"
     if stamp.exists():
-        return VENV_CACHE
-    shutil.rmtree(VENV_CACHE, ignore_errors=True)
-    wheelhouse = CACHE / f"wheelhouse-{VENV_KEY}"
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    wheelhouse = CACHE / f"wheelhouse-{folder.name}"
     if not (wheelhouse / ".pvs-complete").exists():
-        _download_wheelhouse(wheelhouse, sglang_wheel)
+        _download_wheelhouse(wheelhouse, release, stack, sglang_wheel)
         (wheelhouse / ".pvs-complete").write_text("")
-    VENV_CACHE.mkdir(parents=True)
+    folder.mkdir(parents=True)
     builder = lxc_env.create(extra_config=[
         f"lxc.mount.entry = {wheelhouse} opt/wheelhouse none bind,ro,create=dir 0 0",
-        f"lxc.mount.entry = {VENV_CACHE} {venv_path.strip('/')} none bind,create=dir 0 0",
+        f"lxc.mount.entry = {folder} {venv_path.strip('/')} none bind,create=dir 0 0",
     ])
     try:
         build = (
@@ -210,9 +222,9 @@ def _build_venv(lxc_env, sglang_wheel) -> Path:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     finally:
         builder.destroy()
-    stamp.write_text(f"sglang {RELEASE}\n" + "\n".join(STACK) + "\n")
-    shutil.rmtree(wheelhouse, ignore_errors=True)  # 4 GB; the venv is what is kept
-    return VENV_CACHE
+    stamp.write_text(f"sglang {release}\n" + "\n".join(stack) + "\n")
+    shutil.rmtree(wheelhouse, ignore_errors=True)  # GBs; the venv is what is kept
+    return folder
 
 
 # --- the container ----------------------------------------------------------------------
@@ -372,3 +384,152 @@ def test_health_check_sends_the_key_without_an_argv(container):
     done = container.attach(["sh", "-c", command])
     assert HttpStatus().process(done.stdout.splitlines()) == 401
     container.attach(["systemctl", "stop", "pvs-health"], check=False)
+
+
+# --- the serving benchmark --------------------------------------------------------------
+# Each tested release's real benchmark (``python -m sglang.bench_serving``, 0.5.9;
+# ``python -m sglang.benchmark.serving``, 0.5.23) run by the verify phase's own benchmark step
+# (``tasks.verify.benchmark_check``, through the pyinfra CLI, tests/deploys/benchmark.py)
+# against the stand-in server (tests/standin_sglang.py) under the deploy's unit, the key set.
+# Both releases write a record holding the server's /get_server_info (/server_info) answer:
+# the key, in the stand-in as in SGLang. Then every file of the container and the history on
+# this machine are searched for the secrets.
+
+# What importing each release's benchmark module needs, found by importing it until nothing
+# was missing; pins are the release's own (its METADATA) where it has them. 0.5.9's imports no
+# torch; huggingface_hub<1.0: transformers 4.57.1 refuses the 1.x that datasets would bring.
+# 0.5.23's imports sglang.srt (torch, its CUDA libraries, triton), which loads without a GPU.
+BENCH_STACKS = {
+    "0.5.9": ("transformers==4.57.1", "huggingface_hub<1.0", "datasets", "aiohttp", "numpy",
+              "pybase64", "requests", "pillow", "tqdm", "IPython", "pydantic"),
+    "0.5.23": ("torch==2.14.1", "torchvision", "transformers==5.19.0", "tokenizers==0.23.2",
+               "apache-tvm-ffi==0.1.11", "compressed-tensors==0.18.0", "sentencepiece==0.2.1",
+               "python-dateutil<3", "aiohttp", "msgspec", "numpy", "orjson", "requests", "tqdm",
+               "psutil", "pyzmq", "pybase64", "pillow", "starlette", "IPython", "datasets", "gguf"),
+}
+STANDIN_DIR = "/opt/standin"
+LOGS = REPO / "tests" / "fixtures" / "sglang_logs"
+BENCH_PORT = 39400 + os.getpid() % 500
+# A word-level tokenizer (transformers loads it with PreTrainedTokenizerFast): the benchmark
+# makes its random-ids prompts with it and counts the stand-in's words with it.
+VOCAB = {"[UNK]": 0, **{f"w{i}": i + 1 for i in range(255)}}
+TOKENIZER = {
+    "version": "1.0", "truncation": None, "padding": None, "normalizer": None,
+    "added_tokens": [{"id": 0, "content": "[UNK]", "single_word": False, "lstrip": False,
+                      "rstrip": False, "normalized": False, "special": True}],
+    "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None, "decoder": None,
+    "model": {"type": "WordLevel", "vocab": VOCAB, "unk_token": "[UNK]"},
+}
+TOKENIZER_CONFIG = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]",
+                    "model_max_length": 4096}
+# Every regular file of the container (its root file system, /run, /tmp, the venv's mount),
+# read in full; the patterns come on stdin, never in an argv or a file.
+FIND_SECRETS = r'''
+import json, os, sys
+patterns = [p.encode() for p in json.load(sys.stdin)]
+longest = max(map(len, patterns))
+found, files = {}, 0
+for root, dirs, names in os.walk("/"):
+    if root == "/":
+        dirs[:] = [d for d in dirs if d not in ("proc", "sys", "dev")]
+    for name in names:
+        path = os.path.join(root, name)
+        if os.path.islink(path) or not os.path.isfile(path):
+            continue
+        files += 1
+        count, tail = 0, b""
+        try:
+            with open(path, "rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    data = tail + chunk
+                    count += sum(data.count(p) - tail.count(p) for p in patterns)
+                    tail = data[-(longest - 1):] if longest > 1 else b""
+        except OSError:
+            continue
+        if count:
+            found[path] = count
+print(json.dumps({"files": files, "found": found}))
+'''
+
+
+def bench_venv_folder(release: str) -> Path:
+    key = hashlib.sha256("\n".join((release, *BENCH_STACKS[release])).encode()).hexdigest()[:12]
+    return CACHE / f"sglang-{release}-bench-venv-{key}"
+
+
+def bench_settings(release: str, history: Path) -> dict:
+    """The host's settings overrides (the inventory's): a quick run of two small levels."""
+    return {"api_key": API_KEY, "hf_token": HF_TOKEN, "model_path": "/models/standin",
+            "server_port": BENCH_PORT, "sglang_version": release, "bench": True,
+            "bench_preset": "quick", "bench_quick_concurrencies": [1, 2], "bench_num_prompts": 4,
+            "bench_prompts_per_concurrency": 2, "bench_input_len": 16, "bench_output_len": 8,
+            "bench_gpu_sample_ms": 100, "bench_history_dir": str(history)}
+
+
+def find_secrets(box) -> dict:
+    """``{"files": N, "found": {path: hits}}``: every spelling of every secret in the container."""
+    patterns = sorted({spelling for secret in SECRETS for spelling in spellings(secret)})
+    put(box, f"{PROBE_DIR}/find_secrets.py", FIND_SECRETS)
+    done = box.attach(["python3", f"{PROBE_DIR}/find_secrets.py"], input=json.dumps(patterns),
+                      timeout=900)
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("release", sorted(BENCH_STACKS))
+def test_benchmark_leaves_the_key_in_no_file(release, lxc_env, lxc_container_factory, tmp_path,
+                                             sglang_wheel):
+    venv = cached_venv(lxc_env, release, BENCH_STACKS[release], bench_venv_folder(release),
+                       sglang_wheel)
+    history = tmp_path / "bench-history"
+    overrides = bench_settings(release, history)
+    s = settings(**overrides)
+    (box,) = lxc_container_factory(extra_config=[
+        f"lxc.mount.entry = {venv} {s.venv_path.strip('/')} none bind,create=dir 0 0",
+    ])
+    put(box, f"{STANDIN_DIR}/standin_sglang.py", (REPO / "tests" / "standin_sglang.py").read_text())
+    for log in LOGS.glob("*.log"):
+        put(box, f"{STANDIN_DIR}/logs/{log.name}", log.read_text())
+    put(box, f"{s.model_path}/tokenizer.json", json.dumps(TOKENIZER))
+    put(box, f"{s.model_path}/tokenizer_config.json", json.dumps(TOKENIZER_CONFIG))
+    # The deploy's env file and unit; the stand-in in the place of sglang (a drop-in), so that it
+    # reads the key from the env file as the server does.
+    unit = install_unit(box, s, server_argv(s, 1, [], None, 1, None, venv_python(s)))
+    put(box, f"/etc/systemd/system/{unit}.d/standin.conf",
+        "[Service]\nExecStart=\nExecStart=/usr/bin/python3 "
+        f"{STANDIN_DIR}/standin_sglang.py --logs {STANDIN_DIR}/logs --port {BENCH_PORT} "
+        "--case normal --event-file /run/standin-event\n")
+    box.attach(f"systemctl daemon-reload && systemctl start {unit}")
+    wait_for(box, f"journalctl -u {unit} -o cat | grep -q 'The server is fired up'", 120,
+             "the stand-in server's ready line", unit)
+
+    inventory = box.dir / "inventory.py"
+    inventory.write_text(f"hosts = [({box.inventory_name!r}, {{**{box.host_data()!r}, "
+                         f"'settings': {overrides!r}}})]\n")
+    started = time.monotonic()
+    done = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), str(inventory),
+                           "tests/deploys/benchmark.py", "-y"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    elapsed = time.monotonic() - started
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-6000:]
+    assert "benchmark summary" in log and "median ITL ms" in log, log[-4000:]
+
+    # The figures came from the real record: every prompt of each level completed.
+    [saved] = sorted(history.glob("*/*.json"))
+    rows = json.loads(saved.read_text())["rows"]
+    assert [(r["concurrency"], r["successful_requests"]) for r in rows] == [(1, 4), (2, 4)]
+    assert all(r["output_token_throughput"] > 0 and r["median_itl_ms"] > 0 for r in rows)
+    assert (saved.parent / "output_tok_s.png").exists()
+
+    searched = find_secrets(box)
+    mine = {str(path): hits(path.read_text(errors="replace"))
+            for path in tmp_path.rglob("*") if path.is_file()}
+    print(f"sglang {release}: benchmark deploy {elapsed:.0f}s; {searched['files']} files in the "
+          f"container, secrets found: {searched['found']}; pyinfra's output: {hits(log)}; "
+          f"history on this machine: {sum(mine.values())} in {len(mine)} files")
+    # Only the env file (0600) holds them: no record, no cache, no log of the benchmark.
+    assert set(searched["found"]) == {env_file_path(s)}
+    assert searched["files"] > 10_000  # it did read the venv and the system
+    assert hits(log) == 0 and sum(mine.values()) == 0, mine
+    assert "BENCH_RECORD_JSON" not in log  # read by the deploy, not shown
+    box.attach(["systemctl", "stop", unit], check=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import TypedDict
 
-from pyinfra.api import FactBase
+from pyinfra.api import FactBase, QuoteString, StringCommand
 
 try:
     from typing_extensions import override
@@ -162,3 +162,25 @@ class CgroupVersion(FactBase[str | None]):
     @override
     def process(self, output: list[str]) -> str | None:
         return parse_cgroup_version(output)
+
+
+class InitramfsOlderThan(FactBase[list[str]]):
+    """
+    Returns the initramfs images (``initrd.img-*`` in BOOT) not newer than PATH: images an
+    ``update-initramfs`` has not rebuilt since PATH (a modprobe option) was written. Empty when
+    every image is newer, or PATH does not exist.
+    """
+
+    @override
+    def command(self, path: str, boot: str = "/boot") -> StringCommand:
+        return StringCommand("find", QuoteString(boot), "-maxdepth 1 -name 'initrd.img-*' ! -newer",
+                             QuoteString(path), "2>/dev/null || true")
+
+    @staticmethod
+    @override
+    def default() -> list[str]:
+        return []
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return sorted(line.strip() for line in output if "/initrd.img-" in line)

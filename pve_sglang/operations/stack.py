@@ -604,3 +604,15 @@ def deb_packages(packages: list[str]):
         "apt-get install -y -q --no-install-recommends", *(QuoteString(m) for m in missing)
     )
     container_state.forget(Kind.DEBS)
+
+
+def deb_file_name(path: str) -> tuple[str, str]:
+    """The package and version of a Debian package file, from its name as Debian names them
+    (``NAME_VERSION_ARCH.deb``): ``.../cuda-keyring_1.1-1_all.deb`` -> ``("cuda-keyring",
+    "1.1-1")``. The version's epoch, if any, is not in a file name."""
+    name = posixpath.basename(path)
+    parts = name[:-len(".deb")].split("_") if name.endswith(".deb") else []
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(f"{name!r} is not a Debian package file name (NAME_VERSION_ARCH.deb)")
+    return parts[0], parts[1]
+

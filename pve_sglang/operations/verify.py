@@ -14,7 +14,7 @@ from pyinfra.context import state
 from pyinfra.facts.server import Command
 
 from pve_sglang.server import bench_history
-from pve_sglang.server.bench import bench_shell, gpu_columns, parse_bench_output, summary_table
+from pve_sglang.server.bench import bench_shell, gpu_columns, record_row, summary_table
 from pve_sglang.facts.nvidia import GpuCheck, NvidiaP2pMatrix, NvidiaTopoMatrix
 from pve_sglang.facts.system import IommuAcs, VirtualMachineType
 from pve_sglang.facts.container import UnitState
@@ -23,6 +23,7 @@ from pve_sglang.gpu.p2p import build_report, format_report
 from pve_sglang.config.settings import ContainerSettings, host_settings
 from pve_sglang.stack.lock import Lock
 from pve_sglang.operations.stack import lock_differences, venv_state
+from pve_sglang.remote.bench_record import parse_record
 from pve_sglang.remote.gpu_sampler import parse_summary
 from pve_sglang.remote.sglang_launch import mask_text
 from pve_sglang.server.startup_log import READY_LINE, Progress, bad_logprobs, degenerate, diagnose, duration
@@ -421,15 +422,17 @@ def benchmark(runs: dict[int, list[str]], env_file: str, history_dir: str | None
               meta: dict | None = None, regression_pct: float | None = None,
               low_power_pct: float | None = None):
     """
-    Run the serving benchmark once per concurrency and print tok/s, TTFT, ITL and, where the
-    run went through the GPU sampler, GPU power and utilisation per level; output it cannot
-    read fails the host, shown with the env file's secrets masked. With HISTORY_DIR, the table
+    Run the serving benchmark once per concurrency and print tok/s, TTFT, ITL, read from the
+    benchmark's record, and, where the run went through the GPU sampler, GPU power and
+    utilisation per level; a run without a record fails the host, its output shown with the env
+    file's secrets masked. With HISTORY_DIR, the table
     is saved on this machine and the host's plot redrawn (``bench_history``); a drop against
     the previous run, or GPUs far under their power limit at the highest level, is a warning.
     Run once the deploy has run.
 
-    + runs: the benchmark's argv per concurrency level (``bench_argv``, or ``bench_runs`` for
-      the argv under the GPU sampler)
+    + runs: the benchmark's argv per concurrency level under the record wrapper
+      (``recorded_argv``: the record, which holds the server's API key, goes to a private file
+      removed after), or ``bench_runs`` for that under the GPU sampler too
     + env_file: the server's env file; its API key reaches the benchmark as ``OPENAI_API_KEY``
     + history_dir: where runs are saved on the machine running pyinfra; ``None`` saves nothing
     + meta: what the run was made with (``bench_history.run_meta``), saved beside it
@@ -440,13 +443,15 @@ def benchmark(runs: dict[int, list[str]], env_file: str, history_dir: str | None
 
     .. code:: python
 
-        from pve_sglang.server.bench import bench_argv
+        from pve_sglang.server.bench import bench_argv, recorded_argv
         from pve_sglang.operations import verify
 
-        # cs: the container's ContainerSettings
+        # cs: the container's ContainerSettings; bench_record.py uploaded to /opt/sglang
+        python = "/opt/sglang/venv/bin/python"
         verify.benchmark(
             name="Benchmark at concurrency [1, 16, 64]",
-            runs={c: bench_argv(cs, "/opt/sglang/venv/bin/python", c, "127.0.0.1", 30000, "0.5.9")
+            runs={c: recorded_argv(python, "/opt/sglang/bench_record.py",
+                                   bench_argv(cs, python, c, "127.0.0.1", 30000, "0.5.9"))
                   for c in (1, 16, 64)},
             env_file="/etc/sglang/sglang.env",
         )
@@ -457,7 +462,7 @@ def benchmark(runs: dict[int, list[str]], env_file: str, history_dir: str | None
             logger.info(f"{host.name}: benchmark at concurrency {concurrency}...")
             output = host.get_fact(Command, command=bench_shell(argv, env_file))
             try:
-                rows.append({"concurrency": concurrency, **parse_bench_output(output),
+                rows.append({"concurrency": concurrency, **record_row(parse_record(output)),
                              **gpu_columns(parse_summary(output))})
             except ValueError as error:
                 # The benchmark holds the key (OPENAI_API_KEY): none of its output is trusted.

@@ -21,7 +21,10 @@ container's Python. This ``__init__`` is the local side only, and stays stdlib t
 ``startup_watch.py``          follows the server unit's journal, state and /health during its
                               start; one chat completion (the verify phase)
 ``gpu_sampler.py``            runs the benchmark while nvidia-smi samples each GPU's power,
-                              utilisation and memory; prints their averages
+                              utilisation and memory; prints their averages, the mean power
+                              from NVML's energy counter where pynvml can read it
+``bench_record.py``           runs the benchmark with its record (the server's API key inside)
+                              in a private file, removed after; prints the record's numbers
 ============================  ===============================================================
 """
 
@@ -39,6 +42,7 @@ LAUNCHER = "sglang_launch.py"
 GPU_CHECKS = "gpu_checks.py"
 STARTUP_WATCH = "startup_watch.py"
 GPU_SAMPLER = "gpu_sampler.py"
+BENCH_RECORD = "bench_record.py"
 
 _HERE = Path(__file__).resolve().parent
 

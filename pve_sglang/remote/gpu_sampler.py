@@ -11,8 +11,15 @@ never shows). The exit status is COMMAND's. The environment passes to COMMAND un
 benchmark's API key stays out of every argv), with ``PYTHONUNBUFFERED=1`` so that a Python
 COMMAND's lines arrive as they are printed, and the markers with them.
 
-Standard library only: the deploy uploads this file as it is and runs it with the container's
-Python; the deploy's side imports ``parse_line``, ``summarise`` and ``parse_summary`` from it.
+The mean power draw comes from NVML's energy counter where it can be read
+(``nvmlDeviceGetTotalEnergyConsumption``, through ``pynvml`` of nvidia-ml-py, which the sglang
+venv holds): the energy used between the window's two ends over its length, exact where samples
+only estimate; ``power_source`` says which (``nvml-energy``, else ``nvidia-smi``, with
+``energy_error`` saying why), and ``sampled_power_w`` keeps the samples' mean.
+
+Standard library only (``pynvml`` where present): the deploy uploads this file as it is and
+runs it with the container's Python; the deploy's side imports ``parse_line``, ``summarise``
+and ``parse_summary`` from it.
 """
 
 from __future__ import annotations
@@ -87,6 +94,30 @@ def summarise(samples: list[dict]) -> list[dict]:
     return gpus
 
 
+def energy_power(start: dict[int, int], stop: dict[int, int], seconds: float) -> dict[int, float]:
+    """Mean power (W) per GPU from NVML's energy counter (mJ) read at both ends of a window of
+    SECONDS; GPUs read at one end only, or whose counter went back (a driver reload), left out."""
+    if seconds <= 0:
+        return {}
+    return {index: round((stop[index] - start[index]) / 1000 / seconds, 2)
+            for index in sorted(start.keys() & stop.keys()) if stop[index] >= start[index]}
+
+
+def with_energy(gpus: list[dict], power: dict[int, float]) -> list[dict]:
+    """GPUS (``summarise``) with POWER (``energy_power``) as their mean draw, and its share of
+    the limit; the samples' mean kept as ``sampled_power_w``."""
+    out = []
+    for gpu in gpus:
+        gpu = {**gpu, "sampled_power_w": gpu["power_w"], "power_source": "nvidia-smi"}
+        if gpu["index"] in power:
+            gpu["power_w"] = power[gpu["index"]]
+            gpu["power_source"] = "nvml-energy"
+            limit = gpu.get("power_limit_w")
+            gpu["power_pct"] = round(100 * gpu["power_w"] / limit, 2) if limit else None
+        out.append(gpu)
+    return out
+
+
 def parse_summary(text: str) -> dict | None:
     """The last ``GPU_SAMPLES_JSON`` line in TEXT, decoded; None when there is none."""
     for line in reversed(text.splitlines()):
@@ -134,41 +165,93 @@ class _Sampler:
             self._raw.close()
 
 
+class _Energy:
+    """NVML's total energy counter of every GPU (mJ since the driver loaded), when pynvml and
+    the NVML library load and the GPUs support it (Volta and later); else ``error`` says why."""
+
+    def __init__(self):
+        self.error: str | None = None
+        self._nvml = None
+        self._handles: dict = {}
+        try:
+            import pynvml  # nvidia-ml-py, in the sglang venv; optional
+        except ImportError as error:
+            self.error = f"NVML: {type(error).__name__}: {error}"
+            return
+        try:
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handles = {i: pynvml.nvmlDeviceGetHandleByIndex(i)
+                             for i in range(pynvml.nvmlDeviceGetCount())}
+        except Exception as error:  # NVMLError_LibraryNotFound (no driver), ...
+            self.error = f"NVML: {type(error).__name__}: {error}"
+
+    def read(self) -> dict[int, int] | None:
+        """Each GPU's counter now; None (and ``error``) when one cannot be read."""
+        if self._nvml is None or not self._handles:
+            return None
+        try:
+            return {i: int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+                    for i, handle in self._handles.items()}
+        except Exception as error:  # NVMLError_NotSupported on older GPUs
+            self.error = f"NVML energy counter: {type(error).__name__}: {error}"
+            self._nvml = None
+            return None
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+
+
 def run(command: list[str], interval_ms: int, start_marker: str | None,
         stop_marker: str | None, raw_file: str | None = None, out=None) -> int:
     """Run COMMAND under the sampler (see the module's docstring); return its exit status."""
     out = out or sys.stdout
     sampler = _Sampler(interval_ms, raw_file)
+    energy = _Energy()
     began = time.monotonic()
+    at_began = energy.read()
     start = stop = None
+    at_start = at_stop = None
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     except OSError as error:
         sampler.stop()
+        energy.close()
         out.write(f"gpu_sampler: cannot run {command[0]}: {error.strerror or error}\n")
         return 127
     for raw in proc.stdout:
+        now = time.monotonic()
         line = raw.decode("utf-8", "replace")
+        if start is None and start_marker and start_marker in line:
+            start, at_start = now, energy.read()
+        elif start is not None and stop is None and stop_marker and stop_marker in line:
+            stop, at_stop = now, energy.read()
         out.write(line)
         out.flush()
-        now = time.monotonic()
-        if start is None and start_marker and start_marker in line:
-            start = now
-        elif start is not None and stop is None and stop_marker and stop_marker in line:
-            stop = now
     rc = proc.wait()
     ended = time.monotonic()
+    at_ended = energy.read()
     sampler.stop()
+    energy.close()
     window_from, window_to = (start, stop or ended) if start is not None else (began, ended)
+    first, last = ((at_start, at_stop if stop is not None else at_ended) if start is not None
+                   else (at_began, at_ended))
     samples = [s for t, line in sampler.lines if window_from <= t <= window_to
                for s in [parse_line(line)] if s]
+    power = energy_power(first, last, window_to - window_from) if first and last else {}
     summary = {
         "window": "benchmark" if start is not None else "whole command",
         "seconds": round(window_to - window_from, 2),
         "interval_ms": interval_ms,
-        "gpus": summarise(samples),
+        "gpus": with_energy(summarise(samples), power),
     }
+    if energy.error:
+        summary["energy_error"] = energy.error
     if sampler.error:
         summary["error"] = sampler.error
     elif not samples:

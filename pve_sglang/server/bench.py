@@ -1,4 +1,4 @@
-"""SGLang's serving benchmark: its command line, its summary block, and a table of runs.
+"""SGLang's serving benchmark: its command line, its record's results, and a table of runs.
 
 Module per release (read from the wheels): ``sglang.bench_serving`` up to 0.5.14;
 ``sglang.benchmark.serving`` from 0.5.15 (``sglang.bench_serving`` stays as a deprecated shim
@@ -11,10 +11,17 @@ Bearer``; 0.5.9 ``bench_serving.py`` and 0.5.23 ``benchmark/serving.py`` alike):
 exports it from the server's EnvironmentFile, so the key is never on a command line, and its
 ``benchmark_args=`` line (the argparse Namespace) holds no key. The verify operation masks the
 secrets in any benchmark output it shows all the same.
+
+The results are read from the benchmark's JSONL record, not from its printed summary: the record
+holds the same figures unrounded, under names that do not move with the print layout. The record
+also holds ``server_info`` (the server's ServerArgs, ``api_key`` included), so the benchmark runs
+under ``remote/bench_record.py``, which gives it a private record file (0600, removed after) and
+prints only the record's numbers (``bench_runs``).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -31,32 +38,34 @@ MAIN_RUN_MARKER = "Starting main benchmark run"
 BENCHMARK_PACKAGE_FROM = (0, 5, 15)
 DATASET = "random-ids"
 
-# Summary labels as printed by the release ("{:<40} {:<10}".format(label, value)).
-LABELS = {
-    "Backend:": "backend",
-    "Traffic request rate:": "request_rate",
-    "Max request concurrency:": "max_concurrency",
-    "Successful requests:": "successful_requests",
-    "Benchmark duration (s):": "duration_s",
-    "Total input tokens:": "total_input_tokens",
-    "Total generated tokens:": "total_output_tokens",
-    "Request throughput (req/s):": "request_throughput",
-    "Input token throughput (tok/s):": "input_token_throughput",
-    "Output token throughput (tok/s):": "output_token_throughput",
-    "Peak output token throughput (tok/s):": "peak_output_token_throughput",
-    "Total token throughput (tok/s):": "total_token_throughput",
+#: The record's results (0.5.9 ``bench_serving.py`` and 0.5.23 ``benchmark/serving.py``: the same
+#: keys) -> a row's keys: the names the rows and the saved history have had since they were read
+#: from the printed summary (whose labels they follow).
+RECORD_KEYS = {
+    "backend": "backend",
+    "request_rate": "request_rate",
+    "max_concurrency": "max_concurrency",
+    "completed": "successful_requests",
+    "duration": "duration_s",
+    "total_input_tokens": "total_input_tokens",
+    "total_output_tokens": "total_output_tokens",
+    "request_throughput": "request_throughput",
+    "input_throughput": "input_token_throughput",
+    "output_throughput": "output_token_throughput",
+    "max_output_tokens_per_s": "peak_output_token_throughput",
+    "total_throughput": "total_token_throughput",
     # The measured mean number of requests in flight (not the --max-concurrency asked for).
-    "Concurrency:": "mean_concurrency",
-    "Mean E2E Latency (ms):": "mean_e2e_latency_ms",
-    "Median E2E Latency (ms):": "median_e2e_latency_ms",
-    "Mean TTFT (ms):": "mean_ttft_ms",
-    "Median TTFT (ms):": "median_ttft_ms",
-    "P99 TTFT (ms):": "p99_ttft_ms",
-    "Mean TPOT (ms):": "mean_tpot_ms",
-    "Median TPOT (ms):": "median_tpot_ms",
-    "Mean ITL (ms):": "mean_itl_ms",
-    "Median ITL (ms):": "median_itl_ms",
-    "P99 ITL (ms):": "p99_itl_ms",
+    "concurrency": "mean_concurrency",
+    "mean_e2e_latency_ms": "mean_e2e_latency_ms",
+    "median_e2e_latency_ms": "median_e2e_latency_ms",
+    "mean_ttft_ms": "mean_ttft_ms",
+    "median_ttft_ms": "median_ttft_ms",
+    "p99_ttft_ms": "p99_ttft_ms",
+    "mean_tpot_ms": "mean_tpot_ms",
+    "median_tpot_ms": "median_tpot_ms",
+    "mean_itl_ms": "mean_itl_ms",
+    "median_itl_ms": "median_itl_ms",
+    "p99_itl_ms": "p99_itl_ms",
 }
 REQUIRED = (
     "successful_requests",
@@ -113,12 +122,12 @@ def bench_argv(
     host: str,
     port: int,
     release: str,
-    output_file: str | None = None,
 ) -> list[str]:
     """``python -m <bench module>`` against the running server, one concurrency level.
 
-    Lengths are fixed (``--random-range-ratio 1``) so runs compare. ``output_file``: where the
-    benchmark appends its JSONL record (without it, a file in the working directory).
+    Lengths are fixed (``--random-range-ratio 1``) so runs compare. No ``--output-file``: run it
+    under ``recorded_argv``, which gives it a private one (without, the benchmark writes its
+    record, the server's API key inside, to its working directory).
     """
     if concurrency < 1:
         raise ValueError(f"bench concurrency {concurrency}: must be >= 1")
@@ -135,24 +144,30 @@ def bench_argv(
     argv += ["--random-output-len", str(settings.bench_output_len)]
     argv += ["--random-range-ratio", "1.0"]
     argv += ["--disable-tqdm"]
-    if output_file:
-        argv += ["--output-file", output_file]
     return argv
+
+
+def recorded_argv(python: str, recorder: str, argv: list[str]) -> list[str]:
+    """ARGV run under the uploaded record wrapper (``remote/bench_record.py`` at RECORDER): the
+    benchmark's record goes to a private file, removed after; its numbers are printed."""
+    return [python, recorder, "--", *argv]
 
 
 def sampled_argv(python: str, sampler: str, interval_ms: int, argv: list[str]) -> list[str]:
     """ARGV run under the uploaded GPU sampler (``remote/gpu_sampler.py`` at SAMPLER), which
-    averages each GPU's nvidia-smi samples over the measured run and prints them after it."""
+    averages each GPU's nvidia-smi samples over the measured run (its mean power from NVML's
+    energy counter where it can be read) and prints them after it."""
     return [python, sampler, "--interval-ms", str(interval_ms),
             "--start-marker", MAIN_RUN_MARKER, "--stop-marker", RESULT_HEADER.strip(), "--", *argv]
 
 
 def bench_runs(settings: ContainerSettings, python: str, host: str, release: str,
-               sampler: str) -> dict[int, list[str]]:
-    """The argv of each level of the preset, each under the GPU sampler at SAMPLER."""
+               sampler: str, recorder: str) -> dict[int, list[str]]:
+    """The argv of each level of the preset: the benchmark under the record wrapper at RECORDER,
+    under the GPU sampler at SAMPLER."""
     return {
-        c: sampled_argv(python, sampler, settings.bench_gpu_sample_ms,
-                        bench_argv(settings, python, c, host, settings.server_port, release))
+        c: sampled_argv(python, sampler, settings.bench_gpu_sample_ms, recorded_argv(
+            python, recorder, bench_argv(settings, python, c, host, settings.server_port, release)))
         for c in bench_levels(settings)
     }
 
@@ -168,45 +183,31 @@ def bench_shell(argv: list[str], env_file: str) -> StringCommand:
     )
 
 
-def _number(text: str) -> float | int | str:
-    text = text.strip()
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text
+def record_row(record: dict[str, Any] | None) -> dict[str, Any]:
+    """A row's values (keys of ``RECORD_KEYS``) from the benchmark's record (``bench_record``'s
+    ``parse_record``), floats rounded to 2 places as the printed summary shows them.
 
-
-def parse_bench_output(text: str) -> dict[str, Any]:
-    """Values of the last ``Serving Benchmark Result`` block in ``text`` (keys from ``LABELS``).
-
-    Raises ValueError when there is no block or a key metric is missing.
+    Raises ValueError when there is no record or a key metric is missing.
     """
-    lines = text.splitlines()
-    starts = [i for i, line in enumerate(lines) if RESULT_HEADER in line and line.lstrip().startswith("=")]
-    if not starts:
-        raise ValueError("no 'Serving Benchmark Result' block in the benchmark output")
-    result: dict[str, Any] = {}
-    for line in lines[starts[-1] + 1 :]:
-        if re.fullmatch(r"\s*=+\s*", line):
-            break
-        for label, key in LABELS.items():
-            if line.startswith(label):
-                result[key] = _number(line[len(label) :])
-                break
-    missing = [key for key in REQUIRED if key not in result]
+    if record is None:
+        raise ValueError("no benchmark record (BENCH_RECORD_JSON line): the benchmark failed "
+                         "before writing it, or ran without remote/bench_record.py")
+    row: dict[str, Any] = {}
+    for key, name in RECORD_KEYS.items():
+        value = record.get(key)
+        if value is None:
+            continue
+        row[name] = round(value, 2) if isinstance(value, float) and math.isfinite(value) else value
+    missing = [key for key in REQUIRED if key not in row]
     if missing:
-        raise ValueError(f"benchmark summary lacks {', '.join(missing)}")
-    return result
+        raise ValueError(f"benchmark record lacks {', '.join(missing)}")
+    return row
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
     """A plain-text table, one row per concurrency level (sorted by it).
 
-    Each row: the keys of ``parse_bench_output`` plus ``concurrency`` (the level asked for;
+    Each row: the keys of ``record_row`` plus ``concurrency`` (the level asked for;
     ``max_concurrency`` from the summary when absent), and the GPU columns of ``gpu_columns``
     where sampled. Missing values show as ``-``.
     """

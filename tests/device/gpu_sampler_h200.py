@@ -2,9 +2,11 @@
 
     python3 tests/device/gpu_sampler_h200.py --out "$OUT"
 
-Not part of the CPU test suite: run on the device machine (torch with CUDA, nvidia-smi). For
-each intensity ("light": a small matmul with a sleep between launches; "heavy": large bf16
-matmuls back to back), the sampler runs this file's ``--load`` mode as its command, as the
+Not part of the CPU test suite: run on the device machine (torch with CUDA, nvidia-smi; pynvml
+of nvidia-ml-py on PYTHONPATH for the energy counter). For each intensity ("light": a small
+matmul with a sleep between launches; "heavy": large bf16 matmuls back to back; "bursty": heavy
+for 0.3 s, idle for 0.3 s, as a benchmark level that is not always saturated), the sampler runs
+this file's ``--load`` mode as its command, as the
 deploy runs the benchmark: the load prints a start marker after a 2 s warmup and a stop marker
 when done, so the summary averages the loaded seconds only (the deploy passes the benchmark's
 own lines as the markers). Written under
@@ -35,7 +37,10 @@ INTENSITIES = {
     # size, dtype, sleep between launches (s)
     "light": (1024, "float32", 0.02),
     "heavy": (8192, "bfloat16", 0.0),
+    "bursty": (8192, "bfloat16", 0.3),
 }
+#: Seconds of back-to-back launches between the sleeps of a bursty load.
+BURST_S = 0.3
 
 
 def load(intensity: str, seconds: float) -> None:
@@ -52,10 +57,14 @@ def load(intensity: str, seconds: float) -> None:
     launches = 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        for _ in range(4 if pause else 16):
-            c = a @ b
-        torch.cuda.synchronize()
-        launches += 4 if pause else 16
+        burst_end = time.monotonic() + (BURST_S if intensity == "bursty" else 0)
+        while True:
+            for _ in range(4 if pause and intensity != "bursty" else 16):
+                c = a @ b
+            torch.cuda.synchronize()
+            launches += 4 if pause and intensity != "bursty" else 16
+            if time.monotonic() >= burst_end:
+                break
         if pause:
             time.sleep(pause)
     tflops = 2 * size**3 * launches / seconds / 1e12
@@ -105,8 +114,14 @@ def main() -> int:
         result["heavy_draws_more"] = heavy > light
     except (KeyError, IndexError, TypeError):
         result["heavy_draws_more"] = None
+    # The samples' mean against the energy counter's (exact) per load, in percent.
+    result["sampled_vs_energy_pct"] = {
+        intensity: round(100 * (gpu["sampled_power_w"] - gpu["power_w"]) / gpu["power_w"], 2)
+        for intensity in INTENSITIES
+        for gpu in (result[intensity]["summary"] or {}).get("gpus", [])[:1]
+        if gpu.get("power_source") == "nvml-energy"}
     (out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: result[k] for k in ("heavy_draws_more", "torch")}))
+    print(json.dumps({k: result[k] for k in ("heavy_draws_more", "sampled_vs_energy_pct", "torch")}))
     return 0 if result["heavy_draws_more"] else 1
 
 
