@@ -33,7 +33,10 @@ CUDA_KEYRING = (
     "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
     "cuda-keyring_1.1-1_all.deb"
 )
-CUDA_KEYRING_DEB = "/var/cache/pve-sglang/cuda-keyring.deb"
+#: Where the driver's runfile and the CUDA keyring are downloaded to (made by the deploy: the
+#: wheel store's mount point is below it only when a store is used).
+DOWNLOADS = "/var/cache/pve-sglang"
+CUDA_KEYRING_DEB = f"{DOWNLOADS}/cuda-keyring.deb"
 #: What update-ca-certificates writes from the store's certificates.
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -128,7 +131,7 @@ def container_steps() -> None:
     paths.watch(
         *(ca_dest(path) for path in ca_files(cs)), *([CA_BUNDLE] if ca_files(cs) else []),
         *(remote.path(script) for script in (remote.AUTOTUNE_PATCH, remote.FLAG_LISTER)),
-        LAUNCHER, f"{cs.venv_path}/pyvenv.cfg",
+        *([DOWNLOADS] if driver else []), LAUNCHER, f"{cs.venv_path}/pyvenv.cfg",
         cs.venv_path, *([LOCK_FILE] if cs.stack_install == "pinned" else []),
         *(shared_layer_paths(cs) if cs.uses_shared_layer else []),
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
@@ -187,7 +190,8 @@ def bundle_older(bundle: dict | None, certs: list[dict | None]) -> bool:
 
 def nvidia_userspace(cs: ContainerSettings, version: str):
     """The runfile of the host's exact driver version, installed without kernel modules."""
-    runfile = f"/var/cache/pve-sglang/NVIDIA-Linux-x86_64-{version}.run"
+    paths.directory(name=f"Download folder {DOWNLOADS}", path=DOWNLOADS, mode="755")
+    runfile = f"{DOWNLOADS}/NVIDIA-Linux-x86_64-{version}.run"
     if cs.nvidia_runfile_path:
         files.put(name=f"Upload NVIDIA driver runfile {version}", src=cs.nvidia_runfile_path,
                   dest=runfile, mode="755")

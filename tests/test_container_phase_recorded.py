@@ -39,6 +39,17 @@ def test_userspace_driver_is_the_recorded_host_version():
     assert any("cuda-toolkit-12-8" in c for _, cmds in ops for c in cmds)
 
 
+def test_download_folder_is_made_before_the_first_download():
+    """A fresh container without a wheel store (whose mount point would make it) has no
+    /var/cache/pve-sglang: the deploy makes it before the runfile's download."""
+    ops = plan(wheel_store=None)["ct105"]
+    names = [name for name, cmds in ops if cmds]
+    made = names.index("GPU container | Download folder /var/cache/pve-sglang")
+    assert made < names.index("GPU container | Download NVIDIA driver runfile 580.159.04")
+    assert any(c == "mkdir -p /var/cache/pve-sglang && chmod 755 /var/cache/pve-sglang"
+               for _, cmds in ops for c in cmds)
+
+
 def test_single_node_unit_has_the_tuned_flags_for_the_recorded_gpu():
     text = unit(plan()["ct105"])
     assert "--tp-size 1" in text and "--moe-runner-backend flashinfer_cutlass" in text
