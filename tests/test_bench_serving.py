@@ -31,6 +31,7 @@ from pve_sglang.server.bench import (
     bench_argv,
     bench_module,
     RECORD_KEYS,
+    bench_exit_status,
     bench_shell,
     record_row,
     recorded_argv,
@@ -363,9 +364,27 @@ def test_bench_shell_reads_the_key_from_the_env_file(tmp_path):
     command = bench_shell(argv, str(env_file)).get_raw_value()
     assert "k$y" not in command
     done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == 'k$y"1"'
+    assert done.stdout.splitlines() == ['k$y"1"', "BENCH_EXIT_STATUS=0"]
     env_file.write_text("# no key\n")
     argv = [sys.executable, "-c", "import os; print('OPENAI_API_KEY' in os.environ)"]
     done = subprocess.run(["sh", "-c", bench_shell(argv, str(env_file)).get_raw_value()], capture_output=True, text=True,
                           check=True, env={"PATH": "/usr/bin:/bin"})
-    assert done.stdout.strip() == "False"
+    assert done.stdout.splitlines()[0] == "False"
+
+
+def test_a_failed_benchmark_exits_0_with_its_status_and_output_for_the_deploy_to_mask(tmp_path):
+    """pyinfra prints a failed command's output unmasked; the benchmark (which holds the key)
+    never fails the command: its status and its stderr come back on stdout, masked by the
+    deploy before it shows any."""
+    import subprocess
+
+    from pve_sglang.server.command import render_env
+
+    env_file = tmp_path / "sglang.env"
+    env_file.write_text(render_env(settings(api_key="sk-fails")))
+    argv = [sys.executable, "-c", "import os, sys; sys.exit('401 for ' + os.environ['OPENAI_API_KEY'])"]
+    done = subprocess.run(["sh", "-c", bench_shell(argv, str(env_file)).get_raw_value()],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout.splitlines() == ["401 for sk-fails", "BENCH_EXIT_STATUS=1"]
+    assert bench_exit_status(done.stdout) == 1 and bench_exit_status("killed\n") is None

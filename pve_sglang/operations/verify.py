@@ -14,7 +14,7 @@ from pyinfra.context import state
 from pyinfra.facts.server import Command
 
 from pve_sglang.server import bench_history
-from pve_sglang.server.bench import bench_shell, gpu_columns, record_row, summary_table
+from pve_sglang.server.bench import bench_exit_status, bench_shell, gpu_columns, record_row, summary_table
 from pve_sglang.facts.nvidia import GpuCheck, NvidiaP2pMatrix, NvidiaTopoMatrix
 from pve_sglang.facts.system import IommuAcs, VirtualMachineType
 from pve_sglang.facts.container import UnitState
@@ -462,6 +462,9 @@ def benchmark(runs: dict[int, list[str]], env_file: str, history_dir: str | None
             logger.info(f"{host.name}: benchmark at concurrency {concurrency}...")
             output = host.get_fact(Command, command=bench_shell(argv, env_file))
             try:
+                status = bench_exit_status(output)
+                if status != 0:
+                    raise ValueError(f"the benchmark exited with status {status}")
                 rows.append({"concurrency": concurrency, **record_row(parse_record(output)),
                              **gpu_columns(parse_summary(output))})
             except ValueError as error:

@@ -172,15 +172,33 @@ def bench_runs(settings: ContainerSettings, python: str, host: str, release: str
     }
 
 
+#: The last line of ``bench_shell``'s output: the benchmark's exit status.
+EXIT_STATUS_PREFIX = "BENCH_EXIT_STATUS="
+
+
 def bench_shell(argv: list[str], env_file: str) -> StringCommand:
     """A ``sh -c`` body running the benchmark with the server's API key (if any) taken from
     ``env_file`` as ``OPENAI_API_KEY``: the key itself never appears in the command or an argv,
-    and the env file's other variables (``HF_TOKEN``) are read but not exported."""
+    and the env file's other variables (``HF_TOKEN``) are read but not exported.
+
+    It exits 0 whatever the benchmark did, its stderr on stdout, and ends with the benchmark's
+    status (``bench_exit_status``): pyinfra prints a failed command's output as it is, and the
+    benchmark runs with the key, so the deploy masks its output itself before showing any."""
     return StringCommand(
         ".", joined(QuoteString(env_file), ";"),
         'if [ -n "${SGLANG_API_KEY:-}" ]; then export OPENAI_API_KEY="$SGLANG_API_KEY"; fi;',
-        "exec", *(QuoteString(arg) for arg in argv),
+        *(QuoteString(arg) for arg in argv), "2>&1;",
+        f'echo "{EXIT_STATUS_PREFIX}$?"',
     )
+
+
+def bench_exit_status(output: str) -> int | None:
+    """The benchmark's exit status from ``bench_shell``'s OUTPUT; None when the line is
+    missing (the shell itself was killed)."""
+    for line in reversed(output.splitlines()):
+        if line.startswith(EXIT_STATUS_PREFIX):
+            return int(line[len(EXIT_STATUS_PREFIX):])
+    return None
 
 
 def record_row(record: dict[str, Any] | None) -> dict[str, Any]:
