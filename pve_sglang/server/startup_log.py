@@ -1,10 +1,18 @@
 """What the SGLang server's own log says about its start: phases, progress, known failures.
 
-Pure: journal lines in, words out. The line formats are sglang 0.5.9's (its sources:
-``model_loader/weight_utils.py`` and ``utils/common.py``'s ``BAR_FORMAT`` for the shards bar,
-``model_executor/model_runner.py``, ``mem_cache/memory_pool.py``,
-``model_executor/model_runner_kv_cache_mixin.py``, ``entrypoints/http_server.py``); real logs
-of them are kept in ``tests/fixtures/sglang_logs/``. ``HINTS`` is the one table of known causes
+Pure: journal lines in, words out. The line formats are those of every tested release, 0.5.9
+to 0.5.23, read from their sources (``model_loader/weight_utils.py`` and ``utils/common.py``'s
+``BAR_FORMAT`` for the shards bar, ``model_executor/model_runner.py``, ``mem_cache/``,
+``distributed/bootstrap.py``, ``model_executor/runner/flashinfer_autotune.py``,
+``model_executor/model_runner_components/cuda_graph_setup.py``, ``entrypoints/http_server.py``);
+what changed on the way: distributed init logs ``Init parallel begin.`` from 0.5.21 (was ``Init
+torch distributed begin.``), graph capture ``Capture target decode CUDA graph begin. backend=...``
+(and ``target prefill``, ``draft ...``, ``... verify``) from 0.5.14 (was ``Capture cuda graph
+begin.``), autotune ``Running FlashInfer autotune with cache: PATH`` from 0.5.12 (was ``Running
+FlashInfer autotune...``), the KV cache line gained ``dtype: ...`` and the log prefix ranks such
+as ``ATTN_CP0``. Real logs, and logs
+built from the release's format strings (``*_from_source.log``), are kept in
+``tests/fixtures/sglang_logs/``. ``HINTS`` is the one table of known causes
 of a failed start; every alternative of every row is tested on real lines from public reports.
 """
 
@@ -18,7 +26,8 @@ from dataclasses import dataclass, field
 READY_LINE = "The server is fired up and ready to roll!"
 
 # sglang's log prefix: ``[2025-10-16 09:06:22 TP5] `` (``DP1 PP0 TP3`` and the like too).
-_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?(?P<ranks>(?: [A-Z]+\d+)*)\] ")
+_PREFIX = re.compile(
+    r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?(?P<ranks>(?: [A-Z][A-Z_]*\d+)*)\] ")
 SHARDS = re.compile(
     r"Loading safetensors checkpoint shards:\s+(?P<pct>\d+)% Completed \| (?P<n>\d+)/(?P<total>\d+)"
     r" \[(?P<elapsed>[\d:]+)<(?P<eta>[\d:?]+),\s*(?P<rate>[^\]]*)\]")
@@ -29,11 +38,12 @@ KV_CACHE = re.compile(
 #: The phases of a start, in order: (name, what starts it). A phase ends when a later one
 #: starts; the server is ready at READY_LINE.
 PHASES: list[tuple[str, re.Pattern]] = [
-    ("init", re.compile(r"Init torch distributed begin")),
+    ("init", re.compile(r"Init torch distributed begin|Init parallel begin")),
     ("weights", re.compile(r"Load weight begin|Loading safetensors checkpoint shards")),
     ("kv cache", re.compile(r"KV Cache is allocated|Memory pool end")),
     ("autotune", re.compile(r"Running FlashInfer autotune")),
-    ("cuda graph", re.compile(r"Capture (?:cuda|piecewise CUDA) graph begin")),
+    ("cuda graph", re.compile(r"Capture (?:cuda|piecewise CUDA|(?:target|draft) (?:decode|prefill|"
+                              r"verify) CUDA) graph begin")),
     ("warmup", re.compile(r"Uvicorn running on|Application startup complete|"
                           r"max_total_num_tokens=")),
     ("ready", re.compile(re.escape(READY_LINE))),
