@@ -13,7 +13,8 @@ FlashInfer autotune...``), the KV cache line gained ``dtype: ...`` and the log p
 as ``ATTN_CP0``. Real logs, and logs
 built from the release's format strings (``*_from_source.log``), are kept in
 ``tests/fixtures/sglang_logs/``. ``HINTS`` is the one table of known causes
-of a failed start; every alternative of every row is tested on real lines from public reports.
+of a failed start; every alternative of every row is tested on real lines from public reports,
+or on the failing library's own message text where no report was at hand.
 """
 
 from __future__ import annotations
@@ -175,6 +176,12 @@ HINTS: list[Hint] = [
     _hint("driver-mismatch", r"Driver/library version mismatch",
           "the container's user-space NVIDIA driver is not the host's kernel module version: "
           "run the deploy again so it installs the host's exact version"),
+    _hint("driver-too-old", r"NVIDIA driver on your system is too old|"
+          r"CUDA driver version is insufficient for CUDA runtime version",
+          "the host's NVIDIA driver is older than the CUDA runtime of the installed stack (CUDA "
+          "13, sglang 0.5.11 and later, needs driver R580 or newer): update the host's driver "
+          "and run the deploy again (the container's user-space driver follows it), or choose "
+          "a sglang_version whose set uses CUDA 12"),
     _hint("cuda-oom", r"CUDA out of memory|torch\.OutOfMemoryError",
           "the GPUs ran out of memory: lower mem_fraction_static (or max_running_requests / "
           "the context length), or use more GPUs; a process left on the GPU also takes memory "
@@ -192,6 +199,27 @@ HINTS: list[Hint] = [
           "FlashInfer's MoE autotune failed tactics (known on SM120, RTX PRO 6000): if the "
           "start hangs or output is corrupt, add --disable-flashinfer-autotune to "
           "extra_server_args or choose another moe_runner_backend"),
+    _hint("flashinfer-arch", r"Unsupported gpu architecture 'compute_|"
+          r"No supported CUDA architectures found for major versions|"
+          r"FlashInfer requires GPUs with sm75 or higher",
+          "FlashInfer's JIT cannot build for these GPUs' architecture: its nvcc is from a CUDA "
+          "toolkit older than the GPU (SM120 needs 12.8 or newer), or the kernel exists only for "
+          "other architectures (SM90/SM100): use the toolkit of the set's CUDA major, or choose "
+          "another attention_backend / moe_runner_backend"),
+    _hint("nvcc-missing", r"Could not find nvcc|No such file or directory: '[^']*/nvcc'|"
+          r"/nvcc: not found",
+          "FlashInfer's JIT found no nvcc (CUDA_HOME, PATH, /usr/local/cuda): the CUDA toolkit "
+          "of the set's CUDA major is missing in the container; run the deploy again (its stack "
+          "step installs it) or point CUDA_HOME at a toolkit"),
+    _hint("hf-access", r"You are trying to access a gated repo|Cannot access gated repo|"
+          r"Repository Not Found for url|Invalid credentials in Authorization header",
+          "Hugging Face refused the model: it is gated or private and hf_token cannot read it "
+          "(accept the model's terms on its page with the token's account; a read token is "
+          "enough), the token is wrong, or the repo id is misspelled"),
+    _hint("disk-full", r"No space left on device|Not enough free disk space to download the file",
+          "a filesystem is full (the model download, the venv, sglang_cache_dir's JIT and "
+          "autotune caches, or /dev/shm): see df -h in the container, then free space or grow "
+          "the container's disk"),
     _hint("model-path", r"Repo id must be in the form|Incorrect path_or_model_id|"
           r"is not a local folder and is not a valid model identifier|"
           r"No such file or directory: '[^']*config\.json'|Can't load the configuration of",
