@@ -243,6 +243,26 @@ def test_ready_line_is_the_release_line():
     ("Red, blue and yellow are the three primary colours.", False),
     ("1, 2, 3, 4, 5, 6, 7, 8, 9, 10", False),
     ("OK", False),  # too short to judge
+    # One token repeated without spaces (issue 21): any script, any unit of up to 16 characters.
+    ("的的的的的的", True),
+    ("的的的的的的的的的的的的的的的的的的的的的的的的", True),
+    ("abcabcabcabc", True),
+    ("Red, blue and 蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝", True),
+    ("<|im_end|><|im_end|><|im_end|><|im_end|><|im_end|>", True),
+    ("ha ha ha ha ha ha ha ha", True),
+    ("Red, green, blue. Red, green, blue. Red, green, blue. Red, green, blue.", True),
+    # Legitimate answers: three repeats, a repeat that is not most of the text, no spaces.
+    ("abcabcabc", False),
+    ("hahaha", False),
+    ("blablabla", False),
+    ("红色、蓝色和黄色是三原色。", False),
+    ("赤、青、黄の三色です。", False),
+    ("Red, blue, yellow.", False),
+    ("The answer is 1000000000.", False),
+    ("Mississippi has four s and four i.", False),
+    ("Hahaha, red, blue and yellow are the primary colours of paint.", False),
+    ("3.14159265358979323846", False),
+    ("Red, blue and yellow!!!", False),
 ])
 def test_degenerate_output(text, bad):
     assert (degenerate(text) is not None) == bad

@@ -242,22 +242,42 @@ def diagnose(lines: list[str]) -> list[tuple[Hint, str]]:
 # --- the generation check -----------------------------------------------------------------
 
 
+#: One unit of 1 to 16 characters (a token's text) repeated 4 or more times in a row.
+_REPEATED_UNIT = re.compile(r"(.{1,16}?)\1{3,}", re.DOTALL)
+
+
 def degenerate(text: str, share: float = 0.6) -> str | None:
-    """Why TEXT looks like collapsed decoding (one character or word repeated for more than
-    SHARE of it, e.g. ``!!!!!!!``), or None."""
+    """Why TEXT looks like collapsed decoding, or None.
+
+    Collapsed: one character or word repeated for more than SHARE of it (``!!!!!!!``, ``the the
+    the``), only one or two distinct characters, or one unit of up to 16 characters repeated at
+    least 4 times in a row, spaces aside, covering more than SHARE of the characters
+    (``的的的的的的``, ``abcabcabcabc``, ``<|x|><|x|><|x|><|x|>``). Three repeats do not count:
+    real words and answers have them (``hahaha``, ``blablabla``), and a collapse fills the
+    check's 48 tokens with many more.
+    """
     chars = [c for c in text if not c.isspace()]
-    if len(chars) < 8:
+    if len(chars) < 6:
         return None
-    char, count = Counter(chars).most_common(1)[0]
-    if count / len(chars) > share and not char.isalnum():
-        return f"{count} of {len(chars)} characters are {char!r}"
-    if len(set(chars)) <= 2:
-        return f"only {sorted(set(chars))} repeated"
-    words = text.split()
-    if len(words) >= 6:
-        word, count = Counter(words).most_common(1)[0]
-        if count / len(words) > share:
-            return f"{count} of {len(words)} words are {word!r}"
+    if len(chars) >= 8:
+        char, count = Counter(chars).most_common(1)[0]
+        if count / len(chars) > share and not char.isalnum():
+            return f"{count} of {len(chars)} characters are {char!r}"
+        if len(set(chars)) <= 2:
+            return f"only {sorted(set(chars))} repeated"
+        words = text.split()
+        if len(words) >= 6:
+            word, count = Counter(words).most_common(1)[0]
+            if count / len(words) > share:
+                return f"{count} of {len(words)} words are {word!r}"
+    dense = "".join(chars)
+    runs = list(_REPEATED_UNIT.finditer(dense))
+    covered = sum(len(run.group(0)) for run in runs)
+    if runs and covered / len(dense) > share:
+        longest = max(runs, key=lambda run: len(run.group(0)))
+        unit = longest.group(1)
+        return (f"{covered} of {len(dense)} characters are a repeated unit "
+                f"({unit!r} x{len(longest.group(0)) // len(unit)})")
     return None
 
 
