@@ -7,8 +7,8 @@ release's wheel (``--no-deps``) and those packages at the versions the release i
 machine's Python (3.11, as the containers'). Built once, under a lock, and cached under
 ``PVE_SGLANG_TEST_CACHE`` as ``sglang-VERSION-parser-venv-KEY`` (about 5 to 7 GB each).
 
-``IMPORTS`` was found by importing ``sglang.srt.server_args`` of 0.5.9, 0.5.14 and 0.5.23 in a
-venv holding only the wheel, adding what each ImportError named, until it imported.
+``IMPORTS`` was found by importing ``sglang.srt.server_args`` of 0.5.9, 0.5.14, 0.5.18 and 0.5.23
+in a venv holding only the wheel, adding what each ImportError named, until it imported.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ IMPORTS = (
     "torch", "torchvision", "transformers", "huggingface_hub", "safetensors", "openai",
     "partial_json_parser", "dill", "sentencepiece", "numpy", "orjson", "psutil", "pybase64",
     "requests", "packaging", "pillow", "starlette", "msgspec", "pydantic", "pyzmq", "tqdm",
-    "IPython", "aiohttp",
+    "IPython", "aiohttp", "xgrammar",
 )
 
 

@@ -10,9 +10,9 @@ post-processing (``_handle_deprecated_args``), when ``enable_flashinfer_allreduc
 true and no backend is named: the parsed values show that condition false (the full post-
 processing needs sgl-kernel, flashinfer and a GPU).
 
-The releases: 0.5.9 (the seed's), 0.5.13 (the last of the old spellings), 0.5.14 (the first of
-the new) and 0.5.23 (the newest). The spellings' boundaries themselves are checked on the
-sources of every tested release (``test_spelling_boundaries_in_the_sources``).
+The releases: every tested one (0.5.9, the seed's, to 0.5.23, the newest), and 0.5.14, the first
+of the new spellings. The spellings' boundaries themselves are checked on the sources
+(``test_spelling_boundaries_in_the_sources``). All cases of one release run in one process.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pve_sglang.server import spelling
 from pve_sglang.server.command import EnvRef, check_flags, known_flags, server_argv
 from server_args_venv import parser_venv
 
-PARSED_RELEASES = ["0.5.9", "0.5.13", "0.5.14", "0.5.23"]
+PARSED_RELEASES = ["0.5.9", "0.5.10", "0.5.11", "0.5.13", "0.5.14", "0.5.18", "0.5.22", "0.5.23"]
 #: The releases the suite tests (issue 21), with both sides of the 0.5.14 boundary.
 SOURCE_RELEASES = ["0.5.9", "0.5.10", "0.5.11", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.18",
                    "0.5.22", "0.5.23"]
@@ -53,19 +53,20 @@ logging.getLogger().addHandler(Keep(logging.DEBUG))
 logging.getLogger().setLevel(logging.DEBUG)
 from sglang.srt.server_args import ServerArgs
 
-argv = json.loads(sys.stdin.read())
-parser = argparse.ArgumentParser(prog="sglang serve")
-ServerArgs.add_cli_args(parser)
-records.clear()  # what importing logged is not the arguments' doing
-stderr = io.StringIO()
-with contextlib.redirect_stderr(stderr):
-    try:
-        namespace = parser.parse_args(argv)
-        values, status = vars(namespace), 0
-    except SystemExit as error:
-        values, status = {}, error.code
-print(json.dumps({"values": values, "records": records, "stderr": stderr.getvalue(),
-                  "status": status}, default=repr))
+results = {}
+for name, argv in json.loads(sys.stdin.read()).items():
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    records.clear()  # what importing logged, or the case before, is not this case's doing
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        try:
+            values, status = vars(parser.parse_args(argv)), 0
+        except SystemExit as error:
+            values, status = {}, error.code
+    results[name] = {"values": values, "records": list(records), "stderr": stderr.getvalue(),
+                     "status": status}
+print(json.dumps(results, default=repr))
 '''
 
 
@@ -89,14 +90,25 @@ def full_argv(release: str, **overrides) -> list[str]:
     return server_argv(full_settings(release, **overrides), 8, H100, 1, 2, "10.0.0.1:50000", PY)
 
 
-def parse(venv, argv: list[str]) -> dict:
-    """The release's parser on ARGV (after ``-m sglang.launch_server``); the key reference
-    becomes a plain value, as the launcher hands it over."""
-    args = ["sk-test" if isinstance(arg, EnvRef) else arg for arg in argv[3:]]
+def parse(venv, cases: dict[str, list[str]]) -> dict[str, dict]:
+    """The release's parser on each case's argv (after ``-m sglang.launch_server``), in one
+    process; the key reference becomes a plain value, as the launcher hands it over."""
+    args = {name: ["sk-test" if isinstance(arg, EnvRef) else arg for arg in argv[3:]]
+            for name, argv in cases.items()}
     done = subprocess.run([str(venv / "bin" / "python"), "-c", PROBE], input=json.dumps(args),
-                          capture_output=True, text=True, timeout=300, cwd="/")
+                          capture_output=True, text=True, timeout=600, cwd="/")
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def cases(release: str) -> dict[str, list[str]]:
+    launch = [PY, "-m", "sglang.launch_server", "--model-path", "/m"]
+    return {
+        "full": full_argv(release, attention_backend="dsa"),
+        "default": server_argv(settings(release), 8, H100, None, 1, None, PY),
+        "old cuda graph": [*launch, "--disable-cuda-graph"],
+        "dsa": [*launch, "--attention-backend", "dsa"],
+    }
 
 
 def deprecations(parsed: dict) -> list[str]:
@@ -105,8 +117,10 @@ def deprecations(parsed: dict) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def venvs(sglang_wheel):
-    return {release: parser_venv(release, sglang_wheel(release)) for release in PARSED_RELEASES}
+def parsed(sglang_wheel):
+    """Per release, every case of ``cases`` as its real parser took it."""
+    return {release: parse(parser_venv(release, sglang_wheel(release)), cases(release))
+            for release in PARSED_RELEASES}
 
 
 # --- the table ----------------------------------------------------------------------------
@@ -200,9 +214,8 @@ def test_spelling_boundaries_in_the_sources(release, source_sites):
 
 
 @pytest.mark.parametrize("release", PARSED_RELEASES)
-def test_rendered_command_parses_without_deprecation(release, venvs):
-    argv = full_argv(release, attention_backend="dsa")
-    parsed = parse(venvs[release], argv)
+def test_rendered_command_parses_without_deprecation(release, parsed):
+    parsed = parsed[release]["full"]
     assert parsed["status"] == 0, parsed["stderr"]
     assert deprecations(parsed) == []
     values = parsed["values"]
@@ -230,27 +243,28 @@ def test_rendered_command_parses_without_deprecation(release, venvs):
 
 
 @pytest.mark.parametrize("release", PARSED_RELEASES)
-def test_default_command_parses_without_deprecation(release, venvs):
-    argv = server_argv(settings(release), 8, H100, None, 1, None, PY)
-    parsed = parse(venvs[release], argv)
+def test_default_command_parses_without_deprecation(release, parsed):
+    parsed = parsed[release]["default"]
     assert parsed["status"] == 0, parsed["stderr"]
     assert deprecations(parsed) == []
 
 
 @pytest.mark.parametrize("release", [r for r in PARSED_RELEASES if Version(r) >= NEW_SPELLINGS])
-def test_the_old_spelling_is_caught_where_it_is_deprecated(release, venvs):
+def test_the_old_spelling_is_caught_where_it_is_deprecated(release, parsed):
     """The probe does see a deprecation: the old spelling, given to a newer release."""
-    parsed = parse(venvs[release], [PY, "-m", "sglang.launch_server", "--model-path", "/m",
-                                    "--disable-cuda-graph"])
+    parsed = parsed[release]["old cuda graph"]
     assert parsed["status"] == 0
     [warning] = deprecations(parsed)
     assert "'--disable-cuda-graph' is deprecated" in warning
     assert "--cuda-graph-backend-{decode,prefill}=disabled" in warning
 
 
-def test_dsa_is_refused_before_0_5_13(venvs):
+@pytest.mark.parametrize("release", PARSED_RELEASES)
+def test_dsa_is_refused_before_0_5_13(release, parsed):
     """Why the table keeps 'nsa' for the older releases: their parser has no 'dsa'."""
-    parsed = parse(venvs["0.5.9"], [PY, "-m", "sglang.launch_server", "--model-path", "/m",
-                                    "--attention-backend", "dsa"])
-    assert parsed["status"] == 2
-    assert "invalid choice: 'dsa'" in parsed["stderr"]
+    parsed = parsed[release]["dsa"]
+    if Version(release) < Version("0.5.13"):
+        assert parsed["status"] == 2
+        assert "invalid choice: 'dsa'" in parsed["stderr"]
+    else:
+        assert parsed["status"] == 0 and parsed["values"]["attention_backend"] == "dsa"
