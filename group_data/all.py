@@ -125,9 +125,11 @@ attention_backend = "flashinfer"
 mem_fraction_static = 0.92
 # Cap on running requests; null: no cap (a cap of 64 throttled the tuned run to a quarter).
 max_running_requests = None
-# Pass --disable-cuda-graph (as in the tuned run).
+# Turn CUDA graphs off (as in the tuned run): --disable-cuda-graph, from 0.5.14
+# --cuda-graph-backend-decode/--cuda-graph-backend-prefill disabled.
 disable_cuda_graph = True
-# Pass --enable-flashinfer-allreduce-fusion (never on compute capability 12.x).
+# FlashInfer allreduce fusion (never on compute capability 12.x):
+# --enable-flashinfer-allreduce-fusion, from 0.5.14 --flashinfer-allreduce-fusion-backend auto.
 enable_flashinfer_allreduce_fusion = False
 # More server flags, appended as given, e.g. ["--disable-shared-experts-fusion"].
 extra_server_args = []

@@ -80,7 +80,7 @@ def site(tmp_path_factory, sglang_wheel):
 
 
 def test_default_argv_is_the_tuned_set():
-    argv = argv_for()
+    argv = argv_for(settings().model_copy(update={"sglang_version": "0.5.9"}))
     assert argv == [
         PY, "-m", "sglang.launch_server",
         "--model-path", "/models/model",
@@ -95,12 +95,20 @@ def test_default_argv_is_the_tuned_set():
     assert "--max-running-requests" not in argv
 
 
+def test_default_argv_of_0_5_23_in_its_spelling():
+    argv = argv_for(settings().model_copy(update={"sglang_version": "0.5.23"}))
+    assert argv[-4:] == ["--cuda-graph-backend-decode", "disabled",
+                         "--cuda-graph-backend-prefill", "disabled"]
+    assert "--disable-cuda-graph" not in argv
+
+
 def test_running_request_cap_when_set():
     assert pairs(argv_for(settings(max_running_requests=64)))["--max-running-requests"] == "64"
 
 
 def test_cuda_graph_kept_when_not_disabled():
-    assert "--disable-cuda-graph" not in argv_for(settings(disable_cuda_graph=False))
+    argv = argv_for(settings(disable_cuda_graph=False))
+    assert not {"--disable-cuda-graph", "--cuda-graph-backend-decode"} & set(argv)
 
 
 def test_tp_override():
@@ -117,22 +125,34 @@ def test_no_gpu():
         argv_for(gpus=0)
 
 
-def test_allreduce_fusion_kept_on_sm90():
-    argv = argv_for(settings(enable_flashinfer_allreduce_fusion=True), caps=H100)
-    assert "--enable-flashinfer-allreduce-fusion" in argv
+FUSION = {"0.5.9": "--enable-flashinfer-allreduce-fusion",
+          "0.5.23": "--flashinfer-allreduce-fusion-backend"}
+
+
+def fusion_settings(release):
+    return settings(enable_flashinfer_allreduce_fusion=True).model_copy(
+        update={"sglang_version": release})
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_allreduce_fusion_kept_on_sm90(release):
+    argv = argv_for(fusion_settings(release), caps=H100)
+    assert FUSION[release] in argv and set(FUSION.values()) & set(argv) == {FUSION[release]}
     assert argv.warnings == []
 
 
-def test_allreduce_fusion_dropped_on_sm120_with_a_warning():
-    argv = argv_for(settings(enable_flashinfer_allreduce_fusion=True), caps=RTX_PRO_6000)
-    assert "--enable-flashinfer-allreduce-fusion" not in argv
+@pytest.mark.parametrize("release", RELEASES)
+def test_allreduce_fusion_dropped_on_sm120_with_a_warning(release):
+    argv = argv_for(fusion_settings(release), caps=RTX_PRO_6000)
+    assert not set(FUSION.values()) & set(argv)
     assert len(argv.warnings) == 1
-    assert "12.0" in argv.warnings[0] and "--enable-flashinfer-allreduce-fusion" in argv.warnings[0]
+    assert "12.0" in argv.warnings[0] and FUSION[release] in argv.warnings[0]
 
 
-def test_allreduce_fusion_with_unknown_capability_kept_with_a_warning():
-    argv = argv_for(settings(enable_flashinfer_allreduce_fusion=True), caps=[])
-    assert "--enable-flashinfer-allreduce-fusion" in argv
+@pytest.mark.parametrize("release", RELEASES)
+def test_allreduce_fusion_with_unknown_capability_kept_with_a_warning(release):
+    argv = argv_for(fusion_settings(release), caps=[])
+    assert FUSION[release] in argv
     assert "unknown" in argv.warnings[0]
 
 
@@ -272,12 +292,13 @@ def test_0_5_23_flags_come_from_arg_groups(site):
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_every_flag_we_render_exists(site, version):
+    """Each release's own spelling (server.spelling) of every flag we render."""
     known = known_flags(site[version])
-    check_flags(argv_for(), known)
+    check_flags(argv_for(settings().model_copy(update={"sglang_version": version})), known)
     full = settings(
         max_running_requests=64, enable_flashinfer_allreduce_fusion=True, served_model_name="m",
-        api_key="k", nodes=["a", "b"],
-    )
+        api_key="k", nodes=["a", "b"], disable_cuda_graph=True,
+    ).model_copy(update={"sglang_version": version})
     check_flags(argv_for(full, caps=H100, rank=1, nnodes=2, addr="10.0.0.1:50000"), known)
 
 

@@ -4,12 +4,16 @@ each file naming its public source)."""
 from __future__ import annotations
 
 import re
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from pve_sglang.server.startup_log import (
     HINTS,
+    KV_CACHE,
+    PHASES,
+    SHARDS,
     READY_LINE,
     Progress,
     bad_logprobs,
@@ -133,6 +137,93 @@ def test_phases_of_a_real_8_rank_start_in_order_with_progress():
         assert f"{phase} " in summary, summary
 
 
+def phases_of(name: str) -> tuple[list[str], Progress, list[str]]:
+    progress = Progress(start=1000.0)
+    messages = []
+    for index, line in enumerate(log_lines(name)):
+        messages += progress.feed(line, 1000.0 + index)
+    phases = [m.split(" (at ")[0] for m in messages if " (at " in m and not m.startswith("autotune finished")]
+    return phases, progress, messages
+
+
+def test_phases_of_a_0_5_23_start_built_from_its_sources():
+    phases, progress, messages = phases_of("startup_tp8_0.5.23_from_source.log")
+    assert phases == ["init", "weights", "kv cache", "autotune", "cuda graph", "warmup"], messages
+    assert [m for m in messages if m.startswith("weights: ")] == [
+        "weights: 0/145 shards (0%), ?it/s", "weights: 73/145 shards (50%), 2.81it/s, ETA 25s",
+        "weights: 145/145 shards (100%), 2.79it/s"]
+    assert [m for m in messages if m.startswith("KV cache")] == [
+        "KV cache: 2,795,207 tokens, 34.62 GB per GPU"]
+    assert any(m.startswith("autotune finished") for m in messages)
+    assert progress.ready and messages[-1].startswith("ready after ")
+    assert diagnose(log_lines("startup_tp8_0.5.23_from_source.log")) == []
+
+
+def test_rank_prefixes_of_newer_releases_are_stripped():
+    assert strip("[2026-12-04 06:00:01.123 DP0 ATTN_CP1 MOE_DP0 TP3 EP3] Init parallel begin.") == \
+        "Init parallel begin."
+
+
+#: Per phase: a log call of some release (as its source spells it) and a line it logs. Every
+#: tested release must have one call of each phase, and every call's line must start its phase.
+SOURCE_LINES = [
+    ("init", 'logger.info("Init torch distributed begin.")', "Init torch distributed begin."),
+    ("init", 'logger.info("Init parallel begin.")', "Init parallel begin."),
+    ("weights", 'f"Load weight begin. avail mem=', "Load weight begin. avail mem=137.34 GB"),
+    ("kv cache", '"Memory pool end. ', "Memory pool end. avail mem=11.87 GB"),
+    ("autotune", 'logger.info("Running FlashInfer autotune...")', "Running FlashInfer autotune..."),
+    ("autotune", 'logger.info("Running FlashInfer autotune with cache: %s"',
+     "Running FlashInfer autotune with cache: /var/cache/sglang/flashinfer_autotune/tp8.json"),
+    ("cuda graph", 'f"Capture {graph_backend[self.device]} begin. This can take up to several',
+     "Capture cuda graph begin. This can take up to several minutes. avail mem=11.82 GB"),
+    ("cuda graph", 'f"Capture {capture_name} {graph_backend[model_runner.device]} begin. "',
+     "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=11.49 GB"),
+    ("cuda graph", 'f"Capture {capture_name} CUDA graph begin. "',
+     "Capture target prefill CUDA graph begin. backend=tc_piecewise, num_tokens=[4, 8], avail mem=11.80 GB"),
+    ("warmup", 'f"max_total_num_tokens={self.max_total_num_tokens}, "',
+     "max_total_num_tokens=2795207, chunked_prefill_size=8192, max_prefill_tokens=16384"),
+    ("ready", f'logger.info("{READY_LINE}")', READY_LINE),
+]
+#: What the progress messages read, as each release's source spells it.
+PROGRESS_SOURCES = [
+    'desc="Loading safetensors checkpoint shards"',
+    'BAR_FORMAT = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]',
+    "#tokens: {num_tokens}, K size: {k_size_GB:.2f} GB",
+    'logger.info("FlashInfer autotune completed.")',
+]
+TESTED_RELEASES = ["0.5.9", "0.5.10", "0.5.11", "0.5.13", "0.5.18", "0.5.22", "0.5.23"]
+
+
+def _phase_entered(line: str) -> str | None:
+    return next((name for name, pattern in PHASES if pattern.search(line)), None)
+
+
+@pytest.mark.parametrize("phase, call, line", SOURCE_LINES, ids=lambda v: v if len(v) < 20 else None)
+def test_each_source_line_starts_its_phase(phase, call, line):
+    assert _phase_entered(line) == phase
+
+
+def test_progress_lines_as_the_sources_spell_them():
+    assert SHARDS.search("Loading safetensors checkpoint shards:  50% Completed | 73/145 "
+                         "[00:26<00:25,  2.81it/s]")
+    assert KV_CACHE.search("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 2795207, "
+                           "K size: 17.31 GB, V size: 17.31 GB")
+    assert KV_CACHE.search("KV Cache is allocated. #tokens: 2795207, K size: 53.31 GB, V size: 53.31 GB")
+
+
+@pytest.mark.parametrize("release", TESTED_RELEASES)
+def test_every_phase_is_found_in_the_release_sources(release, sglang_wheel):
+    """The release logs a line of every phase in a spelling the parser knows (SOURCE_LINES),
+    and the progress lines in the spelling it reads."""
+    with zipfile.ZipFile(sglang_wheel(release)) as archive:
+        source = "\n".join(archive.read(name).decode(errors="replace") for name in archive.namelist()
+                           if name.startswith("sglang/srt/") and name.endswith(".py"))
+    found = {phase for phase, call, _ in SOURCE_LINES if call in source}
+    assert found == {name for name, _ in PHASES}, release
+    missing = [call for call in PROGRESS_SOURCES if call not in source]
+    assert not missing, f"sglang {release} no longer has {missing}"
+
+
 def test_silence_is_measured_from_the_last_line():
     progress = Progress(start=100.0)
     assert progress.silent_for(130.0) == 30.0
@@ -152,6 +243,26 @@ def test_ready_line_is_the_release_line():
     ("Red, blue and yellow are the three primary colours.", False),
     ("1, 2, 3, 4, 5, 6, 7, 8, 9, 10", False),
     ("OK", False),  # too short to judge
+    # One token repeated without spaces (issue 21): any script, any unit of up to 16 characters.
+    ("的的的的的的", True),
+    ("的的的的的的的的的的的的的的的的的的的的的的的的", True),
+    ("abcabcabcabc", True),
+    ("Red, blue and 蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝蓝", True),
+    ("<|im_end|><|im_end|><|im_end|><|im_end|><|im_end|>", True),
+    ("ha ha ha ha ha ha ha ha", True),
+    ("Red, green, blue. Red, green, blue. Red, green, blue. Red, green, blue.", True),
+    # Legitimate answers: three repeats, a repeat that is not most of the text, no spaces.
+    ("abcabcabc", False),
+    ("hahaha", False),
+    ("blablabla", False),
+    ("红色、蓝色和黄色是三原色。", False),
+    ("赤、青、黄の三色です。", False),
+    ("Red, blue, yellow.", False),
+    ("The answer is 1000000000.", False),
+    ("Mississippi has four s and four i.", False),
+    ("Hahaha, red, blue and yellow are the primary colours of paint.", False),
+    ("3.14159265358979323846", False),
+    ("Red, blue and yellow!!!", False),
 ])
 def test_degenerate_output(text, bad):
     assert (degenerate(text) is not None) == bad

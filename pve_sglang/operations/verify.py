@@ -366,8 +366,9 @@ def server_started(unit: str, health_url: str, env_file: str, script: str, timeo
 def generation_works(url: str, env_file: str, script: str, max_tokens: int = 48):
     """
     Ask the server for one short chat completion (``/v1/chat/completions``, streamed, with
-    logprobs) and fail unless it answers 200 with text that is not degenerate (one character or
-    word repeated for most of it, e.g. ``!!!!!!!``) and finite logprobs. Logs the time to first
+    logprobs) and fail unless it answers 200 with text that is not degenerate (one character,
+    word or token repeated for most of it, e.g. ``!!!!!!!``, ``的的的的的的``; ``startup_log.
+    degenerate``) and finite logprobs. Logs the time to first
     token and the single-stream tokens/s. Checked once the deploy has run.
 
     + url: the server's base URL, asked from inside the container

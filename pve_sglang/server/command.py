@@ -30,6 +30,7 @@ import jinja2
 
 from pve_sglang import remote
 from pve_sglang.remote import sglang_launch
+from pve_sglang.server import spelling
 from pve_sglang.remote.sglang_flags import release_flags
 from pve_sglang.project import TEMPLATES, project_file
 from pve_sglang.config.settings import ContainerSettings, host_port, tensor_parallel_size
@@ -90,15 +91,18 @@ def server_argv(
 ) -> ServerArgv:
     """The ExecStart argv of ``python -m sglang.launch_server`` for one node.
 
-    ``tp_size`` None means one rank per GPU on every node (``gpu_count * nnodes``). Returns a
-    ``ServerArgv``: a list of str whose ``warnings`` say what was changed and why (today: allreduce
-    fusion dropped on compute capability 12.x).
+    ``tp_size`` None means one rank per GPU on every node (``gpu_count * nnodes``). Every flag is
+    spelled as ``settings.sglang_version`` spells it (``server.spelling``), so none of them makes
+    that release log a deprecation warning. Returns a ``ServerArgv``: a list of str whose
+    ``warnings`` say what was changed and why (today: allreduce fusion dropped on compute
+    capability 12.x).
     """
     if gpu_count < 1:
         raise ValueError(f"gpu_count {gpu_count}: the container sees no GPU")
     if nnodes < 1:
         raise ValueError(f"nnodes {nnodes}: must be >= 1")
     tp = tensor_parallel_size(settings.tp_size, gpu_count, nnodes)
+    release = settings.sglang_version
     warnings: list[str] = []
 
     argv = [python, "-m", "sglang.launch_server"]
@@ -106,18 +110,19 @@ def server_argv(
     argv += ["--host", settings.server_host, "--port", str(settings.server_port)]
     argv += ["--tp-size", str(tp)]
     argv += ["--moe-runner-backend", settings.moe_runner_backend]
-    argv += ["--attention-backend", settings.attention_backend]
+    argv += ["--attention-backend", spelling.attention_backend(settings.attention_backend, release)]
     argv += ["--mem-fraction-static", repr(float(settings.mem_fraction_static))]
     if settings.max_running_requests is not None:
         argv += ["--max-running-requests", str(settings.max_running_requests)]
     if settings.disable_cuda_graph:
-        argv.append("--disable-cuda-graph")
+        argv += spelling.flag("disable_cuda_graph", release)
     if settings.enable_flashinfer_allreduce_fusion:
+        fusion = spelling.flag("flashinfer_allreduce_fusion", release)
         sm12 = sorted({cap for cap in compute_caps if _major(cap) == 12})
         if sm12:
             warnings.append(
                 "enable_flashinfer_allreduce_fusion is set but the GPUs have compute capability "
-                f"{', '.join(sm12)} (SM12x): --enable-flashinfer-allreduce-fusion left out (sglang "
+                f"{', '.join(sm12)} (SM12x): {' '.join(fusion)} left out (sglang "
                 "0.5.23 refuses it there: 'requires SM90 or SM10X'; it proved problematic on SM120)"
             )
         else:
@@ -126,7 +131,7 @@ def server_argv(
                     "enable_flashinfer_allreduce_fusion is set and the GPUs' compute capability is "
                     "unknown: kept, but sglang 0.5.23 refuses it on SM12x"
                 )
-            argv.append("--enable-flashinfer-allreduce-fusion")
+            argv += fusion
     if settings.served_model_name:
         argv += ["--served-model-name", settings.served_model_name]
     if nnodes > 1:

@@ -1,11 +1,20 @@
 """What the SGLang server's own log says about its start: phases, progress, known failures.
 
-Pure: journal lines in, words out. The line formats are sglang 0.5.9's (its sources:
-``model_loader/weight_utils.py`` and ``utils/common.py``'s ``BAR_FORMAT`` for the shards bar,
-``model_executor/model_runner.py``, ``mem_cache/memory_pool.py``,
-``model_executor/model_runner_kv_cache_mixin.py``, ``entrypoints/http_server.py``); real logs
-of them are kept in ``tests/fixtures/sglang_logs/``. ``HINTS`` is the one table of known causes
-of a failed start; every alternative of every row is tested on real lines from public reports.
+Pure: journal lines in, words out. The line formats are those of every tested release, 0.5.9
+to 0.5.23, read from their sources (``model_loader/weight_utils.py`` and ``utils/common.py``'s
+``BAR_FORMAT`` for the shards bar, ``model_executor/model_runner.py``, ``mem_cache/``,
+``distributed/bootstrap.py``, ``model_executor/runner/flashinfer_autotune.py``,
+``model_executor/model_runner_components/cuda_graph_setup.py``, ``entrypoints/http_server.py``);
+what changed on the way: distributed init logs ``Init parallel begin.`` from 0.5.21 (was ``Init
+torch distributed begin.``), graph capture ``Capture target decode CUDA graph begin. backend=...``
+(and ``target prefill``, ``draft ...``, ``... verify``) from 0.5.14 (was ``Capture cuda graph
+begin.``), autotune ``Running FlashInfer autotune with cache: PATH`` from 0.5.12 (was ``Running
+FlashInfer autotune...``), the KV cache line gained ``dtype: ...`` and the log prefix ranks such
+as ``ATTN_CP0``. Real logs, and logs
+built from the release's format strings (``*_from_source.log``), are kept in
+``tests/fixtures/sglang_logs/``. ``HINTS`` is the one table of known causes
+of a failed start; every alternative of every row is tested on real lines from public reports,
+or on the failing library's own message text where no report was at hand.
 """
 
 from __future__ import annotations
@@ -18,7 +27,8 @@ from dataclasses import dataclass, field
 READY_LINE = "The server is fired up and ready to roll!"
 
 # sglang's log prefix: ``[2025-10-16 09:06:22 TP5] `` (``DP1 PP0 TP3`` and the like too).
-_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?(?P<ranks>(?: [A-Z]+\d+)*)\] ")
+_PREFIX = re.compile(
+    r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?(?P<ranks>(?: [A-Z][A-Z_]*\d+)*)\] ")
 SHARDS = re.compile(
     r"Loading safetensors checkpoint shards:\s+(?P<pct>\d+)% Completed \| (?P<n>\d+)/(?P<total>\d+)"
     r" \[(?P<elapsed>[\d:]+)<(?P<eta>[\d:?]+),\s*(?P<rate>[^\]]*)\]")
@@ -29,11 +39,12 @@ KV_CACHE = re.compile(
 #: The phases of a start, in order: (name, what starts it). A phase ends when a later one
 #: starts; the server is ready at READY_LINE.
 PHASES: list[tuple[str, re.Pattern]] = [
-    ("init", re.compile(r"Init torch distributed begin")),
+    ("init", re.compile(r"Init torch distributed begin|Init parallel begin")),
     ("weights", re.compile(r"Load weight begin|Loading safetensors checkpoint shards")),
     ("kv cache", re.compile(r"KV Cache is allocated|Memory pool end")),
     ("autotune", re.compile(r"Running FlashInfer autotune")),
-    ("cuda graph", re.compile(r"Capture (?:cuda|piecewise CUDA) graph begin")),
+    ("cuda graph", re.compile(r"Capture (?:cuda|piecewise CUDA|(?:target|draft) (?:decode|prefill|"
+                              r"verify) CUDA) graph begin")),
     ("warmup", re.compile(r"Uvicorn running on|Application startup complete|"
                           r"max_total_num_tokens=")),
     ("ready", re.compile(re.escape(READY_LINE))),
@@ -165,6 +176,12 @@ HINTS: list[Hint] = [
     _hint("driver-mismatch", r"Driver/library version mismatch",
           "the container's user-space NVIDIA driver is not the host's kernel module version: "
           "run the deploy again so it installs the host's exact version"),
+    _hint("driver-too-old", r"NVIDIA driver on your system is too old|"
+          r"CUDA driver version is insufficient for CUDA runtime version",
+          "the host's NVIDIA driver is older than the CUDA runtime of the installed stack (CUDA "
+          "13, sglang 0.5.11 and later, needs driver R580 or newer): update the host's driver "
+          "and run the deploy again (the container's user-space driver follows it), or choose "
+          "a sglang_version whose set uses CUDA 12"),
     _hint("cuda-oom", r"CUDA out of memory|torch\.OutOfMemoryError",
           "the GPUs ran out of memory: lower mem_fraction_static (or max_running_requests / "
           "the context length), or use more GPUs; a process left on the GPU also takes memory "
@@ -182,6 +199,27 @@ HINTS: list[Hint] = [
           "FlashInfer's MoE autotune failed tactics (known on SM120, RTX PRO 6000): if the "
           "start hangs or output is corrupt, add --disable-flashinfer-autotune to "
           "extra_server_args or choose another moe_runner_backend"),
+    _hint("flashinfer-arch", r"Unsupported gpu architecture 'compute_|"
+          r"No supported CUDA architectures found for major versions|"
+          r"FlashInfer requires GPUs with sm75 or higher",
+          "FlashInfer's JIT cannot build for these GPUs' architecture: its nvcc is from a CUDA "
+          "toolkit older than the GPU (SM120 needs 12.8 or newer), or the kernel exists only for "
+          "other architectures (SM90/SM100): use the toolkit of the set's CUDA major, or choose "
+          "another attention_backend / moe_runner_backend"),
+    _hint("nvcc-missing", r"Could not find nvcc|No such file or directory: '[^']*/nvcc'|"
+          r"/nvcc: not found",
+          "FlashInfer's JIT found no nvcc (CUDA_HOME, PATH, /usr/local/cuda): the CUDA toolkit "
+          "of the set's CUDA major is missing in the container; run the deploy again (its stack "
+          "step installs it) or point CUDA_HOME at a toolkit"),
+    _hint("hf-access", r"You are trying to access a gated repo|Cannot access gated repo|"
+          r"Repository Not Found for url|Invalid credentials in Authorization header",
+          "Hugging Face refused the model: it is gated or private and hf_token cannot read it "
+          "(accept the model's terms on its page with the token's account; a read token is "
+          "enough), the token is wrong, or the repo id is misspelled"),
+    _hint("disk-full", r"No space left on device|Not enough free disk space to download the file",
+          "a filesystem is full (the model download, the venv, sglang_cache_dir's JIT and "
+          "autotune caches, or /dev/shm): see df -h in the container, then free space or grow "
+          "the container's disk"),
     _hint("model-path", r"Repo id must be in the form|Incorrect path_or_model_id|"
           r"is not a local folder and is not a valid model identifier|"
           r"No such file or directory: '[^']*config\.json'|Can't load the configuration of",
@@ -204,22 +242,42 @@ def diagnose(lines: list[str]) -> list[tuple[Hint, str]]:
 # --- the generation check -----------------------------------------------------------------
 
 
+#: One unit of 1 to 16 characters (a token's text) repeated 4 or more times in a row.
+_REPEATED_UNIT = re.compile(r"(.{1,16}?)\1{3,}", re.DOTALL)
+
+
 def degenerate(text: str, share: float = 0.6) -> str | None:
-    """Why TEXT looks like collapsed decoding (one character or word repeated for more than
-    SHARE of it, e.g. ``!!!!!!!``), or None."""
+    """Why TEXT looks like collapsed decoding, or None.
+
+    Collapsed: one character or word repeated for more than SHARE of it (``!!!!!!!``, ``the the
+    the``), only one or two distinct characters, or one unit of up to 16 characters repeated at
+    least 4 times in a row, spaces aside, covering more than SHARE of the characters
+    (``的的的的的的``, ``abcabcabcabc``, ``<|x|><|x|><|x|><|x|>``). Three repeats do not count:
+    real words and answers have them (``hahaha``, ``blablabla``), and a collapse fills the
+    check's 48 tokens with many more.
+    """
     chars = [c for c in text if not c.isspace()]
-    if len(chars) < 8:
+    if len(chars) < 6:
         return None
-    char, count = Counter(chars).most_common(1)[0]
-    if count / len(chars) > share and not char.isalnum():
-        return f"{count} of {len(chars)} characters are {char!r}"
-    if len(set(chars)) <= 2:
-        return f"only {sorted(set(chars))} repeated"
-    words = text.split()
-    if len(words) >= 6:
-        word, count = Counter(words).most_common(1)[0]
-        if count / len(words) > share:
-            return f"{count} of {len(words)} words are {word!r}"
+    if len(chars) >= 8:
+        char, count = Counter(chars).most_common(1)[0]
+        if count / len(chars) > share and not char.isalnum():
+            return f"{count} of {len(chars)} characters are {char!r}"
+        if len(set(chars)) <= 2:
+            return f"only {sorted(set(chars))} repeated"
+        words = text.split()
+        if len(words) >= 6:
+            word, count = Counter(words).most_common(1)[0]
+            if count / len(words) > share:
+                return f"{count} of {len(words)} words are {word!r}"
+    dense = "".join(chars)
+    runs = list(_REPEATED_UNIT.finditer(dense))
+    covered = sum(len(run.group(0)) for run in runs)
+    if runs and covered / len(dense) > share:
+        longest = max(runs, key=lambda run: len(run.group(0)))
+        unit = longest.group(1)
+        return (f"{covered} of {len(dense)} characters are a repeated unit "
+                f"({unit!r} x{len(longest.group(0)) // len(unit)})")
     return None
 
 

@@ -1,0 +1,270 @@
+"""Our rendered server command, parsed by each tested release's real argument parser.
+
+Each release runs in its own venv (``server_args_venv.parser_venv``: the real wheel, torch and
+what ``sglang.srt.server_args`` imports, at the release's own pins). ``PROBE`` does what
+``prepare_server_args`` does first (``ServerArgs.add_cli_args`` on an ``ArgumentParser``, then
+``parse_args``) with every log record and everything written to stderr captured, and prints the
+parsed values. A deprecated spelling logs while it is parsed (``DeprecatedStoreTrueAction``,
+0.5.14 and later); ``--enable-flashinfer-allreduce-fusion``'s warning comes later, from the
+post-processing (``_handle_deprecated_args``), when ``enable_flashinfer_allreduce_fusion`` is
+true and no backend is named: the parsed values show that condition false (the full post-
+processing needs sgl-kernel, flashinfer and a GPU).
+
+The releases: every tested one (0.5.9, the seed's, to 0.5.23, the newest), and 0.5.14, the first
+of the new spellings. The spellings' boundaries themselves are checked on the sources
+(``test_spelling_boundaries_in_the_sources``). All cases of one release run in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import zipfile
+
+import pytest
+from packaging.version import Version
+
+from pve_sglang.config.settings import ContainerSettings
+from pve_sglang.project import load_defaults
+from pve_sglang.server import spelling
+from pve_sglang.server.command import EnvRef, check_flags, known_flags, server_argv
+from server_args_venv import parser_venv
+
+PARSED_RELEASES = ["0.5.9", "0.5.10", "0.5.11", "0.5.13", "0.5.14", "0.5.18", "0.5.22", "0.5.23"]
+#: The releases the suite tests (issue 21), with both sides of the 0.5.14 boundary.
+SOURCE_RELEASES = ["0.5.9", "0.5.10", "0.5.11", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.18",
+                   "0.5.22", "0.5.23"]
+PY = "/opt/sglang/venv/bin/python"
+H100 = ["9.0"] * 8
+NEW_SPELLINGS = Version("0.5.14")
+
+PROBE = r'''
+import argparse, contextlib, io, json, logging, sys
+
+records = []
+
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(f"{record.levelname} {record.name}: {record.getMessage()}")
+
+
+logging.getLogger().addHandler(Keep(logging.DEBUG))
+logging.getLogger().setLevel(logging.DEBUG)
+from sglang.srt.server_args import ServerArgs
+
+results = {}
+for name, argv in json.loads(sys.stdin.read()).items():
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    records.clear()  # what importing logged, or the case before, is not this case's doing
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        try:
+            values, status = vars(parser.parse_args(argv)), 0
+        except SystemExit as error:
+            values, status = {}, error.code
+    results[name] = {"values": values, "records": list(records), "stderr": stderr.getvalue(),
+                     "status": status}
+print(json.dumps(results, default=repr))
+'''
+
+
+def settings(release: str, **overrides) -> ContainerSettings:
+    """The defaults with OVERRIDES, for sglang RELEASE (set after validation: offline)."""
+    data = {k: v for k, v in load_defaults().items() if k in ContainerSettings.model_fields}
+    validated = ContainerSettings.model_validate({**data, **overrides})
+    return validated.model_copy(update={"sglang_version": release})
+
+
+def full_settings(release: str, **overrides) -> ContainerSettings:
+    """Every flag we render: cuda graph off, allreduce fusion on, the request cap, a served
+    name, the API key and two nodes."""
+    return settings(release, **{
+        "disable_cuda_graph": True, "enable_flashinfer_allreduce_fusion": True,
+        "max_running_requests": 64, "served_model_name": "glm-5", "api_key": "sk-test",
+        "nodes": ["a", "b"], **overrides})
+
+
+def full_argv(release: str, **overrides) -> list[str]:
+    return server_argv(full_settings(release, **overrides), 8, H100, 1, 2, "10.0.0.1:50000", PY)
+
+
+def parse(venv, cases: dict[str, list[str]]) -> dict[str, dict]:
+    """The release's parser on each case's argv (after ``-m sglang.launch_server``), in one
+    process; the key reference becomes a plain value, as the launcher hands it over."""
+    args = {name: ["sk-test" if isinstance(arg, EnvRef) else arg for arg in argv[3:]]
+            for name, argv in cases.items()}
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", PROBE], input=json.dumps(args),
+                          capture_output=True, text=True, timeout=600, cwd="/")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def cases(release: str) -> dict[str, list[str]]:
+    launch = [PY, "-m", "sglang.launch_server", "--model-path", "/m"]
+    return {
+        "full": full_argv(release, attention_backend="dsa"),
+        "default": server_argv(settings(release), 8, H100, None, 1, None, PY),
+        "old cuda graph": [*launch, "--disable-cuda-graph"],
+        "dsa": [*launch, "--attention-backend", "dsa"],
+    }
+
+
+def deprecations(parsed: dict) -> list[str]:
+    lines = parsed["records"] + parsed["stderr"].splitlines()
+    return [line for line in lines if "deprecat" in line.lower()]
+
+
+@pytest.fixture(scope="module")
+def parsed(sglang_wheel):
+    """Per release, every case of ``cases`` as its real parser took it."""
+    return {release: parse(parser_venv(release, sglang_wheel(release)), cases(release))
+            for release in PARSED_RELEASES}
+
+
+# --- the table ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("release, cuda_graph, fusion, dsa", [
+    ("0.5.9", ["--disable-cuda-graph"], ["--enable-flashinfer-allreduce-fusion"], "nsa"),
+    ("0.5.12.post1", ["--disable-cuda-graph"], ["--enable-flashinfer-allreduce-fusion"], "nsa"),
+    ("0.5.13", ["--disable-cuda-graph"], ["--enable-flashinfer-allreduce-fusion"], "dsa"),
+    ("0.5.13.post1", ["--disable-cuda-graph"], ["--enable-flashinfer-allreduce-fusion"], "dsa"),
+    ("0.5.14", ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill",
+                "disabled"], ["--flashinfer-allreduce-fusion-backend", "auto"], "dsa"),
+    ("0.5.23", ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill",
+                "disabled"], ["--flashinfer-allreduce-fusion-backend", "auto"], "dsa"),
+    ("0.6.0rc1", ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill",
+                  "disabled"], ["--flashinfer-allreduce-fusion-backend", "auto"], "dsa"),
+])
+def test_spelling_per_release(release, cuda_graph, fusion, dsa):
+    assert spelling.flag("disable_cuda_graph", release) == cuda_graph
+    assert spelling.flag("flashinfer_allreduce_fusion", release) == fusion
+    assert spelling.attention_backend("nsa", release) == dsa
+    assert spelling.attention_backend("dsa", release) == dsa
+    assert spelling.attention_backend("flashinfer", release) == "flashinfer"
+
+
+def test_unknown_spelling_names_the_known():
+    with pytest.raises(KeyError, match="disable_cuda_graph"):
+        spelling.flag("disable_radix_cache", "0.5.23")
+
+
+@pytest.mark.parametrize("release", ["0.5.9", "0.5.23"])
+def test_argv_spells_for_the_release(release):
+    argv = full_argv(release, attention_backend="nsa")
+    new = Version(release) >= NEW_SPELLINGS
+    assert ("--disable-cuda-graph" in argv) is not new
+    assert ("--enable-flashinfer-allreduce-fusion" in argv) is not new
+    assert ("--cuda-graph-backend-decode" in argv) is new
+    assert argv[argv.index("--attention-backend") + 1] == ("dsa" if new else "nsa")
+
+
+# --- the sources --------------------------------------------------------------------------
+
+
+def _sources(wheel) -> str:
+    with zipfile.ZipFile(wheel) as archive:
+        return "\n".join(
+            archive.read(name).decode() for name in archive.namelist()
+            if name == "sglang/srt/server_args.py"
+            or (name.startswith("sglang/srt/arg_groups/") and name.endswith(".py")))
+
+
+@pytest.fixture(scope="module")
+def source_sites(tmp_path_factory, sglang_wheel):
+    """Per release: (site folder for known_flags, the argument sources as one text)."""
+    out = {}
+    for release in SOURCE_RELEASES:
+        root = tmp_path_factory.mktemp(f"sglang-{release}")
+        with zipfile.ZipFile(sglang_wheel(release)) as archive:
+            for name in archive.namelist():
+                if name in ("sglang/srt/server_args.py", "sglang/_version.py", "sglang/version.py") or (
+                        name.startswith("sglang/srt/arg_groups/") and name.endswith(".py")):
+                    archive.extract(name, root)
+        out[release] = (root, _sources(sglang_wheel(release)))
+    return out
+
+
+@pytest.mark.parametrize("release", SOURCE_RELEASES)
+def test_spelling_boundaries_in_the_sources(release, source_sites):
+    """Each release defines the spellings the table gives it, and deprecates the old ones
+    exactly where the table stops using them."""
+    site, source = source_sites[release]
+    known = known_flags(site)
+    new = Version(release) >= NEW_SPELLINGS
+    check_flags(full_argv(release), known, release)  # every flag we render exists there
+    assert ({"--cuda-graph-backend-decode", "--cuda-graph-backend-prefill",
+             "--flashinfer-allreduce-fusion-backend"} <= known) is new
+    deprecated_cuda_graph = ('"--disable-cuda-graph",\n            action=DeprecatedStoreTrueAction'
+                             in source)
+    deprecated_fusion = "--enable-flashinfer-allreduce-fusion is deprecated" in source
+    assert deprecated_cuda_graph is deprecated_fusion is new
+    # The table leaves each old spelling exactly where the release deprecates it.
+    assert (spelling.flag("disable_cuda_graph", release) != ["--disable-cuda-graph"]) is new
+    assert (spelling.flag("flashinfer_allreduce_fusion", release)
+            != ["--enable-flashinfer-allreduce-fusion"]) is new
+    has_dsa = '"dsa",' in source
+    assert has_dsa is (Version(release) >= Version("0.5.13"))
+    assert spelling.attention_backend("nsa", release) == ("dsa" if has_dsa else "nsa")
+
+
+# --- the real parsers ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("release", PARSED_RELEASES)
+def test_rendered_command_parses_without_deprecation(release, parsed):
+    parsed = parsed[release]["full"]
+    assert parsed["status"] == 0, parsed["stderr"]
+    assert deprecations(parsed) == []
+    values = parsed["values"]
+    assert values["model_path"] == "/models/model"
+    # 0.5.13 and older name the dest after --tensor-parallel-size, its first spelling.
+    assert values.get("tp_size", values.get("tensor_parallel_size")) == 16
+    assert values["nnodes"] == 2 and values["node_rank"] == 1
+    assert values["dist_init_addr"] == "10.0.0.1:50000"
+    assert values["max_running_requests"] == 64 and values["served_model_name"] == "glm-5"
+    assert values["api_key"] == "sk-test"
+    assert values["moe_runner_backend"] == "flashinfer_cutlass"
+    assert values["mem_fraction_static"] == 0.92
+    if Version(release) >= NEW_SPELLINGS:
+        assert values["cuda_graph_backend_decode"] == "disabled"
+        assert values["cuda_graph_backend_prefill"] == "disabled"
+        assert values["flashinfer_allreduce_fusion_backend"] == "auto"
+        # The post-processing warns when this is true and no backend is named: it is false.
+        assert values["enable_flashinfer_allreduce_fusion"] is False
+        assert values["disable_cuda_graph"] is False
+    else:
+        assert values["disable_cuda_graph"] is True
+        assert values["enable_flashinfer_allreduce_fusion"] is True
+    expected_backend = "dsa" if Version(release) >= Version("0.5.13") else "nsa"
+    assert values["attention_backend"] == expected_backend
+
+
+@pytest.mark.parametrize("release", PARSED_RELEASES)
+def test_default_command_parses_without_deprecation(release, parsed):
+    parsed = parsed[release]["default"]
+    assert parsed["status"] == 0, parsed["stderr"]
+    assert deprecations(parsed) == []
+
+
+@pytest.mark.parametrize("release", [r for r in PARSED_RELEASES if Version(r) >= NEW_SPELLINGS])
+def test_the_old_spelling_is_caught_where_it_is_deprecated(release, parsed):
+    """The probe does see a deprecation: the old spelling, given to a newer release."""
+    parsed = parsed[release]["old cuda graph"]
+    assert parsed["status"] == 0
+    [warning] = deprecations(parsed)
+    assert "'--disable-cuda-graph' is deprecated" in warning
+    assert "--cuda-graph-backend-{decode,prefill}=disabled" in warning
+
+
+@pytest.mark.parametrize("release", PARSED_RELEASES)
+def test_dsa_is_refused_before_0_5_13(release, parsed):
+    """Why the table keeps 'nsa' for the older releases: their parser has no 'dsa'."""
+    parsed = parsed[release]["dsa"]
+    if Version(release) < Version("0.5.13"):
+        assert parsed["status"] == 2
+        assert "invalid choice: 'dsa'" in parsed["stderr"]
+    else:
+        assert parsed["status"] == 0 and parsed["values"]["attention_backend"] == "dsa"
