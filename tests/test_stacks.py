@@ -1,0 +1,158 @@
+"""Stacks side by side: the decisions (``pve_sglang.stack.stacks``) on tables, and the read of a
+container's stacks (``facts.stacks.Stacks``) run with ``sh`` on real folders and links here."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from harness import sh
+from pve_sglang.facts.stacks import Stacks
+from pve_sglang.operations.stacks import found_of, link_command, record_command
+from pve_sglang.stack import stacks
+from pve_sglang.stack.stacks import Found, Move, SwitchPlan, Verdict, decide_switch, judge
+
+A, B, C, D = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "cccccccccccccccc", "dddddddddddddddd"
+
+
+@pytest.mark.parametrize("found, wanted, restart_on_change, serving, plan", [
+    # Nothing yet: the link is made (the server starts, whatever restart_on_change says).
+    (Found("missing"), A, True, False, SwitchPlan(Move.FIRST, None)),
+    (Found("missing"), A, False, False, SwitchPlan(Move.FIRST, None)),
+    # The serving stack is the wanted one: nothing.
+    (Found("link", current=A, stacks=(A,)), A, True, True, SwitchPlan(Move.NONE, A)),
+    # Another one is wanted: built beside, switched, one restart; held back without restarts.
+    (Found("link", current=A, stacks=(A,)), B, True, True, SwitchPlan(Move.SWITCH, A)),
+    (Found("link", current=A, stacks=(A,)), B, False, True, SwitchPlan(Move.PENDING, A)),
+    # A server that does not run is not restarted by the switch: no reason to hold it back.
+    (Found("link", current=A, stacks=(A,)), B, False, False, SwitchPlan(Move.SWITCH, A)),
+    # A venv of the time before stacks, of the wanted lock: moved, not reinstalled.
+    (Found("plain", plain_lock=A), A, True, True, SwitchPlan(Move.MIGRATE, A, migrate=A)),
+    (Found("plain", plain_lock=A), A, False, True, SwitchPlan(Move.MIGRATE, A, migrate=A)),
+    # ... of another lock: moved, kept as the rollback target of the switch.
+    (Found("plain", plain_lock=A), B, True, True, SwitchPlan(Move.SWITCH, A, migrate=A)),
+    (Found("plain", plain_lock=A), B, False, True, SwitchPlan(Move.PENDING, A, migrate=A)),
+])
+def test_switch_decisions(found, wanted, restart_on_change, serving, plan):
+    assert decide_switch(found, wanted, restart_on_change, serving) == plan
+
+
+@pytest.mark.parametrize("found", [Found("other"), Found("plain", plain_lock=None)])
+def test_what_cannot_be_named_is_not_switched(found):
+    with pytest.raises(ValueError):
+        decide_switch(found, A, True, True)
+
+
+@pytest.mark.parametrize("failed, trial, current, previous, stacks_, rollback, multi, verdict", [
+    (False, B, B, A, (A, B), True, False, Verdict.GOOD),
+    (True, B, B, A, (A, B), True, False, Verdict.ROLL_BACK),
+    # Not on trial (judged good before, or never switched): a failure as before, no rollback.
+    (True, None, B, A, (A, B), True, False, Verdict.NOT_AN_UPGRADE),
+    # The record says B, the link says A (a run killed before its rename): not an upgrade.
+    (True, B, A, A, (A, B), True, False, Verdict.NOT_AN_UPGRADE),
+    (True, B, B, A, (A, B), False, False, Verdict.KEEP_FAILED),
+    (True, B, B, A, (A, B), True, True, Verdict.MULTI_NODE),
+    # The rollback target is gone (removed by hand) or never complete.
+    (True, B, B, A, (B,), True, False, Verdict.NO_TARGET),
+    (True, B, B, None, (A, B), True, False, Verdict.NO_TARGET),
+])
+def test_judgement_after_the_verify_phase(failed, trial, current, previous, stacks_, rollback,
+                                          multi, verdict):
+    assert judge(failed, trial, current, previous, stacks_, rollback, multi) is verdict
+
+
+@pytest.mark.parametrize("record, wanted, retry, refused", [
+    ({}, A, False, None),
+    ({A: {"when": "t", "why": "w"}}, A, False, {"when": "t", "why": "w"}),
+    ({A: {"when": "t", "why": "w"}}, A, True, None),
+    ({A: {"when": "t", "why": "w"}}, B, False, None),
+])
+def test_a_failed_set_is_not_retried_silently(record, wanted, retry, refused):
+    assert stacks.refused(record, wanted, retry) == refused
+
+
+@pytest.mark.parametrize("mtimes, keep, serving, rollback, wanted, gone", [
+    # Three upgrades A -> B -> C, two kept: the serving one and its rollback target.
+    ({A: 1, B: 2, C: 3}, 2, C, B, C, [A]),
+    ({A: 1, B: 2, C: 3, D: 4}, 2, D, C, D, [A, B]),
+    # The rollback target is kept even when it is the oldest; keep 1 keeps both anyway.
+    ({A: 1, B: 2, C: 3}, 2, C, A, C, [B]),
+    ({A: 1, B: 2, C: 3}, 1, C, A, C, [B]),
+    # Built, switch pending (restart_on_change false): the serving one, its target and the new.
+    ({A: 1, B: 2, C: 3}, 2, B, A, C, []),
+    # More kept than there are: nothing removed.
+    ({A: 1, B: 2}, 3, B, A, B, []),
+    # A folder not named by a lock id is never ours to remove.
+    ({A: 1, B: 2, C: 3, "my-venv": 0}, 2, C, B, C, [A]),
+])
+def test_retention(mtimes, keep, serving, rollback, wanted, gone):
+    assert stacks.to_remove(mtimes, keep, serving, rollback, wanted) == gone
+
+
+@pytest.mark.parametrize("target, named", [
+    (f"venv.stacks/{A}", A), (f"/opt/sglang/venv.stacks/{A}", A), (f"venv.stacks/{A}/", A),
+    ("other/aaaaaaaaaaaaaaaa", None), ("venv.stacks/not-a-lock", None), (None, None),
+])
+def test_a_link_names_a_stack_of_ours_only(target, named):
+    assert stacks.linked_id("/opt/sglang/venv", target) == named
+
+
+def test_a_stack_id_is_a_lock_id():
+    with pytest.raises(ValueError):
+        stacks.stack_path("/opt/sglang/venv", "../../etc")
+    assert stacks.STACK_NAME.match(stacks.unlocked_id("0.5.9"))
+    assert stacks.unlocked_id("0.5.9") != stacks.unlocked_id("0.5.10")
+
+
+def read(tmp_path, venv: str = "opt/sglang/venv") -> dict:
+    fact = Stacks()
+    return fact.process(sh(fact.command(str(tmp_path / venv), str(tmp_path / "stack.lock"),
+                                        str(tmp_path / "state.json"))))
+
+
+def make_stack(tmp_path, stack_id: str, release: str, complete: bool = True) -> None:
+    folder = tmp_path / "opt/sglang/venv.stacks" / stack_id
+    folder.mkdir(parents=True)
+    if complete:
+        (folder / stacks.RELEASE_FILE).write_text(json.dumps({"sglang": release}) + "\n")
+
+
+def test_the_read_of_links_stacks_and_the_record(tmp_path):
+    venv = str(tmp_path / "opt/sglang/venv")
+    assert read(tmp_path)["kind"] == "missing"
+    make_stack(tmp_path, A, "0.5.9")
+    make_stack(tmp_path, B, "0.5.10", complete=False)  # cut short: not a stack yet
+    (tmp_path / "opt/sglang/venv.stacks/not-ours").mkdir()
+    assert sh(link_command(venv, A)) == []
+    assert sh(record_command("sglang", {"previous": None, "trial": A}).get_raw_value().replace(
+        stacks.STATE_DIR, str(tmp_path)).replace("sglang-stacks.json", "state.json")) == []
+    raw = read(tmp_path)
+    assert raw["kind"] == "link" and raw["target"] == f"venv.stacks/{A}"
+    assert set(raw["stacks"]) == {A} and raw["stacks"][A]["sglang"] == "0.5.9"
+    assert raw["state"] == {"previous": None, "trial": A}
+    assert found_of(venv, raw) == Found("link", current=A, stacks=(A,), trial=A)
+    # The switch is one rename: the link is a link all the time, never missing.
+    make_stack(tmp_path / "x", B, "0.5.10")
+    assert sh(link_command(venv, B)) == []
+    assert os.readlink(venv) == f"venv.stacks/{B}"
+    assert not os.path.lexists(venv + ".switching")
+
+
+def test_a_plain_venv_is_named_by_its_complete_lock(tmp_path):
+    venv = tmp_path / "opt/sglang/venv"
+    (venv / "lib/python3.11/site-packages/sglang-0.5.9.dist-info").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / "stack.lock").write_text("sglang==0.5.9 --hash=sha256:00\n")
+    raw = read(tmp_path)
+    lock_id = __import__("hashlib").sha256(b"sglang==0.5.9 --hash=sha256:00\n").hexdigest()[:16]
+    assert raw["kind"] == "plain" and raw["plain_lock"] == lock_id
+    assert raw["plain_sglang"] == "0.5.9"
+    assert found_of(str(venv), raw).plain_lock == lock_id
+    # Without a lock (sglang-no-deps): named by its sglang release.
+    (tmp_path / "stack.lock").unlink()
+    assert found_of(str(venv), read(tmp_path)).plain_lock == stacks.unlocked_id("0.5.9")
+    # An install cut short names nothing: it is not moved, not switched to.
+    (venv / ".pve-sglang-install-incomplete").touch()
+    assert found_of(str(venv), read(tmp_path)).plain_lock is None
