@@ -156,3 +156,87 @@ def test_a_plain_venv_is_named_by_its_complete_lock(tmp_path):
     # An install cut short names nothing: it is not moved, not switched to.
     (venv / ".pve-sglang-install-incomplete").touch()
     assert found_of(str(venv), read(tmp_path)).plain_lock is None
+
+
+# The operations on recorded reads (``Stacks``, ``UnitState``): the commands they plan.
+
+from harness import op_commands  # noqa: E402
+from pyinfra.api import OperationError  # noqa: E402
+
+from pve_sglang.facts.container import UnitState  # noqa: E402
+from pve_sglang.operations import stacks as stack_ops  # noqa: E402
+
+VENV = "/opt/sglang/venv"
+
+
+def read_of(current: str | None, names: dict[str, float], state: dict | None = None,
+            kind: str = "link") -> dict:
+    return {"kind": kind, "target": f"venv.stacks/{current}" if current else None,
+            "plain_lock": None, "plain_sglang": None,
+            "stacks": {name: {"sglang": f"0.5.{int(mtime)}", "mtime": mtime}
+                       for name, mtime in names.items()}, "state": state or {}}
+
+
+def switch_commands(raw: dict, wanted: str, restart_on_change: bool = True,
+                    active: str = "active") -> list:
+    return op_commands(stack_ops.switch, venv_path=VENV, lock_file="/opt/sglang/stack.lock",
+                       service="sglang", unit="sglang.service", wanted=wanted,
+                       restart_on_change=restart_on_change,
+                       facts={Stacks: raw, UnitState: {"active": active}})
+
+
+def test_the_switch_writes_the_record_then_renames_the_link():
+    commands = switch_commands(read_of(A, {A: 7}), B)
+    assert commands == [
+        'mkdir -p /var/lib/pve-sglang && printf \'%s\\n\' \'{"previous": "aaaaaaaaaaaaaaaa", '
+        '"trial": "bbbbbbbbbbbbbbbb"}\' > /var/lib/pve-sglang/sglang-stacks.json.tmp && mv -f '
+        '/var/lib/pve-sglang/sglang-stacks.json.tmp /var/lib/pve-sglang/sglang-stacks.json',
+        f"ln -sfn venv.stacks/{B} /opt/sglang/venv.switching && mv -T "
+        "/opt/sglang/venv.switching /opt/sglang/venv",
+    ]
+    assert switch_commands(read_of(B, {A: 7, B: 8}), B) == []
+    # restart_on_change false: built, not switched.
+    assert switch_commands(read_of(A, {A: 7}), B, restart_on_change=False) == []
+
+
+def test_a_plain_venv_is_moved_into_the_stacks_folder_not_reinstalled():
+    raw = {**read_of(None, {}, kind="plain"), "plain_lock": A}
+    commands = switch_commands(raw, A)
+    assert commands == [
+        f"mkdir -p /opt/sglang/venv.stacks && mv -T /opt/sglang/venv /opt/sglang/venv.stacks/{A}"
+        f" && ln -sfn venv.stacks/{A} /opt/sglang/venv.switching && mv -T "
+        "/opt/sglang/venv.switching /opt/sglang/venv && touch -h -r "
+        f"/opt/sglang/venv.stacks/{A} /opt/sglang/venv"]
+    # Of another lock: moved, then the switch to the new one, the moved one its rollback target.
+    commands = switch_commands(raw, B)
+    assert len(commands) == 3 and f'"previous": "{A}"' in commands[1]
+
+
+def test_retention_plans_the_removal_of_the_oldest():
+    def plan(raw, wanted, restart_on_change=True):
+        return op_commands(stack_ops.retention, venv_path=VENV, lock_file="/x", service="sglang",
+                           wanted=wanted, keep=2, restart_on_change=restart_on_change,
+                           facts={Stacks: raw})
+
+    # The third upgrade (C over B over A), planned before its switch: A goes.
+    assert plan(read_of(B, {A: 1, B: 2, C: 3}, {"previous": A}), C) == [
+        f"rm -rf /opt/sglang/venv.stacks/{A}"]
+    assert plan(read_of(C, {A: 1, B: 2, C: 3}, {"previous": B}), C) == [
+        f"rm -rf /opt/sglang/venv.stacks/{A}"]
+    # Switch pending: the serving one, its rollback target and the new one stay.
+    assert plan(read_of(B, {A: 1, B: 2, C: 3}, {"previous": A}), C, False) == []
+
+
+def test_a_failed_set_stops_the_run_before_any_change():
+    record = {"failed": {B: {"sglang": "0.5.10", "when": "2026-12-04 06:00:00 UTC",
+                             "why": "sglang.service stopped running"}}}
+
+    def check(retry):
+        return op_commands(stack_ops.not_failed, venv_path=VENV, lock_file="/x",
+                           service="sglang", wanted=B, release="sglang 0.5.10", retry=retry,
+                           facts={Stacks: read_of(A, {A: 1, B: 2}, record)})
+
+    with pytest.raises(OperationError, match=r"sglang 0.5.10 \(stack b+\) failed as an upgrade "
+                       r"on 2026-12-04 06:00:00 UTC and was rolled back: sglang.service stopped"):
+        check(False)
+    assert check(True) == []
