@@ -18,7 +18,7 @@ from pve_sglang.operations import container_state, layer, paths, stack, stacks
 from pve_sglang.operations.changes import any_changed
 from tasks.common import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import ServerFiles, select_gpus, server_files, stack_lock_of
-from pve_sglang.server.command import LAUNCHER, env_file_path, unit_name, unit_path, venv_python
+from pve_sglang.server.command import LAUNCHER, env_file_path, unit_name, unit_path
 from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
 from pve_sglang.stack import stacks as stack_ids
 from pve_sglang.stack.lock import Lock
@@ -284,7 +284,13 @@ def cuda_keyring(url: str = CUDA_KEYRING) -> None:
 
 
 def python_stack(cs: ContainerSettings, py: str) -> list:
-    """uv, the venv, the remote scripts, the pinned packages; the ops that need a restart."""
+    """A venv of the time before stacks made the current stack; uv, the new stack beside the
+    serving one, the remote scripts, the pinned packages; the ops that need a restart (none
+    for a stack built beside: its switch restarts the server)."""
+    stacks.migrate(name=f"{cs.venv_path}: a venv made before stacks becomes one (not "
+                   "reinstalled)", venv_path=cs.venv_path, lock_file=LOCK_FILE,
+                   service=cs.service_name,
+                   copies={LOCK_FILE: STACK_LOCK, f"{TOOLS}/stack-venv.lock": STACK_VENV_LOCK})
     tools = f"{TOOLS}/tools"
     stack.tools_venv(name=f"Tools venv with uv {cs.uv_version}", path=tools,
                      uv_version=cs.uv_version)

@@ -28,21 +28,31 @@ A, B, C, D = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "cccccccccccccccc", "dddddd
     (Found("link", current=A, stacks=(A,)), B, False, True, SwitchPlan(Move.PENDING, A)),
     # A server that does not run is not restarted by the switch: no reason to hold it back.
     (Found("link", current=A, stacks=(A,)), B, False, False, SwitchPlan(Move.SWITCH, A)),
-    # A venv of the time before stacks, of the wanted lock: moved, not reinstalled.
-    (Found("plain", plain_lock=A), A, True, True, SwitchPlan(Move.MIGRATE, A, migrate=A)),
-    (Found("plain", plain_lock=A), A, False, True, SwitchPlan(Move.MIGRATE, A, migrate=A)),
-    # ... of another lock: moved, kept as the rollback target of the switch.
-    (Found("plain", plain_lock=A), B, True, True, SwitchPlan(Move.SWITCH, A, migrate=A)),
-    (Found("plain", plain_lock=A), B, False, True, SwitchPlan(Move.PENDING, A, migrate=A)),
+    # A venv of the time before stacks counts as the stack it is moved to (``migration``).
+    (Found("plain", plain_lock=A), A, True, True, SwitchPlan(Move.NONE, A)),
+    (Found("plain", plain_lock=A), B, True, True, SwitchPlan(Move.SWITCH, A)),
+    (Found("plain", plain_lock=A), B, False, True, SwitchPlan(Move.PENDING, A)),
 ])
 def test_switch_decisions(found, wanted, restart_on_change, serving, plan):
     assert decide_switch(found, wanted, restart_on_change, serving) == plan
 
 
+@pytest.mark.parametrize("found, moved", [
+    (Found("missing"), None),
+    (Found("link", current=A), None),
+    (Found("plain", plain_lock=A), A),
+])
+def test_a_plain_venv_is_moved_under_its_lock_id(found, moved):
+    assert stacks.migration(found) == moved
+
+
 @pytest.mark.parametrize("found", [Found("other"), Found("plain", plain_lock=None)])
-def test_what_cannot_be_named_is_not_switched(found):
+def test_what_cannot_be_named_is_not_moved_nor_switched(found):
     with pytest.raises(ValueError):
-        decide_switch(found, A, True, True)
+        stacks.migration(found)
+    if found.kind == "other":
+        with pytest.raises(ValueError):
+            decide_switch(found, A, True, True)
 
 
 @pytest.mark.parametrize("failed, trial, current, previous, stacks_, rollback, multi, verdict", [
@@ -200,16 +210,46 @@ def test_the_switch_writes_the_record_then_renames_the_link():
 
 
 def test_a_plain_venv_is_moved_into_the_stacks_folder_not_reinstalled():
-    raw = {**read_of(None, {}, kind="plain"), "plain_lock": A}
-    commands = switch_commands(raw, A)
+    raw = {**read_of(None, {}, kind="plain"), "plain_lock": A, "plain_sglang": "0.5.9"}
+    commands = op_commands(stack_ops.migrate, venv_path=VENV, lock_file="/opt/sglang/stack.lock",
+                           service="sglang", copies={"/opt/sglang/stack.lock": "pve-sglang.lock"},
+                           facts={Stacks: raw})
+    ref = f"/opt/sglang/venv.stacks/.{A}.mtime"
     assert commands == [
-        f"mkdir -p /opt/sglang/venv.stacks && mv -T /opt/sglang/venv /opt/sglang/venv.stacks/{A}"
-        f" && ln -sfn venv.stacks/{A} /opt/sglang/venv.switching && mv -T "
-        "/opt/sglang/venv.switching /opt/sglang/venv && touch -h -r "
-        f"/opt/sglang/venv.stacks/{A} /opt/sglang/venv"]
-    # Of another lock: moved, then the switch to the new one, the moved one its rollback target.
-    commands = switch_commands(raw, B)
-    assert len(commands) == 3 and f'"previous": "{A}"' in commands[1]
+        f"mkdir -p /opt/sglang/venv.stacks && touch -r /opt/sglang/venv {ref} && "
+        "{ [ ! -f /opt/sglang/stack.lock ] || cp -p /opt/sglang/stack.lock "
+        "/opt/sglang/venv/pve-sglang.lock ; } && printf '%s\\n' "
+        f"'{{\"lock\": \"{A}\", \"sglang\": \"0.5.9\"}}' > "
+        "/opt/sglang/venv/pve-sglang-stack.json && mv -T /opt/sglang/venv "
+        f"/opt/sglang/venv.stacks/{A} && touch -r {ref} /opt/sglang/venv.stacks/{A} && "
+        f"ln -sfn venv.stacks/{A} /opt/sglang/venv.switching && mv -T "
+        f"/opt/sglang/venv.switching /opt/sglang/venv && touch -h -r {ref} /opt/sglang/venv && "
+        f"rm -f {ref}"]
+    # Then the switch sees the stack it became: nothing when it is the one wanted.
+    assert switch_commands(raw, A) == []
+    assert op_commands(stack_ops.migrate, venv_path=VENV, lock_file="/x", service="sglang",
+                       copies={}, facts={Stacks: read_of(A, {A: 1})}) == []
+
+
+def test_a_plain_venv_moved_for_real_keeps_its_time_and_serves_through_the_link(tmp_path):
+    venv = tmp_path / "opt/sglang/venv"
+    (venv / "lib/python3.11/site-packages/sglang-0.5.9.dist-info").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / "stack.lock").write_text("sglang==0.5.9 --hash=sha256:00\n")
+    os.utime(venv, (1_600_000_000, 1_600_000_000))
+    raw = read(tmp_path)
+    command = op_commands(stack_ops.migrate, venv_path=str(venv),
+                          lock_file=str(tmp_path / "stack.lock"), service="sglang",
+                          copies={str(tmp_path / "stack.lock"): "pve-sglang.lock"},
+                          facts={Stacks: raw})[0]
+    assert sh(command + " && echo done") == ["done"]
+    moved = found_of(str(venv), read(tmp_path))
+    assert moved.kind == "link" and moved.current == raw["plain_lock"]
+    assert moved.stacks == (raw["plain_lock"],)
+    assert (venv / "pyvenv.cfg").read_text() == "home = /usr/bin\n"
+    assert (venv / "pve-sglang.lock").read_text() == "sglang==0.5.9 --hash=sha256:00\n"
+    # Its own time, on the stack and on the link: the server is not found older than its venv.
+    assert os.stat(venv).st_mtime == 1_600_000_000 and os.lstat(venv).st_mtime == 1_600_000_000
 
 
 def test_retention_plans_the_removal_of_the_oldest():

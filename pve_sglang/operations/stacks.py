@@ -20,6 +20,11 @@ from pve_sglang.stack import stacks
 from pve_sglang.stack.stacks import Found, Move, Verdict
 
 
+def cannot_name(venv_path: str, error: ValueError) -> str:
+    return (f"{host.name}: {venv_path}: {error}; move it away (the deploy deletes nothing it "
+            "cannot name) and run again")
+
+
 def read(venv_path: str, lock_file: str, service: str) -> dict:
     """The container's stacks (``Stacks``), read once per run stage until an operation here
     changes them."""
@@ -123,8 +128,7 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
     """
     Point ``venv_path`` at stack WANTED, built beside the serving one, in one rename of a
     symlink; the server restarts once after it (``service_running``, told by this operation's
-    change). A venv of the time before stacks is moved into the stacks folder first, named by
-    its lock, without reinstalling. With RESTART_ON_CHANGE false and the server running, the
+    change). With RESTART_ON_CHANGE false and the server running, the
     link stays: ``restart pending`` is reported, every run, until restarts are allowed. The
     state record says which stack is on trial and which one a failed start goes back to.
 
@@ -153,22 +157,10 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
     try:
         plan = stacks.decide_switch(found, wanted, restart_on_change, serving)
     except ValueError as error:
-        raise OperationError(f"{host.name}: {venv_path}: {error}; move it away (the deploy "
-                             "deletes nothing it cannot name) and run again") from None
+        raise OperationError(cannot_name(venv_path, error)) from None
     record = dict(raw.get("state") or {})
-    if plan.migrate:
-        # The plain venv keeps its files; the link gets its time, so that no restart is due.
-        folder, moved = stacks.stacks_dir(venv_path), stacks.stack_path(venv_path, plan.migrate)
-        yield StringCommand("mkdir -p", QuoteString(folder), "&& mv -T",
-                            QuoteString(venv_path.rstrip("/")), QuoteString(moved), "&&",
-                            link_command(venv_path, plan.migrate), "&& touch -h -r",
-                            QuoteString(moved), QuoteString(venv_path.rstrip("/")))
-        logger.info(f"{host.name}: {venv_path} (a venv made before stacks) is now stack "
-                    f"{plan.migrate} in {folder}, not reinstalled")
-    if plan.move is Move.NONE or plan.move is Move.MIGRATE:
-        if not plan.migrate:
-            host.noop(f"{venv_path} is stack {wanted}")
-        forget()
+    if plan.move is Move.NONE:
+        host.noop(f"{venv_path} is stack {wanted}")
         return
     if plan.move is Move.PENDING:
         if cache.once(Kind.RESTART_PENDING, f"{unit} stack"):
@@ -182,6 +174,58 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
     record.update(previous=plan.previous, trial=wanted if plan.previous else None)
     yield record_command(service, record)
     yield link_command(venv_path, wanted)
+    forget()
+
+
+@operation()
+def migrate(venv_path: str, lock_file: str, service: str, copies: dict[str, str]):
+    """
+    Move a venv of the time before stacks (a plain folder at VENV_PATH) into the stacks folder,
+    named by its last complete install, without reinstalling, and link VENV_PATH to it, before
+    anything is built: it is the serving stack (or the rollback target of this run's switch).
+    Its lock files go in with it (COPIES), and its release file; it keeps its own time and the
+    link gets it, so that no restart is due. The server keeps running (its files do not move
+    on disk); only the two renames between them leave no path.
+
+    + venv_path: the ``venv_path`` setting
+    + lock_file: the lock file the deploy wrote for the plain venv (names it)
+    + service: the server's service name
+    + copies: ``{file of the plain venv's install: its name in the stack}`` (its locks)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stacks
+
+        stacks.migrate(name="A venv made before stacks becomes one", venv_path="/opt/sglang/venv",
+                       lock_file="/opt/sglang/stack.lock", service="sglang",
+                       copies={"/opt/sglang/stack.lock": "pve-sglang.lock"})
+    """
+    raw = read(venv_path, lock_file, service)
+    try:
+        moved = stacks.migration(found_of(venv_path, raw))
+    except ValueError as error:
+        raise OperationError(cannot_name(venv_path, error)) from None
+    if moved is None:
+        host.noop(f"{venv_path} is not a venv of the time before stacks")
+        return
+    venv, folder = venv_path.rstrip("/"), stacks.stacks_dir(venv_path)
+    target = stacks.stack_path(venv_path, moved)
+    reference = QuoteString(f"{folder}/.{moved}.mtime")
+    release = json.dumps({"lock": moved, "sglang": raw.get("plain_sglang")}, sort_keys=True)
+    copied = [StringCommand("&& { [ ! -f", QuoteString(source), "] || cp -p",
+                            QuoteString(source), QuoteString(f"{venv}/{name}"), "; }")
+              for source, name in copies.items()]
+    yield StringCommand(
+        "mkdir -p", QuoteString(folder), "&& touch -r", QuoteString(venv), reference, *copied,
+        "&& printf '%s\\n'", QuoteString(release), ">",
+        QuoteString(f"{venv}/{stacks.RELEASE_FILE}"), "&& mv -T", QuoteString(venv),
+        QuoteString(target), "&& touch -r", reference, QuoteString(target), "&&",
+        link_command(venv_path, moved), "&& touch -h -r", reference, QuoteString(venv),
+        "&& rm -f", reference)
+    logger.info(f"{host.name}: {venv_path} (a venv made before stacks) becomes stack {moved} "
+                f"in {folder}, not reinstalled")
     forget()
 
 

@@ -86,7 +86,6 @@ class Found(NamedTuple):
 class Move(Enum):
     NONE = "none"  # the link names the wanted stack: nothing to switch
     FIRST = "first"  # no server ran from a stack yet: make the link (the server starts anyway)
-    MIGRATE = "migrate"  # a plain venv of the wanted lock becomes its stack, moved, no install
     SWITCH = "switch"  # the wanted stack, built beside, replaces the serving one: one restart
     PENDING = "pending"  # the switch waits: restart_on_change is false
 
@@ -95,8 +94,24 @@ class SwitchPlan(NamedTuple):
     move: Move
     #: The stack the server runs before the switch (None: none of ours yet).
     previous: str | None
-    #: The plain venv is moved into the stacks folder under this id first (None: not moved).
-    migrate: str | None = None
+
+
+def migration(found: Found) -> str | None:
+    """
+    The stack id a plain venv at ``venv_path`` (the time before stacks) becomes, moved into the
+    stacks folder without reinstalling, before anything is built: the id of its last complete
+    install (its lock file's digest, or its sglang release without a lock). None: nothing to
+    move. A plain venv whose install the deploy cannot name (cut short, no lock file) is not
+    moved: ValueError.
+    """
+    if found.kind == "other":
+        raise ValueError("venv_path is neither a venv nor a link to one of the deploy's stacks")
+    if found.kind != "plain":
+        return None
+    if found.plain_lock is None:
+        raise ValueError("venv_path is a venv whose install the deploy cannot name (cut short, "
+                         "or no lock file)")
+    return found.plain_lock
 
 
 def decide_switch(found: Found, wanted: str, restart_on_change: bool,
@@ -104,35 +119,22 @@ def decide_switch(found: Found, wanted: str, restart_on_change: bool,
     """
     What the run does with ``venv_path`` to run stack WANTED.
 
-    + found: the container's stacks as read
+    + found: the container's stacks as read (a plain venv counts as the stack it is moved to
+      by ``migration``, first)
     + wanted: the stack id of the settings (the lock's id)
     + restart_on_change: false holds a switch back while the server runs (restart pending)
     + serving: the server runs now (a switch would restart it)
-
-    A plain venv (the time before stacks) is moved into the stacks folder under the id of its
-    last complete install, without reinstalling: when that is WANTED, it becomes the current
-    stack at once (it is what runs); otherwise it is the rollback target of the switch to the
-    new one. A plain venv whose install is unknown or incomplete is kept under no name of
-    ours: the deploy does not switch to what it cannot name (an error, ``other`` below).
     """
     if found.kind == "other":
         raise ValueError("venv_path is neither a venv nor a link to one of the deploy's stacks")
-    if found.kind == "link" and found.current == wanted:
-        return SwitchPlan(Move.NONE, found.current)
-    if found.kind == "plain":
-        if found.plain_lock is None:
-            raise ValueError("venv_path is a venv whose install the deploy cannot name (no "
-                             "complete lock file)")
-        if found.plain_lock == wanted:
-            return SwitchPlan(Move.MIGRATE, wanted, migrate=wanted)
-        previous = found.plain_lock
-    else:
-        previous = found.current if found.kind == "link" else None
-    if previous is None or not serving:
-        move = Move.FIRST if previous is None else Move.SWITCH
-        return SwitchPlan(move, previous, migrate=previous if found.kind == "plain" else None)
-    return SwitchPlan(Move.SWITCH if restart_on_change else Move.PENDING, previous,
-                      migrate=previous if found.kind == "plain" else None)
+    current = {"link": found.current, "plain": found.plain_lock}.get(found.kind)
+    if current == wanted:
+        return SwitchPlan(Move.NONE, current)
+    if current is None:
+        return SwitchPlan(Move.FIRST, None)
+    if not serving or restart_on_change:
+        return SwitchPlan(Move.SWITCH, current)
+    return SwitchPlan(Move.PENDING, current)
 
 
 class Verdict(Enum):
