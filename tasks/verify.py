@@ -131,8 +131,12 @@ def verify_steps() -> None:
     cs = host_settings(ContainerSettings)
     if cs.stack_install == "pinned":
         lock, _ = stack_lock_of(host.name, cs)
-        verify.stack_as_locked(name=f"The stack is lock {lock.id}", python=venv_python(cs),
-                               tools=remote.TOOLS, lock=lock)
+        # The settings' stack (the serving one, unless its switch waits: restart pending).
+        from tasks.container import stack_dir
+
+        verify.stack_as_locked(name=f"The stack is lock {lock.id}",
+                               python=f"{stack_dir(cs)}/bin/python", tools=remote.TOOLS,
+                               lock=lock)
     checks = verify_plan(cs, host_gpus())
     if not checks:
         logger.warning(
