@@ -147,6 +147,17 @@ startup_stall_s = 900
 # Restart a running server when its unit, env file or stack changes; false: write the files and
 # warn "restart pending" on every run until the server is restarted by hand.
 restart_on_change = True
+# A new stack (another lock: sglang_version or any pin) that fails its start (crash, stall,
+# crash loop) or answers degenerate text is an upgrade that failed: switch back to the previous
+# stack, restart it and wait until it serves, then fail the host naming both releases; false:
+# keep the failed release running for debugging (said loudly).
+upgrade_rollback = True
+# Try again a set whose upgrade failed and was rolled back here before (recorded in the
+# container); false: a run that asks for it stops before any change, saying when and why it failed.
+retry_failed_stack = False
+# Stacks (venvs, one per lock, built beside the serving one) kept per container, newest first
+# (1..100); the serving stack and its rollback target are always kept, older ones removed.
+stack_retention = 2
 # After the server is ready, check one short chat completion (HTTP 200, not degenerate).
 generation_check = True
 # Containers serving one model together (inventory names, rank 0 first); [] for one node.

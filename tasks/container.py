@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
@@ -13,19 +14,23 @@ from pyinfra.context import state
 from pyinfra.operations import files, server, systemd
 
 from pve_sglang import remote
-from pve_sglang.operations import container_state, layer, paths, stack
+from pve_sglang.operations import container_state, layer, paths, stack, stacks
 from pve_sglang.operations.changes import any_changed
 from tasks.common import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import ServerFiles, select_gpus, server_files, stack_lock_of
-from pve_sglang.server.command import LAUNCHER, env_file_path, unit_name, unit_path, venv_python
+from pve_sglang.server.command import LAUNCHER, env_file_path, unit_name, unit_path
 from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
+from pve_sglang.stack import stacks as stack_ids
 from pve_sglang.stack.lock import Lock
 
 TOOLS = remote.TOOLS
-#: The lock of the container's stack, as its venv was last made from it.
+#: The lock of a venv made before stacks (one venv at ``venv_path``), as it was last made from
+#: it: what names that venv when it becomes a stack.
 LOCK_FILE = f"{TOOLS}/stack.lock"
-#: Its part the venv holds itself when the rest comes from the host's shared layer.
-VENV_LOCK_FILE = f"{TOOLS}/stack-venv.lock"
+#: In each stack: its lock, and the part the venv holds itself when the rest comes from the
+#: host's shared layer.
+STACK_LOCK = "pve-sglang.lock"
+STACK_VENV_LOCK = "pve-sglang-venv.lock"
 BASE_PACKAGES = ["ca-certificates", "curl", "python3", "python3-venv"]
 # FlashInfer compiles kernels at run time: nvcc and a host compiler.
 JIT_PACKAGES = ["g++", "make"]
@@ -64,7 +69,8 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
     """The container phase's steps, in order, each with its words: one list for both. GPU_HOST:
     the driver version and GPUs of the container's host (``host_gpus()``)."""
     driver, gpus = gpu_host
-    py = venv_python(cs)
+    # Built beside the serving stack; the server runs venv_path, the link to the current one.
+    py = f"{stack_dir(cs)}/bin/python"
     pins = f"sglang=={cs.sglang_version}" + (
         f", torch=={cs.torch_version}, flashinfer-python=={cs.flashinfer_version} and their "
         "dependencies as locked, hashes checked" + (
@@ -79,13 +85,26 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
         for warning in files.argv.warnings:
             logger.warning(f"{host.name}: {warning}")
         server_unit(cs, py, files, restart_on, start=bool(driver))
+        stacks.retention(
+            name=f"Keep the {cs.stack_retention} newest stacks (the serving one and its "
+            "rollback target always)", venv_path=cs.venv_path, lock_file=LOCK_FILE,
+            service=cs.service_name, wanted=stack_id(cs), keep=cs.stack_retention,
+            restart_on_change=cs.restart_on_change)
+        return []
+
+    def not_failed(_: list) -> list:
+        stacks.not_failed(name=f"The set sglang {cs.sglang_version} did not fail here before",
+                          venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
+                          wanted=stack_id(cs), release=f"sglang {cs.sglang_version}",
+                          retry=cs.retry_failed_stack)
         return []
 
     def base_packages(_: list) -> list:
         stack.deb_packages(name="Base packages", packages=BASE_PACKAGES)
         return []
 
-    steps: list[Step] = []
+    steps: list[Step] = [
+        ("stop if this set failed as an upgrade before (retry_failed_stack)", not_failed)]
     if host.data.get("platform") == "lxc":
         # Proxmox keeps /etc/hostname itself; on plain LXC systemd would set the old name from
         # it at every boot, whatever lxc.uts.name says.
@@ -101,15 +120,48 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
             (f"install the CUDA toolkit {cs.cuda_toolkit_version}", lambda _: cuda_toolkit(cs)),
         ]
     steps += [
-        (f"create the venv {cs.venv_path} with uv {cs.uv_version} and install {pins}",
-         lambda _: python_stack(cs, py)),
+        (f"build the stack {stack_dir(cs)} beside the serving one with uv {cs.uv_version}: "
+         f"{pins}", lambda _: python_stack(cs, py)),
         ("apply the FlashInfer CUTLASS MoE autotune patch where the release needs it",
-         lambda _: [stack.autotune_patch(name="FlashInfer CUTLASS MoE autotune (sglang patch)",
-                                         python=py, tools=TOOLS)]),
-        (f"write /etc/sglang/{cs.service_name}.env (mode 0600) and {unit_name(cs)}"
-         + (", enable it and start it" if driver else " (not enabled at boot: no GPU)"), server),
+         lambda _: patched_stack(cs, py)),
+        (f"write /etc/sglang/{cs.service_name}.env (mode 0600) and {unit_name(cs)}, switch "
+         f"{cs.venv_path} to the new stack"
+         + (", enable it and (re)start it once" if driver else " (not enabled at boot: no GPU)")
+         + f", keep the {cs.stack_retention} newest stacks", server),
     ]
     return steps
+
+
+def stack_id(cs: ContainerSettings) -> str:
+    """The id of the settings' stack: the lock's id, or a digest of sglang's pin without one."""
+    if cs.stack_install == "pinned":
+        return stack_lock_of(host.name, cs)[0].id
+    return stack_ids.unlocked_id(cs.sglang_version)
+
+
+def stack_dir(cs: ContainerSettings) -> str:
+    """Where the settings' stack is built, beside the serving one."""
+    return stack_ids.stack_path(cs.venv_path, stack_id(cs))
+
+
+def beside(cs: ContainerSettings) -> bool:
+    """The settings' stack is not the one ``venv_path`` runs (read once): its build changes
+    nothing the server runs; only the switch restarts it."""
+    found = stacks.found_of(cs.venv_path, stacks.read(cs.venv_path, LOCK_FILE, cs.service_name))
+    current = found.current if found.kind == "link" else found.plain_lock
+    return current != stack_id(cs)
+
+
+def patched_stack(cs: ContainerSettings, py: str) -> list:
+    """The autotune patch in the new stack, then its release file (it is complete); the ops
+    that restart the server (none for a stack built beside: its switch does)."""
+    patch = stack.autotune_patch(name="FlashInfer CUTLASS MoE autotune (sglang patch)",
+                                 python=py, tools=TOOLS)
+    release = {"lock": stack_id(cs), "sglang": cs.sglang_version}
+    paths.put(name=f"Stack {stack_id(cs)} complete (sglang {cs.sglang_version})",
+              src=StringIO(json.dumps(release, sort_keys=True) + "\n"),
+              dest=f"{stack_dir(cs)}/{stack_ids.RELEASE_FILE}", mode="644")
+    return [] if beside(cs) else [patch]
 
 
 def set_hostname(name: str) -> list:
@@ -131,8 +183,10 @@ def container_steps() -> None:
     paths.watch(
         *(ca_dest(path) for path in ca_files(cs)), *([CA_BUNDLE] if ca_files(cs) else []),
         *(remote.path(script) for script in (remote.AUTOTUNE_PATCH, remote.FLAG_LISTER)),
-        *([DOWNLOADS] if driver else []), LAUNCHER, f"{cs.venv_path}/pyvenv.cfg",
-        cs.venv_path, *([LOCK_FILE] if cs.stack_install == "pinned" else []),
+        *([DOWNLOADS] if driver else []), LAUNCHER, f"{stack_dir(cs)}/pyvenv.cfg",
+        cs.venv_path, f"{cs.venv_path}/", stack_dir(cs),
+        f"{stack_dir(cs)}/{stack_ids.RELEASE_FILE}",
+        *([f"{stack_dir(cs)}/{STACK_LOCK}"] if cs.stack_install == "pinned" else []),
         *(shared_layer_paths(cs) if cs.uses_shared_layer else []),
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
         unit_path(cs), f"{cs.model_path}/config.json",
@@ -230,25 +284,33 @@ def cuda_keyring(url: str = CUDA_KEYRING) -> None:
 
 
 def python_stack(cs: ContainerSettings, py: str) -> list:
-    """uv, the venv, the remote scripts, the pinned packages; the ops that need a restart."""
+    """A venv of the time before stacks made the current stack; uv, the new stack beside the
+    serving one, the remote scripts, the pinned packages; the ops that need a restart (none
+    for a stack built beside: its switch restarts the server)."""
+    stacks.migrate(name=f"{cs.venv_path}: a venv made before stacks becomes one (not "
+                   "reinstalled)", venv_path=cs.venv_path, lock_file=LOCK_FILE,
+                   service=cs.service_name,
+                   copies={LOCK_FILE: STACK_LOCK, f"{TOOLS}/stack-venv.lock": STACK_VENV_LOCK})
     tools = f"{TOOLS}/tools"
     stack.tools_venv(name=f"Tools venv with uv {cs.uv_version}", path=tools,
                      uv_version=cs.uv_version)
     uv = f"{tools}/bin/uv"
-    stack.venv(name=f"sglang venv {cs.venv_path}", uv=uv, path=cs.venv_path, python="/usr/bin/python3")
+    folder = stack_dir(cs)
+    stack.venv(name=f"sglang venv {folder} (stack {stack_id(cs)})", uv=uv, path=folder,
+               python="/usr/bin/python3")
     # The venv's state is read by one Python start that runs these two scripts too.
     upload_script(remote.AUTOTUNE_PATCH, "Upload the autotune patch")
     upload_script(remote.FLAG_LISTER, "Upload the server flag lister")
     if cs.stack_install == "pinned":
         lock, _ = stack_lock_of(host.name, cs)
         paths.put(name=f"Stack lock {lock.id} ({lock.path.name})", src=StringIO(lock.text),
-                  dest=LOCK_FILE, mode="644")
+                  dest=f"{folder}/{STACK_LOCK}", mode="644")
         source = "the host's wheel store, offline" if cs.uses_wheel_store else "the index"
         restart_on = []
-        lock_file, own = LOCK_FILE, None
+        lock_file, own = f"{folder}/{STACK_LOCK}", None
         if cs.uses_shared_layer:
             restart_on += shared_layer(cs, uv, py, lock)
-            lock_file, own = VENV_LOCK_FILE, layer.venv_names(lock)
+            lock_file, own = f"{folder}/{STACK_VENV_LOCK}", layer.venv_names(lock)
             source += ", the rest in the host's shared layer"
         packages = stack.locked_venv(
             name=f"sglang stack as locked: {lock.summary()}, from {source}",
@@ -257,7 +319,7 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
                                    cs.wheel_store if cs.uses_wheel_store else None),
             python_version=cs.stack_python, own=own,
         )
-        return [*restart_on, packages]
+        return [] if beside(cs) else [*restart_on, packages]
     pins = {"sglang": cs.sglang_version}
     packages = stack.venv_packages(
         name=f"sglang sglang=={cs.sglang_version} (no dependencies)",
@@ -273,7 +335,7 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
             no_deps=True,
         ),
     )
-    return [packages]
+    return [] if beside(cs) else [packages]
 
 
 def shared_layer_paths(cs: ContainerSettings) -> list[str]:
@@ -281,17 +343,18 @@ def shared_layer_paths(cs: ContainerSettings) -> list[str]:
     the venv's ``.pth`` and its own lock."""
     assert cs.wheel_store is not None
     lock, _ = stack_lock_of(host.name, cs)
-    return [layer.marker(cs.wheel_store, lock), layer.pth_path(cs.venv_path, cs.stack_python),
-            VENV_LOCK_FILE]
+    return [layer.marker(cs.wheel_store, lock), layer.pth_path(stack_dir(cs), cs.stack_python),
+            f"{stack_dir(cs)}/{STACK_VENV_LOCK}"]
 
 
 def shared_layer(cs: ContainerSettings, uv: str, py: str, lock: Lock) -> list:
     """The host's shared layer of LOCK (built once per host), the venv's ``.pth`` to it, and
     the lock of what the venv holds itself; the ops that need a restart."""
     assert cs.wheel_store is not None
-    return layer.venv_on_layer(uv=uv, python=py, tools=TOOLS, venv=cs.venv_path,
+    # Each stack reads its own lock's layer.
+    return layer.venv_on_layer(uv=uv, python=py, tools=TOOLS, venv=stack_dir(cs),
                                python_version=cs.stack_python, store=cs.wheel_store, lock=lock,
-                               lock_file=VENV_LOCK_FILE)
+                               lock_file=f"{stack_dir(cs)}/{STACK_VENV_LOCK}")
 
 
 def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: list,
@@ -316,16 +379,23 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
     unit_file = paths.put(name=f"systemd unit {unit}", src=StringIO(unit_text),
                            dest=unit_path(cs), mode="644")
     systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
+    switched = stacks.switch(
+        name=f"{cs.venv_path} -> stack {stack_id(cs)} (sglang {cs.sglang_version}), in one "
+        "rename, when it is not the serving one", venv_path=cs.venv_path, lock_file=LOCK_FILE,
+        service=cs.service_name, unit=unit, wanted=stack_id(cs),
+        restart_on_change=cs.restart_on_change)
     stack.service_running(
         name=f"{unit} enabled and running (restarted only when its unit, env, stack or patch "
         "changed)",
         unit=unit,
         start=start,
-        restart=any_changed(unit_file, env, launcher, *stack_ops, restarts=unit),
+        restart=any_changed(unit_file, env, launcher, *stack_ops, switched, restarts=unit),
         # A run killed after one of these changed, before the restart: restarted by the next.
-        # The venv's mtime moves when an install ends (its marker goes) and before a patch.
+        # The link's own mtime moves at a switch; the serving stack's when an install in it
+        # ends (its marker goes) and before a patch.
         since={"the unit file": unit_path(cs), "the environment file": env_file,
-               "the launcher": LAUNCHER, "the sglang venv": cs.venv_path},
+               "the launcher": LAUNCHER, "the sglang stack link": cs.venv_path,
+               "the sglang venv": f"{cs.venv_path}/"},
         restart_on_change=cs.restart_on_change,
     )
     if not start:

@@ -10,7 +10,7 @@ from pyinfra.api import deploy
 from pve_sglang import remote
 from pve_sglang.server.bench_history import run_meta
 from pve_sglang.server.bench import bench_levels, bench_runs
-from pve_sglang.operations import verify
+from pve_sglang.operations import stacks, verify
 from tasks.common import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import select_gpus, stack_lock_of
 from pve_sglang.server.command import env_file_path, unit_name, venv_python
@@ -74,17 +74,28 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     """The server's start followed in its journal up to /health (fails fast, with a hint, on a
     crash or a silent log), then one chat completion (``generation_check``). ADDRESS: where
     the server answers inside the container."""
+    from tasks.container import LOCK_FILE
+
     unit, env_file = unit_name(cs), env_file_path(cs)
     url = base_url(address, cs.server_port)
     watch = remote.path(remote.STARTUP_WATCH)
+    health = f"{url}/health"
+
+    def judged(failure):
+        # A stack on trial (an upgrade) that fails is rolled back, and its start followed.
+        return stacks.judged(failure, cs.venv_path, LOCK_FILE, cs.service_name, unit,
+                             rollback=cs.upgrade_rollback, multi_node=bool(cs.nodes),
+                             watch=lambda: verify.watch_start(unit, health, env_file, watch,
+                                                              cs.health_timeout_s,
+                                                              cs.startup_stall_s))
 
     def started() -> None:
         upload_script(remote.STARTUP_WATCH, "Upload the startup watch")
         verify.server_started(
             name=f"{unit} starts and answers /health (up to {cs.health_timeout_s}s, "
             f"stuck after {cs.startup_stall_s}s of silence)",
-            unit=unit, health_url=f"{url}/health", env_file=env_file, script=watch,
-            timeout_s=cs.health_timeout_s, stall_s=cs.startup_stall_s)
+            unit=unit, health_url=health, env_file=env_file, script=watch,
+            timeout_s=cs.health_timeout_s, stall_s=cs.startup_stall_s, on_failure=judged)
 
     checks: list[Check] = [(
         f"the server starts (progress from its journal, stuck after {cs.startup_stall_s}s of "
@@ -93,7 +104,11 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
         checks.append(("one chat completion is not degenerate (TTFT, tok/s)",
                        lambda: verify.generation_works(
                            name="One chat completion is not degenerate", url=url,
-                           env_file=env_file, script=watch)))
+                           env_file=env_file, script=watch, on_failure=judged)))
+    checks.append(("a new stack that serves ends its trial (a failed one was rolled back)",
+                   lambda: stacks.trial_passed(
+                       name="An upgraded stack serves: its trial ends", venv_path=cs.venv_path,
+                       lock_file=LOCK_FILE, service=cs.service_name)))
     return checks
 
 
@@ -116,8 +131,12 @@ def verify_steps() -> None:
     cs = host_settings(ContainerSettings)
     if cs.stack_install == "pinned":
         lock, _ = stack_lock_of(host.name, cs)
-        verify.stack_as_locked(name=f"The stack is lock {lock.id}", python=venv_python(cs),
-                               tools=remote.TOOLS, lock=lock)
+        # The settings' stack (the serving one, unless its switch waits: restart pending).
+        from tasks.container import stack_dir
+
+        verify.stack_as_locked(name=f"The stack is lock {lock.id}",
+                               python=f"{stack_dir(cs)}/bin/python", tools=remote.TOOLS,
+                               lock=lock)
     checks = verify_plan(cs, host_gpus())
     if not checks:
         logger.warning(

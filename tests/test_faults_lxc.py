@@ -582,19 +582,28 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
                   for dest, body in uploads.items()}
         # A converged venv is the repository's lock of the default set, package for package:
         # sglang in the venv, the rest in the host's shared layer (its marker there).
+        from pve_sglang.facts.stacks import Stacks
         from pve_sglang.operations import layer
+        from pve_sglang.stack import stacks
         from pve_sglang.stack.lock import default_key, lock_for
+        from tasks.container import LOCK_FILE
         lock = lock_for(default_key())
         pins = lock.packages
+        # The serving stack is the lock's, built beside earlier: venv_path links to it.
+        stack = stacks.stack_path(defaults["venv_path"], lock.id)
         states.update({defaults["sglang_cache_dir"]: ("dir", "755", None),
                        "/etc/sglang": ("dir", "700", None),
-                       f"{defaults['venv_path']}/pyvenv.cfg": ("file", "644", "0" * 40),
+                       f"{stack}/pyvenv.cfg": ("file", "644", "0" * 40),
                        layer.marker(defaults["wheel_store"], lock): ("file", "644", "0" * 40)})
         debs = ["ca-certificates", "curl", "python3", "python3-venv", "g++", "make",
                 f"cuda-toolkit-{defaults['cuda_toolkit_version'].replace('.', '-')}"]
         keyring = "ii  cuda-keyring  1.1-1  all  NVIDIA CUDA repository keyring"
-        py = f"{defaults['venv_path']}/bin/python"
+        py = f"{stack}/bin/python"
+        found = (f"link|{stacks.link_target(defaults['venv_path'], lock.id)}\n"
+                 f"stack|{lock.id}|1700000000|{{\"lock\": \"{lock.id}\", \"sglang\": \"0.5.9\"}}")
         return {
+            text(Stacks().command(defaults["venv_path"], LOCK_FILE,
+                                  stacks.state_path(defaults["service_name"]))): found,
             text(NvidiaUserspaceVersion().command()): f"libcuda.so\nlibcuda.so.1\nlibcuda.so.{libcuda}\n",
             # One read of every watched path: answer any PathStates command with all of them.
             PATH_STATES_COMMAND: path_states_output(states),

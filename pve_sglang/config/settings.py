@@ -490,6 +490,9 @@ class ContainerSettings(_Strict):
     health_timeout_s: Int = Field(ge=1, le=86400)
     startup_stall_s: Int = Field(ge=1, le=86400)
     restart_on_change: bool
+    upgrade_rollback: bool
+    retry_failed_stack: bool
+    stack_retention: Int = Field(ge=1, le=100)
     generation_check: bool
     nodes: list[Annotated[str, Field(min_length=1)]]
     dist_init_addr: Annotated[str, AfterValidator(address)] | None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable
 
 import gevent
 
@@ -281,9 +282,14 @@ def startup_failure(unit: str, what: str, since: int | None, progress: Progress 
     return "\n".join(parts)
 
 
+#: What a failed check does before the host fails (``stacks.judged``: a rollback): given the
+#: failure, it returns the error to raise.
+OnFailure = Callable[[OperationError], OperationError]
+
+
 @operation()
 def server_started(unit: str, health_url: str, env_file: str, script: str, timeout_s: int,
-                   stall_s: int):
+                   stall_s: int, on_failure: OnFailure | None = None):
     """
     Follow the server's start in its journal until it is ready: each phase with its time
     (weights with shards done, rate and ETA, KV cache, autotune, CUDA graphs), then the time
@@ -298,6 +304,8 @@ def server_started(unit: str, health_url: str, env_file: str, script: str, timeo
     + script: the uploaded ``remote/startup_watch.py``
     + timeout_s: seconds from the unit's start to ready at most
     + stall_s: seconds the log may stay silent before the start is called stuck
+    + on_failure: called with the failure before the host fails (a failed upgrade's rollback),
+      returns the error raised; None raises the failure
 
     **Example:**
 
@@ -316,54 +324,65 @@ def server_started(unit: str, health_url: str, env_file: str, script: str, timeo
         )
     """
     if _after_execution("server start"):
-        unit_state = host.get_fact(UnitState, unit=unit)
-        started = unit_state.get("started")
-        if unit_state.get("active") != "active" or not started:
-            raise OperationError(startup_failure(
-                unit, f"is not running: {_unit_words(unit_state)}", started))
-        progress = Progress(start=started / 1e6)
-        cursor, first = "", True
-        now = time.time()
-        while True:
-            deadline = min(progress.last_line + stall_s, progress.start + timeout_s)
-            watch = host.get_fact(
-                StartupWatch, script=script, unit=unit, start=started, cursor=cursor,
-                health_url=health_url, env_file=env_file,
-                max_wait=math.ceil(max(1.0, min(WATCH_CALL_S, deadline - now + 0.5))),
-                return_on=(re.escape(READY_LINE),),
-            )
-            now, cursor = watch["now"] or time.time(), watch["cursor"] or cursor
-            if first and watch["health"] == 200:
-                logger.info(f"{host.name}: {unit} is serving (started "
-                            f"{duration(now - progress.start)} ago): {health_url} answers 200")
-                break
-            first = False
-            for when, line in watch["lines"]:
-                for message in progress.feed(line, when):
-                    logger.info(f"{host.name}: {unit}: {message}")
-            state_now = watch["state"]
-            if state_now.get("ActiveState") != "active" or state_now.get("started") != started:
-                raise OperationError(startup_failure(
-                    unit, f"stopped running: {_unit_words(state_now)}", started, progress, now))
-            if watch["health"] == 200 and progress.ready:
-                logger.info(f"{host.name}: {unit} ready in {duration(now - progress.start)}: "
-                            f"{progress.summary(now)}")
-                break
-            if progress.silent_for(now) >= stall_s:
-                raise OperationError(startup_failure(
-                    unit, f"is stuck: no log line for {duration(progress.silent_for(now))} "
-                    f"(startup_stall_s {stall_s}); it still runs: `systemctl stop {unit}` ends it",
-                    started, progress, now))
-            if now - progress.start >= timeout_s:
-                raise OperationError(startup_failure(
-                    unit, f"not ready within {timeout_s}s (health_timeout_s; last /health: "
-                    f"{watch['health']})", started, progress, now))
+        try:
+            watch_start(unit, health_url, env_file, script, timeout_s, stall_s)
+        except OperationError as failure:
+            raise (on_failure(failure) if on_failure else failure) from None
         host.noop("the server started and answers /health")
     yield from ()
 
 
+def watch_start(unit: str, health_url: str, env_file: str, script: str, timeout_s: int,
+                stall_s: int) -> None:
+    """At execution: follow the unit's start in its journal until it is ready
+    (``server_started``); raises ``OperationError`` with the journal lines and hints."""
+    unit_state = host.get_fact(UnitState, unit=unit)
+    started = unit_state.get("started")
+    if unit_state.get("active") != "active" or not started:
+        raise OperationError(startup_failure(
+            unit, f"is not running: {_unit_words(unit_state)}", started))
+    progress = Progress(start=started / 1e6)
+    cursor, first = "", True
+    now = time.time()
+    while True:
+        deadline = min(progress.last_line + stall_s, progress.start + timeout_s)
+        watch = host.get_fact(
+            StartupWatch, script=script, unit=unit, start=started, cursor=cursor,
+            health_url=health_url, env_file=env_file,
+            max_wait=math.ceil(max(1.0, min(WATCH_CALL_S, deadline - now + 0.5))),
+            return_on=(re.escape(READY_LINE),),
+        )
+        now, cursor = watch["now"] or time.time(), watch["cursor"] or cursor
+        if first and watch["health"] == 200:
+            logger.info(f"{host.name}: {unit} is serving (started "
+                        f"{duration(now - progress.start)} ago): {health_url} answers 200")
+            break
+        first = False
+        for when, line in watch["lines"]:
+            for message in progress.feed(line, when):
+                logger.info(f"{host.name}: {unit}: {message}")
+        state_now = watch["state"]
+        if state_now.get("ActiveState") != "active" or state_now.get("started") != started:
+            raise OperationError(startup_failure(
+                unit, f"stopped running: {_unit_words(state_now)}", started, progress, now))
+        if watch["health"] == 200 and progress.ready:
+            logger.info(f"{host.name}: {unit} ready in {duration(now - progress.start)}: "
+                        f"{progress.summary(now)}")
+            break
+        if progress.silent_for(now) >= stall_s:
+            raise OperationError(startup_failure(
+                unit, f"is stuck: no log line for {duration(progress.silent_for(now))} "
+                f"(startup_stall_s {stall_s}); it still runs: `systemctl stop {unit}` ends it",
+                started, progress, now))
+        if now - progress.start >= timeout_s:
+            raise OperationError(startup_failure(
+                unit, f"not ready within {timeout_s}s (health_timeout_s; last /health: "
+                f"{watch['health']})", started, progress, now))
+
+
 @operation()
-def generation_works(url: str, env_file: str, script: str, max_tokens: int = 48):
+def generation_works(url: str, env_file: str, script: str, max_tokens: int = 48,
+                     on_failure: OnFailure | None = None):
     """
     Ask the server for one short chat completion (``/v1/chat/completions``, streamed, with
     logprobs) and fail unless it answers 200 with text that is not degenerate (one character,
@@ -375,6 +394,7 @@ def generation_works(url: str, env_file: str, script: str, max_tokens: int = 48)
     + env_file: the server's env file; its API key (if any) is read by SCRIPT, never on argv
     + script: the uploaded ``remote/startup_watch.py``
     + max_tokens: tokens to generate
+    + on_failure: as ``server_started``'s
 
     **Example:**
 
@@ -390,32 +410,41 @@ def generation_works(url: str, env_file: str, script: str, max_tokens: int = 48)
         )
     """
     if _after_execution("generation"):
-        result = host.get_fact(GenerationCheck, script=script, url=url, env_file=env_file,
-                               max_tokens=max_tokens)
-        if not result or result.get("status") != 200:
-            status = (result or {}).get("status")
-            error = str((result or {}).get("error") or "no result")[:500]
-            raise OperationError(f"chat completion: HTTP {status}: {error}")
-        text = result.get("text") or ""
-        shown = repr(text[:80])
-        if not text.strip():
-            raise OperationError("chat completion: HTTP 200 with no text")
-        why = degenerate(text)
-        bad = bad_logprobs(result.get("logprobs") or [])
-        if why or bad:
-            problem = why or f"{bad} of {len(result['logprobs'])} logprobs are NaN, inf or missing"
-            raise OperationError(
-                f"chat completion is degenerate ({problem}): {shown}; known on SM120 with "
-                "autotuned FlashInfer CUTLASS MoE tactics: add --disable-flashinfer-autotune to "
-                "extra_server_args or choose another moe_runner_backend, and restart")
-        tokens, ttft, elapsed = result.get("tokens") or 0, result.get("ttft_s"), result.get("elapsed_s")
-        rate = ""
-        if tokens > 1 and ttft is not None and elapsed and elapsed > ttft:
-            rate = f", {(tokens - 1) / (elapsed - ttft):.1f} tok/s single stream"
-        logger.info(f"{host.name}: chat completion of {result.get('model')}: {tokens} tokens, "
-                    f"TTFT {ttft or 0:.2f}s{rate}: {shown}")
+        try:
+            generation_answers(url, env_file, script, max_tokens)
+        except OperationError as failure:
+            raise (on_failure(failure) if on_failure else failure) from None
         host.noop("one chat completion is not degenerate")
     yield from ()
+
+
+def generation_answers(url: str, env_file: str, script: str, max_tokens: int) -> None:
+    """At execution: one chat completion, judged (``generation_works``); raises
+    ``OperationError`` when it fails or is degenerate."""
+    result = host.get_fact(GenerationCheck, script=script, url=url, env_file=env_file,
+                           max_tokens=max_tokens)
+    if not result or result.get("status") != 200:
+        status = (result or {}).get("status")
+        error = str((result or {}).get("error") or "no result")[:500]
+        raise OperationError(f"chat completion: HTTP {status}: {error}")
+    text = result.get("text") or ""
+    shown = repr(text[:80])
+    if not text.strip():
+        raise OperationError("chat completion: HTTP 200 with no text")
+    why = degenerate(text)
+    bad = bad_logprobs(result.get("logprobs") or [])
+    if why or bad:
+        problem = why or f"{bad} of {len(result['logprobs'])} logprobs are NaN, inf or missing"
+        raise OperationError(
+            f"chat completion is degenerate ({problem}): {shown}; known on SM120 with "
+            "autotuned FlashInfer CUTLASS MoE tactics: add --disable-flashinfer-autotune to "
+            "extra_server_args or choose another moe_runner_backend, and restart")
+    tokens, ttft, elapsed = result.get("tokens") or 0, result.get("ttft_s"), result.get("elapsed_s")
+    rate = ""
+    if tokens > 1 and ttft is not None and elapsed and elapsed > ttft:
+        rate = f", {(tokens - 1) / (elapsed - ttft):.1f} tok/s single stream"
+    logger.info(f"{host.name}: chat completion of {result.get('model')}: {tokens} tokens, "
+                f"TTFT {ttft or 0:.2f}s{rate}: {shown}")
 
 
 @operation()

@@ -34,6 +34,9 @@ class Kind(str, Enum):
     #: ``SglangVenv`` per ``(python, tools)``, and ``"changed"`` (``stack.venv_changed``);
     #: forgotten by the operations that change the venv and by a new autotune patch script.
     VENV = "venv"
+    #: ``Stacks`` per ``(venv_path, lock_file, service)``; forgotten by the operations of
+    #: ``operations/stacks.py`` that change a stack, the link or the state record.
+    STACKS = "stacks"
     #: ``DebPackages``; forgotten by ``stack.deb_packages``.
     DEBS = "debs"
     #: ``UvVersion`` per uv binary; forgotten by ``stack.tools_venv``.

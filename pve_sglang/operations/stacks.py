@@ -1,0 +1,374 @@
+"""Stacks side by side (``pve_sglang.stack.stacks``): the failed-set check, the switch of the
+``venv_path`` link, retention, and the verify phase's rollback of a failed upgrade."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from pyinfra import host, logger
+from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+from pyinfra.context import state as pyinfra_state
+
+from pve_sglang.facts.container import UnitState
+from pve_sglang.facts.stacks import Stacks
+from pve_sglang.runtime import cache
+from pve_sglang.runtime.cache import Kind, memo
+from pve_sglang.server import unit_action
+from pve_sglang.stack import stacks
+from pve_sglang.stack.stacks import Found, Move, Verdict
+
+
+def cannot_name(venv_path: str, error: ValueError) -> str:
+    return (f"{host.name}: {venv_path}: {error}; move it away (the deploy deletes nothing it "
+            "cannot name) and run again")
+
+
+def read(venv_path: str, lock_file: str, service: str) -> dict:
+    """The container's stacks (``Stacks``), read once per run stage until an operation here
+    changes them."""
+    known = memo(Kind.STACKS)
+    key = (venv_path, lock_file, service)
+    if key not in known:
+        known[key] = host.get_fact(Stacks, venv_path=venv_path, lock_file=lock_file,
+                                   state=stacks.state_path(service))
+    return known[key]
+
+
+def found_of(venv_path: str, raw: dict) -> Found:
+    """The pure view (``stacks.Found``) of a ``Stacks`` read: a plain venv named by its lock,
+    or by its sglang release when it was installed without a lock."""
+    kind, current = raw["kind"], None
+    if kind == "link":
+        current = stacks.linked_id(venv_path, raw.get("target"))
+        if current is None:
+            kind = "other"
+    plain = raw.get("plain_lock") or (
+        stacks.unlocked_id(raw["plain_sglang"]) if raw.get("plain_sglang") else None)
+    record = raw.get("state") or {}
+    return Found(kind=kind, current=current, plain_lock=plain if kind == "plain" else None,
+                 stacks=tuple(sorted(raw.get("stacks") or {})),
+                 previous=record.get("previous"), trial=record.get("trial"))
+
+
+def release_words(raw: dict, stack_id: str | None) -> str:
+    """``sglang 0.5.9 (stack 68a87c7696509d54)`` from a stack's release file."""
+    if stack_id is None:
+        return "no stack"
+    release = (raw.get("stacks") or {}).get(stack_id, {}).get("sglang")
+    return f"sglang {release} (stack {stack_id})" if release else f"stack {stack_id}"
+
+
+def record_command(service: str, record: dict) -> StringCommand:
+    """Write the state record of SERVICE's stacks whole (a temporary file, then a rename)."""
+    path = stacks.state_path(service)
+    text = json.dumps(record, sort_keys=True)
+    return StringCommand("mkdir -p", QuoteString(stacks.STATE_DIR), "&& printf '%s\\n'",
+                         QuoteString(text), ">", QuoteString(f"{path}.tmp"), "&& mv -f",
+                         QuoteString(f"{path}.tmp"), QuoteString(path))
+
+
+def link_command(venv_path: str, stack_id: str) -> StringCommand:
+    """Point ``venv_path`` at STACK_ID in one rename: a new link beside it, moved over it."""
+    link = venv_path.rstrip("/")
+    temporary = QuoteString(f"{link}.switching")
+    return StringCommand("ln -sfn", QuoteString(stacks.link_target(venv_path, stack_id)),
+                         temporary, "&& mv -T", temporary, QuoteString(link))
+
+
+@operation()
+def not_failed(venv_path: str, lock_file: str, service: str, wanted: str, release: str,
+               retry: bool):
+    """
+    Stop before any change when the set of stack WANTED failed as an upgrade before and was
+    rolled back (the state record says when and why), unless RETRY: a failed set is not tried
+    again silently, run after run.
+
+    + venv_path: the ``venv_path`` setting (the link to the serving stack)
+    + lock_file: the lock file of a venv made before stacks (to name it)
+    + service: the server's service name (the state record is named by it)
+    + wanted: the stack id of the settings (the lock id)
+    + release: the settings' set in words, e.g. ``sglang 0.5.10``
+    + retry: ``retry_failed_stack``: try the failed set again
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stacks
+
+        stacks.not_failed(name="The stack did not fail before", venv_path="/opt/sglang/venv",
+                          lock_file="/opt/sglang/stack.lock", service="sglang",
+                          wanted="68a87c7696509d54", release="sglang 0.5.10", retry=False)
+    """
+    record = (read(venv_path, lock_file, service).get("state") or {}).get("failed") or {}
+    failed = stacks.refused(record, wanted, retry)
+    if failed is not None:
+        raise OperationError(
+            f"{host.name}: the set {release} (stack {wanted}) failed as an upgrade on "
+            f"{failed.get('when')} and was rolled back: {failed.get('why')}; nothing was "
+            "changed. Pin another release, or set retry_failed_stack: true (or --data "
+            "retry_failed_stack=true) to try it again")
+    if wanted in record:
+        logger.warning(f"{host.name}: the set {release} (stack {wanted}) failed before "
+                       f"({record[wanted].get('when')}): tried again (retry_failed_stack)")
+    host.noop(f"the set {release} has not failed here")
+    yield from ()
+
+
+def forget() -> None:
+    """A stack or the link changed: the next ask reads them again."""
+    cache.forget(Kind.STACKS)
+
+
+@operation()
+def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
+           restart_on_change: bool):
+    """
+    Point ``venv_path`` at stack WANTED, built beside the serving one, in one rename of a
+    symlink; the server restarts once after it (``service_running``, told by this operation's
+    change). With RESTART_ON_CHANGE false and the server running, the
+    link stays: ``restart pending`` is reported, every run, until restarts are allowed. The
+    state record says which stack is on trial and which one a failed start goes back to.
+
+    + venv_path: the ``venv_path`` setting, made a symlink to the current stack
+    + lock_file: the lock file of a venv made before stacks (to name it)
+    + service: the server's service name (the state record is named by it)
+    + unit: the server's systemd unit (its state says whether a switch restarts it)
+    + wanted: the stack id of the settings (the lock id)
+    + restart_on_change: false holds the switch back while the server runs
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stacks
+
+        stacks.switch(name="Switch to stack 68a87c7696509d54", venv_path="/opt/sglang/venv",
+                      lock_file="/opt/sglang/stack.lock", service="sglang",
+                      unit="sglang.service", wanted="68a87c7696509d54", restart_on_change=True)
+    """
+    forget()  # read again at execution: the build before may have changed the folder
+    raw = read(venv_path, lock_file, service)
+    found = found_of(venv_path, raw)
+    unit_state = host.get_fact(UnitState, unit=unit)
+    serving = unit_state.get("active") in unit_action.RUNNING_STATES
+    try:
+        plan = stacks.decide_switch(found, wanted, restart_on_change, serving)
+    except ValueError as error:
+        raise OperationError(cannot_name(venv_path, error)) from None
+    record = dict(raw.get("state") or {})
+    if plan.move is Move.NONE:
+        host.noop(f"{venv_path} is stack {wanted}")
+        return
+    if plan.move is Move.PENDING:
+        if cache.once(Kind.RESTART_PENDING, f"{unit} stack"):
+            logger.warning(
+                f"{host.name}: {unit} restart pending: {release_words(raw, wanted)} is built "
+                f"beside the serving {release_words(raw, plan.previous)}; restart_on_change is "
+                "false: the switch and the restart happen on the first run that allows them")
+        host.noop(f"switch to stack {wanted} pending (restart_on_change is false)")
+        return
+    # The record first: a run killed after it and before the rename switches again.
+    record.update(previous=plan.previous, trial=wanted if plan.previous else None)
+    yield record_command(service, record)
+    yield link_command(venv_path, wanted)
+    forget()
+
+
+@operation()
+def migrate(venv_path: str, lock_file: str, service: str, copies: dict[str, str]):
+    """
+    Move a venv of the time before stacks (a plain folder at VENV_PATH) into the stacks folder,
+    named by its last complete install, without reinstalling, and link VENV_PATH to it, before
+    anything is built: it is the serving stack (or the rollback target of this run's switch).
+    Its lock files go in with it (COPIES), and its release file; it keeps its own time and the
+    link gets it, so that no restart is due. The server keeps running (its files do not move
+    on disk); only the two renames between them leave no path.
+
+    + venv_path: the ``venv_path`` setting
+    + lock_file: the lock file the deploy wrote for the plain venv (names it)
+    + service: the server's service name
+    + copies: ``{file of the plain venv's install: its name in the stack}`` (its locks)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stacks
+
+        stacks.migrate(name="A venv made before stacks becomes one", venv_path="/opt/sglang/venv",
+                       lock_file="/opt/sglang/stack.lock", service="sglang",
+                       copies={"/opt/sglang/stack.lock": "pve-sglang.lock"})
+    """
+    raw = read(venv_path, lock_file, service)
+    try:
+        moved = stacks.migration(found_of(venv_path, raw))
+    except ValueError as error:
+        raise OperationError(cannot_name(venv_path, error)) from None
+    if moved is None:
+        host.noop(f"{venv_path} is not a venv of the time before stacks")
+        return
+    venv, folder = venv_path.rstrip("/"), stacks.stacks_dir(venv_path)
+    target = stacks.stack_path(venv_path, moved)
+    reference = QuoteString(f"{folder}/.{moved}.mtime")
+    release = json.dumps({"lock": moved, "sglang": raw.get("plain_sglang")}, sort_keys=True)
+    copied = [StringCommand("&& { [ ! -f", QuoteString(source), "] || cp -p",
+                            QuoteString(source), QuoteString(f"{venv}/{name}"), "; }")
+              for source, name in copies.items()]
+    yield StringCommand(
+        "mkdir -p", QuoteString(folder), "&& touch -r", QuoteString(venv), reference, *copied,
+        "&& printf '%s\\n'", QuoteString(release), ">",
+        QuoteString(f"{venv}/{stacks.RELEASE_FILE}"), "&& mv -T", QuoteString(venv),
+        QuoteString(target), "&& touch -r", reference, QuoteString(target), "&&",
+        link_command(venv_path, moved), "&& touch -h -r", reference, QuoteString(venv),
+        "&& rm -f", reference)
+    logger.info(f"{host.name}: {venv_path} (a venv made before stacks) becomes stack {moved} "
+                f"in {folder}, not reinstalled")
+    forget()
+
+
+@operation()
+def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: int,
+              restart_on_change: bool):
+    """
+    Remove the stacks beyond the KEEP newest, never the serving one, the rollback target or
+    WANTED; only folders named by a lock id in the deploy's stacks folder, each a stack
+    (its release file). Planned, and shown by ``--dry``, as any change.
+
+    + venv_path: the ``venv_path`` setting
+    + lock_file: the lock file of a venv made before stacks (to name it)
+    + service: the server's service name
+    + wanted: the stack of the settings (serving after this run's switch)
+    + keep: ``stack_retention``
+    + restart_on_change: false: the switch waits, the serving stack stays the current one
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stacks
+
+        stacks.retention(name="Keep the 2 newest stacks", venv_path="/opt/sglang/venv",
+                         lock_file="/opt/sglang/stack.lock", service="sglang",
+                         wanted="68a87c7696509d54", keep=2, restart_on_change=True)
+    """
+    forget()
+    raw = read(venv_path, lock_file, service)
+    found = found_of(venv_path, raw)
+    current = found.current if found.kind == "link" else found.plain_lock
+    if current == wanted:
+        serving, rollback = wanted, found.previous
+    elif not restart_on_change:
+        serving, rollback = current, found.previous
+    else:
+        serving, rollback = wanted, current
+    mtimes = {name: info.get("mtime", 0.0) for name, info in (raw.get("stacks") or {}).items()}
+    gone = stacks.to_remove(mtimes, keep, serving, rollback, wanted)
+    if not gone:
+        host.noop(f"{len(mtimes)} stacks, {keep} kept")
+        return
+    logger.info(f"{host.name}: stack_retention {keep}: removing "
+                + ", ".join(release_words(raw, name) for name in gone))
+    for name in gone:
+        yield StringCommand("rm -rf", QuoteString(stacks.stack_path(venv_path, name)))
+    forget()
+
+
+def judged(failure: OperationError, venv_path: str, lock_file: str, service: str, unit: str,
+           rollback: bool, multi_node: bool, watch: Callable[[], None]) -> OperationError:
+    """At execution, after the verify phase found the server failing (FAILURE): when the stack
+    it runs is on trial (an upgrade of this run, or of a run killed before its judgement),
+    record the failed set, switch the link back to the previous stack, restart the server and
+    follow its start with WATCH; the error to raise names both releases. Otherwise FAILURE."""
+    forget()
+    raw = read(venv_path, lock_file, service)
+    found = found_of(venv_path, raw)
+    verdict = stacks.judge(True, found.trial, found.current, found.previous, found.stacks,
+                           rollback, multi_node)
+    if verdict is Verdict.NOT_AN_UPGRADE:
+        return failure
+    new, old = release_words(raw, found.current), release_words(raw, found.previous)
+    why = str(failure).split("\n", 1)[0][:300]
+    record = dict(raw.get("state") or {})
+    failed = dict(record.get("failed") or {})
+    failed[found.current] = {"sglang": (raw["stacks"].get(found.current) or {}).get("sglang"),
+                             "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                             "why": why}
+    record["failed"] = failed
+    details = f"\n{failure}"
+    if verdict is not Verdict.ROLL_BACK:
+        reason = {Verdict.KEEP_FAILED: "upgrade_rollback is false: the failed release is kept "
+                                       "for debugging",
+                  Verdict.MULTI_NODE: "a node of several is not rolled back alone (a half "
+                                      "rolled-back group cannot serve): switch every node back",
+                  Verdict.NO_TARGET: "no previous stack to go back to"}[verdict]
+        _run(record_command(service, record))
+        back = (f"; to go back: ln -sfn {stacks.link_target(venv_path, found.previous)} "
+                f"{venv_path} && systemctl restart {unit}") if found.previous else ""
+        logger.error(f"{host.name}: UPGRADE FAILED, NOT ROLLED BACK: {new} does not serve "
+                     f"({reason}){back}")
+        return OperationError(f"upgrade from {old} to {new} failed, not rolled back: "
+                              f"{reason}{back}{details}")
+    logger.warning(f"{host.name}: upgrade to {new} failed ({why}): rolling back to {old}")
+    record.update(previous=None, trial=None)
+    _run(record_command(service, record))
+    _run(link_command(venv_path, found.previous))
+    _run(StringCommand("systemctl reset-failed", QuoteString(unit), "; systemctl restart",
+                       QuoteString(unit)))
+    forget()
+    try:
+        watch()
+    except OperationError as again:
+        return OperationError(f"upgrade from {old} to {new} failed and was rolled back, but "
+                              f"{old} does not serve either:\n{again}{details}")
+    logger.warning(f"{host.name}: rolled back: {old} serves again")
+    return OperationError(f"upgrade from {old} to {new} failed; rolled back to {old}, which "
+                          f"serves again. {new} is recorded as failed: the next run with it "
+                          f"stops before any change unless retry_failed_stack is true.{details}")
+
+
+def _run(command: StringCommand) -> None:
+    ok, output = host.run_shell_command(command)
+    if not ok:
+        raise OperationError(f"{command.get_raw_value()}: {output.stderr or output.stdout}")
+
+
+@operation()
+def trial_passed(venv_path: str, lock_file: str, service: str):
+    """
+    End the trial of the stack the server runs once the verify phase found it serving and
+    answering: it is no longer rolled back, and its set is no longer recorded as failed.
+    Checked once the deploy has run.
+
+    + venv_path: the ``venv_path`` setting
+    + lock_file: the lock file of a venv made before stacks (to name it)
+    + service: the server's service name
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stacks
+
+        stacks.trial_passed(name="The upgrade serves", venv_path="/opt/sglang/venv",
+                            lock_file="/opt/sglang/stack.lock", service="sglang")
+    """
+    if not pyinfra_state.is_executing:
+        host.noop("an upgrade's trial ends once the server answered")
+        return
+    forget()
+    raw = read(venv_path, lock_file, service)
+    found = found_of(venv_path, raw)
+    record = dict(raw.get("state") or {})
+    failed = dict(record.get("failed") or {})
+    if found.trial is None and found.current not in failed:
+        host.noop("no stack on trial")
+        return
+    logger.info(f"{host.name}: the upgrade to {release_words(raw, found.current)} serves; "
+                f"{release_words(raw, found.previous)} stays as the rollback target")
+    failed.pop(found.current, None)
+    record.update(trial=None, failed=failed)
+    yield record_command(service, record)
+    forget()

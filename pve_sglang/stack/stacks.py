@@ -1,0 +1,197 @@
+"""
+Stacks side by side in a container, and what a run does with them (pure functions).
+
+Each stack is a venv of its own, named by its lock id, in the folder ``<venv_path>.stacks``;
+``venv_path`` is a symlink to the one the server runs. A new stack is built beside the serving
+one, untouched; the switch is one rename of a symlink, then one restart. A new stack is on
+trial until the verify phase judged it: a failed start, a stall, a crash loop or a degenerate
+answer switches back to the previous stack. Every decision here is a row of
+``tests/test_stacks.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+from enum import Enum
+from typing import NamedTuple
+
+#: The folder of a deploy's stacks, beside ``venv_path``.
+SUFFIX = ".stacks"
+#: A stack's name: a lock id (``Lock.id``: 16 hex digits). Nothing else in the folder is ours.
+STACK_NAME = re.compile(r"^[0-9a-f]{16}$")
+#: What a stack says about itself, written once it is complete (built, locked, patched).
+RELEASE_FILE = "pve-sglang-stack.json"
+#: The deploy's record of a container's stacks: the previous one (the rollback target), the one
+#: on trial, and the sets that failed.
+STATE_DIR = "/var/lib/pve-sglang"
+
+
+def stacks_dir(venv_path: str) -> str:
+    """The folder of VENV_PATH's stacks: ``/opt/sglang/venv`` -> ``/opt/sglang/venv.stacks``."""
+    return venv_path.rstrip("/") + SUFFIX
+
+
+def stack_path(venv_path: str, stack_id: str) -> str:
+    """The venv of stack STACK_ID."""
+    if not STACK_NAME.match(stack_id):
+        raise ValueError(f"{stack_id!r} is not a stack id (16 hex digits)")
+    return f"{stacks_dir(venv_path)}/{stack_id}"
+
+
+def state_path(service: str) -> str:
+    """The record of the stacks of SERVICE's container (previous, on trial, failed sets)."""
+    return f"{STATE_DIR}/{service}-stacks.json"
+
+
+def unlocked_id(sglang_version: str) -> str:
+    """The id of a stack of sglang alone (``stack_install: sglang-no-deps``, no lock): a digest
+    of what it installs, in the form of a lock id."""
+    return hashlib.sha256(f"sglang-no-deps sglang=={sglang_version}".encode()).hexdigest()[:16]
+
+
+def link_target(venv_path: str, stack_id: str) -> str:
+    """What the ``venv_path`` symlink holds: relative, so that it reads the same from the
+    container's host (``<rootfs>/opt/sglang/venv``)."""
+    return f"{posixpath.basename(venv_path.rstrip('/'))}{SUFFIX}/{stack_id}"
+
+
+def linked_id(venv_path: str, target: str | None) -> str | None:
+    """The stack a ``venv_path`` symlink's TARGET names, or None when it names none of ours."""
+    if not target:
+        return None
+    folder, _, name = target.rstrip("/").rpartition("/")
+    ours = (posixpath.basename(stacks_dir(venv_path)), stacks_dir(venv_path))
+    return name if folder in ours and STACK_NAME.match(name) else None
+
+
+class Found(NamedTuple):
+    """What a run reads of a container's stacks (``facts.stacks.Stacks``)."""
+
+    #: ``venv_path`` is: "link" (to a stack), "plain" (a venv of the time before stacks),
+    #: "missing", or "other" (a file, or a link to something not ours).
+    kind: str
+    #: The stack the link names (kind "link").
+    current: str | None = None
+    #: The lock id of the plain venv's last install (its lock file's digest), when complete.
+    plain_lock: str | None = None
+    #: The complete stacks in the folder (each with its release file), by name.
+    stacks: tuple[str, ...] = ()
+    #: The previous stack, the one on trial (the state record).
+    previous: str | None = None
+    trial: str | None = None
+
+
+class Move(Enum):
+    NONE = "none"  # the link names the wanted stack: nothing to switch
+    FIRST = "first"  # no server ran from a stack yet: make the link (the server starts anyway)
+    SWITCH = "switch"  # the wanted stack, built beside, replaces the serving one: one restart
+    PENDING = "pending"  # the switch waits: restart_on_change is false
+
+
+class SwitchPlan(NamedTuple):
+    move: Move
+    #: The stack the server runs before the switch (None: none of ours yet).
+    previous: str | None
+
+
+def migration(found: Found) -> str | None:
+    """
+    The stack id a plain venv at ``venv_path`` (the time before stacks) becomes, moved into the
+    stacks folder without reinstalling, before anything is built: the id of its last complete
+    install (its lock file's digest, or its sglang release without a lock). None: nothing to
+    move. A plain venv whose install the deploy cannot name (cut short, no lock file) is not
+    moved: ValueError.
+    """
+    if found.kind == "other":
+        raise ValueError("venv_path is neither a venv nor a link to one of the deploy's stacks")
+    if found.kind != "plain":
+        return None
+    if found.plain_lock is None:
+        raise ValueError("venv_path is a venv whose install the deploy cannot name (cut short, "
+                         "or no lock file)")
+    return found.plain_lock
+
+
+def decide_switch(found: Found, wanted: str, restart_on_change: bool,
+                  serving: bool) -> SwitchPlan:
+    """
+    What the run does with ``venv_path`` to run stack WANTED.
+
+    + found: the container's stacks as read (a plain venv counts as the stack it is moved to
+      by ``migration``, first)
+    + wanted: the stack id of the settings (the lock's id)
+    + restart_on_change: false holds a switch back while the server runs (restart pending)
+    + serving: the server runs now (a switch would restart it)
+    """
+    if found.kind == "other":
+        raise ValueError("venv_path is neither a venv nor a link to one of the deploy's stacks")
+    current = {"link": found.current, "plain": found.plain_lock}.get(found.kind)
+    if current == wanted:
+        return SwitchPlan(Move.NONE, current)
+    if current is None:
+        return SwitchPlan(Move.FIRST, None)
+    if not serving or restart_on_change:
+        return SwitchPlan(Move.SWITCH, current)
+    return SwitchPlan(Move.PENDING, current)
+
+
+class Verdict(Enum):
+    GOOD = "good"  # served and answered: nothing to do (or the trial ends)
+    ROLL_BACK = "roll_back"  # a failed upgrade: switch back to the previous stack
+    KEEP_FAILED = "keep_failed"  # a failed upgrade kept on purpose (upgrade_rollback: false)
+    NO_TARGET = "no_target"  # a failed upgrade with no stack to go back to
+    MULTI_NODE = "multi_node"  # a node of several: a half-rolled-back group cannot serve
+    NOT_AN_UPGRADE = "not_an_upgrade"  # failed, but no stack is on trial: reported as today
+
+
+def judge(failed: bool, trial: str | None, current: str | None, previous: str | None,
+          stacks: tuple[str, ...], rollback: bool, multi_node: bool) -> Verdict:
+    """
+    What follows the verify phase's judgement of the server's start and answer.
+
+    + failed: the startup watch or the generation check failed
+    + trial: the stack on trial (switched to and not judged yet), from the state record
+    + current: the stack the link names; previous: the rollback target
+    + stacks: the complete stacks in the folder
+    + rollback: ``upgrade_rollback``
+    + multi_node: the server is one node of several (``nodes``)
+    """
+    if not failed:
+        return Verdict.GOOD
+    if trial is None or trial != current:
+        return Verdict.NOT_AN_UPGRADE
+    if not rollback:
+        return Verdict.KEEP_FAILED
+    if multi_node:
+        return Verdict.MULTI_NODE
+    if previous is None or previous == current or previous not in stacks:
+        return Verdict.NO_TARGET
+    return Verdict.ROLL_BACK
+
+
+def refused(failed_sets: dict[str, dict], wanted: str, retry: bool) -> dict | None:
+    """The record of WANTED in FAILED_SETS (``{id: {"sglang", "when", "why"}}``) when the run
+    must stop before any change: the set failed before, and RETRY (``retry_failed_stack``)
+    was not asked. None: go on."""
+    if retry:
+        return None
+    return failed_sets.get(wanted)
+
+
+def to_remove(stacks: dict[str, float], keep: int, serving: str | None,
+              rollback: str | None, wanted: str) -> list[str]:
+    """
+    The stacks to remove: all but the KEEP newest (STACKS: ``{id: mtime}``), where the serving
+    one, the rollback target and the WANTED one (being built, or on trial) always count among
+    the kept, first. Only names of ours (``STACK_NAME``) are ever listed.
+    """
+    ours = {name: mtime for name, mtime in stacks.items() if STACK_NAME.match(name)}
+    kept = [name for name in dict.fromkeys((serving, rollback, wanted)) if name in ours]
+    for name in sorted(ours, key=lambda name: ours[name], reverse=True):
+        if len(kept) >= keep:
+            break
+        if name not in kept:
+            kept.append(name)
+    return sorted(name for name in ours if name not in kept)
