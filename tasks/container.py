@@ -20,6 +20,8 @@ from pve_sglang.preflight import ServerFiles, select_gpus, server_files, stack_l
 from pve_sglang.server.command import LAUNCHER, env_file_path, unit_name, unit_path, venv_python
 from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
 from pve_sglang.stack.lock import Lock
+from pve_sglang.stack.platform import platform_for
+from pve_sglang.stack.releases import read_release, toolkit_version
 
 TOOLS = remote.TOOLS
 #: The lock of the container's stack, as its venv was last made from it.
@@ -29,8 +31,9 @@ VENV_LOCK_FILE = f"{TOOLS}/stack-venv.lock"
 BASE_PACKAGES = ["ca-certificates", "curl", "python3", "python3-venv"]
 # FlashInfer compiles kernels at run time: nvcc and a host compiler.
 JIT_PACKAGES = ["g++", "make"]
+#: NVIDIA's CUDA repository keyring, per Debian release (``debian12``, ``debian13``).
 CUDA_KEYRING = (
-    "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
+    "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64/"
     "cuda-keyring_1.1-1_all.deb"
 )
 KEYRING_FILE = "/var/cache/pve-sglang/cuda-keyring.deb"
@@ -93,7 +96,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
         steps += [
             (f"install the NVIDIA user-space driver {driver} (the host's version)",
              lambda _: [nvidia_userspace(cs, driver)]),
-            (f"install the CUDA toolkit {cs.cuda_toolkit_version}", lambda _: cuda_toolkit(cs)),
+            (f"install the CUDA toolkit {toolkit_of(cs)}", lambda _: cuda_toolkit(cs)),
         ]
     steps += [
         (f"create the venv {cs.venv_path} with uv {cs.uv_version} and install {pins}",
@@ -186,17 +189,40 @@ def nvidia_userspace(cs: ContainerSettings, version: str):
     )
 
 
+def toolkit_of(cs: ContainerSettings) -> str:
+    """The CUDA toolkit (``MAJOR.MINOR``) of the container: cuda_toolkit_version, else the CUDA
+    of the torch its set locks (``stack.releases.toolkit_version``)."""
+    if cs.cuda_toolkit_version is not None:
+        return cs.cuda_toolkit_version
+    release = read_release(cs.sglang_version, cs.pip_index_url)
+    locked = stack_lock_of(host.name, cs)[0].packages if cs.stack_install == "pinned" else {}
+    return toolkit_version(release, None, locked)
+
+
 def cuda_toolkit(cs: ContainerSettings) -> None:
-    """CUDA toolkit (nvcc) from NVIDIA's Debian repository, for FlashInfer's JIT."""
-    files.download(name="NVIDIA CUDA repository keyring", src=CUDA_KEYRING, dest=KEYRING_FILE)
+    """CUDA toolkit (nvcc) from NVIDIA's Debian repository, for FlashInfer's JIT.
+
+    NVIDIA's repository, not the CUDA pip packages: FlashInfer 0.7.2's JIT
+    (``flashinfer/jit/cpp_ext.py``) takes ``$CUDA_HOME``, else ``which nvcc``, else
+    ``/usr/local/cuda``, and links with ``-L$cuda_home/lib64 -L$cuda_home/lib64/stubs``: a
+    toolkit's layout. The pip packages have none (``nvidia/cu13/{bin,include,lib}``, no
+    ``lib64``, no ``libcuda`` stub, no unversioned ``libcudart.so``), the CUDA 12 sets (0.5.9)
+    lock no nvcc at all, and 0.5.23's lock brings nvcc 13.5 beside torch's 13.0 runtime. The
+    repository's ``cuda-toolkit-X-Y`` is one toolkit at the set's CUDA for every release,
+    installed as ``/usr/local/cuda-X.Y`` with the ``/usr/local/cuda`` link FlashInfer finds.
+    """
+    repo = platform_for(cs.stack_python).nvidia_repo
+    keyring = CUDA_KEYRING.format(repo=repo)
+    files.download(name=f"NVIDIA CUDA repository keyring ({repo})", src=keyring,
+                   dest=KEYRING_FILE)
     # Decided from dpkg's list, not from keyring.did_change: a failed dpkg -i is made again.
-    package, version = CUDA_KEYRING.rsplit("/", 1)[1].removesuffix("_all.deb").split("_")
+    package, version = keyring.rsplit("/", 1)[1].removesuffix("_all.deb").split("_")
     stack.deb_file(name="Install the CUDA repository keyring", path=KEYRING_FILE,
                    package=package, version=version)
-    version = cs.cuda_toolkit_version.replace(".", "-")
+    toolkit = toolkit_of(cs)
     stack.deb_packages(
-        name=f"CUDA toolkit {cs.cuda_toolkit_version} and a host compiler (FlashInfer JIT)",
-        packages=[f"cuda-toolkit-{version}", *JIT_PACKAGES],
+        name=f"CUDA toolkit {toolkit} and a host compiler (FlashInfer JIT)",
+        packages=[f"cuda-toolkit-{toolkit.replace('.', '-')}", *JIT_PACKAGES],
     )
 
 

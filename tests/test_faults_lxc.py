@@ -456,14 +456,17 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
         # sglang in the venv, the rest in the host's shared layer (its marker there).
         from pve_sglang.operations import layer
         from pve_sglang.stack.lock import default_key, lock_for
+        from pve_sglang.stack.releases import read_release, toolkit_version
         lock = lock_for(default_key())
         pins = lock.packages
+        toolkit = toolkit_version(read_release(defaults["sglang_version"]),
+                                  defaults["cuda_toolkit_version"], pins)
         states.update({defaults["sglang_cache_dir"]: ("dir", "755", None),
                        "/etc/sglang": ("dir", "700", None),
                        f"{defaults['venv_path']}/pyvenv.cfg": ("file", "644", "0" * 40),
                        layer.marker(defaults["wheel_store"], lock): ("file", "644", "0" * 40)})
         debs = ["ca-certificates", "curl", "python3", "python3-venv", "g++", "make",
-                f"cuda-toolkit-{defaults['cuda_toolkit_version'].replace('.', '-')}"]
+                f"cuda-toolkit-{toolkit.replace('.', '-')}"]
         py = f"{defaults['venv_path']}/bin/python"
         return {
             text(NvidiaUserspaceVersion().command()): f"libcuda.so\nlibcuda.so.1\nlibcuda.so.{libcuda}\n",
