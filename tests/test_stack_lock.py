@@ -41,16 +41,14 @@ def test_the_repository_lock_is_the_default_set_with_every_hash():
     assert "nvidia-cublas" in lock.packages and "transformers" in lock.packages  # CUDA 13's names
 
 
-def test_the_repository_keeps_the_default_set_per_debian_release_and_the_tuned_preset():
+def test_the_repository_keeps_the_default_set_and_the_tuned_preset():
     kept = {path.name for path in stack_lock.SHIPPED.glob("*.txt")}
-    assert kept == {key.name for key in stack_lock.kept_keys()}
-    assert {"sglang-0.5.23-torch-2.14.1-flashinfer-0.7.2-py3.11.txt",
-            "sglang-0.5.23-torch-2.14.1-flashinfer-0.7.2-py3.13.txt",
-            "sglang-0.5.9-torch-2.9.1-flashinfer-0.6.3-py3.11.txt"} == kept
+    assert kept == {key.name for key in stack_lock.kept_keys()} == {
+        "sglang-0.5.23-torch-2.14.1-flashinfer-0.7.2-py3.11.txt",
+        "sglang-0.5.9-torch-2.9.1-flashinfer-0.6.3-py3.11.txt"}
     for key in stack_lock.kept_keys():
         lock = stack_lock.read_checked(stack_lock.SHIPPED / key.name, key)
-        assert lock.platform == {"3.11": "x86_64-manylinux_2_36",
-                                 "3.13": "x86_64-manylinux_2_40"}[lock.python]
+        assert lock.platform == "x86_64-manylinux_2_36"  # Debian 12's glibc
     tuned = stack_lock.parse(stack_lock.SHIPPED / "sglang-0.5.9-torch-2.9.1-flashinfer-0.6.3-py3.11.txt")
     assert tuned.packages["sgl-kernel"] == "0.3.21" and "nvidia-cublas-cu12" in tuned.packages
 
@@ -149,17 +147,34 @@ def test_lock_differences_name_each_package():
         "missing: sglang", "torch 2.9.0 (lock: 2.9.1)", "not in the lock: rich"]
 
 
-@pytest.mark.parametrize("python, platform", [("3.11", "x86_64-manylinux_2_36"),
-                                              ("3.13", "x86_64-manylinux_2_40")])
-def test_the_newest_release_locks_for_debian_12_and_13(tmp_path, python, platform, package_index):
+def test_the_newest_release_locks_for_debian_12(tmp_path, package_index):
     """Issue 21: from 0.5.11 sglang ships manylinux_2_34 wheels only, which a lock for
     manylinux_2_28 could not take. Locked here with uv against the real index."""
     values = {"sglang_version": "0.5.23", "torch_version": None, "flashinfer_version": None,
-              "stack_python": python, "pip_index_url": None, "torch_index_url": None}
+              "stack_python": "3.11", "pip_index_url": None, "torch_index_url": None}
     key = stack_lock.key_of(values)
-    assert key.platform == platform
+    assert key.platform == "x86_64-manylinux_2_36"
     lock = stack_lock.compile_lock(key, tmp_path / key.name)
-    assert (lock.platform, lock.python) == (platform, python)
+    assert (lock.platform, lock.python) == ("x86_64-manylinux_2_36", "3.11")
     assert {n: lock.packages[n] for n in ("sglang", "torch", "flashinfer-python", "sglang-kernel")} == {
         "sglang": "0.5.23", "torch": "2.14.1", "flashinfer-python": "0.7.2", "sglang-kernel": "0.4.10"}
-    assert stack_lock.parse(lock.path).platform == platform
+    assert stack_lock.parse(lock.path).platform == "x86_64-manylinux_2_36"
+
+
+@pytest.mark.parametrize("sglang, python, missing", [
+    # outlines 0.1.11 (0.5.23's pin) pins outlines-core 0.1.26: no cp313 wheel (Debian 13).
+    ("0.5.23", "3.13", "outlines-core==0.1.26 has no usable wheels"),
+    # 0.5.19 to 0.5.21 pin cuda-tile 1.6.0rc5, published as an sdist only.
+    ("0.5.21", "3.11", "cuda-tile==1.6.0rc5 has no usable wheels"),
+])
+def test_a_set_without_a_wheel_for_every_package_is_refused_at_lock_time(tmp_path, sglang, python,
+                                                                        missing, package_index):
+    """The store and the containers install wheels only: a lock naming an sdist would fail
+    later, when its wheels are fetched; uv names the package now."""
+    values = {"sglang_version": sglang, "torch_version": None, "flashinfer_version": None,
+              "stack_python": python, "pip_index_url": None, "torch_index_url": None}
+    key = stack_lock.key_of(values)
+    with pytest.raises(stack_lock.LockError) as caught:
+        stack_lock.compile_lock(key, tmp_path / key.name)
+    assert missing in str(caught.value)
+    assert list(tmp_path.iterdir()) == []

@@ -3,7 +3,7 @@ The locked stack: every package of a release set (sglang, torch, flashinfer-pyth
 their dependencies) at one version, with the sha256 of each of its files.
 
 A lock is ``uv pip compile --generate-hashes`` output for the containers' Python and platform,
-under a header naming the set. The locks of the default set (one per Debian release) live in
+under a header naming the set. The lock of the default set (for Debian 12) lives in
 the repository (``group_data/locks/``) and are refreshed with ``make lock``; so does each
 preset's (``PRESETS``: the tuned run's 0.5.9), kept as it was made. Any other set gets its
 lock made once on the machine running pyinfra (in ``$PVE_SGLANG_CACHE``, else ``~/.cache/pve-sglang``)
@@ -188,7 +188,11 @@ def compile_lock(key: LockKey, dest: Path) -> Lock:
 
     requirements = "".join(f"{n}=={v}\n" for n, v in key.pins)
     done = subprocess.run(
+        # Wheels only: the wheel store and the containers install wheels, never build one (a
+        # release pinning an sdist-only version, as 0.5.19-0.5.21 pin cuda-tile 1.6.0rc5, is
+        # refused here, not when its wheels are fetched).
         [find_uv_bin(), "pip", "compile", "--quiet", "--generate-hashes", "--no-header",
+         "--only-binary", ":all:",
          "--python-version", key.python, "--python-platform", key.platform, "-"],
         input=requirements, capture_output=True, text=True, timeout=900,
         env={**os.environ, **index_env(key)},
@@ -265,12 +269,11 @@ PRESETS = {"tuned": {"sglang_version": "0.5.9", "stack_python": "3.11"}}
 
 
 def kept_keys() -> list[LockKey]:
-    """The keys of the locks the repository keeps: the default set for each Debian release's
-    Python, and each preset's."""
-    from pve_sglang.stack.platform import DEBIAN_RELEASES
-
+    """The keys of the locks the repository keeps: the default set's for the default Debian
+    release (12), and each preset's. Not Debian 13's: 0.5.23's set has no wheels-only lock for
+    Python 3.13 (outlines-core 0.1.26, which outlines 0.1.11 pins, has no cp313 wheel)."""
     defaults = load_defaults()
-    keys = [key_of({**defaults, "stack_python": r.python}) for r in DEBIAN_RELEASES]
+    keys = [key_of({**defaults, "stack_python": DEFAULT_RELEASE.python})]
     return keys + [key_of({**defaults, **preset}) for preset in PRESETS.values()]
 
 
