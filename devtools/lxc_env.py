@@ -53,7 +53,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 #: Where the rootfs tarball is cached; PVE_SGLANG_ROOTFS_CACHE overrides (e.g. to time a cold build).
 CACHE_DIR = Path(os.environ.get("PVE_SGLANG_ROOTFS_CACHE") or REPO_ROOT / ".cache" / "rootfs")
 
+#: The Debian release of the tests' containers; SUITES: every release a test may ask for
+#: (Debian 12, the Proxmox VE 8 templates; Debian 13, Proxmox VE 9's).
 SUITE = "bookworm"
+SUITES = ("bookworm", "trixie")
 #: Packages on top of minbase: systemd as init, Python for venvs/pip, what deploys and service
 #: tests use. Changing this list changes the tarball name, so the cache rebuilds by itself.
 PACKAGES: tuple[str, ...] = (
@@ -166,13 +169,13 @@ def host_cgroup_layout() -> str:
 #
 
 
-def rootfs_key() -> str:
-    text = "\n".join([BUILD_FORMAT, SUITE, *PACKAGES, "--", *PRUNE])
+def rootfs_key(suite: str = SUITE) -> str:
+    text = "\n".join([BUILD_FORMAT, suite, *PACKAGES, "--", *PRUNE])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def tarball_path() -> Path:
-    return CACHE_DIR / f"debian-{SUITE}-minbase-{rootfs_key()}.tar.zst"
+def tarball_path(suite: str = SUITE) -> Path:
+    return CACHE_DIR / f"debian-{suite}-minbase-{rootfs_key(suite)}.tar.zst"
 
 
 @contextmanager
@@ -202,13 +205,14 @@ def disable_sshd(rootfs: Path) -> None:
             os.unlink(path)
 
 
-def debootstrap(rootfs: Path, pauses_s: Sequence[float] = DEBOOTSTRAP_PAUSES_S) -> None:
-    """Debootstrap the Debian rootfs into ROOTFS; tried again from scratch after each of
+def debootstrap(rootfs: Path, pauses_s: Sequence[float] = DEBOOTSTRAP_PAUSES_S,
+                suite: str = SUITE) -> None:
+    """Debootstrap the Debian SUITE rootfs into ROOTFS; tried again from scratch after each of
     PAUSES_S (debootstrap gives up on one failed download), the last failure raised."""
     for attempt in range(len(pauses_s) + 1):
-        log(f"building Debian {SUITE} rootfs with debootstrap (about a minute) ...")
+        log(f"building Debian {suite} rootfs with debootstrap (about a minute) ...")
         result = _run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
+            ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", suite,
              str(rootfs)],
             check=False, capture_output=True, text=True,
         )
@@ -224,13 +228,13 @@ def debootstrap(rootfs: Path, pauses_s: Sequence[float] = DEBOOTSTRAP_PAUSES_S) 
         time.sleep(pauses_s[attempt])
 
 
-def build_rootfs_tarball(dest: Path) -> None:
-    """Debootstrap a Debian rootfs, prune it and pack it as ``dest`` (zstd tar)."""
+def build_rootfs_tarball(dest: Path, suite: str = SUITE) -> None:
+    """Debootstrap a Debian SUITE rootfs, prune it and pack it as ``dest`` (zstd tar)."""
     build_dir = Path(tempfile.mkdtemp(prefix="build-", dir=CACHE_DIR))
     rootfs = build_dir / "rootfs"
     try:
         started = time.monotonic()
-        debootstrap(rootfs)
+        debootstrap(rootfs, suite=suite)
         debootstrap_s = time.monotonic() - started
 
         disable_sshd(rootfs)
@@ -259,7 +263,7 @@ def build_rootfs_tarball(dest: Path) -> None:
             ],
         )
         os.replace(partial, dest)
-        for stale in CACHE_DIR.glob(f"debian-{SUITE}-minbase-*.tar.zst"):
+        for stale in CACHE_DIR.glob(f"debian-{suite}-minbase-*.tar.zst"):
             if stale != dest:
                 stale.unlink()
         pack_s = time.monotonic() - pack_started
@@ -274,12 +278,13 @@ def build_rootfs_tarball(dest: Path) -> None:
         shutil.rmtree(build_dir, ignore_errors=True)
 
 
-def ensure_rootfs_tarball() -> Path:
-    """The cached rootfs tarball, built first if it is not there (serialised by a file lock)."""
-    dest = tarball_path()
+def ensure_rootfs_tarball(suite: str = SUITE) -> Path:
+    """The cached rootfs tarball of Debian SUITE, built first if it is not there (serialised
+    by a file lock)."""
+    dest = tarball_path(suite)
     with _cache_lock():
         if not dest.exists():
-            build_rootfs_tarball(dest)
+            build_rootfs_tarball(dest, suite)
         else:
             log(f"using cached rootfs {dest}")
     return dest

@@ -57,14 +57,17 @@ mounts = []
 
 # --- Stack in the container ---------------------------------------------------------------
 # The sglang release (an exact version, quoted): it picks torch, flashinfer, the kernel package
-# and the CUDA major from its own wheel metadata (group_data/releases/, else fetched once).
-sglang_version = "0.5.9"
+# and the CUDA major from its own wheel metadata (group_data/releases/, else fetched once). The
+# default is the newest release the test suite proves end to end (`make release VERSION=X`
+# moves it); "0.5.9" is the tuned run's set (torch 2.9.1, CUDA 12), its lock kept too.
+sglang_version = "0.5.23"
 # torch version; null: the one sglang_version requires (a pin the release does not allow is an error).
 torch_version = None
 # flashinfer-python version; null: the one sglang_version requires (likewise checked).
 flashinfer_version = None
-# CUDA toolkit (nvcc) for FlashInfer's JIT, from NVIDIA's Debian repository.
-cuda_toolkit_version = "12.8"
+# CUDA toolkit (nvcc) for FlashInfer's JIT, from NVIDIA's Debian repository; null: the CUDA of
+# the set's torch (12.8 for 0.5.9, 13.0 for 0.5.23). A pin must be of the release's CUDA major.
+cuda_toolkit_version = None
 # uv version that builds the venv.
 uv_version = "0.13.8"
 # Where the venv lives in the container.
@@ -84,8 +87,8 @@ stack_install = "pinned"
 # pyinfra; null: the repository's lock of the set (group_data/locks/), else one made there once.
 stack_lock = None
 # The containers' python3 (Debian 12: 3.11, Debian 13: 3.13); the lock is made for it and its
-# release's glibc (2.36, 2.41).
-stack_python = "3.11"
+# release's glibc (2.36, 2.41). null: the python3 of the release of template or lxc_release.
+stack_python = None
 # Folder on the host that keeps the locked set's wheels, read-only in each container, which
 # installs from it offline with hashes checked; null: each container downloads its own.
 wheel_store = "/var/cache/pve-sglang/wheels"

@@ -27,6 +27,7 @@ from pve_sglang.connectors import connector_data_types
 from pve_sglang.connectors.container import LOCAL_HOSTNAMES as LOCAL_NAMES
 from pve_sglang.container_config.lxc_keys import check_settings as check_lxc_settings
 from pve_sglang.project import load_defaults
+from pve_sglang.stack.platform import release_of
 from pve_sglang.runtime import pyinfra_private
 from pve_sglang.config.settings import (
     CONTAINER_FIELDS,
@@ -586,6 +587,11 @@ def _validated_container(host_name: str, key: Any, container: dict[str, Any],
     host_path = (host_name,)
     platform = host_settings.platform
     data = {**container_defaults, **container}
+    if {**defaults, **data, **override}.get("stack_python") is None:
+        # The container's python3 is its Debian release's: the template or lxc_release it is
+        # created from (Proxmox VE 9's debian-13-standard, trixie: 3.13).
+        data["stack_python"] = release_of(platform, host_settings.template,
+                                          host_settings.lxc_release).python
     try:
         if key is not None:
             check_vmid(host_name, platform, key)

@@ -22,6 +22,8 @@ from pve_sglang.server.command import LAUNCHER, env_file_path, unit_name, unit_p
 from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
 from pve_sglang.stack import stacks as stack_ids
 from pve_sglang.stack.lock import Lock
+from pve_sglang.stack.platform import platform_for
+from pve_sglang.stack.releases import read_release, toolkit_version
 
 TOOLS = remote.TOOLS
 #: The lock of a venv made before stacks (one venv at ``venv_path``), as it was last made from
@@ -34,8 +36,9 @@ STACK_VENV_LOCK = "pve-sglang-venv.lock"
 BASE_PACKAGES = ["ca-certificates", "curl", "python3", "python3-venv"]
 # FlashInfer compiles kernels at run time: nvcc and a host compiler.
 JIT_PACKAGES = ["g++", "make"]
+#: NVIDIA's CUDA repository keyring, per Debian release (``debian12``, ``debian13``).
 CUDA_KEYRING = (
-    "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
+    "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64/"
     "cuda-keyring_1.1-1_all.deb"
 )
 #: Where the driver's runfile and the CUDA keyring are downloaded to (made by the deploy: the
@@ -117,7 +120,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
         steps += [
             (f"install the NVIDIA user-space driver {driver} (the host's version)",
              lambda _: [nvidia_userspace(cs, driver)]),
-            (f"install the CUDA toolkit {cs.cuda_toolkit_version}", lambda _: cuda_toolkit(cs)),
+            (f"install the CUDA toolkit {toolkit_of(cs)}", lambda _: cuda_toolkit(cs)),
         ]
     steps += [
         (f"build the stack {stack_dir(cs)} beside the serving one with uv {cs.uv_version}: "
@@ -263,17 +266,38 @@ def nvidia_userspace(cs: ContainerSettings, version: str):
     )
 
 
+def toolkit_of(cs: ContainerSettings) -> str:
+    """The CUDA toolkit (``MAJOR.MINOR``) of the container: cuda_toolkit_version, else the CUDA
+    of the torch its set locks (``stack.releases.toolkit_version``)."""
+    if cs.cuda_toolkit_version is not None:
+        return cs.cuda_toolkit_version
+    release = read_release(cs.sglang_version, cs.pip_index_url)
+    locked = stack_lock_of(host.name, cs)[0].packages if cs.stack_install == "pinned" else {}
+    return toolkit_version(release, None, locked)
+
+
 def cuda_toolkit(cs: ContainerSettings) -> None:
-    """CUDA toolkit (nvcc) from NVIDIA's Debian repository, for FlashInfer's JIT."""
-    cuda_keyring()
-    version = cs.cuda_toolkit_version.replace(".", "-")
+    """CUDA toolkit (nvcc) from NVIDIA's Debian repository, for FlashInfer's JIT.
+
+    NVIDIA's repository, not the CUDA pip packages: FlashInfer 0.7.2's JIT
+    (``flashinfer/jit/cpp_ext.py``) takes ``$CUDA_HOME``, else ``which nvcc``, else
+    ``/usr/local/cuda``, and links with ``-L$cuda_home/lib64 -L$cuda_home/lib64/stubs``: a
+    toolkit's layout. The pip packages have none (``nvidia/cu13/{bin,include,lib}``, no
+    ``lib64``, no ``libcuda`` stub, no unversioned ``libcudart.so``), the CUDA 12 sets (0.5.9)
+    lock no nvcc at all, and 0.5.23's lock brings nvcc 13.5 beside torch's 13.0 runtime. The
+    repository's ``cuda-toolkit-X-Y`` is one toolkit at the set's CUDA for every release,
+    installed as ``/usr/local/cuda-X.Y`` with the ``/usr/local/cuda`` link FlashInfer finds.
+    """
+    repo = platform_for(cs.stack_python).nvidia_repo
+    cuda_keyring(CUDA_KEYRING.format(repo=repo))
+    toolkit = toolkit_of(cs)
     stack.deb_packages(
-        name=f"CUDA toolkit {cs.cuda_toolkit_version} and a host compiler (FlashInfer JIT)",
-        packages=[f"cuda-toolkit-{version}", *JIT_PACKAGES],
+        name=f"CUDA toolkit {toolkit} and a host compiler (FlashInfer JIT)",
+        packages=[f"cuda-toolkit-{toolkit.replace('.', '-')}", *JIT_PACKAGES],
     )
 
 
-def cuda_keyring(url: str = CUDA_KEYRING) -> None:
+def cuda_keyring(url: str) -> None:
     """NVIDIA's repository keyring package from URL, installed until dpkg lists it: not only
     when the download changed, so a ``dpkg -i`` that failed once is made again
     (``stack.deb_file``)."""

@@ -2,6 +2,8 @@
 follows the host's version, and several nodes get their ranks. pyinfra's real API on ``@fake``
 hosts; the container's own answers are empty (a fresh container)."""
 
+import pytest
+
 from harness import plan_deploy
 from pve_sglang.project import load_defaults
 from tasks.container import container_phase
@@ -36,7 +38,24 @@ def test_userspace_driver_is_the_recorded_host_version():
     assert downloads == ["GPU container | Download NVIDIA driver runfile 580.159.04"]
     assert any("sh /var/cache/pve-sglang/NVIDIA-Linux-x86_64-580.159.04.run "
                "--no-kernel-modules --silent" in c for _, cmds in ops for c in cmds)
-    assert any("cuda-toolkit-12-8" in c for _, cmds in ops for c in cmds)
+    assert any("cuda-toolkit-13-0" in c for _, cmds in ops for c in cmds)  # 0.5.23's torch: 13.0
+
+
+def commands(ops) -> str:
+    return "\n".join(c for _, cmds in ops for c in cmds)
+
+
+@pytest.mark.parametrize("container, toolkit, repo", [
+    ({}, "cuda-toolkit-13-0", "debian12"),  # the default set: torch 2.14.1, CUDA 13.0 runtime
+    ({"sglang_version": "0.5.9"}, "cuda-toolkit-12-8", "debian12"),  # the tuned set: cu128
+    # A Debian 13 container (0.5.23 has no wheels-only lock for its Python 3.13: sglang alone).
+    ({"stack_python": "3.13", "stack_install": "sglang-no-deps"}, "cuda-toolkit-13-0", "debian13"),
+    ({"cuda_toolkit_version": "13.1"}, "cuda-toolkit-13-1", "debian12"),  # a pin of its major
+])
+def test_the_cuda_toolkit_follows_the_set_and_its_repository_the_debian_release(container, toolkit, repo):
+    text = commands(plan(**container)["ct105"])
+    assert f"apt-get install -y {toolkit} " in text or f" {toolkit} " in text, text[-2000:]
+    assert f"/compute/cuda/repos/{repo}/x86_64/cuda-keyring_1.1-1_all.deb" in text
 
 
 def test_download_folder_is_made_before_the_first_download():

@@ -586,9 +586,12 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
         from pve_sglang.operations import layer
         from pve_sglang.stack import stacks
         from pve_sglang.stack.lock import default_key, lock_for
+        from pve_sglang.stack.releases import read_release, toolkit_version
         from tasks.container import LOCK_FILE
         lock = lock_for(default_key())
         pins = lock.packages
+        toolkit = toolkit_version(read_release(defaults["sglang_version"]),
+                                  defaults["cuda_toolkit_version"], pins)
         # The serving stack is the lock's, built beside earlier: venv_path links to it.
         stack = stacks.stack_path(defaults["venv_path"], lock.id)
         states.update({defaults["sglang_cache_dir"]: ("dir", "755", None),
@@ -596,11 +599,12 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
                        f"{stack}/pyvenv.cfg": ("file", "644", "0" * 40),
                        layer.marker(defaults["wheel_store"], lock): ("file", "644", "0" * 40)})
         debs = ["ca-certificates", "curl", "python3", "python3-venv", "g++", "make",
-                f"cuda-toolkit-{defaults['cuda_toolkit_version'].replace('.', '-')}"]
+                f"cuda-toolkit-{toolkit.replace('.', '-')}"]
         keyring = "ii  cuda-keyring  1.1-1  all  NVIDIA CUDA repository keyring"
         py = f"{stack}/bin/python"
         found = (f"link|{stacks.link_target(defaults['venv_path'], lock.id)}\n"
-                 f"stack|{lock.id}|1700000000|{{\"lock\": \"{lock.id}\", \"sglang\": \"0.5.9\"}}")
+                 f"stack|{lock.id}|1700000000|{{\"lock\": \"{lock.id}\", \"sglang\": "
+                 f"\"{defaults['sglang_version']}\"}}")
         return {
             text(Stacks().command(defaults["venv_path"], LOCK_FILE,
                                   stacks.state_path(defaults["service_name"]))): found,

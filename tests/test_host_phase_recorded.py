@@ -239,8 +239,8 @@ def test_old_cuda_torch_index_on_blackwell_is_refused():
     with pytest.raises(PreflightError, match="torch_index_url.*CUDA 12.6 builds.*12.0.*cu128"):
         plan(responses, torch_index_url="https://download.pytorch.org/whl/cu126")
     # A lock of the set is given: with another index the deploy would make one (network).
-    from pve_sglang.stack.lock import SHIPPED
-    [lock] = SHIPPED.glob("*.txt")
+    from pve_sglang.stack.lock import SHIPPED, default_key
+    lock = SHIPPED / default_key().name
     plan(responses, torch_index_url="https://download.pytorch.org/whl/cu128", stack_lock=str(lock))
 
 

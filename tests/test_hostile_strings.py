@@ -66,7 +66,7 @@ from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings, HostSettings, Mount, SettingsError
 from pve_sglang.runtime.pyinfra_private import operation_function
-from pve_sglang.stack.lock import SHIPPED, Lock, LockKey, parse
+from pve_sglang.stack.lock import SHIPPED, Lock, LockKey, default_key, parse
 from pve_sglang.stack.wheel_fetch import MANIFEST, sha256_of, wheel_dir
 from tasks.container import container_phase
 from tasks.host import host_phase
@@ -169,7 +169,7 @@ def string_fields(model: type[BaseModel]) -> list[tuple[str, str]]:
 HOST_STRINGS = string_fields(HostSettings)
 CONTAINER_STRINGS = string_fields(ContainerSettings)
 MOUNT_STRINGS = [name for name, kind in string_fields(Mount) if kind == "str"]
-[SHIPPED_LOCK] = sorted(SHIPPED.glob("*.txt"))
+SHIPPED_LOCK = SHIPPED / default_key().name  # the default set's, for Debian 12
 # The repository's lock is given: a hostile index URL must not start a lock's resolution.
 DEFAULTS = {**load_defaults(), "stack_lock": str(SHIPPED_LOCK)}
 

@@ -89,10 +89,62 @@ def test_a_release_without_a_kernel_package_is_refused():
 
 def test_sglang_version_alone_picks_the_set_at_inventory_time():
     defaults = load_defaults()
-    cs = validate_container("pve1", "105", {"sglang_version": "0.5.23"}, defaults)
-    assert (cs.torch_version, cs.flashinfer_version) == ("2.14.1", "0.7.2")
+    cs = validate_container("pve1", "105", {"sglang_version": "0.5.9"}, defaults)
+    assert (cs.torch_version, cs.flashinfer_version) == ("2.9.1", "0.6.3")  # the tuned preset
     cs = validate_container("pve1", "105", {}, defaults)
-    assert (cs.sglang_version, cs.torch_version, cs.flashinfer_version) == ("0.5.9", "2.9.1", "0.6.3")
+    assert (cs.sglang_version, cs.torch_version, cs.flashinfer_version) == ("0.5.23", "2.14.1", "0.7.2")
+    assert cs.cuda_toolkit_version is None  # follows the set (tasks/container.toolkit_of)
+
+
+@pytest.mark.parametrize("sglang, pin, error", [
+    ("0.5.23", "12.8", "field 'cuda_toolkit_version' = '12.8': sglang 0.5.23 runs CUDA 13 "
+                       "(cuda-python>=13.0), not CUDA 12; allowed: a 13.x toolkit, or null to "
+                       "follow the release"),
+    ("0.5.9", "13.0", "field 'cuda_toolkit_version' = '13.0': sglang 0.5.9 runs CUDA 12 "
+                      "(cuda-python==12.9), not CUDA 13; allowed: a 12.x toolkit"),
+    ("0.5.23", "13.1", None),
+    ("0.5.9", "12.6", None),
+])
+def test_a_toolkit_pin_of_another_cuda_major_stops_inventory_naming_both(sglang, pin, error):
+    data = {"sglang_version": sglang, "cuda_toolkit_version": pin}
+    if error is None:
+        assert validate_container("pve1", "105", data, load_defaults()).cuda_toolkit_version == pin
+        return
+    with pytest.raises(SettingsError) as caught:
+        validate_container("pve1", "105", data, load_defaults())
+    assert f"host pve1, container 105: {error}" in str(caught.value)
+
+
+@pytest.mark.parametrize("locked, toolkit", [
+    ({"nvidia-cuda-runtime-cu12": "12.8.90"}, "12.8"),  # torch 2.9.1's PyPI build (0.5.9)
+    ({"nvidia-cuda-runtime": "13.0.96"}, "13.0"),  # torch 2.14.1's (0.5.23)
+    ({}, None),  # no runtime in the set: the release's own CUDA (cuda-python's)
+])
+def test_the_toolkit_is_the_cuda_of_the_locked_torch(locked, toolkit):
+    release = recorded("0.5.23") if "nvidia-cuda-runtime-cu12" not in locked else recorded("0.5.9")
+    assert releases.toolkit_version(release, None, locked) == (toolkit or release.cuda_text)
+    assert releases.toolkit_version(release, "13.1", locked) == "13.1"  # a pin wins
+
+
+@pytest.mark.parametrize("host, python", [
+    ({"platform": "lxc", "lxc_release": "trixie"}, "3.13"),
+    ({"platform": "lxc", "lxc_release": "bookworm"}, "3.11"),
+    ({"platform": "lxc"}, "3.11"),  # the default lxc_release
+    ({"platform": "pve", "template": "debian-13-standard"}, "3.13"),  # Proxmox VE 9's template
+    ({"platform": "pve", "template": "debian-13-standard_13.1-2_amd64.tar.zst"}, "3.13"),
+    ({"platform": "pve"}, "3.11"),  # the default debian-12-standard
+    ({"platform": "pve", "template": "debian-13-standard", "stack_python": "3.11"}, "3.11"),
+])
+def test_stack_python_follows_the_release_the_container_is_created_from(tmp_path, host, python):
+    from pve_sglang.hosts_file import build_groups
+
+    key = {"pve": {"vmid": 105}, "lxc": {"name": "ct1"}}[host["platform"]]
+    entry = {"ssh_hostname": "192.0.2.10", **host, "containers": [{**key, "gpus": [0]}]}
+    if "stack_python" in entry:
+        entry["containers"][0]["stack_python"] = entry.pop("stack_python")
+    _, containers = build_groups({"h1": entry})
+    [(_, data)] = containers
+    assert data["stack_python"] == python
 
 
 def test_a_pin_the_release_does_not_allow_stops_inventory_naming_host_field_and_both_versions():

@@ -19,23 +19,38 @@ from pve_sglang.project import load_defaults
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
-[SHIPPED] = sorted(stack_lock.SHIPPED.glob("*.txt"))
+#: The default set's lock for Debian 12 (the defaults' stack_python).
+SHIPPED = stack_lock.SHIPPED / stack_lock.default_key().name
+SGLANG = load_defaults()["sglang_version"]
 
 
 def test_the_repository_lock_is_the_default_set_with_every_hash():
     key = stack_lock.default_key()
-    assert SHIPPED.name == key.name  # found for the defaults, so nothing is made on a deploy
+    assert SHIPPED.exists()  # found for the defaults, so nothing is made on a deploy
     lock = stack_lock.parse(SHIPPED)
     stack_lock.check(lock, key)
     defaults = load_defaults()
-    assert lock.packages["sglang"] == defaults["sglang_version"]
+    assert lock.packages["sglang"] == defaults["sglang_version"] == "0.5.23"
     # torch and flashinfer follow the release: null in the defaults, the release's own versions.
     assert defaults["torch_version"] is None and defaults["flashinfer_version"] is None
-    assert lock.packages["torch"] == "2.9.1" and lock.packages["flashinfer-python"] == "0.6.3"
-    assert lock.python == defaults["stack_python"]
+    assert lock.packages["torch"] == "2.14.1" and lock.packages["flashinfer-python"] == "0.7.2"
+    assert lock.packages["sglang-kernel"] == "0.4.10"
+    assert defaults["stack_python"] is None and lock.python == "3.11"  # Debian 12's
     assert all(lock.hashes[name] for name in lock.packages)
     assert len(lock.packages) > 100  # the whole tree, CUDA libraries included
-    assert "nvidia-cublas-cu12" in lock.packages and "transformers" in lock.packages
+    assert "nvidia-cublas" in lock.packages and "transformers" in lock.packages  # CUDA 13's names
+
+
+def test_the_repository_keeps_the_default_set_and_the_tuned_preset():
+    kept = {path.name for path in stack_lock.SHIPPED.glob("*.txt")}
+    assert kept == {key.name for key in stack_lock.kept_keys()} == {
+        "sglang-0.5.23-torch-2.14.1-flashinfer-0.7.2-py3.11.txt",
+        "sglang-0.5.9-torch-2.9.1-flashinfer-0.6.3-py3.11.txt"}
+    for key in stack_lock.kept_keys():
+        lock = stack_lock.read_checked(stack_lock.SHIPPED / key.name, key)
+        assert lock.platform == "x86_64-manylinux_2_36"  # Debian 12's glibc
+    tuned = stack_lock.parse(stack_lock.SHIPPED / "sglang-0.5.9-torch-2.9.1-flashinfer-0.6.3-py3.11.txt")
+    assert tuned.packages["sgl-kernel"] == "0.3.21" and "nvidia-cublas-cu12" in tuned.packages
 
 
 def write_lock(path: Path, text: str) -> str:
@@ -45,14 +60,14 @@ def write_lock(path: Path, text: str) -> str:
 
 def other_set(path: Path) -> str:
     """The repository's lock with sglang at another version."""
-    text = SHIPPED.read_text().replace("\nsglang==0.5.9 \\", "\nsglang==0.5.8 \\")
+    text = SHIPPED.read_text().replace(f"\nsglang=={SGLANG} \\", "\nsglang==0.5.8 \\")
     assert "sglang==0.5.8" in text
     return write_lock(path, text)
 
 
 @pytest.mark.parametrize("make, expected", [
-    (other_set, "holds sglang==0.5.8, the pins say sglang==0.5.9"),
-    (lambda p: write_lock(p, "sglang==0.5.9\ntorch==2.9.1\n"), "no --hash=sha256 for sglang, torch"),
+    (other_set, f"holds sglang==0.5.8, the pins say sglang=={SGLANG}"),
+    (lambda p: write_lock(p, f"sglang=={SGLANG}\ntorch==2.14.1\n"), "no --hash=sha256 for sglang, torch"),
     (lambda p: write_lock(p, "sglang>=0.5\n"), "is not a 'name==version' requirement"),
     (lambda p: write_lock(p, SHIPPED.read_text().replace("# python 3.11,", "# python 3.12,")),
      "made for Python 3.12, the containers run 3.11"),
@@ -132,17 +147,34 @@ def test_lock_differences_name_each_package():
         "missing: sglang", "torch 2.9.0 (lock: 2.9.1)", "not in the lock: rich"]
 
 
-@pytest.mark.parametrize("python, platform", [("3.11", "x86_64-manylinux_2_36"),
-                                              ("3.13", "x86_64-manylinux_2_40")])
-def test_the_newest_release_locks_for_debian_12_and_13(tmp_path, python, platform, package_index):
+def test_the_newest_release_locks_for_debian_12(tmp_path, package_index):
     """Issue 21: from 0.5.11 sglang ships manylinux_2_34 wheels only, which a lock for
     manylinux_2_28 could not take. Locked here with uv against the real index."""
     values = {"sglang_version": "0.5.23", "torch_version": None, "flashinfer_version": None,
-              "stack_python": python, "pip_index_url": None, "torch_index_url": None}
+              "stack_python": "3.11", "pip_index_url": None, "torch_index_url": None}
     key = stack_lock.key_of(values)
-    assert key.platform == platform
+    assert key.platform == "x86_64-manylinux_2_36"
     lock = stack_lock.compile_lock(key, tmp_path / key.name)
-    assert (lock.platform, lock.python) == (platform, python)
+    assert (lock.platform, lock.python) == ("x86_64-manylinux_2_36", "3.11")
     assert {n: lock.packages[n] for n in ("sglang", "torch", "flashinfer-python", "sglang-kernel")} == {
         "sglang": "0.5.23", "torch": "2.14.1", "flashinfer-python": "0.7.2", "sglang-kernel": "0.4.10"}
-    assert stack_lock.parse(lock.path).platform == platform
+    assert stack_lock.parse(lock.path).platform == "x86_64-manylinux_2_36"
+
+
+@pytest.mark.parametrize("sglang, python, missing", [
+    # outlines 0.1.11 (0.5.23's pin) pins outlines-core 0.1.26: no cp313 wheel (Debian 13).
+    ("0.5.23", "3.13", "outlines-core==0.1.26 has no usable wheels"),
+    # 0.5.19 to 0.5.21 pin cuda-tile 1.6.0rc5, published as an sdist only.
+    ("0.5.21", "3.11", "cuda-tile==1.6.0rc5 has no usable wheels"),
+])
+def test_a_set_without_a_wheel_for_every_package_is_refused_at_lock_time(tmp_path, sglang, python,
+                                                                        missing, package_index):
+    """The store and the containers install wheels only: a lock naming an sdist would fail
+    later, when its wheels are fetched; uv names the package now."""
+    values = {"sglang_version": sglang, "torch_version": None, "flashinfer_version": None,
+              "stack_python": python, "pip_index_url": None, "torch_index_url": None}
+    key = stack_lock.key_of(values)
+    with pytest.raises(stack_lock.LockError) as caught:
+        stack_lock.compile_lock(key, tmp_path / key.name)
+    assert missing in str(caught.value)
+    assert list(tmp_path.iterdir()) == []

@@ -34,8 +34,8 @@ from pydantic import (
 from pve_sglang.connectors import connector_data_keys
 from pve_sglang.connectors.pct import VMID_MAX, VMID_MIN
 from pve_sglang.stack.lock import LockError, key_of, lock_path, read_checked
-from pve_sglang.stack.platform import PlatformError, platform_for
-from pve_sglang.stack.releases import ReleaseError, choose, read_release
+from pve_sglang.stack.platform import DEFAULT_RELEASE, PlatformError, platform_for
+from pve_sglang.stack.releases import ReleaseError, choose, read_release, toolkit_pin
 
 MOE_RUNNER_BACKENDS = (
     "auto",
@@ -193,6 +193,12 @@ def word_rule(pattern: str, allowed: str, flags: int = 0) -> Callable[[str], str
 
 # MAJOR.MINOR, e.g. 12.8 (NVIDIA's cuda-toolkit-12-8 package).
 major_minor = word_rule(r"\d+\.\d+", "MAJOR.MINOR, e.g. '12.8'")
+
+
+def _python_of_release(value: Any) -> Any:
+    """stack_python null: the default Debian release's python3 (a hosts file's container gets
+    its host's release's, filled in by hosts_file before validation)."""
+    return DEFAULT_RELEASE.python if value is None else value
 
 
 def debian_python(value: str) -> str:
@@ -450,7 +456,9 @@ class ContainerSettings(_Strict):
     # null: the version sglang_version requires; filled in by _set_follows_the_release.
     torch_version: ExactVersion | None
     flashinfer_version: ExactVersion | None
-    cuda_toolkit_version: Annotated[str, BeforeValidator(_version_text), AfterValidator(major_minor)]
+    # null: the CUDA of the set's torch (tasks/container.py asks stack.releases.toolkit_version).
+    cuda_toolkit_version: Annotated[str, BeforeValidator(_version_text),
+                                    AfterValidator(major_minor)] | None
     uv_version: ExactVersion
     venv_path: ContainerPath
     pip_index_url: HttpUrl | None
@@ -459,8 +467,10 @@ class ContainerSettings(_Strict):
     torch_index_url: HttpUrl | None
     stack_install: Literal["pinned", "sglang-no-deps"]
     stack_lock: Annotated[str, AfterValidator(local_file)] | None
-    stack_python: Annotated[str, BeforeValidator(_version_text), AfterValidator(major_minor),
-                            AfterValidator(debian_python)]
+    # null: the python3 of the Debian release the host creates the container from (the hosts
+    # file fills it in from template or lxc_release), Debian 12's where nothing names one.
+    stack_python: Annotated[str, BeforeValidator(_python_of_release), BeforeValidator(_version_text),
+                            AfterValidator(major_minor), AfterValidator(debian_python)]
     wheel_store: MountPath | None
     shared_layer: bool
     nvidia_runfile_url: HttpUrl | None
@@ -568,6 +578,7 @@ class ContainerSettings(_Strict):
         try:
             chosen = choose(release, self.torch_version, self.flashinfer_version,
                             self.stack_python)
+            toolkit_pin(release, self.cuda_toolkit_version)
         except ReleaseError as error:
             raise ValueError(str(error)) from None
         self.torch_version, self.flashinfer_version = chosen.torch, chosen.flashinfer

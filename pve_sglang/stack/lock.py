@@ -3,13 +3,14 @@ The locked stack: every package of a release set (sglang, torch, flashinfer-pyth
 their dependencies) at one version, with the sha256 of each of its files.
 
 A lock is ``uv pip compile --generate-hashes`` output for the containers' Python and platform,
-under a header naming the set. The lock of the default set lives in the repository
-(``group_data/locks/``) and is refreshed with ``make lock``; any other set gets its lock made
-once on the machine running pyinfra (in ``$PVE_SGLANG_CACHE``, else ``~/.cache/pve-sglang``)
+under a header naming the set. The lock of the default set (for Debian 12) lives in
+the repository (``group_data/locks/``) and are refreshed with ``make lock``; so does each
+preset's (``PRESETS``: the tuned run's 0.5.9), kept as it was made. Any other set gets its
+lock made once on the machine running pyinfra (in ``$PVE_SGLANG_CACHE``, else ``~/.cache/pve-sglang``)
 and reused; a lock file of one's own is the ``stack_lock`` setting. A lock whose versions are
 not the pins is refused.
 
-    python -m pve_sglang.stack.lock refresh     # the repository's lock of the default set
+    python -m pve_sglang.stack.lock refresh     # the repository's locks of the default set
     python -m pve_sglang.stack.lock show FILE   # what a lock holds
 """
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name as normalized  # PEP 503 names
 
 from pve_sglang.project import ROOT, cache_dir, load_defaults
-from pve_sglang.stack.platform import PlatformError, platform_for
+from pve_sglang.stack.platform import DEFAULT_RELEASE, PlatformError, platform_for
 
 #: The locks of the default release sets, in the checkout.
 SHIPPED = ROOT / "group_data" / "locks"
@@ -187,7 +188,11 @@ def compile_lock(key: LockKey, dest: Path) -> Lock:
 
     requirements = "".join(f"{n}=={v}\n" for n, v in key.pins)
     done = subprocess.run(
+        # Wheels only: the wheel store and the containers install wheels, never build one (a
+        # release pinning an sdist-only version, as 0.5.19-0.5.21 pin cuda-tile 1.6.0rc5, is
+        # refused here, not when its wheels are fetched).
         [find_uv_bin(), "pip", "compile", "--quiet", "--generate-hashes", "--no-header",
+         "--only-binary", ":all:",
          "--python-version", key.python, "--python-platform", key.platform, "-"],
         input=requirements, capture_output=True, text=True, timeout=900,
         env={**os.environ, **index_env(key)},
@@ -251,21 +256,46 @@ def key_of(values) -> LockKey:
     return LockKey(
         pins=(("sglang", get("sglang_version")), ("torch", torch),
               ("flashinfer-python", flashinfer)),
-        python=get("stack_python"),
+        python=get("stack_python") or DEFAULT_RELEASE.python,  # null: Debian 12's (the defaults)
         index_url=url("pip_index_url"),
         torch_index_url=url("torch_index_url"),
     )
 
 
+#: Release sets the repository keeps the locks of besides the default's, by name: the tuned
+#: run's (sglang 0.5.9, torch 2.9.1 cu128, flashinfer 0.6.3; Debian 12), ``sglang_version:
+#: "0.5.9"`` picks it.
+PRESETS = {"tuned": {"sglang_version": "0.5.9", "stack_python": "3.11"}}
+
+
+def kept_keys() -> list[LockKey]:
+    """The keys of the locks the repository keeps: the default set's for the default Debian
+    release (12), and each preset's. Not Debian 13's: 0.5.23's set has no wheels-only lock for
+    Python 3.13 (outlines-core 0.1.26, which outlines 0.1.11 pins, has no cp313 wheel)."""
+    defaults = load_defaults()
+    keys = [key_of({**defaults, "stack_python": DEFAULT_RELEASE.python})]
+    return keys + [key_of({**defaults, **preset}) for preset in PRESETS.values()]
+
+
+def refresh(folder: Path = SHIPPED) -> list[Lock]:
+    """Make the default set's locks again in FOLDER, and a preset's where it has none (a
+    preset's lock stays what its run used); the locks of any other set there go."""
+    keys = kept_keys()
+    defaults = len(keys) - len(PRESETS)
+    locks = [compile_lock(key, folder / key.name)
+             if index < defaults or not (folder / key.name).exists()
+             else read_checked(folder / key.name, key) for index, key in enumerate(keys)]
+    for old in folder.glob("*.txt"):
+        if old.name not in {key.name for key in keys}:
+            old.unlink()  # the repository keeps the default's and the presets' locks only
+    return locks
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["refresh"]:
-        key = default_key()
-        dest = SHIPPED / key.name
-        lock = compile_lock(key, dest)
-        for old in SHIPPED.glob("*.txt"):
-            if old != dest:
-                old.unlink()  # the repository keeps the default set's lock only
-        print(f"{dest.relative_to(ROOT)}: {lock.summary()}, {len(lock.text)} bytes, id {lock.id}")
+        for lock in refresh():
+            print(f"{lock.path.relative_to(ROOT)}: {lock.summary()}, {len(lock.text)} bytes, "
+                  f"id {lock.id}")
         return 0
     if argv[:1] == ["show"] and len(argv) == 2:
         lock = parse(Path(argv[1]))

@@ -2,6 +2,8 @@
 and glibc, so a wheel tagged up to that glibc (sglang ships manylinux_2_34 from 0.5.11) locks.
 
 A container's release is known by its python3 (``stack_python``): each Debian release has one.
+``stack_python`` null follows the release the host creates the container from: the Proxmox
+template (``debian-13-standard...``) or plain LXC's ``lxc_release`` (``trixie``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ class ContainerPlatform:
     codename: str
     python: str
     glibc: tuple[int, int]
+
+    @property
+    def nvidia_repo(self) -> str:
+        """The folder of NVIDIA's CUDA apt repository for this release (``debian12``)."""
+        return f"debian{self.debian}"
 
     @property
     def uv_platform(self) -> str:
@@ -54,3 +61,20 @@ def platform_for(python: str) -> ContainerPlatform:
             return release
     allowed = ", ".join(f"{r.python} (Debian {r.debian})" for r in DEBIAN_RELEASES)
     raise PlatformError(f"Python {python} is no Debian release's python3; allowed: {allowed}")
+
+
+#: The release a container gets when its host's settings name none the table knows.
+DEFAULT_RELEASE = DEBIAN_RELEASES[0]
+
+
+def release_of(platform: str, template: str | None, lxc_release: str | None) -> ContainerPlatform:
+    """The Debian release a host creates its containers from: on Proxmox (PLATFORM ``pve``) the
+    template's name (``debian-13-standard_13.1-2_amd64.tar.zst``, or a prefix of it), on plain
+    LXC the ``lxc_release`` codename. DEFAULT_RELEASE when neither names one of the table (a
+    template of another distribution: its python3 is then the user's to give in stack_python)."""
+    for release in DEBIAN_RELEASES:
+        if platform == "lxc" and lxc_release == release.codename:
+            return release
+        if platform == "pve" and (template or "").startswith(f"debian-{release.debian}-"):
+            return release
+    return DEFAULT_RELEASE

@@ -57,9 +57,15 @@ class ReleaseSet:
     cuda: tuple[int, int]  # the CUDA major and minor its cuda-python names
     requires_python: SpecifierSet
 
+    cuda_spec: SpecifierSet = SpecifierSet()  # cuda-python's specifier, as the release writes it
+
     @property
     def cuda_text(self) -> str:
         return f"{self.cuda[0]}.{self.cuda[1]}"
+
+    @property
+    def cuda_spec_text(self) -> str:
+        return str(self.cuda_spec)
 
     def describe(self) -> str:
         return (f"sglang {self.sglang}: torch{self.torch}, flashinfer-python{self.flashinfer}, "
@@ -112,6 +118,7 @@ def release_set(sglang: str, requires_python: str | None, requires: list[str]) -
         kernel_package=kernels[0], kernel=found[kernels[0]],
         cuda=(release[0], release[1] if len(release) > 1 else 0),
         requires_python=SpecifierSet(requires_python or ""),
+        cuda_spec=cuda_spec,
     )
 
 
@@ -158,6 +165,36 @@ def choose(release: ReleaseSet, torch: str | None, flashinfer: str | None,
                            f"Python{release.requires_python}; allowed: a container release "
                            "whose python3 it allows")
     return ChosenSet(release, *chosen)
+
+
+def toolkit_pin(release: ReleaseSet, pin: str | None) -> str | None:
+    """The user's ``cuda_toolkit_version`` PIN when its CUDA major is the release's (FlashInfer's
+    JIT compiles against torch's CUDA: another major does not link), else ReleaseError naming
+    both; None (follow the set) stays None."""
+    if pin is None or int(pin.split(".")[0]) == release.cuda[0]:
+        return pin
+    raise ReleaseError(f"field 'cuda_toolkit_version' = {pin!r}: sglang {release.sglang} runs "
+                       f"CUDA {release.cuda[0]} (cuda-python{release.cuda_spec_text}), not "
+                       f"CUDA {pin.split('.')[0]}; allowed: a {release.cuda[0]}.x toolkit, or "
+                       "null to follow the release")
+
+
+#: The CUDA runtime package torch's PyPI wheels depend on, before and after CUDA 13.
+CUDA_RUNTIME_PACKAGES = ("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime")
+
+
+def toolkit_version(release: ReleaseSet, pin: str | None, locked: dict[str, str]) -> str:
+    """The CUDA toolkit (``MAJOR.MINOR``) FlashInfer's JIT gets: the user's PIN, else the CUDA of
+    the torch the set locks (its runtime package in LOCKED, ``{name: version}``: torch 2.9.1 ->
+    12.8, torch 2.14.1 -> 13.0), else the release's own CUDA (cuda-python's)."""
+    if pin is not None:
+        return pin
+    for name in CUDA_RUNTIME_PACKAGES:
+        version = locked.get(name)
+        if version and Version(version).release[0] == release.cuda[0]:
+            major, minor = Version(version).release[:2]
+            return f"{major}.{minor}"
+    return release.cuda_text
 
 
 # --- where a release's requirements come from -----------------------------------------------

@@ -10,4 +10,4 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tasks.container import CUDA_KEYRING, cuda_keyring  # noqa: E402
 
-cuda_keyring(host.data.get("keyring_url", CUDA_KEYRING))
+cuda_keyring(host.data.get("keyring_url", CUDA_KEYRING.format(repo="debian12")))
