@@ -595,7 +595,7 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
         # The serving stack is the lock's, built beside earlier: venv_path links to it.
         stack = stacks.stack_path(defaults["venv_path"], lock.id)
         states.update({defaults["sglang_cache_dir"]: ("dir", "755", None),
-                       "/etc/sglang": ("dir", "700", None),
+                       "/etc/sglang": ("dir", "700", None), "/var/cache/pve-sglang": ("dir", "755", None),
                        f"{stack}/pyvenv.cfg": ("file", "644", "0" * 40),
                        layer.marker(defaults["wheel_store"], lock): ("file", "644", "0" * 40)})
         debs = ["ca-certificates", "curl", "python3", "python3-venv", "g++", "make",
