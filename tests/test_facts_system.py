@@ -125,3 +125,14 @@ def test_cgroup_through_local_connector():
 def test_vm_type_recorded_h200_firecracker_cpu_flag_fallback():
     # The H200 image has no systemd-detect-virt; its CPU flags carry "hypervisor".
     assert VirtualMachineType().process(lines("h200", "run2", "fact_VirtualMachineType.txt")) == "hypervisor"
+
+
+def test_debian_architecture_recorded_here(tmp_path):
+    """``dpkg --print-architecture`` as recorded on this machine; no dpkg: None, no failure."""
+    from pve_sglang.facts.system import DebianArchitecture
+
+    fake_bin(tmp_path, "dpkg", stdout=text("dev-docker", "dpkg_print_architecture.txt"))
+    done = run_command(DebianArchitecture().command(), [tmp_path])
+    assert DebianArchitecture().process(done.stdout.splitlines()) == "amd64"
+    done = run_command(DebianArchitecture().command(), [tmp_path / "none"], bare=True)
+    assert done.returncode == 0 and DebianArchitecture().process(done.stdout.splitlines()) is None
