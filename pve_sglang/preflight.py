@@ -15,13 +15,18 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
 from pyinfra.facts.server import Command, Which
-from packaging.version import Version
 
 from pve_sglang.runtime.cache import Kind, memo
 from pve_sglang.facts.nvidia import CharDeviceMajors, NvidiaDeviceNodes, NvidiaDriverVersion, NvidiaGpus
 from pve_sglang.facts.pve import PveContainerVersion
 from pve_sglang.facts.system import CgroupVersion, IommuAcs, VirtualMachineType
 from pve_sglang.gpu.passthrough import pve_dev_entries, raw_lxc_lines
+from pve_sglang.pve_releases import (
+    DEVN_FROM,
+    MOUNT_ATTRIBUTES_BROKEN,
+    has_devn,
+    mount_attributes_broken,
+)
 from pve_sglang.server.command import (
     ServerArgv,
     dist_init_addr,
@@ -87,6 +92,8 @@ class GpuHost:
     cgroup: str
     native_dev: bool
     compute_caps: list[str] = field(default_factory=list)
+    #: The host's pve-container version (None: plain LXC, or not installed).
+    pve_container: str | None = None
 
     def indices(self, wanted: str | list[int], where: str) -> list[int]:
         """The GPU indices a container gets; an index the host lacks is an error."""
@@ -97,8 +104,10 @@ class GpuHost:
         return list(pve_dev_entries(indices, self.nodes, mode="0666").values())
 
     def raw_lines(self, indices: list[int], style: str) -> list[str]:
-        """Raw ``lxc.*`` passthrough lines for these GPUs, in the host's cgroup version."""
-        cgroup = "v2" if self.cgroup == "v2" else "v1"
+        """Raw ``lxc.*`` passthrough lines for these GPUs, in the host's cgroup version; on
+        Proxmox (``style="pve"``) always ``lxc.cgroup2.*``: v1 keys are gone in Proxmox VE 9
+        and warned about from pve-container 6.1.6 (``gpu_host`` refuses a v1 Proxmox host)."""
+        cgroup = "v2" if self.cgroup == "v2" or style == "pve" else "v1"
         return raw_lxc_lines(indices, self.majors, self.nodes, style=style, cgroup=cgroup)
 
 
@@ -160,24 +169,52 @@ def gpu_host(host: Host, settings: HostSettings) -> GpuHost | None:
         )
     nodes = sorted({node["path"] for node in host.get_fact(NvidiaDeviceNodes)} | set(UVM_NODES))
     pve_container = host.get_fact(PveContainerVersion) if settings.platform == "pve" else None
-    native = bool(pve_container) and Version(_debian_upstream(pve_container)) >= Version(
-        settings.pve_container_native_dev_min
-    )
+    native = has_devn(pve_container, settings.pve_container_native_dev_min)
+    cgroup = host.get_fact(CgroupVersion) or "v2"
+    if settings.platform == "pve" and not native and cgroup != "v2":
+        raise PreflightError(
+            f"host {host.name}: pve-container {pve_container or '(not installed)'} passes GPUs "
+            f"as raw lxc lines (devN from {settings.pve_container_native_dev_min}), and this "
+            f"host's cgroup is {cgroup!r}: its devices controller is v1, where LXC ignores the "
+            "lxc.cgroup2.* rules, and the deploy writes no lxc.cgroup.* (v1) key on Proxmox "
+            "(gone in Proxmox VE 9, deprecated from pve-container 6.1.6). Boot with the unified "
+            "cgroup hierarchy (drop systemd.unified_cgroup_hierarchy=0 from the kernel command "
+            f"line) or update pve-container to {DEVN_FROM} or later (Proxmox VE 8.1+); nothing "
+            "was changed"
+        )
     _warn_about_p2p(host, len(gpus))
     return GpuHost(
         driver_version=driver,
         gpus=gpus,
         majors=host.get_fact(CharDeviceMajors),
         nodes=nodes,
-        cgroup=host.get_fact(CgroupVersion) or "v2",
+        cgroup=cgroup,
         native_dev=native,
         compute_caps=sorted({gpu["compute_cap"] for gpu in gpus}),
+        pve_container=pve_container,
     )
 
 
-def _debian_upstream(version: str) -> str:
-    """``5.2.3`` of a Debian version such as ``5.2.3`` or ``1:5.2.3-1``."""
-    return version.split(":")[-1].split("-")[0].split("~")[0]
+def bind_mount_sources(values: list[str]) -> list[str]:
+    """The host paths of the bind mounts among ``mpN`` values (``/tank/models,mp=/models``):
+    a source that is a path, not a storage volume (``local-lvm:vm-105-disk-1``)."""
+    return [value.split(",", 1)[0] for value in values if value.split(",", 1)[0].startswith("/")]
+
+
+def mount_attributes_warning(where: str, pve_container: str | None, bind_mounts: list[str]) -> str | None:
+    """The warning for bind mounts on a pve-container whose mount points take the owner and
+    mode of the directory in the container (6.0.19, 6.1.0), or None. Nothing is refused: a
+    mount over a directory that does not exist yet, or that root owns, starts as before."""
+    if not bind_mounts or not mount_attributes_broken(pve_container):
+        return None
+    low, fixed = MOUNT_ATTRIBUTES_BROKEN
+    return (
+        f"{where}: pve-container {pve_container} (from {low}) gives a mount point the owner and "
+        "mode of the directory already in the container; bind mounts may then fail to start or "
+        f"be unreadable ({', '.join(bind_mounts)}). Fixed for the root disk in 6.1.0 and for "
+        f"bind mounts in {fixed}: update pve-container (apt full-upgrade) before the container "
+        "next starts"
+    )
 
 
 def _warn_about_p2p(host: Host, gpu_count: int) -> None:

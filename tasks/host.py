@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.host import Host
@@ -28,14 +30,18 @@ from pve_sglang.container_config.lxc_keys import (
 )
 from pve_sglang.container_config.lxc_keys import limits as lxc_limits
 from pve_sglang.operations import boot, host_state, lxc, owned, pct, wheels
+from pve_sglang.facts.pve import PctStatus, PveContainerVersion
 from pve_sglang.operations.changes import any_changed
+from pve_sglang.pve_releases import devn_restart
 from pve_sglang.preflight import (
     GpuHost,
     PreflightError,
+    bind_mount_sources,
     check_container,
     check_container_tools,
     check_server_files,
     gpu_host,
+    mount_attributes_warning,
     stack_lock_of,
     select_gpus,
 )
@@ -199,16 +205,34 @@ def pve_container(
                options=_pve_options(cs, ct))
     pct.rootfs_size(name=f"Container {vmid} disk size", vmid=vmid, size_gib=cs.rootfs_size_gib)
     native = gpu is not None and gpu.native_dev
+    pve_container = host.get_fact(PveContainerVersion)
+    bind_mounts = bind_mount_sources(
+        _mount_values(cs) + [v for k, v in (current or {}).items()
+                             if re.fullmatch(r"mp\d+", k) and isinstance(v, str)])
+    warning = mount_attributes_warning(where, pve_container, sorted(set(bind_mounts)))
+    if warning:
+        logger.warning(warning)
     needs_restart = [
         pct.config(
-            name=f"Container {vmid} features, mounts" + (" and GPUs (devN)" if native else ""),
+            name=f"Container {vmid} features and mounts",
             vmid=vmid,
             options={"features": features},
             mounts=_mount_values(cs),
-            devices=gpu.dev_entries(indices) if native else ([] if gpu is None else None),
         )
     ]
-    if gpu is not None and not native:
+    if native or gpu is None:
+        devices = gpu.dev_entries(indices) if native else []
+        running = host.get_fact(PctStatus, vmid=vmid) == "running"
+        decision = devn_restart(pct.device_change(vmid, devices), pve_container, running)
+        gpus = pct.config(
+            name=f"Container {vmid} GPUs (devN: {decision.why})",
+            vmid=vmid,
+            options={},
+            devices=devices,
+        )
+        if decision.restart:
+            needs_restart.append(gpus)
+    else:
         needs_restart.append(
             owned.lines(
                 name=f"Container {vmid} GPU passthrough (raw lxc lines, NVIDIA majors from /proc/devices)",

@@ -37,6 +37,13 @@ from pve_sglang.connectors.container import ContainerNotRunningError
 from pve_sglang.connectors.pct import PctConnector
 
 STANDIN_BIN = Path(__file__).parent / "bin"
+#: A dpkg-query that says pve-container 6.1.10 (Proxmox VE 9.2's, tests/fixtures/pve/9.2) is
+#: installed and asks the real one about anything else: the connector reads the version to
+#: choose its ``pct exec`` form (the other releases: tests/test_connector_pct_releases.py).
+DPKG_QUERY_9_2 = (
+    "#!/bin/sh\ncase \"$*\" in *pve-container*) echo 'installed 6.1.10' ;; "
+    "*) exec /usr/bin/dpkg-query \"$@\" ;; esac\n"
+)
 
 
 def make_state(*hosts: tuple[str, dict]) -> State:
@@ -66,7 +73,11 @@ def pct_standin(lxc_container, lxc_env, monkeypatch, tmp_path):
             "PCT_STANDIN_CONTAINERS", " ".join(f"{k}={v}" for k, v in mapping.items())
         )
 
-    monkeypatch.setenv("PATH", f"{STANDIN_BIN}{os.pathsep}{os.environ['PATH']}")
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    (fake / "dpkg-query").write_text(DPKG_QUERY_9_2)
+    (fake / "dpkg-query").chmod(0o755)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(fake), str(STANDIN_BIN), os.environ["PATH"]]))
     monkeypatch.setenv("PCT_STANDIN_LXC_PATH", str(lxc_env.lxc_path))
     monkeypatch.setenv("PCT_STANDIN_LOG", str(tmp_path / "pct.log"))
     map_vmid(105, lxc_container)
@@ -118,8 +129,14 @@ def test_pct_outer_connector_choice():
 
 
 def test_pct_command_shapes():
-    inventory = Inventory((["@pct/pve1/105"], {}))
+    inventory = Inventory(([("@pct/pve1/105", {"pct_pve_container": "6.1.10"}),
+                            ("@pct/pve1/106", {"pct_pve_container": "5.0.8"})], {}))
     State(inventory, Config())
+    old = inventory.get_host("@pct/pve1/106").connector
+    assert old.make_exec_command(StringCommand("id")).get_raw_value() == (
+        "pct exec 106 -- env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
+        "container=lxc sh -c id"
+    )
     connector = inventory.get_host("@pct/pve1/105").connector
     exec_command = connector.make_exec_command(StringCommand("sh", "-c", "'echo hi'"))
     assert exec_command.get_raw_value() == "pct exec 105 --keep-env 0 -- sh -c 'sh -c '\"'\"'echo hi'\"'\"''"
@@ -262,6 +279,7 @@ def ssh_pve_host(lxc_container_factory, tmp_path):
         ),
     )
     container.attach("install -m 755 /dev/stdin /usr/local/bin/pct", input=(STANDIN_BIN / "pct").read_bytes())
+    container.attach("install -m 755 /dev/stdin /usr/local/bin/dpkg-query", input=DPKG_QUERY_9_2)
     container.attach(
         "cat > /etc/pct-standin.conf",
         input='PCT_STANDIN_CONTAINERS="105=."\nPCT_STANDIN_LOG=/root/pct.log\n',

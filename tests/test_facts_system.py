@@ -154,3 +154,14 @@ def test_initramfs_older_than_the_option_run_with_find(tmp_path):
     os.utime(conf, (500, 500))
     assert value(conf) == []
     assert value(tmp_path / "missing.conf") == []
+
+
+def test_debian_architecture_recorded_here(tmp_path):
+    """``dpkg --print-architecture`` as recorded on this machine; no dpkg: None, no failure."""
+    from pve_sglang.facts.system import DebianArchitecture
+
+    fake_bin(tmp_path, "dpkg", stdout=text("dev-docker", "dpkg_print_architecture.txt"))
+    done = run_command(DebianArchitecture().command(), [tmp_path])
+    assert DebianArchitecture().process(done.stdout.splitlines()) == "amd64"
+    done = run_command(DebianArchitecture().command(), [tmp_path / "none"], bare=True)
+    assert done.returncode == 0 and DebianArchitecture().process(done.stdout.splitlines()) is None

@@ -136,7 +136,8 @@ def test_converged_host_and_container_plan_no_pct_command():
         ("Create container 105", []),
         ("Container 105 size and network", []),
         ("Container 105 disk size", []),
-        ("Container 105 features, mounts and GPUs (devN)", []),
+        ("Container 105 features and mounts", []),
+        ("Container 105 GPUs (devN: unchanged)", []),
         ("Container 105 running", []),
     ]
 
@@ -387,3 +388,137 @@ def test_initramfs_older_than_the_uvm_option_is_updated_again():
     # The option written in this run updates it without asking the images.
     assert commands(plan({**gpu_host_responses(), **container_answers(None, None)}),
                     "update-initramfs") == ["update-initramfs -u -k all"]
+
+
+# --- each Proxmox VE release (tests/fixtures/pve: its pve-container version, recorded format) --
+
+from pve_sglang.facts.system import DebianArchitecture  # noqa: E402
+from pve_sglang.pve_releases import RELEASES, has_devn  # noqa: E402
+
+PVE = FIXTURES / "pve"
+RELEASE_NAMES = [r.name for r in RELEASES]
+
+
+def release_responses(name: str) -> dict:
+    """The H200 machine's answers on a Proxmox host of release NAME."""
+    return {**gpu_host_responses((PVE / name / "dpkg_query_pve_container.txt").read_text()),
+            DebianArchitecture().command(): (FIXTURES / "dev-docker" / "dpkg_print_architecture.txt").read_text()}
+
+
+def all_commands(ops: list) -> list[str]:
+    return [c for _, cmds in ops for c in cmds]
+
+
+@pytest.mark.parametrize("release", RELEASE_NAMES)
+def test_new_container_on_each_release_recorded_format(release):
+    """A new container planned on each release: devN from 8.1 (pve-container 5.0.7), raw
+    lxc.cgroup2 lines before; never a v1 lxc.cgroup. key; --unprivileged always explicit; the
+    template of the host's architecture."""
+    responses = {**release_responses(release), **container_answers(None, None),
+                 FileContents().command(path="/etc/pve/lxc/105.conf").get_raw_value(): "arch: amd64\n"}
+    ops = plan(responses)
+    [create] = commands(ops, "pct create 105")
+    assert "--unprivileged 1" in create
+    version = (PVE / release / "dpkg_query_pve_container.txt").read_text().split()[1]
+    uploads = commands(ops, "upload /etc/pve/lxc/105.conf")
+    if has_devn(version):
+        assert commands(ops, "--dev0 /dev/nvidia0,mode=0666") and uploads == []
+    else:
+        assert commands(ops, "--dev0") == []
+        [upload] = uploads
+        assert upload.splitlines()[1:] == ["arch: amd64", *NVIDIA_PVE]
+    assert not any("lxc.cgroup." in c for c in all_commands(ops))
+    assert commands(ops, "pct start 105") == ["pct start 105"]
+    assert commands(ops, "pct reboot") == []
+
+
+@pytest.mark.parametrize("release", [r.name for r in RELEASES if has_devn(r.pve_container)])
+def test_gpu_added_to_running_container_on_each_release_recorded_format(release, caplog):
+    """A device the running container lacks (the second nvidia-caps node): pve-container
+    6.0.4+ (Proxmox VE 9) hot-plugs it, no restart; before, one reboot; the plan says which."""
+    version = (PVE / release / "dpkg_query_pve_container.txt").read_text().split()[1]
+    responses = {**release_responses(release),
+                 **container_answers(converged_config(DEVICES_ALL[:-1]), "running")}
+    ops = plan(responses)
+    assert commands(ops, "pct set 105") == [f"pct set 105 --dev5 {DEVICES_ALL[-1]}"]
+    names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
+    if release.startswith("9."):
+        assert commands(ops, "pct reboot") == []
+        assert (f"Container 105 GPUs (devN: dev5 added: hot-plugged, no restart (pve-container "
+                f"{version} >= 6.0.4))") in names
+        assert "will restart" not in caplog.text
+    else:
+        assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
+        assert (f"Container 105 GPUs (devN: dev5 added: applied at a restart (pve-container "
+                f"{version} < 6.0.4 hot-plugs no device))") in names
+        assert "container 105 (pct reboot) will restart because: Container 105 GPUs (devN: dev5" \
+            in caplog.text
+
+
+@pytest.mark.parametrize("release", ["9.0", "9.2"])
+def test_gpu_removed_or_edited_restarts_once_even_with_hotplug_recorded_format(release):
+    responses = {**release_responses(release),
+                 **container_answers(converged_config(["/dev/nvidia1,mode=0666", *DEVICES_ALL]), "running")}
+    ops = plan(responses)
+    assert commands(ops, "pct set 105") == ["pct set 105 --delete dev0"]
+    assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
+    edited = converged_config(DEVICES_ALL).replace("dev1: /dev/nvidiactl,mode=0666",
+                                                   "dev1: /dev/nvidiactl,mode=0660")
+    ops = plan({**release_responses(release), **container_answers(edited, "running")})
+    assert commands(ops, "pct set 105") == ["pct set 105 --dev1 /dev/nvidiactl,mode=0666"]
+    assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
+
+
+@pytest.mark.parametrize("release, refused", [("7.4", True), ("8.0", True), ("8.1", False), ("9.2", False)])
+def test_hybrid_cgroup_on_proxmox_before_devn_is_refused_recorded_format(release, refused):
+    """A Proxmox host booted with the v1 devices controller (hybrid) on a release without
+    devN: the deploy would need lxc.cgroup.* keys, which it never writes on Proxmox."""
+    responses = {**release_responses(release), **container_answers(None, None),
+                 CgroupVersion().command(): "tmpfs\ncgroup2fs",
+                 FileContents().command(path="/etc/pve/lxc/105.conf").get_raw_value(): "arch: amd64\n"}
+    if refused:
+        with pytest.raises(PreflightError, match=r"host @fake/pve1: pve-container 4\.4-3|5\.0\.3"):
+            plan(responses)
+        with pytest.raises(PreflightError, match="this host's cgroup is 'hybrid'.*nothing was changed"):
+            plan(responses)
+    else:
+        ops = plan(responses)
+        assert not any("lxc.cgroup" in c for c in all_commands(ops))
+
+
+@pytest.mark.parametrize("version, warned", [
+    ("6.0.18", False), ("6.0.19", True), ("6.1.0", True), ("6.1.1", False),
+])
+def test_bind_mounts_on_pve_container_6_0_19_to_6_1_0_warn_recorded_format(version, warned, caplog):
+    """9.1 hosts updated between January and February 2026: a warning naming the bind mounts
+    (the wheel store here, and a user's models) and the fixed versions; nothing refused."""
+    responses = {**release_responses("9.1"), **container_answers(None, None),
+                 PveContainerVersion().command(): f"installed {version}"}
+    ops = plan(responses, mounts=[{"host_path": "/tank/models", "path": "/models", "read_only": True}])
+    assert commands(ops, "pct create 105")
+    if warned:
+        assert (f"host @fake/pve1, container 105: pve-container {version} (from 6.0.19) gives a "
+                "mount point the owner and mode") in caplog.text
+        assert "(/tank/models, /var/cache/pve-sglang/wheels)" in caplog.text
+        assert "Fixed for the root disk in 6.1.0 and for bind mounts in 6.1.1" in caplog.text
+    else:
+        assert "gives a mount point the owner" not in caplog.text
+
+
+def test_proxmox_raw_lines_are_cgroup2_whatever_the_host_cgroup():
+    """The one place raw passthrough lines get their cgroup key: on Proxmox always
+    lxc.cgroup2 (v1 keys are gone in Proxmox VE 9); on plain LXC the host's own version."""
+    from pve_sglang.preflight import GpuHost
+
+    majors = {"nvidia": 195, "nvidia-uvm": 238, "nvidia-caps": 241}
+    nodes = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"]
+    for cgroup in ("v2", "hybrid", "v1"):
+        gpu = GpuHost(driver_version="580.159.04", gpus=[], majors=majors, nodes=nodes,
+                      cgroup=cgroup, native_dev=False)
+        pve = gpu.raw_lines([0], style="pve")
+        assert [line for line in pve if "devices.allow" in line] == [
+            "lxc.cgroup2.devices.allow: c 195:0 rwm", "lxc.cgroup2.devices.allow: c 195:255 rwm",
+            "lxc.cgroup2.devices.allow: c 238:* rwm"]
+        lxc_key = "lxc.cgroup2.devices.allow" if cgroup == "v2" else "lxc.cgroup.devices.allow"
+        assert all(line.startswith(lxc_key) for line in gpu.raw_lines([0], style="lxc")
+                   if "devices.allow" in line)

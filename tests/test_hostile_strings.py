@@ -342,7 +342,10 @@ class Deploy:
         """The real container connector for this container (its exec and push commands)."""
         if self.platform == "pve":
             name = f"@pct/pve1/{self.ct_data['pct_vmid']}"
-            data = {"pct_vmid": self.ct_data["pct_vmid"], "ssh_hostname": "pve1"}
+            # pve-container of Proxmox VE 9.2 (tests/fixtures/pve): the --keep-env form; the
+            # form of older releases adds no string of the user's (test_connector_pct_releases).
+            data = {"pct_vmid": self.ct_data["pct_vmid"], "ssh_hostname": "pve1",
+                    "pct_pve_container": "6.1.10"}
         else:
             name = f"@lxc/lxc1/{self.ct_data['lxc_name']}"
             data = {"lxc_name": self.ct_data["lxc_name"], "lxc_path": self.ct_data["lxc_path"],

@@ -12,10 +12,15 @@ import pytest
 from harness import fact_value, op_commands
 from pve_sglang.container_config.owned_lines import owned_by_gpu_passthrough
 from pve_sglang.facts.pve import LxcContainerStatus, PctConfig, PctStatus, PveamTemplates
+from pve_sglang.facts.system import DebianArchitecture
 from pve_sglang.operations import lxc, owned, pct
 from pyinfra.facts.files import Directory, File, FileContents
 
 PUBLIC = Path(__file__).parent / "fixtures" / "public"
+PVE = Path(__file__).parent / "fixtures" / "pve"
+#: ``dpkg --print-architecture`` as recorded on this machine (tests/fixtures/dev-docker).
+ARCH = fact_value(DebianArchitecture, (Path(__file__).parent / "fixtures" / "dev-docker"
+                                       / "dpkg_print_architecture.txt").read_text())
 
 
 def recorded(name: str) -> str:
@@ -33,15 +38,15 @@ LIVE_104 = {"hostname": "webserver-ct-1", "cores": "1", "memory": "512", "swap":
 
 def test_recorded_pveam_list_template_prefix_present_means_no_download():
     assert op_commands(pct.template, storage="local", template="debian-12-standard",
-                       facts={(PveamTemplates, ("local",)): TEMPLATES}) == []
+                       facts={(PveamTemplates, ("local",)): TEMPLATES, DebianArchitecture: ARCH}) == []
 
 
 def test_recorded_pveam_list_missing_template_is_downloaded_newest_of_prefix():
     commands = op_commands(pct.template, storage="local", template="ubuntu-22.04-standard",
-                           facts={(PveamTemplates, ("local",)): TEMPLATES})
+                           facts={(PveamTemplates, ("local",)): TEMPLATES, DebianArchitecture: ARCH})
     assert len(commands) == 1
     assert "pveam available --section system" in commands[0]
-    assert "P=ubuntu-22.04-standard awk" in commands[0] and "sort -V" in commands[0]
+    assert "P=ubuntu-22.04-standard A=amd64 awk" in commands[0] and "sort -V" in commands[0]
     assert commands[0].endswith('pveam download local "$T"')
 
 
@@ -61,7 +66,7 @@ def test_template_prefix_is_matched_as_text_and_the_newest_is_downloaded(tmp_pat
     for prefix, expected in (("debian-12", "download local debian-12-standard_12.12-1_amd64.tar.zst"),
                              ("debian.12", None)):
         [command] = op_commands(pct.template, storage="local", template=prefix,
-                                facts={(PveamTemplates, ("local",)): []})
+                                facts={(PveamTemplates, ("local",)): [], DebianArchitecture: ARCH})
         done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
         if expected:
             assert done.returncode == 0 and done.stdout.strip() == expected
@@ -69,9 +74,74 @@ def test_template_prefix_is_matched_as_text_and_the_newest_is_downloaded(tmp_pat
             assert done.returncode == 1 and "no template matching debian.12" in done.stderr
 
 
+def _pick(tmp_path, listing: str, prefix: str, arch: str | None,
+          local: list[str] | None = None) -> subprocess.CompletedProcess | list[str]:
+    """Plan pct.template for PREFIX on a host of ARCH and run its command with sh against a
+    stand-in pveam that prints LISTING for ``available``; the planned commands when none."""
+    pveam = tmp_path / "pveam"
+    listing_file = tmp_path / "listing.txt"
+    listing_file.write_text(listing)
+    pveam.write_text("#!/bin/sh\n"
+                     'case "$1" in\n'
+                     f"available) [ \"$2 $3\" = '--section system' ] && cat '{listing_file}';;\n"
+                     'download) echo "download $2 $3";;\n'
+                     "esac\n")
+    pveam.chmod(0o755)
+    commands = op_commands(pct.template, storage="local", template=prefix,
+                           facts={(PveamTemplates, ("local",)): local or [], DebianArchitecture: arch})
+    if len(commands) != 1:
+        return commands
+    return subprocess.run(["sh", "-c", commands[0]], capture_output=True, text=True,
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+
+
+PVEAM_8 = (PVE / "8.4" / "pveam_available_system.txt").read_text()
+PVEAM_9_2_7 = (PVE / "9.2" / "pveam_available_system.txt").read_text()
+
+
+@pytest.mark.parametrize("listing", [PVEAM_8, PVEAM_9_2_7], ids=["8.x recorded", "9.2.7 recorded_format"])
+def test_template_prefix_picks_the_host_architecture_recorded(tmp_path, listing):
+    """pveam available of 8.x (two columns, real) and of 9.2.7+ (three, the architecture last;
+    its format, with arm64 rows newer than the amd64 ones): an amd64 host gets amd64."""
+    done = _pick(tmp_path, listing, "debian-12-standard", ARCH)
+    assert (done.returncode, done.stdout) == (0, "download local debian-12-standard_12.7-1_amd64.tar.zst\n")
+    done = _pick(tmp_path, listing, "ubuntu-24", ARCH)
+    assert done.stdout == "download local ubuntu-24.10-standard_24.10-1_amd64.tar.zst\n"
+
+
+def test_template_prefix_on_arm64_never_takes_amd64_recorded_format(tmp_path):
+    """An arm64 host: on 9.2.7+ the newest arm64 template of the prefix (column 3); on 8.x's
+    listing, which has none, an error naming the architecture, and no download."""
+    done = _pick(tmp_path, PVEAM_9_2_7, "debian-1", "arm64")
+    assert done.stdout == "download local debian-13-standard_13.2-1_arm64.tar.zst\n"
+    done = _pick(tmp_path, PVEAM_8, "debian-12-standard", "arm64")
+    assert done.returncode == 1 and "download" not in done.stdout
+    assert "no template matching debian-12-standard for architecture arm64" in done.stderr
+
+
+def test_template_architecture_from_the_name_when_the_column_says_unknown_recorded_format(tmp_path):
+    """9.2.7 prints ``unknown`` when the index has no architecture: the name's ``_ARCH.tar``
+    decides; and a 2-column listing (8.x's, with an arm64 row added) filters by name too."""
+    unknown = PVEAM_9_2_7.replace("arm64\n", "unknown\n")
+    assert _pick(tmp_path, unknown, "debian-1", ARCH).stdout == (
+        "download local debian-13-standard_13.1-2_amd64.tar.zst\n")
+    with_arm = PVEAM_8 + "system          debian-12-standard_12.12-1_arm64.tar.zst\n"
+    assert _pick(tmp_path, with_arm, "debian-12", ARCH).stdout == (
+        "download local debian-12-standard_12.7-1_amd64.tar.zst\n")
+
+
+def test_template_on_storage_of_another_architecture_is_not_taken():
+    local = ["local:vztmpl/debian-12-standard_12.7-1_arm64.tar.zst"]
+    assert pct.find_template(local, "local", "debian-12-standard", "arm64") == local[0]
+    assert pct.find_template(local, "local", "debian-12-standard", "amd64") is None
+    assert pct.find_template(local, "local", "debian-12-standard", None) == local[0]
+    # An exact file name is the user's own choice: taken as it is.
+    assert pct.find_template(local, "local", "debian-12-standard_12.7-1_arm64.tar.zst", "amd64") == local[0]
+
+
 def test_exact_template_name_downloads_that_file():
     assert op_commands(pct.template, storage="local", template="debian-12-standard_12.9-1_amd64.tar.zst",
-                       facts={(PveamTemplates, ("local",)): TEMPLATES}) == [
+                       facts={(PveamTemplates, ("local",)): TEMPLATES, DebianArchitecture: ARCH}) == [
         "pveam update && pveam download local debian-12-standard_12.9-1_amd64.tar.zst"
     ]
 
@@ -85,7 +155,8 @@ def test_recorded_missing_container_is_created_with_explicit_unprivileged():
                  "rootfs": "local-lvm:300", "features": "nesting=1",
                  "mp0": "/tank/models,mp=/models,ro=1"},
         unprivileged=True,
-        facts={(PctStatus, (105,)): MISSING, (PveamTemplates, ("local",)): TEMPLATES},
+        facts={(PctStatus, (105,)): MISSING, (PveamTemplates, ("local",)): TEMPLATES,
+               DebianArchitecture: ARCH},
     )
     assert commands == [
         "pct create 105 local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst --hostname glm5 "

@@ -260,7 +260,8 @@ def test_recorded_native_path_only_user_lines_differ_no_reboot():
     assert [name for name, _ in container_ops] == [
         "Container template debian-12-standard", "Create container 105",
         "Container 105 size and network", "Container 105 disk size",
-        "Container 105 features, mounts and GPUs (devN)", "Container 105 running",
+        "Container 105 features and mounts", "Container 105 GPUs (devN: unchanged)",
+        "Container 105 running",
     ]
     assert all(cmds == [] for _, cmds in container_ops)
 

@@ -13,7 +13,13 @@ from pyinfra.api.exceptions import InventoryError
 from pyinfra.connectors.base import DataMeta
 from pyinfra.connectors.util import CommandOutput
 
-from pve_sglang.connectors.container import ContainerConnector, is_local_hostname, push_into_container
+from pve_sglang.connectors.container import (
+    CONTAINER_PATH,
+    ContainerConnector,
+    is_local_hostname,
+    push_into_container,
+)
+from pve_sglang.pve_releases import VERSION_COMMAND, parse_dpkg_version, pct_exec_words
 
 #: Proxmox VE's VMID range, the one home of it (settings import it): ``pve-vmid`` in pve-common's
 #: src/PVE/JSONSchema.pm accepts ``^[1-9][0-9]{2,8}$``, i.e. 100..999999999.
@@ -24,6 +30,7 @@ VMID_MAX = 999_999_999
 class PctConnectorData(TypedDict, total=False):
     pct_vmid: int
     pct_local: bool
+    pct_pve_container: str
     ssh_hostname: str
 
 
@@ -32,6 +39,10 @@ pct_data_meta: dict[str, DataMeta] = {
     "pct_local": DataMeta(
         "The Proxmox host is this machine: run ``pct`` locally even if ``ssh_hostname`` is set",
         False,
+    ),
+    "pct_pve_container": DataMeta(
+        "pve-container version of the Proxmox host (``5.0.8``), which decides how ``pct exec`` "
+        "gets a clean environment; unset: read once from the host with dpkg-query",
     ),
     "ssh_hostname": DataMeta(
         "Proxmox host, reached over SSH as root (all ``ssh_*`` data apply); unset, "
@@ -68,6 +79,10 @@ class PctConnector(ContainerConnector):
     with ``pct exec VMID --keep-env 0 -- sh -c PUSH_SCRIPT sh DST SIZE < TMP`` (a complete
     file renamed into place, see ``container.PUSH_SCRIPT``) and out with ``pct pull VMID SRC
     TMP`` through a private temporary directory on the host, which is removed afterwards.
+    ``pct exec`` before pve-container 5.0.9 has no ``--keep-env`` (and passes the host's
+    environment in): there, and when the version cannot be read, commands run as ``pct exec
+    VMID -- env -i PATH=... sh -c '<command>'`` (``pve_releases.pct_exec_words``). The version
+    is read once per connector from the host (``pct_pve_container`` overrides it).
 
     ``connect()`` does not touch the container; ``container_ready()`` asks ``pct status``.
     """
@@ -98,6 +113,11 @@ class PctConnector(ContainerConnector):
 
         yield f"@pct/{name}", data, ["@pct"]
 
+    def __init__(self, state, host):
+        super().__init__(state, host)
+        self._version: str | None = None
+        self._version_known = False
+
     def _vmid(self) -> str:
         vmid = self.data["pct_vmid"]
         if vmid is None:
@@ -113,18 +133,28 @@ class PctConnector(ContainerConnector):
         where = "this machine" if self.is_local() else self.data["ssh_hostname"]
         return f"{self.container_kind} {self._vmid()} ({where})"
 
+    def pve_container(self) -> str | None:
+        """The host's pve-container version (None: not installed or not readable), read once."""
+        if not self._version_known:
+            version = self.data.get("pct_pve_container")
+            if not version:
+                status, output = self.outer.run_shell_command(StringCommand(VERSION_COMMAND))
+                version = parse_dpkg_version(output.stdout_lines) if status else None
+            self._version, self._version_known = version, True
+        return self._version
+
+    def _exec_words(self) -> list[str]:
+        return pct_exec_words(self._vmid(), self.pve_container(), CONTAINER_PATH)
+
     @override
     def make_exec_command(self, inner: StringCommand) -> StringCommand:
-        return StringCommand(
-            "pct", "exec", self._vmid(), "--keep-env", "0", "--", "sh", "-c", QuoteString(inner)
-        )
+        return StringCommand(*self._exec_words(), "sh", "-c", QuoteString(inner))
 
     @override
     def make_push_command(self, host_source: str, container_dest: str) -> StringCommand:
         # Not `pct push`: it writes the destination in place (a cut transfer leaves part of
         # the file) and gives a new file its mode once the content is there.
-        return push_into_container(["pct", "exec", self._vmid(), "--keep-env", "0", "--"],
-                                   host_source, container_dest)
+        return push_into_container(self._exec_words(), host_source, container_dest)
 
     @override
     def make_pull_command(self, container_source: str, host_dest: str) -> StringCommand:

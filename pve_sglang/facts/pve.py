@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover
     def override(func):  # type: ignore[no-redef]
         return func
 
+from pve_sglang.pve_releases import VERSION_COMMAND, parse_dpkg_version
 from pve_sglang.runtime.pyinfra_private import joined
 
 # `pct` for a VMID without a config on this node: "Configuration file 'nodes/pve/lxc/105.conf'
@@ -49,28 +50,17 @@ def _is_missing(lines: list[str]) -> bool:
     )
 
 
-def parse_dpkg_version(lines: list[str]) -> str | None:
-    """``dpkg-query -W -f '${db:Status-Status} ${Version}\\n'``: the version if installed."""
-    for line in lines:
-        status, _, version = line.strip().partition(" ")
-        if status == "installed" and version:
-            return version
-    return None
-
-
 class PveContainerVersion(FactBase[str | None]):
     """
-    Returns the installed version of the ``pve-container`` package (``"5.2.3"``), which decides
-    whether native ``devN:`` passthrough exists (>= 5.0.7), or ``None`` when it is not installed
-    (not a Proxmox VE host).
+    Returns the installed version of the ``pve-container`` package (``"5.2.3"``), on which
+    every rule of ``pve_sglang.pve_releases`` is keyed (``devN`` passthrough, ``pct exec
+    --keep-env``, device hot-plug ...), or ``None`` when it is not installed (not a Proxmox VE
+    host).
     """
 
     @override
     def command(self) -> str:
-        return (
-            "dpkg-query -W -f '${db:Status-Status} ${Version}\\n' pve-container 2>/dev/null"
-            " || true"
-        )
+        return VERSION_COMMAND
 
     @override
     def process(self, output: list[str]) -> str | None:

@@ -184,3 +184,19 @@ class InitramfsOlderThan(FactBase[list[str]]):
     @override
     def process(self, output: list[str]) -> list[str]:
         return sorted(line.strip() for line in output if "/initrd.img-" in line)
+
+
+class DebianArchitecture(FactBase[str | None]):
+    """
+    Returns the host's Debian architecture (``dpkg --print-architecture``: ``"amd64"``,
+    ``"arm64"``), the names Proxmox's container templates carry; ``None`` without dpkg.
+    """
+
+    @override
+    def command(self) -> str:
+        return "dpkg --print-architecture 2>/dev/null || true"
+
+    @override
+    def process(self, output: list[str]) -> str | None:
+        values = [line.strip() for line in output if line.strip()]
+        return values[0] if values else None

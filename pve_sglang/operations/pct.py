@@ -12,6 +12,8 @@ from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
 from pve_sglang.runtime.pyinfra_private import joined
 from pve_sglang.facts.pve import PctConfig, PctStatus, PveamTemplates
+from pve_sglang.facts.system import DebianArchitecture
+from pve_sglang.pve_releases import ARCHES, DeviceChange, template_arch
 
 TEMPLATE_SUFFIXES = (".tar.zst", ".tar.gz", ".tar.xz")
 
@@ -36,25 +38,42 @@ def _version_key(name: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def find_template(volids: list[str], storage: str, template: str) -> str | None:
-    """The template volume for TEMPLATE: the exact file, or the newest whose name starts with it."""
+def find_template(volids: list[str], storage: str, template: str,
+                  arch: str | None = None) -> str | None:
+    """The template volume for TEMPLATE: the exact file, or the newest whose name starts with
+    it and, ARCH given, whose architecture (``template_arch``) is ARCH."""
     prefix = f"{storage}:vztmpl/"
     names = [volid[len(prefix):] for volid in volids if volid.startswith(prefix)]
     if template.endswith(TEMPLATE_SUFFIXES):
         return prefix + template if template in names else None
-    matches = sorted((n for n in names if n.startswith(template)), key=_version_key)
+    matches = sorted((n for n in names if n.startswith(template)
+                      and (arch is None or template_arch(n) == arch)), key=_version_key)
     return prefix + matches[-1] if matches else None
+
+
+#: The lines of ``pveam available`` whose template (column 2) starts with $P and, $A not
+#: empty, whose architecture is $A: column 3 where pveam prints it (pve-manager 9.2.7+), else
+#: the name's ``_ARCH.tar.*`` ending; ``pve_releases.template_arch`` in awk.
+PICK_AWK = (
+    'index($2, ENVIRON["P"]) == 1 { a = $3; if (a == "" || a == "unknown") { a = ""; '
+    'if (match($2, /_[a-z0-9]+\\.tar\\.[a-z0-9]+$/)) { a = substr($2, RSTART + 1); '
+    'sub(/\\.tar\\..*$/, "", a) } '
+    f'if (index(" {" ".join(ARCHES)} ", " " a " ") == 0) a = "" }} '
+    'if (ENVIRON["A"] == "" || a == ENVIRON["A"]) print $2 }'
+)
 
 
 @operation()
 def template(storage: str, template: str):
     """
     Make sure a container template is on STORAGE (``pveam download``): an exact file name, or
-    a name prefix that takes the newest matching template ``pveam available`` lists.
+    a name prefix that takes the newest matching template of the host's architecture
+    (``dpkg --print-architecture``) that ``pveam available`` lists.
 
     + storage: the Proxmox storage that holds container templates, e.g. ``local``
     + template: a template file name (``debian-12-standard_12.7-1_amd64.tar.zst``) or a prefix
-      (``debian-12-standard``); a prefix already matched by a template on STORAGE downloads nothing
+      (``debian-12-standard``); a prefix already matched by a template of the host's
+      architecture on STORAGE downloads nothing
 
     **Example:**
 
@@ -68,7 +87,8 @@ def template(storage: str, template: str):
             template="debian-12-standard",
         )
     """
-    present = find_template(host.get_fact(PveamTemplates, storage=storage), storage, template)
+    arch = host.get_fact(DebianArchitecture)
+    present = find_template(host.get_fact(PveamTemplates, storage=storage), storage, template, arch)
     if present:
         host.noop(f"template {present} is present")
         return
@@ -76,13 +96,16 @@ def template(storage: str, template: str):
         yield StringCommand("pveam update && pveam download", QuoteString(storage),
                             QuoteString(template))
         return
-    # The newest system template with this prefix, as pveam lists them today. The prefix is
-    # compared as text (awk's index, from the environment: no regex, no escapes).
+    # The newest system template with this prefix and the host's architecture, as pveam
+    # lists them today. The prefix is compared as text (awk's index, from the environment: no
+    # regex, no escapes).
+    of_arch = f" for architecture {arch}" if arch else ""
     yield StringCommand(
         "pveam update >/dev/null && T=$(pveam available --section system |",
-        joined("P=", QuoteString(template)),
-        "awk 'index($2, ENVIRON[\"P\"]) == 1 {print $2}' | sort -V | tail -n 1) && [ -n \"$T\" ] ||",
-        "{ printf '%s\\n'", QuoteString(f"no template matching {template} in pveam available"),
+        joined("P=", QuoteString(template)), joined("A=", QuoteString(arch or "")),
+        "awk", QuoteString(PICK_AWK), "| sort -V | tail -n 1) && [ -n \"$T\" ] ||",
+        "{ printf '%s\\n'",
+        QuoteString(f"no template matching {template}{of_arch} in pveam available"),
         ">&2; exit 1; }; pveam download", QuoteString(storage), '"$T"',
     )
 
@@ -151,7 +174,8 @@ def create(
     if host.get_fact(PctStatus, vmid=vmid) is not None:
         host.noop(f"container {vmid} exists")
         return
-    volid = find_template(host.get_fact(PveamTemplates, storage=storage), storage, template)
+    volid = find_template(host.get_fact(PveamTemplates, storage=storage), storage, template,
+                          host.get_fact(DebianArchitecture))
     volid = volid or f"{storage}:vztmpl/{template}"
     args = [bit for key, value in options.items() for bit in (f"--{key}", QuoteString(str(value)))]
     yield StringCommand("pct create", str(int(vmid)), QuoteString(volid), *args,
@@ -216,14 +240,8 @@ def config(
         keyed = keyed_entries("mp", mounts, current, lambda a, b: _mount_point(a) == _mount_point(b))
         changes.update({k: v for k, v in keyed.items() if _differs(v, current.get(k))})
     if devices is not None:
-        keyed = keyed_entries("dev", devices, current, lambda a, b: _first(a) == _first(b))
-        changes.update({k: v for k, v in keyed.items() if _differs(v, current.get(k))})
-        deletes = sorted(
-            (key for key, value in current.items()
-             if re.fullmatch(r"dev\d+", key) and key not in keyed
-             and isinstance(value, str) and _first(value).startswith("/dev/nvidia")),
-            key=_version_key,
-        )
+        device_sets, deletes = device_plan(current, devices)
+        changes.update(device_sets)
     if not changes and not deletes:
         host.noop(f"container {vmid} config is up to date")
         return
@@ -232,6 +250,32 @@ def config(
         args.append(f"--delete {','.join(deletes)}")
     yield StringCommand("pct set", str(int(vmid)), *args)
     cache.changed(config_path(vmid))  # read again: Kind.PCT_CONFIG
+
+
+def device_plan(current: dict, devices: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The ``devN`` keys to set (each wanted value keeps the key of its current twin, the same
+    node) and the ``/dev/nvidia*`` keys to delete, for DEVICES against config CURRENT."""
+    keyed = keyed_entries("dev", devices, current, lambda a, b: _first(a) == _first(b))
+    sets = {k: v for k, v in keyed.items() if _differs(v, current.get(k))}
+    deletes = sorted(
+        (key for key, value in current.items()
+         if re.fullmatch(r"dev\d+", key) and key not in keyed
+         and isinstance(value, str) and _first(value).startswith("/dev/nvidia")),
+        key=_version_key,
+    )
+    return sets, deletes
+
+
+def device_change(vmid: int, devices: list[str]) -> DeviceChange:
+    """What ``config(devices=DEVICES)`` would do to container VMID's ``devN`` keys: added
+    (a key not in its config), edited, removed."""
+    current = current_config(vmid) or {}
+    sets, deletes = device_plan(current, devices)
+    return DeviceChange(
+        added=tuple(sorted((k for k in sets if k not in current), key=_version_key)),
+        edited=tuple(sorted((k for k in sets if k in current), key=_version_key)),
+        removed=tuple(deletes),
+    )
 
 
 @operation()
