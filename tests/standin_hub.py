@@ -46,6 +46,8 @@ class Repo:
     commits: dict[str, dict[str, Path]]
     gated: bool = False
     default: str = "main"
+    #: Sizes the metadata claims instead of the files' (a model too large for the disk).
+    declared: dict[str, int] = field(default_factory=dict)
 
 
 def digests(path: Path) -> tuple[str, str]:
@@ -80,10 +82,10 @@ class StandinHub:
             return rev
         return repo.refs.get(rev)
 
-    def siblings(self, files: dict[str, Path]) -> list[dict]:
+    def siblings(self, files: dict[str, Path], declared: dict[str, int] | None = None) -> list[dict]:
         out = []
         for name, path in sorted(files.items()):
-            size = path.stat().st_size
+            size = (declared or {}).get(name, path.stat().st_size)
             sha, blob = self.digest(path)
             entry = {"rfilename": name, "size": size, "blobId": blob}
             if name.endswith(LFS_SUFFIXES):
@@ -169,7 +171,7 @@ class StandinHub:
             return self.error(request, 404, "RevisionNotFound", "Invalid rev id: " + rev)
         body = json.dumps({"id": name, "modelId": name, "sha": commit, "private": False,
                            "gated": "manual" if repo.gated else False, "disabled": False,
-                           "tags": [], "siblings": self.siblings(repo.commits[commit])}).encode()
+                           "tags": [], "siblings": self.siblings(repo.commits[commit], repo.declared)}).encode()
         request.send_response(200)
         request.send_header("Content-Type", "application/json")
         request.send_header("Content-Length", str(len(body)))

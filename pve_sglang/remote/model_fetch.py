@@ -13,28 +13,34 @@ store (default)   ROOT/<commit>/ holds the files (mounted read-only into contain
 
 Commands:
 
-``plan --repo R [--revision REV] --root ROOT [--flat] [--env-file F]``
-    Resolves REV (default: the default branch) to a commit, once: a branch or tag seen
-    before keeps the commit recorded in revisions.json, and a hub that moved it since is
-    reported (``moved``), never followed. Checks every file present at the hub's size, LFS
-    files at their sha256 and the others at their git blob id (a file whose size and mtime
-    are those it was verified at is not hashed again); removes a file that differs (so it is
-    fetched again). Prints ``{"commit", "revision", "recorded", "hub_commit", "files",
-    "bytes", "missing_files", "missing_bytes", "partial_bytes", "free_bytes", "complete",
-    "gated", "dir"}`` or ``{"error": {"kind", "message"}}`` (kinds: not-found,
-    revision-not-found, gated, unauthorized, network).
-``fetch --repo R --commit C --root ROOT [--flat] [--env-file F] [--interval S] [--workers N]``
-    Downloads what ``plan`` finds missing (huggingface_hub resumes a ``.incomplete`` file),
-    verifies each file, and writes the marker (MARKER in the commit's folder) last. Prints
-    ``{"p": {"done", "total", "files_done", "files", "rate", "eta"}}`` every S seconds and
-    at the end ``{"done": {...}}`` or ``{"error": {...}}``. Only one fetch of a commit runs
-    at a time (a lock file); a second one prints ``{"busy": true}`` and returns.
+``plan --repo R [--revision REV] --root ROOT [--flat] [--link L] [--env-file F]``
+    Changes nothing. Resolves REV (default: the default branch) to a commit: a branch or tag
+    fetched before keeps the commit recorded in revisions.json, and a hub that moved it since
+    is reported (``recorded`` differs from ``hub_commit``), never followed. Checks every file
+    present at the hub's size, LFS files at their sha256 and the others at their git blob id
+    (a file whose size, mtime and inode are those it was verified at is not hashed again).
+    Prints ``{"repo", "commit", "revision", "recorded", "hub_commit", "files", "bytes",
+    "missing_files", "missing_bytes", "partial_bytes", "free_bytes", "complete", "settled",
+    "gated", "dir"}`` (``settled``: the revision is recorded and the link L names the commit)
+    or ``{"error": {"kind", "message"}}`` (kinds: not-found, revision-not-found, gated,
+    unauthorized, network).
+``fetch --repo R --commit C [--revision REV] --root ROOT [--flat] [--link L] [--env-file F]
+[--interval S] [--workers N] [--background]``
+    Removes each file that is not the hub's, downloads what is missing (huggingface_hub
+    resumes a ``.incomplete`` file), verifies each file, writes the marker (MARKER in the
+    commit's folder) last, then records REV's commit and points the link L (the path the
+    containers mount) at the commit's folder. Writes ``{"p": {"done", "total", "files_done",
+    "files", "rate", "eta"}}`` every S seconds and at the end ``{"done": {...}}`` or ``{"error":
+    {...}}`` to ROOT's ``<commit>.log`` (and the last line to stdout). One fetch of a commit
+    runs at a time (a lock file): another prints ``{"busy": true}`` and returns.
+    ``--background``: returns once the lock is held and the log is fresh (``{"started":
+    true}``), the fetch going on in its own session.
 ``watch --log L --offset N --max-wait S``
     The fetch log L's lines after byte N as they come, for up to S seconds, returning at
     once on the fetch's last line; then ``{"offset": M, "running": bool}``.
 
 The token is read from the env file (``HF_TOKEN="..."``) by this process: never on a
-command line, never printed.
+command line, never printed. ``HF_ENDPOINT`` in the env file names a hub mirror.
 """
 
 from __future__ import annotations
@@ -53,6 +59,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 MARKER = ".pve-sglang-model.json"
 TOKEN_VAR = "HF_TOKEN"
+ENDPOINT_VAR = "HF_ENDPOINT"
+#: The key of the default branch (no revision) in revisions.json.
+DEFAULT_LABEL = "_default"
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 HASH_CHUNK = 8 * 1024 * 1024
 
@@ -133,10 +142,20 @@ class HubError(Exception):
         self.kind = kind
 
 
+def client():
+    """huggingface_hub, imported once the environment (HF_ENDPOINT) is set: it reads its
+    constants when imported."""
+    try:
+        import huggingface_hub
+        import huggingface_hub.errors  # noqa: F401 - the submodule, for its attribute
+    except ImportError:
+        raise HubError("client", f"huggingface_hub is not installed for {sys.executable}") from None
+    return huggingface_hub
+
+
 def hub_error(error: Exception, repo: str, revision: str | None) -> HubError:
     """The hub's answer as one of a few kinds, with a message a user can act on."""
-    from huggingface_hub import errors
-
+    errors = client().errors
     where = f"{repo}" + (f" at revision {revision!r}" if revision else "")
     if isinstance(error, errors.GatedRepoError):
         return HubError("gated", f"{where} is gated and the token (hf_token) has no access: "
@@ -155,10 +174,9 @@ def hub_error(error: Exception, repo: str, revision: str | None) -> HubError:
 
 def model_files(repo: str, revision: str | None, token: str | None) -> tuple[str, list[dict], object]:
     """(commit, [{"name", "size", "sha256" | None, "blob"}], gated) of REPO at REVISION."""
-    from huggingface_hub import HfApi
-
+    api = client().HfApi(token=token or False)
     try:
-        info = HfApi(token=token or False).model_info(repo, revision=revision, files_metadata=True)
+        info = api.model_info(repo, revision=revision, files_metadata=True)
     except Exception as error:  # noqa: BLE001 - each is named by hub_error
         raise hub_error(error, repo, revision) from None
     files = [{"name": s.rfilename, "size": s.lfs.size if s.lfs else s.size,
@@ -170,12 +188,11 @@ def model_files(repo: str, revision: str | None, token: str | None) -> tuple[str
 def check_access(repo: str, commit: str, files: list[dict], token: str | None) -> None:
     """A gated repository answers its metadata to anyone and its files only to a granted
     token: ask for one file's metadata (a HEAD, no bytes)."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url
-
     if not files:
         return
+    hub = client()
     try:
-        get_hf_file_metadata(hf_hub_url(repo, files[0]["name"], revision=commit), token=token or False)
+        hub.get_hf_file_metadata(hub.hf_hub_url(repo, files[0]["name"], revision=commit), token=token or False)
     except Exception as error:  # noqa: BLE001
         raise hub_error(error, repo, commit) from None
 
@@ -243,8 +260,10 @@ def partial_bytes(folder: str) -> int:
     return total
 
 
-def check(folder: str, commit: str, files: list[dict], verified_path: str) -> tuple[list[dict], dict]:
-    """(the files that are missing or not the hub's, removed; the verified records)."""
+def check(folder: str, commit: str, files: list[dict], verified_path: str,
+          remove: bool = True) -> tuple[list[dict], dict]:
+    """(the files that are missing or not the hub's, removed when REMOVE; the verified
+    records)."""
     records = read_json(verified_path, {})
     records = records if isinstance(records, dict) and records.get("commit") == commit else {}
     per_file = records.get("files") or {}
@@ -252,7 +271,7 @@ def check(folder: str, commit: str, files: list[dict], verified_path: str) -> tu
     for entry in files:
         if not verify_file(folder, entry, per_file):
             per_file.pop(entry["name"], None)
-            if os.path.lexists(os.path.join(folder, entry["name"])):
+            if remove and os.path.lexists(os.path.join(folder, entry["name"])):
                 forget_file(folder, entry["name"])
             missing.append(entry)
     return missing, {"commit": commit, "files": per_file}
@@ -263,52 +282,76 @@ def check(folder: str, commit: str, files: list[dict], verified_path: str) -> tu
 
 def pinned(layout: Layout, repo: str, revision: str | None, hub_commit: str) -> tuple[str, str | None]:
     """(the commit to serve, the commit recorded before, if any) for REVISION: a commit is
-    itself; a branch or tag keeps the commit recorded the first time it was resolved."""
-    label = revision or "default branch"
+    itself; a branch or tag keeps the commit recorded the first time it was fetched."""
     if revision and COMMIT_RE.match(revision):
         return revision, None
     known = read_json(layout.revisions(), {})
     known = known if isinstance(known, dict) else {}
-    recorded = (known.get(repo) or {}).get(label)
+    recorded = (known.get(repo) or {}).get(revision or DEFAULT_LABEL)
     if recorded:
         return recorded["commit"], recorded["commit"]
-    known.setdefault(repo, {})[label] = {"commit": hub_commit, "resolved_at": int(time.time())}
-    write_json(layout.revisions(), known)
     return hub_commit, None
+
+
+def record(layout: Layout, repo: str, revision: str | None, commit: str) -> None:
+    """Record the commit a branch or tag resolved to (a commit needs no record)."""
+    if revision and COMMIT_RE.match(revision):
+        return
+    known = read_json(layout.revisions(), {})
+    known = known if isinstance(known, dict) else {}
+    label = revision or DEFAULT_LABEL
+    if (known.get(repo) or {}).get(label, {}).get("commit") != commit:
+        known.setdefault(repo, {})[label] = {"commit": commit, "resolved_at": int(time.time())}
+        write_json(layout.revisions(), known)
+
+
+def link_ok(link: str | None, folder: str) -> bool:
+    return link is None or os.path.realpath(link) == os.path.realpath(folder)
+
+
+def set_link(link: str | None, folder: str) -> None:
+    """LINK (the path the containers mount) names FOLDER, replaced whole (a rename)."""
+    if link is None or link_ok(link, folder):
+        return
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    tmp = f"{link}.tmp{os.getpid()}"
+    os.symlink(os.path.relpath(folder, os.path.dirname(link)), tmp)
+    os.replace(tmp, link)
 
 
 # --- commands -----------------------------------------------------------------------------
 
 
 def plan(args) -> dict:
+    """What a fetch would do; changes nothing (but the cache of verified hashes)."""
     token = env_value(args.env_file, TOKEN_VAR)
     layout = Layout(args.root, args.flat)
     try:
-        hub_commit, _files, _gated = model_files(args.repo, args.revision, token)
+        hub_commit, files, gated = model_files(args.repo, args.revision, token)
         commit, recorded = pinned(layout, args.repo, args.revision, hub_commit)
         if commit != hub_commit:
             _c, files, gated = model_files(args.repo, commit, token)
-        else:
-            files, gated = _files, _gated
         if gated:
             check_access(args.repo, commit, files, token)
     except HubError as error:
         return {"error": {"kind": error.kind, "message": str(error)}}
     folder = layout.files(commit)
-    os.makedirs(folder, exist_ok=True)
     marker = read_json(os.path.join(folder, MARKER), None)
-    missing, records = check(folder, commit, files, layout.verified(commit))
-    write_json(layout.verified(commit), records)
-    if missing and marker is not None:
-        os.unlink(os.path.join(folder, MARKER))  # not complete any more
-        marker = None
+    missing, records = check(folder, commit, files, layout.verified(commit), remove=False)
+    if os.path.isdir(folder):
+        write_json(layout.verified(commit), records)
     total = sum(entry["size"] or 0 for entry in files)
+    probe = folder
+    while not os.path.isdir(probe):
+        probe = os.path.dirname(probe)
     return {
-        "commit": commit, "revision": args.revision, "recorded": recorded,
+        "repo": args.repo, "commit": commit, "revision": args.revision, "recorded": recorded,
         "hub_commit": hub_commit, "files": len(files), "bytes": total, "dir": folder,
         "missing_files": len(missing), "missing_bytes": sum(e["size"] or 0 for e in missing),
-        "partial_bytes": partial_bytes(folder), "free_bytes": shutil.disk_usage(folder).free,
+        "partial_bytes": partial_bytes(folder), "free_bytes": shutil.disk_usage(probe).free,
         "complete": not missing and marker is not None and marker.get("commit") == commit,
+        "settled": (recorded is not None or bool(args.revision and COMMIT_RE.match(args.revision)))
+                   and link_ok(args.link, folder),
         "gated": bool(gated),
     }
 
@@ -360,7 +403,18 @@ def fetch(args) -> int:
     except OSError:
         emit({"busy": True})
         return 0
-    with open(layout.log(args.commit), "w", encoding="utf-8") as out:
+    out = open(layout.log(args.commit), "w", encoding="utf-8")  # noqa: SIM115
+    if args.background:
+        # The lock (held by this open file) and the fresh log go with the child: once this
+        # returns, a watch of the log sees this fetch, never an earlier one's last line.
+        if os.fork():
+            emit({"started": True})
+            os._exit(0)
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+    with out:
         try:
             result = fetch_locked(args, layout, out)
         except HubError as error:
@@ -374,13 +428,15 @@ def fetch(args) -> int:
 
 
 def fetch_locked(args, layout: Layout, out) -> dict:
-    from huggingface_hub import hf_hub_download
-
+    hf_hub_download = client().hf_hub_download
     token = env_value(args.env_file, TOKEN_VAR)
     commit, files, _gated = model_files(args.repo, args.commit, token)
     folder = layout.files(commit)
     os.makedirs(folder, exist_ok=True)
+    marker = os.path.join(folder, MARKER)
     missing, records = check(folder, commit, files, layout.verified(commit))
+    if missing and os.path.exists(marker):
+        os.unlink(marker)  # not complete any more
     meter = Meter(folder, files, missing, out, args.interval)
     emit(meter.line(), out)
     ticker = threading.Thread(target=meter.run, daemon=True)
@@ -407,9 +463,11 @@ def fetch_locked(args, layout: Layout, out) -> dict:
         return {"error": {"kind": "verify", "message": f"{len(still)} files differ from the hub "
                           f"after download, e.g. {still[0]['name']}: removed, fetched again next run"}}
     final = meter.line()["p"]
-    write_json(os.path.join(folder, MARKER), {
-        "repo": args.repo, "commit": commit, "files": len(files), "bytes": meter.total,
-        "verified_at": int(time.time())})
+    if missing or not os.path.exists(marker):
+        write_json(marker, {"repo": args.repo, "commit": commit, "files": len(files),
+                            "bytes": meter.total, "verified_at": int(time.time())})
+    record(layout, args.repo, args.revision, commit)
+    set_link(args.link, folder)
     emit({"p": final}, out)
     return {"done": {"commit": commit, "files": len(files), "bytes": meter.total,
                      "fetched_files": len(missing), "fetched_bytes": sum(e["size"] or 0 for e in missing),
@@ -464,17 +522,23 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--root", required=True)
         sub.add_argument("--flat", action="store_true")
         sub.add_argument("--env-file")
-        if name == "plan":
-            sub.add_argument("--revision")
-        else:
+        sub.add_argument("--revision")
+        sub.add_argument("--link")
+        if name == "fetch":
             sub.add_argument("--commit", required=True)
             sub.add_argument("--interval", type=float, default=10.0)
             sub.add_argument("--workers", type=int, default=8)
+            sub.add_argument("--background", action="store_true")
     sub = commands.add_parser("watch")
     sub.add_argument("--log", required=True)
     sub.add_argument("--offset", type=int, default=0)
     sub.add_argument("--max-wait", type=float, default=20.0)
     args = parser.parse_args(argv)
+    # A hub mirror named in the env file (read before huggingface_hub is imported: its
+    # constants are read then).
+    endpoint = env_value(getattr(args, "env_file", None), ENDPOINT_VAR)
+    if endpoint:
+        os.environ["HF_ENDPOINT"] = endpoint
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if args.command == "plan":
