@@ -132,7 +132,7 @@ def model_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
         done.add(key)
         root = model_store.entry(cs.model_store, cs.model_download)
         env_file = f"{MODEL_SECRETS}/{posixpath.basename(root)}.env"
-        env = "".join(f'{name}="{env_quote(value)}"\n' for name, value in cs.secrets.items()
+        env = "".join(f"{name}={env_quote(value)}\n" for name, value in cs.secrets.items()
                       if name == "HF_TOKEN")
         paths.put(name=f"Hub token for {cs.model_download} (mode 0600)", src=StringIO(env),
                   dest=env_file, mode="600", secret=True)

@@ -357,3 +357,18 @@ def test_a_set_whose_cuda_needs_a_newer_driver_stops_before_any_change(driver, s
     assert message.startswith(f"host @fake/pve1, container @fake/ct105: the NVIDIA driver {driver} "
                               f"cannot run sglang {sglang} (torch ")
     assert needed in message and "install driver" in message and "nothing was changed" in message
+
+
+def test_model_store_fetched_by_the_host_once_then_mounted_read_only():
+    ops = plan({**gpu_host_responses(), **container_answers(None, None)},
+               model_store="/tank/models", model_download="Org/Model-7B", hf_token="hf_s3cret")
+    names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
+    tools, token, fetch = (names.index("huggingface_hub 0.36.2 in /opt/pve-sglang/model-tools"),
+                           names.index("Hub token for Org/Model-7B (mode 0600)"),
+                           names.index("Model store /tank/models: Org/Model-7B"))
+    assert tools < token < fetch < names.index("Create container 105")
+    mounts = commands(ops, "/tank/models/Org--Model-7B/serving/_default,mp=/models/model,ro=1")
+    assert mounts and all("--mp1 /tank/models/" in c for c in mounts), mounts
+    # The token only in the 0600 file's upload (the harness shows its content), never in a command.
+    assert [c for _, cmds in ops for c in cmds if "hf_s3cret" in c] == [
+        'upload /etc/pve-sglang/Org--Model-7B.env\nHF_TOKEN="hf_s3cret"\n']
