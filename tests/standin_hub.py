@@ -66,6 +66,7 @@ class StandinHub:
     tokens: set[str] = field(default_factory=set)
     rate: int | None = None  # bytes a second per response, None: as fast as it goes
     requests: list[tuple[str, str, int]] = field(default_factory=list)
+    bytes_sent: int = 0  # file bytes sent in all responses
     _digests: dict[Path, tuple[str, str]] = field(default_factory=dict)
     _server: http.server.ThreadingHTTPServer | None = None
 
@@ -116,7 +117,11 @@ class StandinHub:
             def do_HEAD(self):
                 hub.answer(self, head=True)
 
-        self._server = http.server.ThreadingHTTPServer((host, port), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address):  # a client killed mid-file: quiet
+                pass
+
+        self._server = Server((host, port), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self.url
@@ -223,6 +228,7 @@ class StandinHub:
                 while chunk := handle.read(CHUNK if self.rate is None else min(CHUNK, max(1, self.rate // 10))):
                     request.wfile.write(chunk)
                     sent += len(chunk)
+                    self.bytes_sent += len(chunk)
                     if self.rate:
                         ahead = sent / self.rate - (time.monotonic() - began)
                         if ahead > 0:

@@ -7,6 +7,8 @@ logger while other hosts go on.
 
 from __future__ import annotations
 
+import math
+
 from pyinfra import host, logger
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.context import state
@@ -15,18 +17,19 @@ from pve_sglang.facts.model import HubClientVersion, ModelFetchLog, ModelMarker,
 from pve_sglang.remote.model_fetch import MARKER
 from pve_sglang.model_store import log_path, moved_warning, progress_text, size_text, space_error
 
-#: Seconds one read of a running fetch's log waits at most: at most one progress line a call.
-WATCH_CALL_S = 30
+#: Seconds between two progress lines of a fetch, by default: a 400 GB download shows about
+#: a hundred lines an hour.
+PROGRESS_EVERY_S = 30.0
 
 
 @operation()
 def fetched(python: str, script: str, repo: str, revision: str | None, root: str,
             flat: bool = False, link: str | None = None, env_file: str | None = None,
-            space_of: str = "the model's filesystem", interval_s: float = 10.0):
+            space_of: str = "the model's filesystem", interval_s: float = PROGRESS_EVERY_S):
     """
     Hugging Face REPO at REVISION, resolved once to a commit, every file of it present at the
     hub's size and hash, under ROOT; fetched (resumed) when not, with a progress line (bytes
-    done of total, rate, ETA, files done of total) every WATCH_CALL_S seconds. Before any byte
+    done of total, rate, ETA, files done of total) every INTERVAL_S seconds. Before any byte
     moves: the repository and revision must exist, a gated model needs a token with access,
     and what is missing must fit in the free space. A branch the hub moved since it was
     resolved is reported, and the recorded commit kept. Checked at execution: a plan
@@ -43,7 +46,7 @@ def fetched(python: str, script: str, repo: str, revision: str | None, root: str
       containers mount); ``None`` for none
     + env_file: the 0600 env file whose ``HF_TOKEN`` the script reads (never on a command line)
     + space_of: what ROOT's filesystem is, in an error (e.g. ``the store /tank/models``)
-    + interval_s: seconds between two progress lines of the fetch
+    + interval_s: seconds between two progress lines
 
     **Example:**
 
@@ -96,7 +99,7 @@ def fetched(python: str, script: str, repo: str, revision: str | None, root: str
     log, offset = log_path(root, flat, commit), 0
     while True:
         watch = host.get_fact(ModelFetchLog, python=python, script=script, log=log,
-                              offset=offset, max_wait=WATCH_CALL_S)
+                              offset=offset, max_wait=max(1, math.ceil(interval_s)))
         offset = watch["offset"] if watch["offset"] is not None else offset
         progress = [line["p"] for line in watch["lines"] if "p" in line]
         if progress:

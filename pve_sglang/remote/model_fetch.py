@@ -437,6 +437,7 @@ def fetch_locked(args, layout: Layout, out) -> dict:
     missing, records = check(folder, commit, files, layout.verified(commit))
     if missing and os.path.exists(marker):
         os.unlink(marker)  # not complete any more
+    resumed = partial_bytes(folder)
     meter = Meter(folder, files, missing, out, args.interval)
     emit(meter.line(), out)
     ticker = threading.Thread(target=meter.run, daemon=True)
@@ -470,7 +471,8 @@ def fetch_locked(args, layout: Layout, out) -> dict:
     set_link(args.link, folder)
     emit({"p": final}, out)
     return {"done": {"commit": commit, "files": len(files), "bytes": meter.total,
-                     "fetched_files": len(missing), "fetched_bytes": sum(e["size"] or 0 for e in missing),
+                     "fetched_files": len(missing),
+                     "fetched_bytes": max(0, sum(e["size"] or 0 for e in missing) - resumed),
                      "seconds": round(time.monotonic() - started, 3)}}
 
 
