@@ -106,11 +106,18 @@ nvidia_runfile_path = None
 service_name = "sglang"
 # Model directory in the container (--model-path).
 model_path = "/models/model"
-# Hugging Face repo to download into model_path when it holds no model yet (HF token from the
-# env file); null: the model comes from a mount (mounts) or is there already.
+# Hugging Face repo fetched into model_path (or model_store), every file checked against the
+# hub's size and sha256, resumed when cut short (HF token from the env file); null: the model
+# comes from a mount (mounts) or is there already.
 model_download = None
-# Revision (branch, tag or commit) of model_download; null: the default branch.
+# Revision (branch, tag or commit) of model_download; null: the default branch. A branch or
+# tag is resolved to its commit once and kept: a later move on the hub is reported, not
+# followed (set the new commit here to serve it).
 model_revision = None
+# Folder on the host (e.g. on a ZFS dataset) that keeps model_download once per host, by
+# repository and commit, fetched by the host and verified; each container gets its commit
+# read-only at model_path. null: each container fetches it into its own model_path.
+model_store = None
 # Name the API serves the model as; null: the model path.
 served_model_name = None
 # IP address the server binds to (IPv4 or IPv6; 0.0.0.0 or :: for every interface); 127.0.0.1

@@ -14,7 +14,7 @@ from pyinfra.context import state
 from pyinfra.operations import files, server, systemd
 
 from pve_sglang import remote
-from pve_sglang.operations import container_state, layer, paths, stack, stacks
+from pve_sglang.operations import container_state, layer, model, paths, stack, stacks
 from pve_sglang.operations.changes import any_changed
 from tasks.common import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import ServerFiles, select_gpus, server_files, stack_lock_of
@@ -192,7 +192,7 @@ def container_steps() -> None:
         *([f"{stack_dir(cs)}/{STACK_LOCK}"] if cs.stack_install == "pinned" else []),
         *(shared_layer_paths(cs) if cs.uses_shared_layer else []),
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
-        unit_path(cs), f"{cs.model_path}/config.json",
+        unit_path(cs), *([remote.path(remote.MODEL_FETCH)] if cs.model_download else []),
         *(["/etc/hostname"] if host.data.get("platform") == "lxc" else []),
     )
 
@@ -381,6 +381,21 @@ def shared_layer(cs: ContainerSettings, uv: str, py: str, lock: Lock) -> list:
                                lock_file=f"{stack_dir(cs)}/{STACK_VENV_LOCK}")
 
 
+def container_model(cs: ContainerSettings, py: str, env_file: str) -> list:
+    """Without a model store: model_download fetched into the container's own model_path
+    with the sglang venv's huggingface_hub, verified and resumable (``operations/model``).
+    With one, the host fetched it and the container mounts it read-only: nothing here."""
+    if not cs.model_download or cs.uses_model_store:
+        return []
+    script = upload_script(remote.MODEL_FETCH, "Upload the model fetcher")
+    fetched = model.fetched(
+        name=f"Model {cs.model_download} in {cs.model_path} (verified against the hub)",
+        python=py, script=remote.path(remote.MODEL_FETCH), repo=cs.model_download,
+        revision=cs.model_revision, root=cs.model_path, flat=True, env_file=env_file,
+        space_of=f"the container's filesystem of {cs.model_path}")
+    return [script, fetched]
+
+
 def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: list,
                 start: bool) -> None:
     """The server's env file (0600), unit and state; restarted only when something changed."""
@@ -394,10 +409,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
     paths.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
     env = paths.put(name=f"Server environment {env_file} (secrets, mode 0600)",
                      src=StringIO(server.env), dest=env_file, mode="600", secret=True)
-    if cs.model_download:
-        stack.model_download(name=f"Model {cs.model_download} in {cs.model_path}", python=py,
-                             repo=cs.model_download, revision=cs.model_revision,
-                             path=cs.model_path, env_file=env_file)
+    model_ops = container_model(cs, py, env_file)
     # ExecStart runs it: the key reaches the server without a command line, masked in the log.
     launcher = upload_script(remote.LAUNCHER, "Upload the server launcher")
     unit_file = paths.put(name=f"systemd unit {unit}", src=StringIO(unit_text),
@@ -413,7 +425,8 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
         "changed)",
         unit=unit,
         start=start,
-        restart=any_changed(unit_file, env, launcher, *stack_ops, switched, restarts=unit),
+        restart=any_changed(unit_file, env, launcher, *stack_ops, *model_ops, switched,
+                            restarts=unit),
         # A run killed after one of these changed, before the restart: restarted by the next.
         # The link's own mtime moves at a switch; the serving stack's when an install in it
         # ends (its marker goes) and before a patch.

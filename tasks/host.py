@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
+from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -29,8 +31,10 @@ from pve_sglang.container_config.lxc_keys import (
     subid_base,
 )
 from pve_sglang.container_config.lxc_keys import limits as lxc_limits
-from pve_sglang.operations import boot, host_state, lxc, owned, pct, wheels
+from pve_sglang import model_store, remote
+from pve_sglang.operations import boot, host_state, lxc, model, owned, paths, pct, wheels
 from pve_sglang.facts.pve import PctStatus, PveContainerVersion
+from pve_sglang.server.command import env_quote
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.pve_releases import devn_restart
 from pve_sglang.preflight import (
@@ -79,6 +83,7 @@ def host_phase() -> None:
     if gpu is not None:
         nvidia_uvm(settings, gpu)
     wheel_stores(plans)
+    model_stores(plans)
     idmap_base = lxc_host(plans, settings) if settings.platform == "lxc" else None
     if settings.platform == "lxc":
         # Every container's config and the host's limits in one read (host_state).
@@ -104,6 +109,58 @@ def wheel_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
         done.add((cs.wheel_store, lock.id))
         wheels.store(name=f"Wheel store {cs.wheel_store}: {lock.summary()}",
                      path=cs.wheel_store, lock=lock, key=key)
+
+
+#: The host's model fetcher: a venv with huggingface_hub and ``remote/model_fetch.py``.
+MODEL_TOOLS = "/opt/pve-sglang/model-tools"
+#: The host's env files of the model fetches (HF_TOKEN), mode 0600 in a 0700 folder.
+MODEL_SECRETS = "/etc/pve-sglang"
+#: huggingface_hub on the host when the container's lock names none (``sglang-no-deps``).
+HUB_CLIENT_VERSION = "0.36.2"
+
+
+def model_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
+    """Each model a container serves from the host's model store, fetched once per host by the
+    host itself (the containers mount it read-only and could not write it; a host fetches once
+    for all its containers, whichever starts first), verified against the hub, resumable;
+    before the containers start, which mount its commit (``ContainerSettings.all_mounts``)."""
+    done: set[tuple] = set()
+    for ct, cs in plans:
+        if not cs.uses_model_store:
+            continue
+        assert cs.model_store is not None and cs.model_download is not None
+        key = (cs.model_store, cs.model_download, cs.model_revision)
+        if key in done:
+            continue
+        if not done:
+            model_tools(ct, cs)
+        done.add(key)
+        root = model_store.entry(cs.model_store, cs.model_download)
+        env_file = f"{MODEL_SECRETS}/{posixpath.basename(root)}.env"
+        env = "".join(f"{name}={env_quote(value)}\n" for name, value in cs.secrets.items()
+                      if name == "HF_TOKEN")
+        paths.put(name=f"Hub token for {cs.model_download} (mode 0600)", src=StringIO(env),
+                  dest=env_file, mode="600", secret=True)
+        model.fetched(
+            name=f"Model store {cs.model_store}: {cs.model_download}"
+            + (f" at {cs.model_revision}" if cs.model_revision else ""),
+            python=f"{MODEL_TOOLS}/bin/python", script=f"{MODEL_TOOLS}/{remote.MODEL_FETCH}",
+            repo=cs.model_download, revision=cs.model_revision, root=root,
+            link=model_store.serving_link(cs.model_store, cs.model_download, cs.model_revision),
+            env_file=env_file, space_of=f"the model store {cs.model_store}")
+
+
+def model_tools(ct: Host, cs: ContainerSettings) -> None:
+    """The host's model fetcher, with the huggingface_hub the containers' locked set has."""
+    version = HUB_CLIENT_VERSION
+    if cs.stack_install == "pinned":
+        lock, _ = stack_lock_of(f"host {host.name}, container {ct.name}", cs)
+        version = lock.packages.get("huggingface-hub", version)
+    paths.directory(name=f"Secrets directory {MODEL_SECRETS}", path=MODEL_SECRETS, mode="700")
+    model.client_venv(name=f"huggingface_hub {version} in {MODEL_TOOLS}", path=MODEL_TOOLS,
+                      version=version)
+    paths.put(name="Upload the model fetcher", src=str(remote.source(remote.MODEL_FETCH)),
+              dest=f"{MODEL_TOOLS}/{remote.MODEL_FETCH}", mode="644")
 
 
 def nvidia_uvm(settings: HostSettings, gpu: GpuHost) -> None:

@@ -10,7 +10,7 @@ from pyinfra.api import deploy
 from pve_sglang import remote
 from pve_sglang.server.bench_history import run_meta
 from pve_sglang.server.bench import bench_levels, bench_runs
-from pve_sglang.operations import stacks, verify
+from pve_sglang.operations import model, stacks, verify
 from tasks.common import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import select_gpus, stack_lock_of
 from pve_sglang.server.command import env_file_path, unit_name, venv_python
@@ -34,8 +34,10 @@ def planned_checks() -> list[str]:
     cs = host_settings(ContainerSettings)
     stack = ["the stack is the locked set (what the container runs)"] \
         if cs.stack_install == "pinned" else []
+    served = [f"the model is {cs.model_download}, verified (which commit it serves)"] \
+        if cs.model_download else []
     checks = verify_plan(cs, host_gpus())
-    return stack + ([words for words, _ in checks] or ["nothing: the host has no NVIDIA GPU"])
+    return stack + served + ([words for words, _ in checks] or ["nothing: the host has no NVIDIA GPU"])
 
 
 def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) -> list[Check]:
@@ -131,12 +133,7 @@ def verify_steps() -> None:
     cs = host_settings(ContainerSettings)
     if cs.stack_install == "pinned":
         lock, _ = stack_lock_of(host.name, cs)
-        # The settings' stack (the serving one, unless its switch waits: restart pending).
-        from tasks.container import stack_dir
-
-        verify.stack_as_locked(name=f"The stack is lock {lock.id}",
-                               python=f"{stack_dir(cs)}/bin/python", tools=remote.TOOLS,
-                               lock=lock)
+from pve_sglang.operations import model, stacks, verify
     checks = verify_plan(cs, host_gpus())
     if not checks:
         logger.warning(

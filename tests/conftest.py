@@ -32,6 +32,8 @@ LXC test environment (see devtools/lxc_env.py), all needing root, lxc, debootstr
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -175,3 +177,24 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("lxc test environment timings")
         for line in lxc_env_module.timing_lines():
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def hf_python(package_index) -> str:
+    """A Python with the huggingface_hub the container's locked venv has (the repository's
+    lock), in a venv made once and kept in the test cache."""
+    import re
+
+    lock = sorted((Path(__file__).resolve().parents[1] / "group_data" / "locks").glob("sglang-*.txt"))[0]
+    version = re.search(r"^huggingface-hub==(\S+)", lock.read_text(), re.M).group(1)
+    cache = Path(os.environ.get("PVE_SGLANG_TEST_CACHE") or Path(__file__).resolve().parents[1] / ".cache")
+    venv = cache / f"hf-client-{version}"
+    python = venv / "bin" / "python"
+    if not (venv / "ok").exists():
+        uv = Path(sys.executable).parent / "uv"
+        subprocess.run([str(uv), "venv", "-q", "--python", "3.11", str(venv)], check=True)
+        package_index(lambda: subprocess.run(
+            [str(uv), "pip", "install", "-q", "--python", str(python), f"huggingface_hub=={version}"],
+            check=True), f"huggingface_hub {version}")
+        (venv / "ok").write_text(version)
+    return str(python)

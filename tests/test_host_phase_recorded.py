@@ -522,3 +522,18 @@ def test_proxmox_raw_lines_are_cgroup2_whatever_the_host_cgroup():
         lxc_key = "lxc.cgroup2.devices.allow" if cgroup == "v2" else "lxc.cgroup.devices.allow"
         assert all(line.startswith(lxc_key) for line in gpu.raw_lines([0], style="lxc")
                    if "devices.allow" in line)
+
+
+def test_model_store_fetched_by_the_host_once_then_mounted_read_only():
+    ops = plan({**gpu_host_responses(), **container_answers(None, None)},
+               model_store="/tank/models", model_download="Org/Model-7B", hf_token="hf_s3cret")
+    names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
+    tools, token, fetch = (names.index("huggingface_hub 0.36.2 in /opt/pve-sglang/model-tools"),
+                           names.index("Hub token for Org/Model-7B (mode 0600)"),
+                           names.index("Model store /tank/models: Org/Model-7B"))
+    assert tools < token < fetch < names.index("Create container 105")
+    mounts = commands(ops, "/tank/models/Org--Model-7B/serving/_default,mp=/models/model,ro=1")
+    assert mounts and all("--mp1 /tank/models/" in c for c in mounts), mounts
+    # The token only in the 0600 file's upload (the harness shows its content), never in a command.
+    assert [c for _, cmds in ops for c in cmds if "hf_s3cret" in c] == [
+        'upload /etc/pve-sglang/Org--Model-7B.env\nHF_TOKEN="hf_s3cret"\n']

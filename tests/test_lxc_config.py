@@ -153,3 +153,21 @@ def test_plain_lxc_accepts_the_defaults_and_shared_network_when_privileged():
     # Proxmox keeps its own keys.
     build_groups({"pve1": {"containers": [{"vmid": 105, "rootfs_size_gib": 50,
                                            "net0": "name=eth0,bridge=vmbr0,firewall=1"}]}})
+
+
+def test_model_store_mounts_the_commit_link_read_only_at_model_path():
+    cs = settings(model_store="/tank/models", model_download="Org/Model-7B",
+                  model_path="/models/model")
+    lines = config_lines(cs, "box", "ct1", 100000, [])
+    assert lines[-1] == ("lxc.mount.entry = /tank/models/Org--Model-7B/serving/_default "
+                         "models/model none bind,ro,create=dir,x-pve-sglang 0 0")
+    pinned = settings(model_store="/tank/models", model_download="Org/Model-7B",
+                      model_revision="refs/pr/1")
+    assert config_lines(pinned, "box", "ct1", 100000, [])[-1].startswith(
+        "lxc.mount.entry = /tank/models/Org--Model-7B/serving/refs%2Fpr%2F1 models/model ")
+    # Without model_download the store holds nothing for this container: no mount.
+    assert not any("/tank/models" in line for line in
+                   config_lines(settings(model_store="/tank/models"), "box", "ct1", 100000, []))
+    with pytest.raises(ValueError, match="model_path '/models/model' is a mount's path too"):
+        settings(model_store="/tank/models", model_download="Org/Model-7B",
+                 mounts=[{"host_path": "/tank/m", "path": "/models/model"}])

@@ -329,20 +329,6 @@ def test_venv_created_once():
                        facts=facts) == []
 
 
-def test_model_downloaded_once_with_the_token_from_the_env_file():
-    facts = path_facts(**{"/models/glm/config.json": None})
-    [command] = op_commands(stack.model_download, python=PY, repo="zai-org/GLM-5", revision=None,
-                            path="/models/glm", env_file="/etc/sglang/sglang.env", facts=facts)
-    assert command.startswith("set -a; [ -r /etc/sglang/sglang.env ] && . /etc/sglang/sglang.env")
-    python_code = shlex.split(command.split("; set +a; ", 1)[1])[2]
-    assert python_code.endswith(
-        "snapshot_download(repo_id='zai-org/GLM-5', revision=None, local_dir='/models/glm')")
-    assert "HF_TOKEN" not in command
-    facts = path_facts(**{"/models/glm/config.json": {"type": "file", "mode": "644", "sha1": "0"}})
-    assert op_commands(stack.model_download, python=PY, repo="zai-org/GLM-5", revision=None,
-                       path="/models/glm", env_file="/e", facts=facts) == []
-
-
 @pytest.mark.parametrize("uv, expected", [
     ("uv 0.13.8", []),
     ("uv 0.9.0", ["[ -x /opt/sglang/tools/bin/pip ] || python3 -m venv /opt/sglang/tools",

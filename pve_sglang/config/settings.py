@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Union
 from urllib.parse import urlsplit
 
 from packaging.version import InvalidVersion, Version
+from pve_sglang.model_store import serving_link
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -480,6 +481,7 @@ class ContainerSettings(_Strict):
     model_path: ContainerPath
     model_download: Annotated[str, AfterValidator(hf_repo_id)] | None
     model_revision: Annotated[str, AfterValidator(git_revision)] | None
+    model_store: MountPath | None
     served_model_name: Annotated[str, AfterValidator(model_name)] | None
     # An IP address, not a host name: the server binds to it (a name may resolve to several
     # addresses, or to none in the container) and verify reaches the server by it.
@@ -608,6 +610,24 @@ class ContainerSettings(_Strict):
                              "allowed: a folder no mount uses, or null")
         return self
 
+    @model_validator(mode="after")
+    def _model_store_mount_is_free(self) -> ContainerSettings:
+        """The store's mount goes on model_path: a mount of the user's there would hide it."""
+        if self.uses_model_store and any(m.path.rstrip("/") == self.model_path.rstrip("/")
+                                         for m in self.mounts):
+            raise ValueError(f"field 'model_store' = {self.model_store!r}: model_path "
+                             f"{self.model_path!r} is a mount's path too; allowed: model_store "
+                             "null (the model from that mount), or no mount on model_path")
+        if self.uses_model_store:
+            mount_path(self.model_path)
+        return self
+
+    @property
+    def uses_model_store(self) -> bool:
+        """Whether model_download is fetched once into the host's model store and mounted
+        read-only at model_path (else into the container's own model_path)."""
+        return self.model_store is not None and self.model_download is not None
+
     @property
     def uses_wheel_store(self) -> bool:
         """Whether the container installs the locked set from the host's wheel store."""
@@ -620,9 +640,14 @@ class ContainerSettings(_Strict):
 
     @property
     def all_mounts(self) -> list[Mount]:
-        """The mounts the container gets: the user's, and the wheel store, read-only."""
+        """The mounts the container gets: the user's, the wheel store and the model's commit
+        in the model store (its ``serving`` link), read-only."""
         store = [Mount(host_path=self.wheel_store, path=self.wheel_store, read_only=True)] \
             if self.uses_wheel_store else []
+        if self.uses_model_store:
+            assert self.model_store is not None and self.model_download is not None
+            link = serving_link(self.model_store, self.model_download, self.model_revision)
+            store.append(Mount(host_path=link, path=self.model_path, read_only=True))
         return [*self.mounts, *store]
 
     @model_validator(mode="after")

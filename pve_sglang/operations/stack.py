@@ -509,45 +509,6 @@ def venv(uv: str, path: str, python: str):
 
 
 @operation()
-def model_download(python: str, repo: str, revision: str | None, path: str, env_file: str):
-    """
-    Download Hugging Face REPO into PATH with the venv's huggingface_hub when PATH holds no
-    model yet (no ``config.json``); the token comes from ENV_FILE, never from the command.
-
-    + python: a Python with huggingface_hub (the sglang venv's)
-    + repo: the Hugging Face repository, e.g. ``Qwen/Qwen3-30B-A3B``
-    + revision: a branch, tag or commit; ``None`` takes the default branch
-    + path: the model directory in the container
-    + env_file: the env file whose ``HF_TOKEN`` (if any) the download uses
-
-    **Example:**
-
-    .. code:: python
-
-        from pve_sglang.operations import stack
-
-        stack.model_download(
-            name="Model Qwen/Qwen3-30B-A3B in /models/model",
-            python="/opt/sglang/venv/bin/python",
-            repo="Qwen/Qwen3-30B-A3B",
-            revision=None,
-            path="/models/model",
-            env_file="/etc/sglang/sglang.env",
-        )
-    """
-    if paths.state(f"{path.rstrip('/')}/config.json"):
-        host.noop(f"model in {path}")
-        return
-    call = (
-        "from huggingface_hub import snapshot_download; "
-        f"snapshot_download(repo_id={repo!r}, revision={revision!r}, local_dir={path!r})"
-    )
-    env = QuoteString(env_file)
-    yield StringCommand("set -a; [ -r", env, "] && .", joined(env, ";"),
-                        "set +a;", QuoteString(python), "-c", QuoteString(call))
-
-
-@operation()
 def deb_file(path: str, package: str, version: str):
     """
     Install the Debian package file at PATH (e.g. a downloaded repository keyring) unless

@@ -1,7 +1,7 @@
 """Code that runs inside a GPU container: one stand-alone script per file, and where each goes.
 
 Each script here imports nothing from ``pve_sglang`` and, but for ``gpu_checks.py`` (which
-imports the venv's torch when it runs), only the standard library: the deploy uploads the file
+imports the venv's torch when it runs) and ``model_fetch.py`` (huggingface_hub), only the standard library: the deploy uploads the file
 as it is (``tasks.common.upload_script``) to ``path(NAME)`` and runs it with the
 container's Python. This ``__init__`` is the local side only, and stays stdlib too, so that
 ``python -m pve_sglang.remote.autotune_patch`` needs nothing installed.
@@ -25,6 +25,9 @@ container's Python. This ``__init__`` is the local side only, and stays stdlib t
                               from NVML's energy counter where pynvml can read it
 ``bench_record.py``           runs the benchmark with its record (the server's API key inside)
                               in a private file, removed after; prints the record's numbers
+``model_fetch.py``            the model: its revision pinned to a commit, its files checked
+                              against the hub's sizes and hashes, the rest downloaded
+                              (resumed), with progress lines (needs ``huggingface_hub``)
 ============================  ===============================================================
 """
 
@@ -43,6 +46,7 @@ GPU_CHECKS = "gpu_checks.py"
 STARTUP_WATCH = "startup_watch.py"
 GPU_SAMPLER = "gpu_sampler.py"
 BENCH_RECORD = "bench_record.py"
+MODEL_FETCH = "model_fetch.py"
 
 _HERE = Path(__file__).resolve().parent
 

@@ -1,0 +1,114 @@
+"""Facts of a model fetched by ``remote/model_fetch.py``: its plan (what a fetch would do) and a
+running fetch's progress lines. Both run the uploaded script with a Python that has
+huggingface_hub; the token is read from the env file by the script, never on a command line.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from typing_extensions import override
+
+
+def _objects(output: list[str]) -> list[dict]:
+    objects = []
+    for line in output:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            objects.append(value)
+    return objects
+
+
+def fetch_args(repo: str, root: str, flat: bool, link: str | None, env_file: str | None,
+               revision: str | None) -> list:
+    """The arguments ``plan`` and ``fetch`` share, each quoted."""
+    args: list = ["--repo", QuoteString(repo), "--root", QuoteString(root)]
+    if flat:
+        args.append("--flat")
+    if link:
+        args += ["--link", QuoteString(link)]
+    if env_file:
+        args += ["--env-file", QuoteString(env_file)]
+    if revision:
+        args += ["--revision", QuoteString(revision)]
+    return args
+
+
+class ModelPlan(FactBase["dict | None"]):
+    """
+    Returns ``model_fetch.py plan``'s object for REPO at REVISION under ROOT: the commit, the
+    recorded and the hub's commit, the files and bytes missing, the free space, whether it is
+    complete; or ``{"error": {"kind", "message"}}``; None when the script could not run.
+    """
+
+    @override
+    def command(self, python: str, script: str, repo: str, revision: str | None, root: str,
+                flat: bool, link: str | None, env_file: str | None) -> StringCommand:
+        return StringCommand(QuoteString(python), QuoteString(script), "plan",
+                             *fetch_args(repo, root, flat, link, env_file, revision))
+
+    @override
+    def process(self, output: list[str]) -> dict | None:
+        objects = _objects(output)
+        return objects[-1] if objects else None
+
+
+class ModelFetchLog(FactBase[dict]):
+    """
+    Returns ``{"lines": [dict, ...], "offset": int, "running": bool}``: a fetch's log lines
+    after byte OFFSET, followed for up to MAX_WAIT seconds (at once on its last line), by
+    ``model_fetch.py watch``.
+    """
+
+    @override
+    def command(self, python: str, script: str, log: str, offset: int, max_wait: int) -> StringCommand:
+        return StringCommand(QuoteString(python), QuoteString(script), "watch", "--log",
+                             QuoteString(log), "--offset", str(int(offset)), "--max-wait",
+                             str(int(max_wait)))
+
+    @override
+    def process(self, output: list[str]) -> dict:
+        result: dict = {"lines": [], "offset": None, "running": False}
+        for value in _objects(output):
+            if "offset" in value and "running" in value:
+                result.update(offset=value["offset"], running=value["running"])
+            else:
+                result["lines"].append(value)
+        return result
+
+
+class ModelMarker(FactBase["dict | None"]):
+    """Returns the marker ``model_fetch.py`` writes last into a verified model folder (``repo``,
+    ``commit``, ``files``, ``bytes``, ``verified_at``), or None when PATH has none."""
+
+    @override
+    def command(self, path: str, marker: str) -> StringCommand:
+        return StringCommand("cat", QuoteString(f"{path.rstrip('/')}/{marker}"), "2>/dev/null || true")
+
+    @override
+    def process(self, output: list[str]) -> dict | None:
+        try:
+            value = json.loads("\n".join(output))
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+
+class HubClientVersion(FactBase["str | None"]):
+    """Returns the huggingface_hub version PYTHON imports, or None (no such Python, or no
+    huggingface_hub in it)."""
+
+    @override
+    def command(self, python: str) -> StringCommand:
+        return StringCommand("[ -x", QuoteString(python), "] &&", QuoteString(python), "-c",
+                             QuoteString("import huggingface_hub as h; print(h.__version__)"),
+                             "2>/dev/null || true")
+
+    @override
+    def process(self, output: list[str]) -> str | None:
+        lines = [line.strip() for line in output if line.strip()]
+        return lines[-1] if lines else None

@@ -1,0 +1,94 @@
+"""Where a model lives and what the deploy says about it: the store's layout, the checks
+before a download, the progress lines. Pure functions; ``remote/model_fetch.py`` does the work
+on the target and ``operations/model.py`` runs it.
+
+The store (``model_store``, a folder on the host) holds each model once per host:
+
+``STORE/<org>--<name>/<commit>/``        the files of one commit, verified, mounted read-only
+                                         into each container that serves it
+``STORE/<org>--<name>/<commit>/`` ``.pve-sglang-model.json``  written last: the commit is complete
+``STORE/<org>--<name>/revisions.json``   each branch or tag, resolved once to a commit
+``STORE/<org>--<name>/serving/<rev>``    a link to the commit that revision serves: what the
+                                         containers' mounts name
+
+Old commits are kept: the deploy removes no commit (one a container may serve is never at
+risk); remove a commit folder by hand once no container's revision links to it.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from urllib.parse import quote
+
+#: The link name of the default branch (no model_revision).
+DEFAULT_REVISION = "_default"
+
+
+def entry(store: str, repo: str) -> str:
+    """The store's folder of REPO (``org/name`` -> ``STORE/org--name``, as the hub's cache)."""
+    return posixpath.join(store.rstrip("/") or "/", repo.replace("/", "--"))
+
+
+def serving_link(store: str, repo: str, revision: str | None) -> str:
+    """The link, stable across runs, to the commit REVISION serves: the containers mount it."""
+    name = quote(revision, safe="") if revision else DEFAULT_REVISION
+    return posixpath.join(entry(store, repo), "serving", name)
+
+
+def size_text(count: float) -> str:
+    """Bytes as a person reads them (decimal units, as the hub shows sizes)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    raise AssertionError("unreachable")
+
+
+def duration_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def progress_text(p: dict) -> str:
+    """One progress line: bytes done of total, rate, ETA, files done of total."""
+    total = p.get("total") or 0
+    done = p.get("done") or 0
+    pct = f" ({100 * done / total:.0f}%)" if total else ""
+    return (f"{size_text(done)} of {size_text(total)}{pct}, {size_text(p.get('rate') or 0)}/s, "
+            f"ETA {duration_text(p.get('eta'))}, {p.get('files_done', 0)} of {p.get('files', 0)} files")
+
+
+def space_error(plan: dict, where: str, what: str) -> str | None:
+    """Why the download cannot fit (None: it fits): the bytes still to fetch (a partial file
+    resumes) against the free space of WHAT (the store's or the root disk's filesystem)."""
+    need = max(0, (plan.get("missing_bytes") or 0) - (plan.get("partial_bytes") or 0))
+    free = plan.get("free_bytes")
+    if free is None or need <= free:
+        return None
+    return (f"{where}: model {plan.get('repo', '')}@{(plan.get('commit') or '')[:12]} needs "
+            f"{size_text(need)} more ({size_text(plan.get('bytes') or 0)} in all, "
+            f"{plan.get('missing_files')} of {plan.get('files')} files to fetch), and {what} has "
+            f"{size_text(free)} free: free {size_text(need - free)} there, or set model_store "
+            "to a folder on a larger filesystem")
+
+
+def moved_warning(plan: dict, where: str, repo: str, revision: str | None) -> str | None:
+    """A branch or tag the hub moved since it was resolved: reported, not followed."""
+    recorded, hub = plan.get("recorded"), plan.get("hub_commit")
+    if not recorded or not hub or recorded == hub:
+        return None
+    name = f"revision {revision!r}" if revision else "the default branch"
+    return (f"{where}: {name} of {repo} moved on the hub to {hub}; this host keeps serving "
+            f"{recorded}, resolved before. To serve the new one, set model_revision: {hub}")
+
+
+def log_path(root: str, flat: bool, commit: str) -> str:
+    """Where ``model_fetch.py fetch`` writes its lines (its ``Layout.log``)."""
+    state = posixpath.join(root.rstrip("/") or "/", ".cache", "pve-sglang") if flat else root.rstrip("/")
+    return posixpath.join(state, f"{commit}.log")

@@ -1,0 +1,181 @@
+"""The model a server loads: fetched once where it is kept, verified, resumable, with progress.
+
+``remote/model_fetch.py`` does the work on the target (a container's own ``model_path``, or
+the host's model store); this operation runs it and relays its progress through pyinfra's
+logger while other hosts go on.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pyinfra import host, logger
+from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+from pyinfra.context import state
+
+from pve_sglang.facts.model import HubClientVersion, ModelFetchLog, ModelMarker, ModelPlan, fetch_args
+from pve_sglang.remote.model_fetch import MARKER
+from pve_sglang.model_store import log_path, moved_warning, progress_text, size_text, space_error
+
+#: Seconds between two progress lines of a fetch, by default: a 400 GB download shows about
+#: a hundred lines an hour.
+PROGRESS_EVERY_S = 30.0
+
+
+@operation()
+def fetched(python: str, script: str, repo: str, revision: str | None, root: str,
+            flat: bool = False, link: str | None = None, env_file: str | None = None,
+            space_of: str = "the model's filesystem", interval_s: float = PROGRESS_EVERY_S):
+    """
+    Hugging Face REPO at REVISION, resolved once to a commit, every file of it present at the
+    hub's size and hash, under ROOT; fetched (resumed) when not, with a progress line (bytes
+    done of total, rate, ETA, files done of total) every INTERVAL_S seconds. Before any byte
+    moves: the repository and revision must exist, a gated model needs a token with access,
+    and what is missing must fit in the free space. A branch the hub moved since it was
+    resolved is reported, and the recorded commit kept. Checked at execution: a plan
+    (``--dry``) only lists it. A deploy stopped meanwhile leaves the fetch running (or, killed
+    with it, resumable): the next run follows it.
+
+    + python: a Python with huggingface_hub that runs SCRIPT
+    + script: the uploaded ``remote/model_fetch.py``
+    + repo: the repository, e.g. ``Qwen/Qwen3-30B-A3B``
+    + revision: a branch, tag or commit; ``None``: the default branch
+    + root: the store's folder of REPO (``model_store.entry``), or with FLAT the model folder
+    + flat: the files go in ROOT itself (a container's own ``model_path``)
+    + link: the path, stable across runs, made to name the commit's folder (what the
+      containers mount); ``None`` for none
+    + env_file: the 0600 env file whose ``HF_TOKEN`` the script reads (never on a command line)
+    + space_of: what ROOT's filesystem is, in an error (e.g. ``the store /tank/models``)
+    + interval_s: seconds between two progress lines
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import model
+
+        model.fetched(
+            name="Model Qwen/Qwen3-30B-A3B in /models/model",
+            python="/opt/sglang/venv/bin/python",
+            script="/opt/sglang/model_fetch.py",
+            repo="Qwen/Qwen3-30B-A3B",
+            revision=None,
+            root="/models/model",
+            flat=True,
+            env_file="/etc/sglang/sglang.env",
+        )
+    """
+    if not state.is_executing:
+        host.noop(f"model {repo}: checked against the hub at run time")
+        return
+    where = f"host {host.name}"
+    shared = fetch_args(repo, root, flat, link, env_file, revision)
+    plan = host.get_fact(ModelPlan, python=python, script=script, repo=repo, revision=revision,
+                         root=root, flat=flat, link=link, env_file=env_file)
+    if plan is None:
+        raise OperationError(f"{where}: {script} did not answer: is huggingface_hub installed "
+                             f"for {python}?")
+    if "error" in plan:
+        raise OperationError(f"{where}: {plan['error']['message']}")
+    moved = moved_warning(plan, where, repo, revision)
+    if moved:
+        logger.warning(moved)
+    commit = plan["commit"]
+    if plan["complete"] and plan["settled"]:
+        logger.info(f"{where}: model {repo} at commit {commit}: {plan['files']} files, "
+                    f"{size_text(plan['bytes'])}, verified in {plan['dir']}")
+        host.noop(f"model {repo} at commit {commit[:12]} verified")
+        return
+    problem = space_error(plan, where, space_of)
+    if problem:
+        raise OperationError(problem)
+    logger.info(f"{where}: model {repo} at commit {commit}: {plan['missing_files']} of "
+                f"{plan['files']} files to fetch, {size_text(plan['missing_bytes'])} of "
+                f"{size_text(plan['bytes'])} ({size_text(plan['partial_bytes'])} partly there), "
+                f"into {plan['dir']}")
+    yield StringCommand(QuoteString(python), QuoteString(script), "fetch", "--commit",
+                        QuoteString(commit), *shared, "--interval", str(float(interval_s)),
+                        "--background")
+    log, offset = log_path(root, flat, commit), 0
+    while True:
+        watch = host.get_fact(ModelFetchLog, python=python, script=script, log=log,
+                              offset=offset, max_wait=max(1, math.ceil(interval_s)))
+        offset = watch["offset"] if watch["offset"] is not None else offset
+        progress = [line["p"] for line in watch["lines"] if "p" in line]
+        if progress:
+            logger.info(f"{where}: {repo}: {progress_text(progress[-1])}")
+        for line in watch["lines"]:
+            if "error" in line:
+                raise OperationError(f"{where}: model {repo} at commit {commit}: "
+                                     f"{line['error'].get('message')}; the next run resumes")
+            if "done" in line:
+                done = line["done"]
+                logger.info(f"{where}: model {repo} at commit {commit}: {done['files']} files, "
+                            f"{size_text(done['bytes'])} verified; fetched "
+                            f"{done['fetched_files']} files, {size_text(done['fetched_bytes'])} "
+                            f"in {done['seconds']:.0f}s")
+                return
+        if not watch["running"]:
+            raise OperationError(f"{where}: the fetch of {repo} stopped without a last line "
+                                 f"(killed?); see {log}; the next run resumes")
+
+
+@operation()
+def served(path: str, repo: str):
+    """
+    Say which commit of REPO the model at PATH is (the marker the fetch writes last, once
+    every file is verified); fail when PATH holds no verified model. Checked once the deploy
+    has run.
+
+    + path: the model folder the server loads (``model_path``)
+    + repo: the repository it should hold
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import model
+
+        model.served(name="The model served", path="/models/model", repo="Qwen/Qwen3-30B-A3B")
+    """
+    if not state.is_executing:
+        host.noop(f"model in {path}: checked after the run")
+        return
+    marker = host.get_fact(ModelMarker, path=path, marker=MARKER)
+    if not marker or marker.get("repo") != repo:
+        raise OperationError(f"{host.name}: {path} holds no verified {repo} (no {MARKER} of it): "
+                             "the model's fetch did not end")
+    logger.info(f"{host.name}: serves {repo} at commit {marker['commit']}: {marker['files']} "
+                f"files, {size_text(marker['bytes'])}, from {path}")
+    host.noop(f"serves {repo} at commit {marker['commit'][:12]}")
+    yield from ()
+
+
+@operation()
+def client_venv(path: str, version: str):
+    """
+    A venv at PATH (from the system ``python3``) with huggingface_hub VERSION, which runs the
+    model fetcher on a host: a Proxmox host has Python but not huggingface_hub. Debian's
+    ``python3-venv`` is installed first when ``python3 -m venv`` lacks it.
+
+    + path: where the venv goes, e.g. ``/opt/pve-sglang/model-tools``
+    + version: the huggingface_hub release (the locked set's, as the containers run)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import model
+
+        model.client_venv(name="huggingface_hub 0.36.2 on the host",
+                          path="/opt/pve-sglang/model-tools", version="0.36.2")
+    """
+    python = f"{path.rstrip('/')}/bin/python"
+    if host.get_fact(HubClientVersion, python=python) == version:
+        host.noop(f"huggingface_hub {version} in {path}")
+        return
+    venv, pip = QuoteString(path), QuoteString(f"{path.rstrip('/')}/bin/pip")
+    yield StringCommand("[ -x", pip, "] || python3 -m venv", venv, "|| { DEBIAN_FRONTEND=noninteractive "
+                        "apt-get install -y -q --no-install-recommends python3-venv && python3 -m venv",
+                        venv, "; }")
+    yield StringCommand(pip, "install -q", QuoteString(f"huggingface_hub=={version}"))

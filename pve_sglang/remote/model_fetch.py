@@ -1,0 +1,555 @@
+"""Fetch a Hugging Face model once, verified and resumable, with progress lines.
+
+Stand-alone: the standard library and ``huggingface_hub`` (the Python that runs it has it: the
+sglang venv in a container, the model tools venv on a host). Uploaded by the deploy and run as
+``PYTHON model_fetch.py COMMAND ...``; each command prints JSON objects, one a line.
+
+Layout under ROOT (``--root``):
+
+store (default)   ROOT/<commit>/ holds the files (mounted read-only into containers);
+                  ROOT/revisions.json, ROOT/<commit>.log and ROOT/<commit>.lock beside it.
+``--flat``        ROOT holds the files itself (a container's own ``model_path``); the state
+                  goes to ROOT/.cache/pve-sglang/.
+
+Commands:
+
+``plan --repo R [--revision REV] --root ROOT [--flat] [--link L] [--env-file F]``
+    Changes nothing. Resolves REV (default: the default branch) to a commit: a branch or tag
+    fetched before keeps the commit recorded in revisions.json, and a hub that moved it since
+    is reported (``recorded`` differs from ``hub_commit``), never followed. Checks every file
+    present at the hub's size, LFS files at their sha256 and the others at their git blob id
+    (a file whose size, mtime and inode are those it was verified at is not hashed again).
+    Prints ``{"repo", "commit", "revision", "recorded", "hub_commit", "files", "bytes",
+    "missing_files", "missing_bytes", "partial_bytes", "free_bytes", "complete", "settled",
+    "gated", "dir"}`` (``settled``: the revision is recorded and the link L names the commit)
+    or ``{"error": {"kind", "message"}}`` (kinds: not-found, revision-not-found, gated,
+    unauthorized, network).
+``fetch --repo R --commit C [--revision REV] --root ROOT [--flat] [--link L] [--env-file F]
+[--interval S] [--workers N] [--background]``
+    Removes each file that is not the hub's, downloads what is missing (huggingface_hub
+    resumes a ``.incomplete`` file), verifies each file, writes the marker (MARKER in the
+    commit's folder) last, then records REV's commit and points the link L (the path the
+    containers mount) at the commit's folder. Writes ``{"p": {"done", "total", "files_done",
+    "files", "rate", "eta"}}`` every S seconds and at the end ``{"done": {...}}`` or ``{"error":
+    {...}}`` to ROOT's ``<commit>.log`` (and the last line to stdout). One fetch of a commit
+    runs at a time (a lock file): another prints ``{"busy": true}`` and returns.
+    ``--background``: returns once the lock is held and the log is fresh (``{"started":
+    true}``), the fetch going on in its own session.
+``watch --log L --offset N --max-wait S``
+    The fetch log L's lines after byte N as they come, for up to S seconds, returning at
+    once on the fetch's last line; then ``{"offset": M, "running": bool}``.
+
+The token is read from the env file (``HF_TOKEN="..."``) by this process: never on a
+command line, never printed. ``HF_ENDPOINT`` in the env file names a hub mirror.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+MARKER = ".pve-sglang-model.json"
+TOKEN_VAR = "HF_TOKEN"
+ENDPOINT_VAR = "HF_ENDPOINT"
+#: The key of the default branch (no revision) in revisions.json.
+DEFAULT_LABEL = "_default"
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+HASH_CHUNK = 8 * 1024 * 1024
+
+
+def emit(obj: dict, out=None) -> None:
+    (out or sys.stdout).write(json.dumps(obj) + "\n")
+    (out or sys.stdout).flush()
+
+
+def env_value(env_file: str | None, name: str) -> str | None:
+    """NAME's value in a systemd EnvironmentFile written by the deploy, or None."""
+    if not env_file:
+        return None
+    try:
+        with open(env_file, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, sep, value = line.strip().partition("=")
+        if sep and key == name:
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = re.sub(r"\\(.)", r"\1", value[1:-1])
+            return value or None
+    return None
+
+
+# --- where things are ---------------------------------------------------------------------
+
+
+class Layout:
+    def __init__(self, root: str, flat: bool):
+        self.root, self.flat = root.rstrip("/") or "/", flat
+        self.state = os.path.join(self.root, ".cache", "pve-sglang") if flat else self.root
+
+    def files(self, commit: str) -> str:
+        return self.root if self.flat else os.path.join(self.root, commit)
+
+    def revisions(self) -> str:
+        return os.path.join(self.state, "revisions.json")
+
+    def log(self, commit: str) -> str:
+        return os.path.join(self.state, f"{commit}.log")
+
+    def lock(self, commit: str) -> str:
+        return os.path.join(self.state, f"{commit}.lock")
+
+    def verified(self, commit: str) -> str:
+        return os.path.join(self.files(commit), ".cache", "pve-sglang", "verified.json")
+
+
+def read_json(path: str, default):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return default
+
+
+def write_json(path: str, value) -> None:
+    """Written whole or not at all (a rename)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(value, handle, indent=1, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+# --- the hub ------------------------------------------------------------------------------
+
+
+class HubError(Exception):
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def client():
+    """huggingface_hub, imported once the environment (HF_ENDPOINT) is set: it reads its
+    constants when imported."""
+    try:
+        import huggingface_hub
+        import huggingface_hub.errors  # noqa: F401 - the submodule, for its attribute
+    except ImportError:
+        raise HubError("client", f"huggingface_hub is not installed for {sys.executable}") from None
+    return huggingface_hub
+
+
+def hub_error(error: Exception, repo: str, revision: str | None) -> HubError:
+    """The hub's answer as one of a few kinds, with a message a user can act on."""
+    errors = client().errors
+    where = f"{repo}" + (f" at revision {revision!r}" if revision else "")
+    if isinstance(error, errors.GatedRepoError):
+        return HubError("gated", f"{where} is gated and the token (hf_token) has no access: "
+                                 "ask for access on the model's page, or set hf_token")
+    if isinstance(error, errors.RevisionNotFoundError):
+        return HubError("revision-not-found", f"revision {revision!r} of {repo} does not exist "
+                                              "(model_revision: a branch, tag or commit of it)")
+    if isinstance(error, errors.RepositoryNotFoundError):
+        return HubError("not-found", f"repository {repo} does not exist, or is private and "
+                                     "hf_token cannot read it (model_download)")
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    if status in (401, 403):
+        return HubError("unauthorized", f"{where}: HTTP {status}: the token (hf_token) is refused")
+    return HubError("network", f"{where}: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+
+
+def model_files(repo: str, revision: str | None, token: str | None) -> tuple[str, list[dict], object]:
+    """(commit, [{"name", "size", "sha256" | None, "blob"}], gated) of REPO at REVISION."""
+    api = client().HfApi(token=token or False)
+    try:
+        info = api.model_info(repo, revision=revision, files_metadata=True)
+    except Exception as error:  # noqa: BLE001 - each is named by hub_error
+        raise hub_error(error, repo, revision) from None
+    files = [{"name": s.rfilename, "size": s.lfs.size if s.lfs else s.size,
+              "sha256": s.lfs.sha256 if s.lfs else None, "blob": s.blob_id}
+             for s in info.siblings or ()]
+    return info.sha, files, info.gated
+
+
+def check_access(repo: str, commit: str, files: list[dict], token: str | None) -> None:
+    """A gated repository answers its metadata to anyone and its files only to a granted
+    token: ask for one file's metadata (a HEAD, no bytes)."""
+    if not files:
+        return
+    hub = client()
+    try:
+        hub.get_hf_file_metadata(hub.hf_hub_url(repo, files[0]["name"], revision=commit), token=token or False)
+    except Exception as error:  # noqa: BLE001
+        raise hub_error(error, repo, commit) from None
+
+
+# --- verification -------------------------------------------------------------------------
+
+
+def file_digest(path: str, git_blob: bool) -> str:
+    size = os.path.getsize(path)
+    digest = hashlib.sha1(f"blob {size}\0".encode()) if git_blob else hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def stat_key(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def verify_file(folder: str, entry: dict, records: dict) -> bool:
+    """Whether the file is the hub's: its size, then its sha256 (LFS) or git blob id, hashed
+    only when its stat differs from the one recorded at its last verification."""
+    path = os.path.join(folder, entry["name"])
+    key = stat_key(path)
+    if key is None or (entry["size"] is not None and key[0] != entry["size"]):
+        return False
+    expected = entry["sha256"] or entry["blob"]
+    if expected is None:
+        return True
+    record = records.get(entry["name"])
+    if record and record.get("stat") == key and record.get("hash") == expected:
+        return True
+    if file_digest(path, git_blob=entry["sha256"] is None) != expected:
+        return False
+    records[entry["name"]] = {"stat": key, "hash": expected}
+    return True
+
+
+def forget_file(folder: str, name: str) -> None:
+    """Remove a file that is not the hub's, and huggingface_hub's note of it (which would
+    otherwise call it downloaded)."""
+    for path in (os.path.join(folder, name),
+                 os.path.join(folder, ".cache", "huggingface", "download", f"{name}.metadata")):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def partial_bytes(folder: str) -> int:
+    """Bytes in huggingface_hub's ``.incomplete`` files under FOLDER (resumed next)."""
+    total = 0
+    for base, _dirs, names in os.walk(os.path.join(folder, ".cache", "huggingface", "download")):
+        for name in names:
+            if name.endswith(".incomplete"):
+                try:
+                    total += os.path.getsize(os.path.join(base, name))
+                except OSError:
+                    pass
+    return total
+
+
+def check(folder: str, commit: str, files: list[dict], verified_path: str,
+          remove: bool = True) -> tuple[list[dict], dict]:
+    """(the files that are missing or not the hub's, removed when REMOVE; the verified
+    records)."""
+    records = read_json(verified_path, {})
+    records = records if isinstance(records, dict) and records.get("commit") == commit else {}
+    per_file = records.get("files") or {}
+    missing = []
+    for entry in files:
+        if not verify_file(folder, entry, per_file):
+            per_file.pop(entry["name"], None)
+            if remove and os.path.lexists(os.path.join(folder, entry["name"])):
+                forget_file(folder, entry["name"])
+            missing.append(entry)
+    return missing, {"commit": commit, "files": per_file}
+
+
+# --- revisions ----------------------------------------------------------------------------
+
+
+def pinned(layout: Layout, repo: str, revision: str | None, hub_commit: str) -> tuple[str, str | None]:
+    """(the commit to serve, the commit recorded before, if any) for REVISION: a commit is
+    itself; a branch or tag keeps the commit recorded the first time it was fetched."""
+    if revision and COMMIT_RE.match(revision):
+        return revision, None
+    known = read_json(layout.revisions(), {})
+    known = known if isinstance(known, dict) else {}
+    recorded = (known.get(repo) or {}).get(revision or DEFAULT_LABEL)
+    if recorded:
+        return recorded["commit"], recorded["commit"]
+    return hub_commit, None
+
+
+def record(layout: Layout, repo: str, revision: str | None, commit: str) -> None:
+    """Record the commit a branch or tag resolved to (a commit needs no record)."""
+    if revision and COMMIT_RE.match(revision):
+        return
+    known = read_json(layout.revisions(), {})
+    known = known if isinstance(known, dict) else {}
+    label = revision or DEFAULT_LABEL
+    if (known.get(repo) or {}).get(label, {}).get("commit") != commit:
+        known.setdefault(repo, {})[label] = {"commit": commit, "resolved_at": int(time.time())}
+        write_json(layout.revisions(), known)
+
+
+def link_ok(link: str | None, folder: str) -> bool:
+    return link is None or os.path.realpath(link) == os.path.realpath(folder)
+
+
+def set_link(link: str | None, folder: str) -> None:
+    """LINK (the path the containers mount) names FOLDER, replaced whole (a rename)."""
+    if link is None or link_ok(link, folder):
+        return
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    tmp = f"{link}.tmp{os.getpid()}"
+    os.symlink(os.path.relpath(folder, os.path.dirname(link)), tmp)
+    os.replace(tmp, link)
+
+
+# --- commands -----------------------------------------------------------------------------
+
+
+def plan(args) -> dict:
+    """What a fetch would do; changes nothing (but the cache of verified hashes)."""
+    token = env_value(args.env_file, TOKEN_VAR)
+    layout = Layout(args.root, args.flat)
+    try:
+        hub_commit, files, gated = model_files(args.repo, args.revision, token)
+        commit, recorded = pinned(layout, args.repo, args.revision, hub_commit)
+        if commit != hub_commit:
+            _c, files, gated = model_files(args.repo, commit, token)
+        if gated:
+            check_access(args.repo, commit, files, token)
+    except HubError as error:
+        return {"error": {"kind": error.kind, "message": str(error)}}
+    folder = layout.files(commit)
+    marker = read_json(os.path.join(folder, MARKER), None)
+    missing, records = check(folder, commit, files, layout.verified(commit), remove=False)
+    if os.path.isdir(folder):
+        write_json(layout.verified(commit), records)
+    total = sum(entry["size"] or 0 for entry in files)
+    probe = folder
+    while not os.path.isdir(probe):
+        probe = os.path.dirname(probe)
+    return {
+        "repo": args.repo, "commit": commit, "revision": args.revision, "recorded": recorded,
+        "hub_commit": hub_commit, "files": len(files), "bytes": total, "dir": folder,
+        "missing_files": len(missing), "missing_bytes": sum(e["size"] or 0 for e in missing),
+        "partial_bytes": partial_bytes(folder), "free_bytes": shutil.disk_usage(probe).free,
+        "complete": not missing and marker is not None and marker.get("commit") == commit,
+        "settled": (recorded is not None or bool(args.revision and COMMIT_RE.match(args.revision)))
+                   and link_ok(args.link, folder),
+        "gated": bool(gated),
+    }
+
+
+class Meter:
+    """Bytes done of the commit's total, from what is on disk (finished files and
+    huggingface_hub's ``.incomplete`` files), sampled every INTERVAL seconds."""
+
+    def __init__(self, folder: str, files: list[dict], missing: list[dict], out, interval: float):
+        self.folder, self.out, self.interval = folder, out, interval
+        self.total = sum(e["size"] or 0 for e in files)
+        self.files = len(files)
+        self.base = self.total - sum(e["size"] or 0 for e in missing)
+        self.base_files = self.files - len(missing)
+        self.missing = missing
+        self.finished: set[str] = set()
+        self.samples: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+
+    def done(self) -> int:
+        on_disk = 0
+        for entry in self.missing:
+            try:
+                on_disk += os.path.getsize(os.path.join(self.folder, entry["name"]))
+            except OSError:
+                pass
+        return self.base + on_disk + partial_bytes(self.folder)
+
+    def line(self) -> dict:
+        now, done = time.monotonic(), self.done()
+        self.samples = [s for s in self.samples if now - s[0] <= 30.0] + [(now, done)]
+        (t0, d0) = self.samples[0]
+        rate = (done - d0) / (now - t0) if now > t0 else 0.0
+        eta = (self.total - done) / rate if rate > 0 else None
+        return {"p": {"done": done, "total": self.total, "rate": rate, "eta": eta,
+                      "files_done": self.base_files + len(self.finished), "files": self.files}}
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval):
+            emit(self.line(), self.out)
+
+
+def fetch(args) -> int:
+    layout = Layout(args.root, args.flat)
+    os.makedirs(layout.state, exist_ok=True)
+    lock = open(layout.lock(args.commit), "a+")  # noqa: SIM115 - held for the whole fetch
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        emit({"busy": True})
+        return 0
+    out = open(layout.log(args.commit), "w", encoding="utf-8")  # noqa: SIM115
+    if args.background:
+        # The lock (held by this open file) and the fresh log go with the child: once this
+        # returns, a watch of the log sees this fetch, never an earlier one's last line.
+        if os.fork():
+            emit({"started": True})
+            os._exit(0)
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+    with out:
+        try:
+            result = fetch_locked(args, layout, out)
+        except HubError as error:
+            result = {"error": {"kind": error.kind, "message": str(error)}}
+        except Exception as error:  # noqa: BLE001 - reported, the next run resumes
+            result = {"error": {"kind": "download", "message": f"{type(error).__name__}: "
+                                f"{str(error).splitlines()[0][:300] if str(error) else ''}"}}
+        emit(result, out)
+        emit(result)
+    return 0 if "done" in result else 1
+
+
+def fetch_locked(args, layout: Layout, out) -> dict:
+    hf_hub_download = client().hf_hub_download
+    token = env_value(args.env_file, TOKEN_VAR)
+    commit, files, _gated = model_files(args.repo, args.commit, token)
+    folder = layout.files(commit)
+    os.makedirs(folder, exist_ok=True)
+    marker = os.path.join(folder, MARKER)
+    missing, records = check(folder, commit, files, layout.verified(commit))
+    if missing and os.path.exists(marker):
+        os.unlink(marker)  # not complete any more
+    resumed = partial_bytes(folder)
+    meter = Meter(folder, files, missing, out, args.interval)
+    emit(meter.line(), out)
+    ticker = threading.Thread(target=meter.run, daemon=True)
+    ticker.start()
+    started = time.monotonic()
+
+    def one(entry: dict) -> None:
+        hf_hub_download(args.repo, entry["name"], revision=commit, local_dir=folder,
+                        token=token or False)
+        meter.finished.add(entry["name"])
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
+            for future in [pool.submit(one, entry) for entry in missing]:
+                future.result()
+    except Exception as error:  # noqa: BLE001
+        raise hub_error(error, args.repo, commit) from None
+    finally:
+        meter.stop.set()
+        ticker.join()
+    still, records = check(folder, commit, files, layout.verified(commit))
+    write_json(layout.verified(commit), records)
+    if still:
+        return {"error": {"kind": "verify", "message": f"{len(still)} files differ from the hub "
+                          f"after download, e.g. {still[0]['name']}: removed, fetched again next run"}}
+    final = meter.line()["p"]
+    if missing or not os.path.exists(marker):
+        write_json(marker, {"repo": args.repo, "commit": commit, "files": len(files),
+                            "bytes": meter.total, "verified_at": int(time.time())})
+    record(layout, args.repo, args.revision, commit)
+    set_link(args.link, folder)
+    emit({"p": final}, out)
+    return {"done": {"commit": commit, "files": len(files), "bytes": meter.total,
+                     "fetched_files": len(missing),
+                     "fetched_bytes": max(0, sum(e["size"] or 0 for e in missing) - resumed),
+                     "seconds": round(time.monotonic() - started, 3)}}
+
+
+def running(lock_path: str) -> bool:
+    """Whether a fetch holds LOCK_PATH."""
+    try:
+        handle = open(lock_path, "a+")  # noqa: SIM115
+    except OSError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+
+
+def watch(args) -> int:
+    deadline = time.monotonic() + args.max_wait
+    offset, last = args.offset, False
+    lock_path = args.log[:-len(".log")] + ".lock"
+    while True:
+        try:
+            with open(args.log, "rb") as handle:
+                handle.seek(offset)
+                data = handle.read()
+        except OSError:
+            data = b""
+        end = data.rfind(b"\n") + 1
+        for raw in data[:end].splitlines():
+            line = raw.decode("utf-8", "replace")
+            sys.stdout.write(line + "\n")
+            last = last or '"done"' in line[:10] or '"error"' in line[:10]
+        offset += end
+        alive = running(lock_path)
+        if last or not alive or time.monotonic() >= deadline:
+            emit({"offset": offset, "running": alive and not last})
+            return 0
+        time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="model_fetch.py")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name in ("plan", "fetch"):
+        sub = commands.add_parser(name)
+        sub.add_argument("--repo", required=True)
+        sub.add_argument("--root", required=True)
+        sub.add_argument("--flat", action="store_true")
+        sub.add_argument("--env-file")
+        sub.add_argument("--revision")
+        sub.add_argument("--link")
+        if name == "fetch":
+            sub.add_argument("--commit", required=True)
+            sub.add_argument("--interval", type=float, default=10.0)
+            sub.add_argument("--workers", type=int, default=8)
+            sub.add_argument("--background", action="store_true")
+    sub = commands.add_parser("watch")
+    sub.add_argument("--log", required=True)
+    sub.add_argument("--offset", type=int, default=0)
+    sub.add_argument("--max-wait", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    # A hub mirror named in the env file (read before huggingface_hub is imported: its
+    # constants are read then).
+    endpoint = env_value(getattr(args, "env_file", None), ENDPOINT_VAR)
+    if endpoint:
+        os.environ["HF_ENDPOINT"] = endpoint
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if args.command == "plan":
+        emit(plan(args))
+        return 0
+    if args.command == "fetch":
+        return fetch(args)
+    return watch(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""remote/model_fetch.py with the real huggingface_hub client (the version the container's
+locked venv has) against tests/standin_hub.py, on this machine: a clean download, one killed
+mid-shard and resumed, a corrupted and a short file fetched again, a moved branch reported and
+not followed, a gated model without a token, a missing repository and revision, a second run
+that fetches nothing. Each case reads the hub's request log: what was fetched, from which byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from pve_sglang.remote import source
+from pve_sglang.remote.model_fetch import MARKER, partial_bytes
+from standin_hub import Repo, StandinHub, synthetic_files
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = str(source("model_fetch.py"))
+NAME = "standin-org/Standin-7B"
+TOKEN = "hf_standin_token_Zq9"
+SHARD = 4 * 1024 * 1024
+BIG_SHARD = 24 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> dict[str, Path]:
+    return synthetic_files(tmp_path_factory.mktemp("hubfiles"), 4, SHARD)
+
+
+@pytest.fixture
+def hub(shards, tmp_path):
+    commit = "1" * 40
+    hub = StandinHub(repos={NAME: Repo(refs={"main": commit}, commits={commit: shards})},
+                     tokens={TOKEN})
+    hub.start()
+    yield hub
+    hub.stop()
+
+
+class Runner:
+    def __init__(self, python: str, hub: StandinHub, root: Path, env_file: Path | None = None):
+        self.python, self.hub, self.root, self.env_file = python, hub, root, env_file
+
+    def env(self) -> dict:
+        return {**os.environ, "HF_ENDPOINT": self.hub.url, "HF_HOME": str(self.root.parent / "hf-home")}
+
+    def argv(self, command: str, *extra: str) -> list[str]:
+        argv = [self.python, SCRIPT, command, "--repo", NAME, "--root", str(self.root), *extra]
+        return argv + (["--env-file", str(self.env_file)] if self.env_file else [])
+
+    def run(self, command: str, *extra: str) -> list[dict]:
+        done = subprocess.run(self.argv(command, *extra), env=self.env(), capture_output=True,
+                              text=True, timeout=120)
+        assert TOKEN not in done.stdout + done.stderr
+        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+    def plan(self, *extra: str) -> dict:
+        return self.run("plan", *extra)[-1]
+
+    def fetch(self, commit: str, *extra: str) -> dict:
+        return self.run("fetch", "--commit", commit, "--interval", "0.2", *extra)[-1]
+
+
+@pytest.fixture
+def runner(hf_python, hub, tmp_path) -> Runner:
+    return Runner(hf_python, hub, tmp_path / "store" / "standin-org--Standin-7B")
+
+
+def gets(hub: StandinHub) -> list[tuple[str, int]]:
+    return [(path.rsplit("/", 1)[1], start) for method, path, start in hub.requests
+            if method == "GET" and "/resolve/" in path]
+
+
+def test_clean_download_is_verified_and_marked_last(runner, hub, shards):
+    plan = runner.plan()
+    assert (plan["files"], plan["missing_files"], plan["complete"]) == (7, 7, False)
+    assert plan["bytes"] == plan["missing_bytes"] == sum(p.stat().st_size for p in shards.values())
+    lines = runner.run("fetch", "--commit", plan["commit"], "--interval", "0.05")
+    assert lines[-1]["done"]["fetched_files"] == 7
+    folder = Path(plan["dir"])
+    assert folder == runner.root / plan["commit"]
+    for name, path in shards.items():
+        assert (folder / name).read_bytes() == path.read_bytes()
+    marker = json.loads((folder / MARKER).read_text())
+    assert (marker["commit"], marker["files"]) == (plan["commit"], 7)
+    again = runner.plan()
+    assert again["complete"] and again["missing_files"] == 0
+    assert sorted(name for name, _ in gets(hub)) == sorted(shards)  # each file fetched once
+
+
+def test_second_fetch_fetches_nothing(runner, hub):
+    commit = runner.plan()["commit"]
+    runner.fetch(commit)
+    before = len(gets(hub))
+    assert runner.plan()["complete"]
+    result = runner.fetch(commit)
+    assert result["done"]["fetched_files"] == 0
+    assert len(gets(hub)) == before
+
+
+@pytest.fixture(scope="module")
+def big_shards(tmp_path_factory) -> dict[str, Path]:
+    """Shards above huggingface_hub's write size (10 MB, ``DOWNLOAD_CHUNK_SIZE``): a partial
+    one reaches the disk before it is whole."""
+    return synthetic_files(tmp_path_factory.mktemp("bighubfiles"), 3, BIG_SHARD, seed="big")
+
+
+def test_killed_mid_shard_resumes_without_fetching_a_complete_file_again(runner, hub, big_shards):
+    shards = big_shards
+    hub.repos[NAME].commits[hub.repos[NAME].refs["main"]] = shards
+    commit = runner.plan()["commit"]
+    hub.rate = BIG_SHARD // 2  # a shard in two seconds, per connection
+    process = subprocess.Popen(runner.argv("fetch", "--commit", commit, "--workers", "1",
+                                           "--interval", "0.1"),
+                               env=runner.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    folder = runner.root / commit
+    deadline = time.monotonic() + 60
+    # Killed once at least one shard is whole and another is partly there.
+    while time.monotonic() < deadline:
+        whole = [n for n in shards if n.endswith(".safetensors") and (folder / n).exists()]
+        if whole and partial_bytes(str(folder)) > BIG_SHARD // 4:
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail("no whole shard and a partial one within 60s")
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    whole = {n for n in shards if (folder / n).exists()}
+    assert whole and partial_bytes(str(folder)) > 0
+    plan = runner.plan()
+    assert not plan["complete"] and plan["partial_bytes"] > 0
+    assert (folder / "config.json").exists()  # what the old check took for a present model
+    hub.rate = None
+    fetched_before = len(gets(hub))
+    result = runner.fetch(commit)
+    assert "done" in result
+    after = gets(hub)[fetched_before:]
+    assert not {name for name, _ in after} & whole  # a complete file is not fetched again
+    assert any(start > 0 for _, start in after)  # the interrupted shard resumed from its bytes
+    for name, path in shards.items():
+        assert (folder / name).read_bytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_changed_or_short_file_is_fetched_again(runner, hub, shards, damage):
+    commit = runner.plan()["commit"]
+    runner.fetch(commit)
+    shard = runner.root / commit / "model-00002-of-00004.safetensors"
+    data = bytearray(shard.read_bytes())
+    if damage == "flip":
+        data[SHARD // 2] ^= 0xFF
+    else:
+        data = data[: SHARD // 3]
+    shard.write_bytes(bytes(data))
+    plan = runner.plan()
+    assert (plan["complete"], plan["missing_files"]) == (False, 1)
+    lines = runner.run("fetch", "--commit", commit, "--interval", "0.05")
+    assert lines[-1]["done"]["fetched_files"] == 1
+    assert shard.read_bytes() == shards[shard.name].read_bytes()
+    counts = {name: n for name in shards if (n := hub.model_files_gets(name))}
+    assert counts[shard.name] == 2 and all(n == 1 for name, n in counts.items() if name != shard.name)
+    assert runner.plan()["complete"]
+
+
+def test_moved_branch_is_reported_and_the_recorded_commit_kept(runner, hub, shards, tmp_path):
+    first = runner.plan()["commit"]
+    runner.fetch(first)
+    moved = "2" * 40
+    newer = dict(shards, **{"config.json": tmp_path / "config.json"})
+    newer["config.json"].write_text('{"architectures": ["StandinForCausalLM"], "v": 2}')
+    hub.repos[NAME].commits[moved] = newer
+    hub.repos[NAME].refs["main"] = moved
+    plan = runner.plan()
+    assert (plan["commit"], plan["recorded"], plan["hub_commit"]) == (first, first, moved)
+    assert plan["complete"]
+    chosen = runner.plan("--revision", moved)
+    assert (chosen["commit"], chosen["complete"]) == (moved, False)
+
+
+def test_gated_model_needs_a_token_from_the_env_file(runner, hub, tmp_path):
+    hub.repos[NAME].gated = True
+    assert runner.plan()["error"]["kind"] == "gated"
+    env = tmp_path / "sglang.env"
+    env.write_text(f'HF_TOKEN="{TOKEN}"\n')
+    env.chmod(0o600)
+    runner.env_file = env
+    plan = runner.plan()
+    assert "error" not in plan
+    assert "done" in runner.fetch(plan["commit"])
+
+
+def test_missing_repository_and_revision_are_named(runner):
+    assert runner.plan("--revision", "no-such-branch")["error"]["kind"] == "revision-not-found"
+    runner_other = Runner(runner.python, runner.hub, runner.root)
+    argv = runner_other.argv("plan")
+    argv[argv.index("--repo") + 1] = "standin-org/Nothing-Here"
+    out = subprocess.run(argv, env=runner.env(), capture_output=True, text=True).stdout
+    error = json.loads(out.splitlines()[-1])["error"]
+    assert error["kind"] == "not-found" and "standin-org/Nothing-Here" in error["message"]
+
+
+def test_flat_layout_keeps_its_state_out_of_the_way(hf_python, hub, tmp_path, shards):
+    flat = Runner(hf_python, hub, tmp_path / "models" / "model")
+    plan = flat.plan("--flat")
+    assert plan["dir"] == str(flat.root)
+    assert "done" in flat.fetch(plan["commit"], "--flat")
+    assert flat.plan("--flat")["complete"]
+    assert (flat.root / ".cache" / "pve-sglang" / "revisions.json").exists()
+    assert {p.name for p in flat.root.iterdir()} == {*shards, ".cache", MARKER}
