@@ -133,7 +133,15 @@ def verify_steps() -> None:
     cs = host_settings(ContainerSettings)
     if cs.stack_install == "pinned":
         lock, _ = stack_lock_of(host.name, cs)
-from pve_sglang.operations import model, stacks, verify
+        # The settings' stack (the serving one, unless its switch waits: restart pending).
+        from tasks.container import stack_dir
+
+        verify.stack_as_locked(name=f"The stack is lock {lock.id}",
+                               python=f"{stack_dir(cs)}/bin/python", tools=remote.TOOLS,
+                               lock=lock)
+    if cs.model_download:
+        model.served(name=f"The model served is {cs.model_download}", path=cs.model_path,
+                     repo=cs.model_download)
     checks = verify_plan(cs, host_gpus())
     if not checks:
         logger.warning(
