@@ -528,7 +528,9 @@ def test_model_store_fetched_by_the_host_once_then_mounted_read_only():
     ops = plan({**gpu_host_responses(), **container_answers(None, None)},
                model_store="/tank/models", model_download="Org/Model-7B", hf_token="hf_s3cret")
     names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
-    tools, token, fetch = (names.index("huggingface_hub 0.36.2 in /opt/pve-sglang/model-tools"),
+    from pve_sglang.stack.lock import default_key, lock_for
+    hub = lock_for(default_key()).packages["huggingface-hub"]  # the containers' own client
+    tools, token, fetch = (names.index(f"huggingface_hub {hub} in /opt/pve-sglang/model-tools"),
                            names.index("Hub token for Org/Model-7B (mode 0600)"),
                            names.index("Model store /tank/models: Org/Model-7B"))
     assert tools < token < fetch < names.index("Create container 105")
