@@ -140,8 +140,9 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 
 def settings(**overrides) -> ContainerSettings:
     data = {k: v for k, v in load_defaults().items() if k in ContainerSettings.model_fields}
+    # The release the venv holds: the unit's flags are spelled for it (server.spelling).
     base = {"api_key": API_KEY, "hf_token": HF_TOKEN, "model_path": MODEL,
-            "extra_server_args": ["--device", "cpu"]}
+            "extra_server_args": ["--device", "cpu"], "sglang_version": RELEASE}
     return ContainerSettings.model_validate({**data, **base, **overrides})
 
 
