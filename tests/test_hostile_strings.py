@@ -58,10 +58,11 @@ from pve_sglang.facts import nvidia as nvidia_facts
 from pve_sglang.facts import pve as pve_facts
 from pve_sglang.facts import system as system_facts
 from pve_sglang.facts import verify as verify_facts
+from pve_sglang.facts import model as model_facts
 from pve_sglang.facts.container import UnitState
 from pve_sglang.facts.pve import LxcContainerStatus, PctStatus
 from pve_sglang.hosts_file import build_groups
-from pve_sglang.operations import boot, layer, lxc, paths, pct, phase, stack, wheels
+from pve_sglang.operations import boot, layer, lxc, model, paths, pct, phase, stack, wheels
 from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings, HostSettings, Mount, SettingsError
@@ -257,6 +258,19 @@ def _responses(platform: str) -> dict:
         # (Matched on its script's text: the venv's path may be a hostile one.)
         "def distributions():": json.dumps({"packages": parse(SHIPPED_LOCK).packages,
                                       "patch": "already-patched\n", "python": "3.11"}),
+        # The model: a plan with all to fetch (so the fetch command runs with the settings'
+        # values), a fetch that ends, and the marker the verify phase reads.
+        "model_fetch.py plan": json.dumps({
+            "repo": "org/model", "commit": "c" * 40, "recorded": None, "hub_commit": "c" * 40,
+            "files": 2, "bytes": 10, "dir": "/models/model", "missing_files": 2,
+            "missing_bytes": 10, "partial_bytes": 0, "free_bytes": 10**12, "complete": False,
+            "settled": False, "gated": False}),
+        "model_fetch.py watch": json.dumps({"done": {"commit": "c" * 40, "files": 2, "bytes": 10,
+                                                     "fetched_files": 2, "fetched_bytes": 10,
+                                                     "seconds": 1}})
+        + "\n" + json.dumps({"offset": 100, "running": False}),
+        ".pve-sglang-model.json": json.dumps({"repo": "org/model", "commit": "c" * 40,
+                                              "files": 2, "bytes": 10}),
     }
     # No shared layer yet: the container builds it (its marker's test fails).
     answers[re.compile(r"^test -f .*\.layer'?$")] = {"success": False}
@@ -770,8 +784,8 @@ def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
 # that. Each operation and fact of the project gets the payloads in every string argument,
 # with the facts saying "nothing there yet" (and "running, changed" for the restart paths).
 
-OPERATION_MODULES = (pct, lxc, stack, paths, wheels, layer, boot)
-FACT_MODULES = (container_facts, nvidia_facts, pve_facts, system_facts, verify_facts)
+OPERATION_MODULES = (pct, lxc, stack, paths, wheels, layer, boot, model)
+FACT_MODULES = (container_facts, nvidia_facts, pve_facts, system_facts, verify_facts, model_facts)
 RUNNING = {PctStatus: "running", LxcContainerStatus: "RUNNING",
            UnitState: {"active": "active", "enabled": "disabled"}}
 
@@ -794,6 +808,8 @@ def _argument(annotation: Any, value: str) -> Any:
         return True
     if annotation is int:
         return 105
+    if annotation is float:
+        return 1.0
     if origin is Callable or annotation is Callable:
         return lambda: True
     if annotation is Lock:
