@@ -224,8 +224,9 @@ def migrate(venv_path: str, lock_file: str, service: str, copies: dict[str, str]
         QuoteString(target), "&& touch -r", reference, QuoteString(target), "&&",
         link_command(venv_path, moved), "&& touch -h -r", reference, QuoteString(venv),
         "&& rm -f", reference)
-    logger.info(f"{host.name}: {venv_path} (a venv made before stacks) becomes stack {moved} "
-                f"in {folder}, not reinstalled")
+    if cache.once(Kind.RESTART_REASON, ("stack_migration", moved)):  # plan or run, once
+        logger.info(f"{host.name}: {venv_path} (a venv made before stacks) becomes stack "
+                    f"{moved} in {folder}, not reinstalled")
     forget()
 
 
@@ -269,8 +270,9 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
     if not gone:
         host.noop(f"{len(mtimes)} stacks, {keep} kept")
         return
-    logger.info(f"{host.name}: stack_retention {keep}: removing "
-                + ", ".join(release_words(raw, name) for name in gone))
+    if cache.once(Kind.RESTART_REASON, ("stack_retention", tuple(gone))):  # plan or run, once
+        logger.info(f"{host.name}: stack_retention {keep}: removing "
+                    + ", ".join(release_words(raw, name) for name in gone))
     for name in gone:
         yield StringCommand("rm -rf", QuoteString(stacks.stack_path(venv_path, name)))
     forget()
