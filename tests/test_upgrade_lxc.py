@@ -82,7 +82,8 @@ def test_good_upgrade_switches_once_and_keeps_the_old_stack(site):
     starts = site.starts()
     done = site.deploy("0.5.9")
     assert done.returncode == 0, done.log[-5000:]
-    assert site.starts() == starts + 1  # one restart
+    assert site.starts() == starts + 1  # one restart, for the switch
+    assert f"sglang.service restarts because: {VENV} -> stack {stack_of('0.5.9')}" in done.log
     assert site.link() == f"venv.stacks/{stack_of('0.5.9')}"
     assert site.stacks() == {stack_of("0.5.8"), stack_of("0.5.9")}
     assert site.record() == {"failed": {}, "previous": stack_of("0.5.8"), "trial": None}
