@@ -28,7 +28,7 @@ from pve_sglang.stack.releases import read_release, toolkit_version
 TOOLS = remote.TOOLS
 #: The lock of a venv made before stacks (one venv at ``venv_path``), as it was last made from
 #: it: what names that venv when it becomes a stack.
-LOCK_FILE = f"{TOOLS}/stack.lock"
+LOCK_FILE = stacks.LEGACY_LOCK_FILE
 #: In each stack: its lock, and the part the venv holds itself when the rest comes from the
 #: host's shared layer.
 STACK_LOCK = "pve-sglang.lock"
@@ -137,14 +137,12 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
 
 def stack_id(cs: ContainerSettings) -> str:
     """The id of the settings' stack: the lock's id, or a digest of sglang's pin without one."""
-    if cs.stack_install == "pinned":
-        return stack_lock_of(host.name, cs)[0].id
-    return stack_ids.unlocked_id(cs.sglang_version)
+    return stacks.settings_stack_id(host.name, cs)
 
 
 def stack_dir(cs: ContainerSettings) -> str:
     """Where the settings' stack is built, beside the serving one."""
-    return stack_ids.stack_path(cs.venv_path, stack_id(cs))
+    return stacks.settings_stack_path(host.name, cs)
 
 
 def beside(cs: ContainerSettings) -> bool:

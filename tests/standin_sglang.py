@@ -16,6 +16,11 @@ record; this one holds a few of those fields, with the key from ``SGLANG_API_KEY
 + ``oom``: the start up to the CUDA graph capture, then CUDA out of memory; exit 1
 + ``degenerate``: the whole start, then serve a run of ``!`` with null (NaN) logprobs
 
+``--case-by-release FILE`` takes CASE from FILE (JSON, ``{"0.5.9": "normal", ...}``) for the
+sglang release installed beside the Python that runs it (a stand-in release: the venv the
+unit's ``venv_path`` link names decides how the server behaves); ``--pause-scale`` shortens
+the pauses (0.1: a start of about 3 s).
+
 EVENT-FILE gets the wall time (seconds since the epoch) of the case's event: the exit, the last
 line before the silence, or the degenerate answer. Not a mock of the deploy: a server process
 the deploy's own unit runs, whose output reaches the journal as SGLang's does.
@@ -35,6 +40,7 @@ from pathlib import Path
 
 READY = "The server is fired up and ready to roll!"
 STATE = {"ready": False}
+SCALE = {"pause": 1.0}
 
 
 def lines(logs: Path, name: str) -> list[str]:
@@ -54,12 +60,12 @@ def mark(event_file: str) -> None:
 def pause(line: str) -> float:
     """Seconds before LINE: shards stream, the autotune and the graph capture take a while."""
     if line.startswith("Loading safetensors"):
-        return 0.15
+        return 0.15 * SCALE["pause"]
     if "FlashInfer autotune completed" in line or "Capture cuda graph end" in line:
-        return 0.8
+        return 0.8 * SCALE["pause"]
     if READY in line:
-        return 0.5
-    return 0.02
+        return 0.5 * SCALE["pause"]
+    return 0.02 * SCALE["pause"]
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -167,7 +173,16 @@ def main() -> int:
     parser.add_argument("--port", required=True, type=int)
     parser.add_argument("--case", default="normal")
     parser.add_argument("--event-file", required=True)
+    parser.add_argument("--case-by-release", type=Path)
+    parser.add_argument("--pause-scale", type=float, default=1.0)
     args = parser.parse_args()
+    SCALE["pause"] = args.pause_scale
+    if args.case_by_release:
+        import importlib.metadata
+
+        release = importlib.metadata.version("sglang")
+        args.case = json.loads(args.case_by_release.read_text()).get(release, "normal")
+        say(f"stand-in of sglang {release}: {args.case}")
     Handler.case, Handler.event_file = args.case, args.event_file
     server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

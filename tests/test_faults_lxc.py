@@ -54,9 +54,12 @@ import pytest
 
 from devtools import lxc_env
 from harness import PATH_STATES_COMMAND, path_states_output, plan_deploy
+from pve_sglang.stack import stacks
 from test_deploy_lxc import NO_GPU_DROPIN, REPO, UNIT, Deploy, changed, failed
 
-SITE = "/opt/sglang/venv/lib/python3.11/site-packages"
+# The stack a deploy of Deploy's settings builds (sglang 0.5.9 alone), beside venv_path's link.
+STACK = stacks.stack_path("/opt/sglang/venv", stacks.unlocked_id("0.5.9"))
+SITE = f"{STACK}/lib/python3.11/site-packages"
 SERVICE = "sglang.service"
 RESTART_OP = (f"GPU container | {SERVICE} enabled and running (restarted only when its unit, "
               "env, stack or patch changed)")
@@ -255,7 +258,7 @@ def test_killed_during_the_stack_install_converges_on_the_next_run(new_deploy, r
 
         # The fault landed: the version reads right but files are missing.
         version = deploy.attach(f"sed -n 's/^Version: //p' {SITE}/sglang-*.dist-info/METADATA")
-        check = f"/opt/sglang/venv/bin/python -c '{RECORD_CHECK}' {SITE}"
+        check = f"{STACK}/bin/python -c '{RECORD_CHECK}' {SITE}"
         missing = deploy.attach(check).split()
         log(f"after the kill: sglang METADATA says {version}, {len(missing)} wheel files "
             "missing or partial")
@@ -584,7 +587,6 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
         # sglang in the venv, the rest in the host's shared layer (its marker there).
         from pve_sglang.facts.stacks import Stacks
         from pve_sglang.operations import layer
-        from pve_sglang.stack import stacks
         from pve_sglang.stack.lock import default_key, lock_for
         from pve_sglang.stack.releases import read_release, toolkit_version
         from tasks.container import LOCK_FILE

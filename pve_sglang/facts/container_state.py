@@ -17,6 +17,7 @@ from pyinfra.facts.server import Hostname
 from typing_extensions import override
 
 from pve_sglang.facts.container import PathStates, SglangVenv, UnitState, UvVersion
+from pve_sglang.facts.stacks import Stacks
 from pve_sglang.runtime.pyinfra_private import MISSING_COMMAND_MARKER
 
 #: The parts one read can hold: kind -> (fact, the names of its arguments, in order).
@@ -27,6 +28,7 @@ PARTS: dict[str, tuple[type[FactBase], tuple[str, ...]]] = {
     "uv": (UvVersion, ("uv",)),
     "unit": (UnitState, ("unit",)),
     "hostname": (Hostname, ()),
+    "stacks": (Stacks, ("venv_path", "lock_file", "state")),
 }
 
 # The section lines: a part's own output never starts with this (nothing it prints does).

@@ -12,7 +12,9 @@ its kind (``MEMO``: ``cache.memo``), where the operations' own ``forget`` finds 
   the autotune patch script it runs is written (``cache.depends``);
 - ``debs``, ``uv``, ``hostname``: forgotten by the operation that installs or sets them;
 - ``unit``: ``memo(Kind.UNIT)[unit]``, forgotten when the unit file is written (its
-  ``NeedDaemonReload`` moves) and by ``service_running``'s own commands.
+  ``NeedDaemonReload`` moves) and by ``service_running``'s own commands;
+- ``stacks``: ``memo(Kind.STACKS)[args]``, forgotten by the operations of
+  ``operations/stacks.py`` that move a stack, the link or the record.
 
 A part not expected, or asked again after it was forgotten, is read alone, with its own fact.
 Only through a container connector are parts folded: that is where a read is a process on the
@@ -42,7 +44,7 @@ from pve_sglang.facts.container_state import (
 
 #: The per-stage cache each part is kept in (``cache.memo``).
 MEMO = {"paths": Kind.PATHS, "venv": Kind.VENV, "debs": Kind.DEBS, "uv": Kind.UV,
-        "unit": Kind.UNIT, "hostname": Kind.HOSTNAME}
+        "unit": Kind.UNIT, "hostname": Kind.HOSTNAME, "stacks": Kind.STACKS}
 
 #: The tools venv's uv, as ``tasks/container.py`` installs it (``stack.tools_venv``).
 TOOLS_UV = f"{remote.TOOLS}/tools/bin/uv"
@@ -59,12 +61,15 @@ def expected() -> list[tuple[str, tuple]]:
     settings, paths aside (``paths.watch`` names those); none outside ``gpu_containers``."""
     if "gpu_containers" not in getattr(host, "groups", ()):
         return []
-    from pve_sglang.server.command import unit_name, venv_python
+    from pve_sglang.server.command import unit_name
     from pve_sglang.config.settings import ContainerSettings, host_settings
+    from pve_sglang.operations import stacks
 
     cs = host_settings(ContainerSettings)
-    parts = [("debs", ()), ("uv", (TOOLS_UV,)), ("venv", (venv_python(cs), remote.TOOLS)),
-             ("unit", (unit_name(cs),))]
+    # The settings' stack, built beside the serving one (``venv_path`` links to it).
+    python = f"{stacks.settings_stack_path(host.name, cs)}/bin/python"
+    parts = [("debs", ()), ("uv", (TOOLS_UV,)), ("venv", (python, remote.TOOLS)),
+             ("unit", (unit_name(cs),)), ("stacks", stacks.read_args(cs.venv_path, cs.service_name))]
     if host.data.get("platform") == "lxc":
         parts.append(("hostname", ()))
     return parts
@@ -72,7 +77,7 @@ def expected() -> list[tuple[str, tuple]]:
 
 def _key(kind: str, args: tuple) -> Hashable:
     """Where part KIND/ARGS is kept in its memo: the keys the operations forget."""
-    if kind == "venv":
+    if kind in ("venv", "stacks"):
         return args
     return args[0] if args else None
 

@@ -11,10 +11,10 @@ from pyinfra import host, logger
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.context import state as pyinfra_state
 
-from pve_sglang.facts.container import UnitState
-from pve_sglang.facts.stacks import Stacks
+from pve_sglang import remote
+from pve_sglang.operations import container_state
 from pve_sglang.runtime import cache
-from pve_sglang.runtime.cache import Kind, memo
+from pve_sglang.runtime.cache import Kind
 from pve_sglang.server import unit_action
 from pve_sglang.stack import stacks
 from pve_sglang.stack.stacks import Found, Move, Verdict
@@ -25,15 +25,34 @@ def cannot_name(venv_path: str, error: ValueError) -> str:
             "cannot name) and run again")
 
 
+#: The lock file of a venv made before stacks, as the deploy wrote it (names that venv).
+LEGACY_LOCK_FILE = f"{remote.TOOLS}/stack.lock"
+
+
+def settings_stack_id(where: str, cs) -> str:
+    """The id of the stack of settings CS (``ContainerSettings``) of host WHERE: the lock's
+    id, or a digest of sglang's pin without one."""
+    from pve_sglang.preflight import stack_lock_of
+
+    if cs.stack_install == "pinned":
+        return stack_lock_of(where, cs)[0].id
+    return stacks.unlocked_id(cs.sglang_version)
+
+
+def settings_stack_path(where: str, cs) -> str:
+    """Where the stack of settings CS is built, beside the serving one."""
+    return stacks.stack_path(cs.venv_path, settings_stack_id(where, cs))
+
+
+def read_args(venv_path: str, service: str, lock_file: str = LEGACY_LOCK_FILE) -> tuple:
+    """The ``Stacks`` read's arguments (the container's one read folds it: ``container_state``)."""
+    return (venv_path, lock_file, stacks.state_path(service))
+
+
 def read(venv_path: str, lock_file: str, service: str) -> dict:
-    """The container's stacks (``Stacks``), read once per run stage until an operation here
-    changes them."""
-    known = memo(Kind.STACKS)
-    key = (venv_path, lock_file, service)
-    if key not in known:
-        known[key] = host.get_fact(Stacks, venv_path=venv_path, lock_file=lock_file,
-                                   state=stacks.state_path(service))
-    return known[key]
+    """The container's stacks (``Stacks``), with the container's other reads, once per run
+    stage until an operation here changes them."""
+    return container_state.read("stacks", *read_args(venv_path, service, lock_file))
 
 
 def found_of(venv_path: str, raw: dict) -> Found:
@@ -149,10 +168,10 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
                       lock_file="/opt/sglang/stack.lock", service="sglang",
                       unit="sglang.service", wanted="68a87c7696509d54", restart_on_change=True)
     """
-    forget()  # read again at execution: the build before may have changed the folder
+    # What the build before changed (a new stack's files) decides nothing here.
     raw = read(venv_path, lock_file, service)
     found = found_of(venv_path, raw)
-    unit_state = host.get_fact(UnitState, unit=unit)
+    unit_state = container_state.read("unit", unit)
     serving = unit_state.get("active") in unit_action.RUNNING_STATES
     try:
         plan = stacks.decide_switch(found, wanted, restart_on_change, serving)
@@ -224,8 +243,9 @@ def migrate(venv_path: str, lock_file: str, service: str, copies: dict[str, str]
         QuoteString(target), "&& touch -r", reference, QuoteString(target), "&&",
         link_command(venv_path, moved), "&& touch -h -r", reference, QuoteString(venv),
         "&& rm -f", reference)
-    logger.info(f"{host.name}: {venv_path} (a venv made before stacks) becomes stack {moved} "
-                f"in {folder}, not reinstalled")
+    if cache.once(Kind.RESTART_REASON, ("stack_migration", moved)):  # plan or run, once
+        logger.info(f"{host.name}: {venv_path} (a venv made before stacks) becomes stack "
+                    f"{moved} in {folder}, not reinstalled")
     forget()
 
 
@@ -254,7 +274,8 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
                          lock_file="/opt/sglang/stack.lock", service="sglang",
                          wanted="68a87c7696509d54", keep=2, restart_on_change=True)
     """
-    forget()
+    # Read again after a switch of this run (it forgets): a stack built in this run and not
+    # read yet is kept (the wanted one always is).
     raw = read(venv_path, lock_file, service)
     found = found_of(venv_path, raw)
     current = found.current if found.kind == "link" else found.plain_lock
@@ -269,8 +290,9 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
     if not gone:
         host.noop(f"{len(mtimes)} stacks, {keep} kept")
         return
-    logger.info(f"{host.name}: stack_retention {keep}: removing "
-                + ", ".join(release_words(raw, name) for name in gone))
+    if cache.once(Kind.RESTART_REASON, ("stack_retention", tuple(gone))):  # plan or run, once
+        logger.info(f"{host.name}: stack_retention {keep}: removing "
+                    + ", ".join(release_words(raw, name) for name in gone))
     for name in gone:
         yield StringCommand("rm -rf", QuoteString(stacks.stack_path(venv_path, name)))
     forget()
@@ -358,7 +380,7 @@ def trial_passed(venv_path: str, lock_file: str, service: str):
     if not pyinfra_state.is_executing:
         host.noop("an upgrade's trial ends once the server answered")
         return
-    forget()
+    # The container phase's read, after its switch (which forgets) if any.
     raw = read(venv_path, lock_file, service)
     found = found_of(venv_path, raw)
     record = dict(raw.get("state") or {})

@@ -1,0 +1,45 @@
+"""Test deploy: the container phase's stack and server steps (``tasks/container.py``: the
+failed-set check, the stack built beside the serving one, the autotune patch and its release
+file, the env file and unit, the switch, the one restart, retention) with the server started
+though the container has no GPU, then the verify phase's server checks (``server_checks``:
+the startup watch, the chat completion, a failed upgrade's rollback, the end of a trial).
+
+Settings: ``group_data/all.py`` and the host's ``settings`` overrides (``--data`` too)."""
+
+import sys
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.context import state
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pve_sglang.config.settings import ContainerSettings  # noqa: E402
+from pve_sglang.operations import stacks  # noqa: E402
+from pve_sglang.preflight import server_files  # noqa: E402
+from pve_sglang.project import load_defaults  # noqa: E402
+from tasks.container import LOCK_FILE, patched_stack, python_stack, server_unit, stack_dir, stack_id  # noqa: E402
+from tasks.verify import server_checks  # noqa: E402
+
+defaults = {k: v for k, v in load_defaults().items() if k in ContainerSettings.model_fields}
+overrides = {k: v for k, v in host.data.get("settings", {}).items()}
+# --data retry_failed_stack=true / restart_on_change=false reach this deploy as host data.
+for key in ("retry_failed_stack", "restart_on_change", "upgrade_rollback"):
+    if host.data.get(key) is not None:
+        value = host.data.get(key)
+        overrides[key] = value if isinstance(value, bool) else str(value).lower() == "true"
+cs = ContainerSettings.model_validate({**defaults, **overrides})
+py = f"{stack_dir(cs)}/bin/python"
+
+stacks.not_failed(name=f"The set sglang {cs.sglang_version} did not fail here before",
+                  venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
+                  wanted=stack_id(cs), release=f"sglang {cs.sglang_version}",
+                  retry=cs.retry_failed_stack)
+restart_on = python_stack(cs, py)
+restart_on += patched_stack(cs, py)
+server_unit(cs, py, server_files(host.name, cs, [], state.inventory), restart_on, start=True)
+stacks.retention(name=f"Keep the {cs.stack_retention} newest stacks", venv_path=cs.venv_path,
+                 lock_file=LOCK_FILE, service=cs.service_name, wanted=stack_id(cs),
+                 keep=cs.stack_retention, restart_on_change=cs.restart_on_change)
+for _, check in server_checks(cs, "127.0.0.1"):
+    check()

@@ -1,0 +1,181 @@
+"""Upgrades of the stack in a real LXC container (systemd, journald) through pyinfra's CLI: the
+new stack built beside the serving one, one switch and one restart, a failed upgrade rolled
+back until the old release serves again, the failed set remembered, retention, and deploys
+killed during the build and the switch.
+
+The deploy is ``tests/deploys/upgrade.py``: the container phase's own stack and server steps
+and the verify phase's own server checks, on ``devtools/upgrade_site.py``'s container: each
+stack a real venv with a real sglang wheel (0.5.7 to 0.5.10, a few MB each), the server the
+stand-in run by the Python of ``venv_path``, behaving as the test says for the release of the
+stack the link names (serve, crash at load, stall in the autotune, answer degenerate text), as
+a real release would. One container for every case, in order (module scope): each case starts
+from what the one before left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from devtools.upgrade_site import REPO, VENV, make_site, stack_of
+from pve_sglang.operations.stacks import link_command, record_command
+from pve_sglang.project import load_defaults
+from pve_sglang.stack import stacks
+
+RELEASES = ("0.5.7", "0.5.8", "0.5.9", "0.5.10")
+
+
+@pytest.fixture(scope="module")
+def site(lxc_env, sglang_wheel, pypi_wheel, tmp_path_factory):
+    started = time.monotonic()
+    made = make_site(lxc_env, tmp_path_factory.mktemp("upgrade"),
+                     [sglang_wheel(release) for release in RELEASES],
+                     pypi_wheel("uv", load_defaults()["uv_version"]))
+    yield made
+    print(f"\nupgrade tests: {time.monotonic() - started:.1f}s; deploys (s): "
+          + ", ".join(f"{k} {v:.1f}" for k, v in made.times.items()))
+    made.box.destroy()
+
+
+def test_first_deploy_builds_a_stack_and_links_it(site):
+    done = site.deploy("0.5.8")
+    assert done.returncode == 0, done.log[-5000:]
+    assert site.link() == f"venv.stacks/{stack_of('0.5.8')}"
+    assert site.serves() == "0.5.8"
+    assert "chat completion of standin-model" in done.log
+    # Converged: nothing changes, nothing restarts.
+    pid = site.pid()
+    again = site.deploy("0.5.8")
+    assert again.returncode == 0, again.log[-5000:]
+    assert site.pid() == pid
+    assert "will restart" not in again.log
+
+
+def test_a_venv_made_before_stacks_becomes_one_without_a_reinstall_or_restart(site):
+    """The layout of earlier releases: one plain venv at venv_path, the server running from
+    it (made here from the stack the first deploy built: the same files, patched)."""
+    stack = f"{VENV}.stacks/{stack_of('0.5.8')}"
+    site.sh(f"systemctl stop sglang.service && rm {VENV} && mv -T {stack} {VENV} && "
+            f"rm -f {VENV}/{stacks.RELEASE_FILE} {stacks.state_path('sglang')} && "
+            "systemctl start sglang.service")
+    assert site.sh(f"test -d {VENV} && ! test -L {VENV} && echo plain") == "plain"
+    deadline = time.monotonic() + 60
+    while site.serves() != "0.5.8" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    dist_info = f"{VENV}/lib/python3.11/site-packages/sglang-0.5.8.dist-info"
+    installed = site.sh(f"stat -c '%i %Z' {dist_info}")
+    pid, starts = site.pid(), site.starts()
+    done = site.deploy("0.5.8")
+    assert done.returncode == 0, done.log[-5000:]
+    assert f"becomes stack {stack_of('0.5.8')}" in done.log
+    assert site.link() == f"venv.stacks/{stack_of('0.5.8')}"
+    assert site.pid() == pid and site.starts() == starts  # no restart
+    assert site.sh(f"stat -c '%i %Z' {dist_info}") == installed  # not reinstalled
+    assert site.serves() == "0.5.8"
+
+
+def test_good_upgrade_switches_once_and_keeps_the_old_stack(site):
+    starts = site.starts()
+    done = site.deploy("0.5.9")
+    assert done.returncode == 0, done.log[-5000:]
+    assert site.starts() == starts + 1  # one restart, for the switch
+    assert f"sglang.service restarts because: {VENV} -> stack {stack_of('0.5.9')}" in done.log
+    assert site.link() == f"venv.stacks/{stack_of('0.5.9')}"
+    assert site.stacks() == {stack_of("0.5.8"), stack_of("0.5.9")}
+    assert site.record() == {"failed": {}, "previous": stack_of("0.5.8"), "trial": None}
+    assert site.serves() == "0.5.9"
+    assert f"the upgrade to sglang 0.5.9 (stack {stack_of('0.5.9')}) serves" in done.log
+
+
+def test_deploy_killed_during_the_build_never_stops_the_server(site):
+    pid, link = site.pid(), site.link()
+    new = f"{VENV}.stacks/{stack_of('0.5.10')}"
+    deploy = subprocess.Popen(site.command("0.5.10"), cwd=REPO, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and deploy.poll() is None:
+        if site.box.attach(f"test -e {new}/pyvenv.cfg", check=False).returncode == 0:
+            break
+        time.sleep(0.2)
+    assert deploy.poll() is None, "the deploy ended before its build was seen"
+    os.killpg(deploy.pid, signal.SIGKILL)
+    deploy.wait()
+    assert site.pid() == pid and site.link() == link and site.serves() == "0.5.9"
+    assert not site.sh(f"ls {new}/{stacks.RELEASE_FILE} 2>/dev/null || true")
+    # The next run finishes the build, switches, restarts once; the third stack prunes the first.
+    starts = site.starts()
+    done = site.deploy("0.5.10")
+    assert done.returncode == 0, done.log[-5000:]
+    assert site.starts() == starts + 1
+    assert site.serves() == "0.5.10"
+    assert site.stacks() == {stack_of("0.5.9"), stack_of("0.5.10")}
+    assert "stack_retention 2: removing sglang 0.5.8" in done.log
+
+
+def test_crash_at_load_rolls_back_and_the_old_release_serves(site):
+    site.cases(**{"0_5_7": "crash-load"})
+    starts = site.starts()
+    done = site.deploy("0.5.7")
+    (site.root / "rollback.log").write_text(done.log)  # shown in docs and reports
+    assert done.returncode != 0
+    old, new = f"sglang 0.5.10 (stack {stack_of('0.5.10')})", f"sglang 0.5.7 (stack {stack_of('0.5.7')})"
+    assert f"upgrade from {old} to {new} failed; rolled back to {old}, which serves again" in done.log
+    assert "HeaderTooLarge" in done.log  # the journal lines of the failed start
+    assert site.link() == f"venv.stacks/{stack_of('0.5.10')}"
+    assert site.serves() == "0.5.10"
+    assert site.starts() == starts + 2  # the new release once, the old one again
+    failed = site.record()["failed"]
+    assert set(failed) == {stack_of("0.5.7")} and failed[stack_of("0.5.7")]["sglang"] == "0.5.7"
+    # Why: the first line of the failure (the crash came before or during the watch).
+    assert "sglang.service" in failed[stack_of("0.5.7")]["why"]
+    assert "Result=exit-code" in failed[stack_of("0.5.7")]["why"]
+
+
+def test_the_failed_set_is_not_retried_silently(site):
+    pid = site.pid()
+    done = site.deploy("0.5.7")
+    assert done.returncode != 0
+    assert f"the set sglang 0.5.7 (stack {stack_of('0.5.7')}) failed as an upgrade on" in done.log
+    assert "retry_failed_stack: true" in done.log
+    assert site.pid() == pid and site.serves() == "0.5.10"
+
+
+@pytest.mark.parametrize("case, seen", [
+    ("stall-autotune", "is stuck: no log line for"),
+    ("degenerate", "chat completion is degenerate"),
+])
+def test_a_stall_or_a_degenerate_answer_rolls_back_when_retried(site, case, seen):
+    site.cases(**{"0_5_7": case})
+    done = site.deploy("0.5.7", "--data", "retry_failed_stack=true")
+    assert done.returncode != 0
+    assert "tried again (retry_failed_stack)" in done.log
+    assert seen in done.log and "rolled back to sglang 0.5.10" in done.log, done.log[-5000:]
+    assert site.link() == f"venv.stacks/{stack_of('0.5.10')}"
+    assert site.serves() == "0.5.10"
+
+
+def test_restart_pending_builds_and_waits_then_a_killed_switch_converges(site):
+    site.cases(**{"0_5_7": "normal"})
+    pid = site.pid()
+    done = site.deploy("0.5.7", "--data", "retry_failed_stack=true", "--data",
+                       "restart_on_change=false")
+    assert done.returncode == 0, done.log[-5000:]
+    assert "restart pending" in done.log and "is built beside the serving" in done.log
+    assert site.pid() == pid and site.link() == f"venv.stacks/{stack_of('0.5.10')}"
+    assert stack_of("0.5.7") in site.stacks()
+    # A run killed in the switch, after the record and the rename, before the restart: what the
+    # deploy's own commands leave.
+    record = {**site.record(), "previous": stack_of("0.5.10"), "trial": stack_of("0.5.7")}
+    site.sh(record_command("sglang", record).get_raw_value())
+    site.sh(link_command(VENV, stack_of("0.5.7")).get_raw_value())
+    starts = site.starts()
+    done = site.deploy("0.5.7", "--data", "retry_failed_stack=true")
+    assert done.returncode == 0, done.log[-5000:]
+    assert "restart pending: the sglang stack link changed after the server started" in done.log
+    assert site.starts() == starts + 1
+    assert site.serves() == "0.5.7"
+    assert site.record()["trial"] is None and site.record()["failed"] == {}
