@@ -21,8 +21,9 @@ Checks, cheapest first, and stops at the first that fails, with the repository u
 Then, and only then: the release's requirements go to ``group_data/releases/``, its lock to
 ``group_data/locks/`` (the previous default's lock goes; the presets' stay),
 ``sglang_version`` in ``group_data/all.py`` becomes X, and the settings table is written again.
-Needs root, lxc (``make system-deps``), the package index and about 20 GB of free disk under
-/var/tmp for the proof (a 0.5.23-sized set: 4.3 GB of wheels, 10 GB installed).
+Needs root, lxc (``make system-deps``), the package index and about 36 GB of free disk under
+/var/tmp for the proof (a 0.5.23-sized set: 4.3 GB of wheels, 10 GB installed, and the
+container's uv cache and the layer's staging on the way).
 """
 
 from __future__ import annotations
@@ -283,6 +284,9 @@ def advance(version: str, repo: Path = ROOT, overrides: dict | None = None,
         # 6. the proof in a real container.
         if proof:
             started = time.monotonic()
+            short = release_proof.disk_shortfall(work)
+            if short:
+                _fail(report, "deploy", started, [short])
             deploy = release_proof.ReleaseDeploy(
                 work / "proof", version, _uv_wheel(work, defaults["uv_version"]), cache_dir(),
                 stack_lock=str(staged))

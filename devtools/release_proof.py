@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -29,6 +30,18 @@ from devtools import lxc_env
 from pve_sglang.project import ROOT
 
 PYINFRA = Path(sys.executable).parent / "pyinfra"
+#: Free disk a proof of a 0.5.23-sized set needs at its peak, in bytes: the store (4.3 GB), the
+#: container's uv cache and the layer's staging (10 GB each), the layer (10 GB).
+PEAK_BYTES = 36 * 10**9
+
+
+def disk_shortfall(folder: Path) -> str | None:
+    """Why FOLDER's filesystem cannot hold a proof now, or None."""
+    free = shutil.disk_usage(folder).free
+    if free >= PEAK_BYTES:
+        return None
+    return (f"a proof needs about {PEAK_BYTES / 1e9:.0f} GB free under {folder} at its peak "
+            f"(store, uv cache, layer staging, layer); {free / 1e9:.1f} GB are")
 UNIT = "/etc/systemd/system/sglang.service"
 VENV_PYTHON = "/opt/sglang/venv/bin/python"
 #: Where the container's pip finds its wheels (the deploy's tools venv: uv), and nothing else.

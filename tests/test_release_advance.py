@@ -49,7 +49,8 @@ def test_a_release_without_a_wheels_only_lock_is_refused_and_nothing_changes(rep
     before = digest(repo)
     with pytest.raises(release.NotProven) as caught:
         release.advance("0.5.21", repo=repo)
-    assert "lock" in str(caught.value) and "cuda-tile==1.6.0rc5 has no usable wheels" in str(caught.value)
+    assert str(caught.value).startswith("sglang 0.5.21: lock: ")  # the step that failed
+    assert "cuda-tile==1.6.0rc5 has no usable wheels" in str(caught.value)
     assert "the repository is unchanged" in str(caught.value)
     assert digest(repo) == before
 
@@ -58,7 +59,8 @@ def test_a_rendered_flag_the_release_does_not_know_is_refused_and_nothing_change
     before = digest(repo)
     with pytest.raises(release.NotProven) as caught:
         release.advance("0.5.17", repo=repo, overrides={"extra_server_args": ["--no-such-flag"]})
-    assert "flags" in str(caught.value) and "sglang 0.5.17 does not know --no-such-flag" in str(caught.value)
+    assert str(caught.value).startswith("sglang 0.5.17: flags: ")  # the step that failed
+    assert "sglang 0.5.17 does not know --no-such-flag" in str(caught.value)
     assert digest(repo) == before
 
 
@@ -74,6 +76,11 @@ def test_a_release_proven_end_to_end_becomes_the_default(repo, lxc_host, package
     """0.5.17 (recorded already): its lock, its wheels, the watch's lines, the flags, the whole
     deploy into a real container with the real parser on the unit, a second run changing
     nothing; then the copy's default is 0.5.17, with its lock beside the tuned preset's."""
+    from devtools.release_proof import disk_shortfall
+
+    short = disk_shortfall(Path("/var/tmp"))  # advance's work folder
+    if short:
+        pytest.skip(short)
     report = release.advance("0.5.17", repo=repo)
     steps = [name for name, _, _ in report.steps]
     assert steps == ["requirements", "settings", "lock", "log lines", "flags", "deploy", "repository"]

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from devtools import lxc_env
-from devtools.release_proof import ReleaseDeploy, changed, failed
+from devtools.release_proof import ReleaseDeploy, changed, disk_shortfall, failed
 from devtools.wheel_store_site import installed
 from pve_sglang.project import load_defaults
 from pve_sglang.stack import lock as stack_lock
@@ -46,6 +46,9 @@ TOOLS_LOCK = "/opt/sglang/stack.lock"
 def proof(request, tmp_path_factory, lxc_host, pypi_wheel, package_index):
     """The first deploy of the release's set: (the deploy, its CLI run)."""
     version = request.param
+    short = disk_shortfall(tmp_path_factory.getbasetemp())
+    if short:
+        pytest.skip(short)
     deploy = ReleaseDeploy(tmp_path_factory.mktemp(f"release-{version}"), version,
                            pypi_wheel("uv", load_defaults()["uv_version"]), MACHINE_CACHE)
     try:
