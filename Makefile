@@ -15,7 +15,7 @@ define apt_install
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null
 endef
 
-.PHONY: deploy deploy-deps test test-fast system-deps bench lock bench-stack
+.PHONY: deploy deploy-deps test test-fast system-deps bench lock bench-stack release
 
 # Debian's python3 has no ensurepip without python3-venv: `python3 -m venv` fails there.
 $(STAMP): pyproject.toml
@@ -58,6 +58,13 @@ bench: $(STAMP) system-deps
 # from the pins in group_data/all.py: after a pin changes, or to take newer dependencies.
 lock: $(STAMP)
 	$(VENV)/bin/python -m pve_sglang.stack.lock refresh
+
+# Move the default release set to sglang VERSION, on proof (devtools/release.py): its lock, its
+# wheels, the startup watch's lines and the server flags against its sources, the whole deploy
+# into a real LXC container with its real argument parser; any check failing changes nothing.
+release: $(STAMP) system-deps
+	@test -n "$(VERSION)" || { echo "make release VERSION=X (an sglang release)" >&2; exit 2; }
+	$(VENV)/bin/python -m devtools.release advance $(VERSION) $(ARGS)
 
 # The wheel store with the real locked set (about 5 GB of wheels, 10 GB installed): the stack
 # step of a first container, a second one on the same host, and the first recreated.

@@ -1,0 +1,157 @@
+"""Issue 21's proof, without a GPU: the whole deploy of a release's locked set into a real
+unprivileged LXC container, from the host's wheel store with the shared layer, up to the
+deploy's own flag check; then the release's real argument parser on the unit's flags.
+
+Release: the default (0.5.23, the newest on the index). The same proof of 0.5.17, a release the
+issue does not name (torch 2.11.0, flashinfer 0.6.15.post1, sglang-kernel 0.4.5, CUDA 13), is
+``make release``'s, in tests/test_release_advance.py. The deploy is
+``devtools/release_proof.py``, through pyinfra's CLI, with this machine as the plain LXC host.
+
+Downloads: each set is 4 to 4.5 GB of wheels, fetched once by the machine running pyinfra into
+``$PVE_SGLANG_TEST_CACHE/pyinfra-machine-cache`` (``.cache/`` without it) and found there by
+every later run (the store of each run is filled from it, nothing downloaded). The container
+itself downloads nothing (its pip sees only uv's wheel). Each proof needs about 15 GB of free
+disk while it runs (store and layer), given back at its end.
+
+Debian 13 (Proxmox VE 9's ``debian-13-standard``, ``lxc_release: trixie``): its Python 3.13
+has no wheels-only lock of 0.5.23's set (outlines-core 0.1.26 has no cp313 wheel:
+tests/test_stack_lock.py), so its container deploys sglang alone (``sglang-no-deps``), end to
+end up to the flag check, from the trixie rootfs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from devtools import lxc_env
+from devtools.release_proof import ReleaseDeploy, changed, disk_shortfall, failed
+from devtools.wheel_store_site import installed
+from pve_sglang.project import load_defaults
+from pve_sglang.stack import lock as stack_lock
+from wheels import OLDER_TARGETS, pip_download
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("PVE_SGLANG_TEST_CACHE") or REPO / ".cache")
+MACHINE_CACHE = CACHE / "pyinfra-machine-cache"
+RELEASES = ("0.5.23",)
+TOOLS_LOCK = "/opt/sglang/stack.lock"
+
+
+@pytest.fixture(scope="module", params=RELEASES)
+def proof(request, tmp_path_factory, lxc_host, pypi_wheel, package_index):
+    """The first deploy of the release's set: (the deploy, its CLI run)."""
+    version = request.param
+    short = disk_shortfall(tmp_path_factory.getbasetemp())
+    if short:
+        pytest.skip(short)
+    deploy = ReleaseDeploy(tmp_path_factory.mktemp(f"release-{version}"), version,
+                           pypi_wheel("uv", load_defaults()["uv_version"]), MACHINE_CACHE)
+    try:
+        done = deploy.run_cli()
+        print(f"[release {version}] first deploy: {deploy.seconds:.1f} s", flush=True)
+        yield deploy, done
+    finally:
+        deploy.destroy()
+        shutil.rmtree(deploy.root, ignore_errors=True)  # the store and the layer: 15 GB
+
+
+def test_the_locked_set_deploys_from_the_store_with_the_shared_layer(proof):
+    deploy, done = proof
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    results = json.loads(done.stdout)
+    version = deploy.container["sglang_version"]
+    assert failed(results) == []
+    names = changed(results)
+    # The container's steps run nested (the container is created in this run): bare names.
+    assert any(name.startswith("Shared stack layer") for name in names), names
+    assert any("sglang stack as locked" in name and "from the host's wheel store" in name
+               for name in names), names
+    # The deploy's own flag check ran against the installed release, before the unit.
+    ops = [op["name"] for op in results["results"]["operations"]]
+    check = ops.index(f"Server flags exist in sglang {version}")
+    assert check < ops.index("systemd unit sglang.service")
+    # The venv is the lock, package for package: sglang its own, the rest from the layer.
+    lock = stack_lock.parse(Path(TOOLS_LOCK), deploy.attach(f"cat {TOOLS_LOCK}").stdout)
+    assert lock.packages["sglang"] == version
+    assert installed(deploy, "/opt/sglang/venv/bin/python") == lock.packages
+    torch_at = deploy.attach("/opt/sglang/venv/bin/python -c 'import importlib.util as u; "
+                             "print(u.find_spec(\"torch\").origin)'").stdout
+    assert torch_at.startswith(str(deploy.store)), torch_at
+    assert "Python 3.11" in deploy.attach("/opt/sglang/venv/bin/python --version").stdout
+
+
+def test_the_releases_real_parser_takes_every_flag_of_the_unit(proof):
+    deploy, done = proof
+    assert done.returncode == 0
+    args = deploy.unit_args()
+    assert "--model-path" in args and "--tp-size" in args
+    verdict = deploy.real_parser(args)
+    assert verdict.version == deploy.container["sglang_version"]
+    assert verdict.error is None, verdict
+    # A flag the release does not know is refused by the same parser (the check can fail).
+    assert deploy.real_parser([*args, "--no-such-flag"]).error is not None
+    # Deprecated spellings are the flag helpers' (pve_sglang/server); shown, not asserted here.
+    print(f"[release {verdict.version}] deprecation warnings: {verdict.deprecated}")
+
+
+def test_a_second_run_changes_nothing(proof):
+    deploy, done = proof
+    assert done.returncode == 0
+    again = deploy.run_cli()
+    assert again.returncode == 0, again.stderr[-3000:]
+    print(f"[release {deploy.container['sglang_version']}] converged run: {deploy.seconds:.1f} s")
+    assert changed(json.loads(again.stdout)) == []
+
+
+# --- Debian 13 --------------------------------------------------------------------------------
+
+def cp313_sglang_wheel(version: str) -> Path:
+    """sglang VERSION's wheel for Python 3.13 (Debian 13), downloaded once."""
+    folder = CACHE / "wheels-cp313"
+    found = sorted(folder.glob(f"sglang-{version}-*.whl"))
+    if not found:
+        folder.mkdir(parents=True, exist_ok=True)
+        pip_download(["--no-deps", "--only-binary=:all:", "--python-version", "3.13",
+                      "--implementation", "cp", "--abi", "cp313", "--platform",
+                      "manylinux_2_34_x86_64", *OLDER_TARGETS, f"sglang=={version}", "-d",
+                      str(folder)], f"sglang=={version} for Python 3.13")
+        found = sorted(folder.glob(f"sglang-{version}-*.whl"))
+    return found[0]
+
+
+def test_a_debian_13_container_deploys_end_to_end(tmp_path, lxc_host, pypi_wheel, package_index):
+    version = load_defaults()["sglang_version"]
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    shutil.copy(cp313_sglang_wheel(version), wheelhouse)
+    deploy = ReleaseDeploy(
+        tmp_path / "site", version, pypi_wheel("uv", load_defaults()["uv_version"]),
+        MACHINE_CACHE, suite="trixie", name="pvs-trixie",
+        lxc_config=[f"lxc.mount.entry = {wheelhouse} opt/wheelhouse none bind,ro,create=dir 0 0"])
+    deploy.container.update({"stack_install": "sglang-no-deps", "wheel_store": None,
+                             "wheelhouse": "/opt/wheelhouse"})
+    lxc_env.reachable_by_container_root(wheelhouse)
+    try:
+        done = deploy.run_cli()
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+        results = json.loads(done.stdout)
+        assert failed(results) == []
+        names = changed(results)
+        assert any("Create container pvs-trixie" in name for name in names), names
+        assert 'VERSION_ID="13"' in deploy.attach("cat /etc/os-release").stdout
+        # stack_python followed lxc_release: the venv is Debian 13's Python.
+        assert "Python 3.13" in deploy.attach("/opt/sglang/venv/bin/python --version").stdout
+        assert deploy.attach("/opt/sglang/venv/bin/python -c 'import importlib.metadata as m; "
+                             "print(m.version(\"sglang\"))'").stdout.strip() == version
+        ops = [op["name"] for op in results["results"]["operations"]]
+        assert f"Server flags exist in sglang {version}" in ops  # nested: the container is new
+        assert "--model-path" in deploy.unit_args()
+        again = deploy.run_cli()
+        assert again.returncode == 0 and changed(json.loads(again.stdout)) == []
+    finally:
+        deploy.destroy()
