@@ -74,7 +74,7 @@ from tasks.container import container_phase
 from tasks.host import host_phase
 from tasks.verify import verify_phase
 from pve_sglang.remote.bench_record import RECORD_PREFIX, kept
-from pve_sglang.server.bench import EXIT_STATUS_PREFIX
+from pve_sglang.server.bench import EXIT_STATUS_PREFIX, bench_module
 from bench_summary import summary_record
 from test_host_phase_recorded import container_answers, gpu_host_responses
 
@@ -252,7 +252,7 @@ def _responses(platform: str) -> dict:
             "status": 200, "text": "Red, blue and yellow.", "tokens": 5, "ttft_s": 0.05,
             "elapsed_s": 0.1, "logprobs": ["-0.1"], "model": "m"}),
         # The benchmark's output and, after it, bench_record.py's line of the record's numbers.
-        "sglang.bench_serving": BENCH_OUTPUT + RECORD_PREFIX + json.dumps(
+        bench_module(DEFAULTS["sglang_version"]): BENCH_OUTPUT + RECORD_PREFIX + json.dumps(
             kept(summary_record(BENCH_OUTPUT))) + f"\n{EXIT_STATUS_PREFIX}0",
         # The venv is the locked set, as the verify phase finds it after the install (a
         # recorded answer cannot change between the install and the check); the install
