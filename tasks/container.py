@@ -146,23 +146,40 @@ def stack_dir(cs: ContainerSettings) -> str:
 
 
 def beside(cs: ContainerSettings) -> bool:
-    """The settings' stack is not the one ``venv_path`` runs (read once): its build changes
-    nothing the server runs; only the switch restarts it."""
+    """The settings' stack is not the one ``venv_path`` runs: its build changes nothing the
+    server runs; only its switch restarts it. Asked by the restart's check, with the
+    container's one read (not when the deploy's code runs)."""
     found = stacks.found_of(cs.venv_path, stacks.read(cs.venv_path, LOCK_FILE, cs.service_name))
     current = found.current if found.kind == "link" else found.plain_lock
     return current != stack_id(cs)
 
 
+def restart_check(cs: ContainerSettings, files: list, stack_ops: list, switched,
+                  unit: str) -> Callable[[], bool]:
+    """Whether the server restarts: its files changed, the switch to a new stack changed the
+    link, or the serving stack itself was changed in place (repaired, patched). The build of a
+    stack beside the serving one restarts nothing by itself."""
+
+    def check() -> bool:
+        executing = state.is_executing
+        moved = (switched.is_complete() and switched.did_change()) if executing \
+            else switched.will_change
+        in_place = [] if moved or beside(cs) else stack_ops
+        return any_changed(*files, *in_place, switched, restarts=unit)()
+
+    return check
+
+
 def patched_stack(cs: ContainerSettings, py: str) -> list:
     """The autotune patch in the new stack, then its release file (it is complete); the ops
-    that restart the server (none for a stack built beside: its switch does)."""
+    that restart the server when the stack is the serving one (``restart_check``)."""
     patch = stack.autotune_patch(name="FlashInfer CUTLASS MoE autotune (sglang patch)",
                                  python=py, tools=TOOLS)
     release = {"lock": stack_id(cs), "sglang": cs.sglang_version}
     paths.put(name=f"Stack {stack_id(cs)} complete (sglang {cs.sglang_version})",
               src=StringIO(json.dumps(release, sort_keys=True) + "\n"),
               dest=f"{stack_dir(cs)}/{stack_ids.RELEASE_FILE}", mode="644")
-    return [] if beside(cs) else [patch]
+    return [patch]
 
 
 def set_hostname(name: str) -> list:
@@ -307,8 +324,8 @@ def cuda_keyring(url: str) -> None:
 
 def python_stack(cs: ContainerSettings, py: str) -> list:
     """A venv of the time before stacks made the current stack; uv, the new stack beside the
-    serving one, the remote scripts, the pinned packages; the ops that need a restart (none
-    for a stack built beside: its switch restarts the server)."""
+    serving one, the remote scripts, the pinned packages; the ops that need a restart when the
+    stack is the serving one (``restart_check``)."""
     stacks.migrate(name=f"{cs.venv_path}: a venv made before stacks becomes one (not "
                    "reinstalled)", venv_path=cs.venv_path, lock_file=LOCK_FILE,
                    service=cs.service_name,
@@ -341,7 +358,7 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
                                    cs.wheel_store if cs.uses_wheel_store else None),
             python_version=cs.stack_python, own=own,
         )
-        return [] if beside(cs) else [*restart_on, packages]
+        return [*restart_on, packages]
     pins = {"sglang": cs.sglang_version}
     packages = stack.venv_packages(
         name=f"sglang sglang=={cs.sglang_version} (no dependencies)",
@@ -357,7 +374,7 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
             no_deps=True,
         ),
     )
-    return [] if beside(cs) else [packages]
+    return [packages]
 
 
 def shared_layer_paths(cs: ContainerSettings) -> list[str]:
@@ -423,8 +440,8 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
         "changed)",
         unit=unit,
         start=start,
-        restart=any_changed(unit_file, env, launcher, *stack_ops, *model_ops, switched,
-                            restarts=unit),
+        restart=restart_check(cs, [unit_file, env, launcher, *model_ops], stack_ops, switched,
+                              unit),
         # A run killed after one of these changed, before the restart: restarted by the next.
         # The link's own mtime moves at a switch; the serving stack's when an install in it
         # ends (its marker goes) and before a patch.
