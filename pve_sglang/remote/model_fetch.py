@@ -247,6 +247,34 @@ def forget_file(folder: str, name: str) -> None:
             pass
 
 
+def client_resumes() -> bool:
+    """Whether this huggingface_hub resumes a partial download. Up to 1.x it appends to
+    ``<name>.<etag>.incomplete``; later releases (its PR 4228; 1.33 here) download into a file
+    unique to the process (``<name>.<etag>.<uuid>.incomplete``), which a killed run leaves
+    behind and no run resumes. Read from its download function, not its version number."""
+    import inspect
+
+    from huggingface_hub import file_download
+
+    mover = getattr(file_download, "_download_to_tmp_and_move", None)
+    try:
+        return mover is None or "uuid" not in inspect.getsource(mover)
+    except (OSError, TypeError):
+        return True
+
+
+def remove_partials(folder: str) -> None:
+    """Remove the ``.incomplete`` files under FOLDER (the caller holds the fetch's lock: none
+    is being written)."""
+    for base, _dirs, names in os.walk(os.path.join(folder, ".cache", "huggingface", "download")):
+        for name in names:
+            if name.endswith(".incomplete"):
+                try:
+                    os.unlink(os.path.join(base, name))
+                except FileNotFoundError:
+                    pass
+
+
 def partial_bytes(folder: str) -> int:
     """Bytes in huggingface_hub's ``.incomplete`` files under FOLDER (resumed next)."""
     total = 0
@@ -437,6 +465,8 @@ def fetch_locked(args, layout: Layout, out) -> dict:
     missing, records = check(folder, commit, files, layout.verified(commit))
     if missing and os.path.exists(marker):
         os.unlink(marker)  # not complete any more
+    if not client_resumes():
+        remove_partials(folder)  # a killed run's: this client would only leave more beside them
     resumed = partial_bytes(folder)
     meter = Meter(folder, files, missing, out, args.interval)
     emit(meter.line(), out)
