@@ -64,6 +64,9 @@ class Deploy:
         self.pip_conf.write_text(PIP_CONF)
         self.container: dict = {
             "name": name,
+            # The wheelhouse's release: the one whose autotune patch these tests watch (the
+            # default, 0.5.23, needs none).
+            "sglang_version": "0.5.9",
             "wheelhouse": "/opt/wheelhouse",
             "stack_install": "sglang-no-deps",
             "ca_certificates": [str(lxc_env.HOST_CA_DIR / "*.crt")],
