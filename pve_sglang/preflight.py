@@ -40,6 +40,7 @@ from pve_sglang.config.settings import ContainerSettings, HostSettings, containe
 from pve_sglang.stack.cuda_driver import driver_problem, limited_features
 from pve_sglang.stack.lock import Lock, LockError, LockKey, key_of, lock_for
 from pve_sglang.stack.releases import ReleaseError, read_release
+from pve_sglang.stack import stacks
 
 # Created at boot by the nvidia-uvm-devices unit this deploy installs, before containers start.
 UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -61,6 +62,19 @@ def stack_lock_of(where: str, cs: ContainerSettings) -> tuple[Lock, LockKey]:
             return lock_for(key, cs.stack_lock), key
     except LockError as error:
         raise PreflightError(f"{where}: {error}") from None
+
+
+def settings_stack_id(where: str, cs: ContainerSettings) -> str:
+    """The id of the stack of settings CS of host WHERE: the lock's id, or a digest of
+    sglang's pin without one."""
+    if cs.stack_install == "pinned":
+        return stack_lock_of(where, cs)[0].id
+    return stacks.unlocked_id(cs.sglang_version)
+
+
+def settings_stack_path(where: str, cs: ContainerSettings) -> str:
+    """Where the stack of settings CS is built, beside the serving one."""
+    return stacks.stack_path(cs.venv_path, settings_stack_id(where, cs))
 
 
 def select_gpus(wanted: str | list[int], gpus: list[dict], where: str) -> list[dict]:

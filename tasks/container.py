@@ -17,7 +17,9 @@ from pve_sglang import remote
 from pve_sglang.operations import container_state, layer, model, paths, stack, stacks
 from pve_sglang.operations.changes import any_changed
 from tasks.common import host_gpus, run_when_container_exists, upload_script
-from pve_sglang.preflight import ServerFiles, select_gpus, server_files, stack_lock_of
+from pve_sglang.preflight import (
+    ServerFiles, select_gpus, server_files, settings_stack_id, settings_stack_path, stack_lock_of,
+)
 from pve_sglang.server.command import LAUNCHER, env_file_path, unit_name, unit_path
 from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
 from pve_sglang.stack import stacks as stack_ids
@@ -28,7 +30,7 @@ from pve_sglang.stack.releases import read_release, toolkit_version
 TOOLS = remote.TOOLS
 #: The lock of a venv made before stacks (one venv at ``venv_path``), as it was last made from
 #: it: what names that venv when it becomes a stack.
-LOCK_FILE = stacks.LEGACY_LOCK_FILE
+LOCK_FILE = stack_ids.LEGACY_LOCK_FILE
 #: In each stack: its lock, and the part the venv holds itself when the rest comes from the
 #: host's shared layer.
 STACK_LOCK = "pve-sglang.lock"
@@ -137,12 +139,12 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
 
 def stack_id(cs: ContainerSettings) -> str:
     """The id of the settings' stack: the lock's id, or a digest of sglang's pin without one."""
-    return stacks.settings_stack_id(host.name, cs)
+    return settings_stack_id(host.name, cs)
 
 
 def stack_dir(cs: ContainerSettings) -> str:
     """Where the settings' stack is built, beside the serving one."""
-    return stacks.settings_stack_path(host.name, cs)
+    return settings_stack_path(host.name, cs)
 
 
 def beside(cs: ContainerSettings) -> bool:

@@ -63,11 +63,12 @@ def expected() -> list[tuple[str, tuple]]:
         return []
     from pve_sglang.server.command import unit_name
     from pve_sglang.config.settings import ContainerSettings, host_settings
-    from pve_sglang.operations import stacks
+    from pve_sglang.preflight import settings_stack_path
+    from pve_sglang.stack import stacks
 
     cs = host_settings(ContainerSettings)
     # The settings' stack, built beside the serving one (``venv_path`` links to it).
-    python = f"{stacks.settings_stack_path(host.name, cs)}/bin/python"
+    python = f"{settings_stack_path(host.name, cs)}/bin/python"
     parts = [("debs", ()), ("uv", (TOOLS_UV,)), ("venv", (python, remote.TOOLS)),
              ("unit", (unit_name(cs),)), ("stacks", stacks.read_args(cs.venv_path, cs.service_name))]
     if host.data.get("platform") == "lxc":

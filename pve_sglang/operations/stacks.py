@@ -17,36 +17,12 @@ from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
 from pve_sglang.server import unit_action
 from pve_sglang.stack import stacks
-from pve_sglang.stack.stacks import Found, Move, Verdict
+from pve_sglang.stack.stacks import LEGACY_LOCK_FILE, Found, Move, Verdict, read_args
 
 
 def cannot_name(venv_path: str, error: ValueError) -> str:
     return (f"{host.name}: {venv_path}: {error}; move it away (the deploy deletes nothing it "
             "cannot name) and run again")
-
-
-#: The lock file of a venv made before stacks, as the deploy wrote it (names that venv).
-LEGACY_LOCK_FILE = f"{remote.TOOLS}/stack.lock"
-
-
-def settings_stack_id(where: str, cs) -> str:
-    """The id of the stack of settings CS (``ContainerSettings``) of host WHERE: the lock's
-    id, or a digest of sglang's pin without one."""
-    from pve_sglang.preflight import stack_lock_of
-
-    if cs.stack_install == "pinned":
-        return stack_lock_of(where, cs)[0].id
-    return stacks.unlocked_id(cs.sglang_version)
-
-
-def settings_stack_path(where: str, cs) -> str:
-    """Where the stack of settings CS is built, beside the serving one."""
-    return stacks.stack_path(cs.venv_path, settings_stack_id(where, cs))
-
-
-def read_args(venv_path: str, service: str, lock_file: str = LEGACY_LOCK_FILE) -> tuple:
-    """The ``Stacks`` read's arguments (the container's one read folds it: ``container_state``)."""
-    return (venv_path, lock_file, stacks.state_path(service))
 
 
 def read(venv_path: str, lock_file: str, service: str) -> dict:

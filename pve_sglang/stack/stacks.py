@@ -17,6 +17,8 @@ import re
 from enum import Enum
 from typing import NamedTuple
 
+from pve_sglang.remote import TOOLS
+
 #: The folder of a deploy's stacks, beside ``venv_path``.
 SUFFIX = ".stacks"
 #: A stack's name: a lock id (``Lock.id``: 16 hex digits). Nothing else in the folder is ours.
@@ -26,6 +28,8 @@ RELEASE_FILE = "pve-sglang-stack.json"
 #: The deploy's record of a container's stacks: the previous one (the rollback target), the one
 #: on trial, and the sets that failed.
 STATE_DIR = "/var/lib/pve-sglang"
+#: The lock file of a venv made before stacks, as the deploy wrote it (names that venv).
+LEGACY_LOCK_FILE = f"{TOOLS}/stack.lock"
 
 
 def stacks_dir(venv_path: str) -> str:
@@ -195,3 +199,8 @@ def to_remove(stacks: dict[str, float], keep: int, serving: str | None,
         if name not in kept:
             kept.append(name)
     return sorted(name for name in ours if name not in kept)
+
+
+def read_args(venv_path: str, service: str, lock_file: str = LEGACY_LOCK_FILE) -> tuple:
+    """The ``Stacks`` read's arguments (the container's one read folds it)."""
+    return (venv_path, lock_file, state_path(service))
