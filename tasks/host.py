@@ -13,6 +13,7 @@ from pyinfra.context import state
 from pyinfra.operations import files, server, systemd
 
 from pve_sglang.container_config.owned_lines import owned_by_gpu_passthrough, owned_by_settings
+from pve_sglang.facts.container import UnitState
 from pve_sglang.facts.lxc_host import RootSubIds
 from pve_sglang.facts.nvidia import NvidiaGpuProcesses, UvmDisableHmm
 from pve_sglang.container_config.lxc_keys import (
@@ -201,7 +202,10 @@ def nvidia_uvm(settings: HostSettings, gpu: GpuHost) -> None:
         dest=f"/etc/systemd/system/{UVM_UNIT}",
         mode="644",
     )
-    systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
+    # Also when systemd still has an older file loaded: a run killed between the write and the
+    # reload converges on the next one.
+    stale = bool(host.get_fact(UnitState, unit=UVM_UNIT).get("stale"))
+    systemd.daemon_reload(name="Reload systemd units", _if=lambda: stale or unit.did_change())
     systemd.service(
         name="Enable and run the nvidia-uvm device unit",
         service=UVM_UNIT,

@@ -12,7 +12,8 @@ from pve_sglang.server.bench_history import run_meta
 from pve_sglang.server.bench import bench_levels, bench_runs
 from pve_sglang.operations import model, stacks, verify
 from tasks.common import host_gpus, run_when_container_exists, upload_script
-from pve_sglang.preflight import select_gpus, stack_lock_of
+from pve_sglang.preflight import select_gpus, settings_stack_path, stack_lock_of
+from pve_sglang.stack.stacks import LEGACY_LOCK_FILE
 from pve_sglang.server.command import env_file_path, unit_name, venv_python
 from pve_sglang.config.settings import ContainerSettings, base_url, client_address, host_settings
 
@@ -76,8 +77,6 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     """The server's start followed in its journal up to /health (fails fast, with a hint, on a
     crash or a silent log), then one chat completion (``generation_check``). ADDRESS: where
     the server answers inside the container."""
-    from tasks.container import LOCK_FILE
-
     unit, env_file = unit_name(cs), env_file_path(cs)
     url = base_url(address, cs.server_port)
     watch = remote.path(remote.STARTUP_WATCH)
@@ -85,7 +84,7 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
 
     def judged(failure):
         # A stack on trial (an upgrade) that fails is rolled back, and its start followed.
-        return stacks.judged(failure, cs.venv_path, LOCK_FILE, cs.service_name, unit,
+        return stacks.judged(failure, cs.venv_path, LEGACY_LOCK_FILE, cs.service_name, unit,
                              rollback=cs.upgrade_rollback, multi_node=bool(cs.nodes),
                              watch=lambda: verify.watch_start(unit, health, env_file, watch,
                                                               cs.health_timeout_s,
@@ -110,7 +109,7 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     checks.append(("a new stack that serves ends its trial (a failed one was rolled back)",
                    lambda: stacks.trial_passed(
                        name="An upgraded stack serves: its trial ends", venv_path=cs.venv_path,
-                       lock_file=LOCK_FILE, service=cs.service_name)))
+                       lock_file=LEGACY_LOCK_FILE, service=cs.service_name)))
     return checks
 
 
@@ -134,10 +133,8 @@ def verify_steps() -> None:
     if cs.stack_install == "pinned":
         lock, _ = stack_lock_of(host.name, cs)
         # The settings' stack (the serving one, unless its switch waits: restart pending).
-        from tasks.container import stack_dir
-
         verify.stack_as_locked(name=f"The stack is lock {lock.id}",
-                               python=f"{stack_dir(cs)}/bin/python", tools=remote.TOOLS,
+                               python=f"{settings_stack_path(host.name, cs)}/bin/python", tools=remote.TOOLS,
                                lock=lock)
     if cs.model_download:
         model.served(name=f"The model served is {cs.model_download}", path=cs.model_path,
