@@ -1,6 +1,7 @@
 """A container for upgrades of the stack, on this machine: stand-in releases of sglang under the
 deploy's own unit, and the test deploy ``tests/deploys/upgrade.py`` run on it through the
-pyinfra CLI. Used by tests/test_upgrade_lxc.py and bench/upgrade_downtime.py.
+pyinfra CLI; or several such containers as the nodes of one model (``make_group``). Used by
+tests/test_upgrade_lxc.py, tests/test_upgrade_nodes_lxc.py and bench/upgrade_downtime.py.
 
 Each stack is a real venv with a real sglang wheel (``stack_install: sglang-no-deps``, from a
 wheelhouse), so the autotune patch and the flag check run on real sglang code. The server is
@@ -116,6 +117,11 @@ def make_site(lxc_env, root: Path, sglang_wheels: list[Path], uv_wheel: Path,
               pause_scale: float = 0.1) -> Site:
     """A container of LXC_ENV with the wheels mounted read-only, the stand-in and the unit's
     drop-in (PAUSE_SCALE: the stand-in's start, 0.1: about 3 s)."""
+    return _site(lxc_env, root, _wheel_mounts(root, sglang_wheels, uv_wheel), pause_scale)
+
+
+def _wheel_mounts(root: Path, sglang_wheels: list[Path], uv_wheel: Path) -> list[str]:
+    """The wheels in folders of ROOT, and the LXC mount lines that show them to a container."""
     wheelhouse, pip_wheels = root / "wheelhouse", root / "pip-wheels"
     wheelhouse.mkdir()
     pip_wheels.mkdir()
@@ -127,11 +133,15 @@ def make_site(lxc_env, root: Path, sglang_wheels: list[Path], uv_wheel: Path,
     for folder in (root, *root.parents):
         if folder.stat().st_mode & 0o001 == 0:
             folder.chmod(folder.stat().st_mode | 0o011)
-    box = lxc_env.create(lxc_env.new_name("upg"), extra_config=[
+    return [
         f"lxc.mount.entry = {wheelhouse} {WHEELHOUSE.lstrip('/')} none bind,ro,create=dir 0 0",
         f"lxc.mount.entry = {pip_wheels} {PIP_WHEELS.lstrip('/')} none bind,ro,create=dir 0 0",
         f"lxc.mount.entry = {pip_conf} etc/pip.conf none bind,ro,create=file 0 0",
-    ])
+    ]
+
+
+def _site(lxc_env, root: Path, mounts: list[str], pause_scale: float, prefix: str = "upg") -> Site:
+    box = lxc_env.create(lxc_env.new_name(prefix), extra_config=mounts)
     site = Site(box, root)
     site.put(f"{STANDIN}/standin_sglang.py", (REPO / "tests" / "standin_sglang.py").read_text())
     for log in LOGS.glob("*.log"):
@@ -144,3 +154,48 @@ def make_site(lxc_env, root: Path, sglang_wheels: list[Path], uv_wheel: Path,
              f"{pause_scale} --case-by-release {CASES} --event-file /run/standin-event\n")
     site.cases()
     return site
+
+
+class Group:
+    """The nodes of one model (``nodes``: SITES, each a container of its own, in rank order)
+    deployed together by one run of the test deploy; ROOT: a folder here."""
+
+    def __init__(self, sites: list[Site], root: Path):
+        self.sites, self.root = sites, root
+        self.times: dict[str, float] = {}
+
+    @property
+    def nodes(self) -> list[str]:
+        return [site.box.inventory_name for site in self.sites]
+
+    def command(self, release: str, *args: str) -> list[str]:
+        inventory = self.root / "inventory.py"
+        settings = {**SETTINGS, "sglang_version": release, "nodes": self.nodes}
+        hosts = [(site.box.inventory_name, {**site.box.host_data(), "settings": settings})
+                 for site in self.sites]
+        inventory.write_text(f"hosts = {hosts!r}\n")
+        return [str(PYINFRA), str(inventory), "tests/deploys/upgrade.py", "-y", *args]
+
+    def deploy(self, release: str, *args: str) -> subprocess.CompletedProcess:
+        """The test deploy of RELEASE on every node at once (ARGS: more of pyinfra's,
+        ``--limit NAME``); its output in ``.log``, its wall time in ``times``."""
+        started = time.monotonic()
+        done = subprocess.run(self.command(release, *args), cwd=REPO, capture_output=True,
+                              text=True, timeout=600)
+        self.times[f"{len(self.times) + 1}: {' '.join((release, *args))}"] = \
+            time.monotonic() - started
+        done.log = done.stdout + done.stderr  # type: ignore[attr-defined]
+        return done
+
+    def destroy(self) -> None:
+        for site in self.sites:
+            site.box.destroy()
+
+
+def make_group(lxc_env, root: Path, sglang_wheels: list[Path], uv_wheel: Path, count: int = 2,
+               pause_scale: float = 0.1) -> Group:
+    """COUNT containers of LXC_ENV as the nodes of one model, each as ``make_site``'s, the
+    wheels shared (mounted read-only in each)."""
+    mounts = _wheel_mounts(root, sglang_wheels, uv_wheel)
+    return Group([_site(lxc_env, root, mounts, pause_scale, prefix="node")
+                  for _ in range(count)], root)

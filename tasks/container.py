@@ -102,6 +102,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
                           venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
                           wanted=stack_id(cs), release=f"sglang {cs.sglang_version}",
                           retry=cs.retry_failed_stack)
+        group_in_run(cs)
         return []
 
     def base_packages(_: list) -> list:
@@ -140,6 +141,16 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
 def stack_id(cs: ContainerSettings) -> str:
     """The id of the settings' stack: the lock's id, or a digest of sglang's pin without one."""
     return settings_stack_id(host.name, cs)
+
+
+def group_in_run(cs: ContainerSettings) -> None:
+    """A node of several (``nodes``) is switched to another stack only with every node of its
+    group in the run: checked before any change."""
+    if cs.nodes:
+        stacks.together(name=f"The nodes of the model ({', '.join(cs.nodes)}) switch together",
+                        venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
+                        wanted=stack_id(cs), release=f"sglang {cs.sglang_version}",
+                        nodes=cs.nodes)
 
 
 def stack_dir(cs: ContainerSettings) -> str:
@@ -436,7 +447,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
         name=f"{cs.venv_path} -> stack {stack_id(cs)} (sglang {cs.sglang_version}), in one "
         "rename, when it is not the serving one", venv_path=cs.venv_path, lock_file=LOCK_FILE,
         service=cs.service_name, unit=unit, wanted=stack_id(cs),
-        restart_on_change=cs.restart_on_change)
+        restart_on_change=cs.restart_on_change, nodes=cs.nodes)
     stack.service_running(
         name=f"{unit} enabled and running (restarted only when its unit, env, stack or patch "
         "changed)",

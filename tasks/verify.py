@@ -82,13 +82,15 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     watch = remote.path(remote.STARTUP_WATCH)
     health = f"{url}/health"
 
+    def follow() -> None:
+        verify.watch_start(unit, health, env_file, watch, cs.health_timeout_s,
+                           cs.startup_stall_s)
+
     def judged(failure):
-        # A stack on trial (an upgrade) that fails is rolled back, and its start followed.
+        # A stack on trial (an upgrade) that fails is rolled back, and its start followed; a
+        # node of several is judged with its group (``group_judged``, below).
         return stacks.judged(failure, cs.venv_path, LEGACY_LOCK_FILE, cs.service_name, unit,
-                             rollback=cs.upgrade_rollback, multi_node=bool(cs.nodes),
-                             watch=lambda: verify.watch_start(unit, health, env_file, watch,
-                                                              cs.health_timeout_s,
-                                                              cs.startup_stall_s))
+                             rollback=cs.upgrade_rollback, watch=follow, nodes=cs.nodes)
 
     def started() -> None:
         upload_script(remote.STARTUP_WATCH, "Upload the startup watch")
@@ -105,7 +107,15 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
         checks.append(("one chat completion is not degenerate (TTFT, tok/s)",
                        lambda: verify.generation_works(
                            name="One chat completion is not degenerate", url=url,
-                           env_file=env_file, script=watch, on_failure=judged)))
+                           env_file=env_file, script=watch, on_failure=judged,
+                           skip=lambda: stacks.node_failure(host.name) is not None)))
+    if cs.nodes:
+        checks.append((f"the nodes {', '.join(cs.nodes)} are judged together (one failed: "
+                       "all roll back)", lambda: stacks.group_judged(
+                           name=f"The nodes of the model ({', '.join(cs.nodes)}) are judged "
+                           "together", venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE,
+                           service=cs.service_name, unit=unit, rollback=cs.upgrade_rollback,
+                           nodes=cs.nodes, watch=follow)))
     checks.append(("a new stack that serves ends its trial (a failed one was rolled back)",
                    lambda: stacks.trial_passed(
                        name="An upgraded stack serves: its trial ends", venv_path=cs.venv_path,

@@ -864,6 +864,9 @@ def operation_problems(shell, value: str) -> tuple[int, list[str]]:
     for name, op in operations():
         for world in ({}, RUNNING):
             host = _DefaultFacts(world)
+            # The nodes a hostile ``nodes`` names are in the run: a node's switch goes on to
+            # its commands (``stacks.in_run`` reads the hosts pyinfra deploys).
+            host.state.active_hosts = [host, types.SimpleNamespace(name=value)]
             kwargs = _hostile_arguments(operation_function(op), value)
             if "src" in kwargs:
                 kwargs["src"] = StringIO(value)

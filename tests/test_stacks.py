@@ -55,22 +55,70 @@ def test_what_cannot_be_named_is_not_moved_nor_switched(found):
             decide_switch(found, A, True, True)
 
 
-@pytest.mark.parametrize("failed, trial, current, previous, stacks_, rollback, multi, verdict", [
-    (False, B, B, A, (A, B), True, False, Verdict.GOOD),
-    (True, B, B, A, (A, B), True, False, Verdict.ROLL_BACK),
+@pytest.mark.parametrize("failed, trial, current, previous, stacks_, rollback, verdict", [
+    (False, B, B, A, (A, B), True, Verdict.GOOD),
+    (True, B, B, A, (A, B), True, Verdict.ROLL_BACK),
     # Not on trial (judged good before, or never switched): a failure as before, no rollback.
-    (True, None, B, A, (A, B), True, False, Verdict.NOT_AN_UPGRADE),
+    (True, None, B, A, (A, B), True, Verdict.NOT_AN_UPGRADE),
     # The record says B, the link says A (a run killed before its rename): not an upgrade.
-    (True, B, A, A, (A, B), True, False, Verdict.NOT_AN_UPGRADE),
-    (True, B, B, A, (A, B), False, False, Verdict.KEEP_FAILED),
-    (True, B, B, A, (A, B), True, True, Verdict.MULTI_NODE),
+    (True, B, A, A, (A, B), True, Verdict.NOT_AN_UPGRADE),
+    (True, B, B, A, (A, B), False, Verdict.KEEP_FAILED),
     # The rollback target is gone (removed by hand) or never complete.
-    (True, B, B, A, (B,), True, False, Verdict.NO_TARGET),
-    (True, B, B, None, (A, B), True, False, Verdict.NO_TARGET),
+    (True, B, B, A, (B,), True, Verdict.NO_TARGET),
+    (True, B, B, None, (A, B), True, Verdict.NO_TARGET),
 ])
 def test_judgement_after_the_verify_phase(failed, trial, current, previous, stacks_, rollback,
-                                          multi, verdict):
-    assert judge(failed, trial, current, previous, stacks_, rollback, multi) is verdict
+                                          verdict):
+    assert judge(failed, trial, current, previous, stacks_, rollback) is verdict
+
+
+N1, N2, N3 = "ct101", "ct102", "ct103"
+
+
+@pytest.mark.parametrize("passed, failed", [
+    # Every node served and answered: the group is good.
+    ({N1: True, N2: True}, ()),
+    ({N1: True}, ()),
+    # One node failed its start or its answer: the group fails, named in the group's order.
+    ({N1: True, N2: False}, (N2,)),
+    ({N1: False, N2: True, N3: False}, (N1, N3)),
+    # A node that left the run before its judgement (an earlier operation failed on it).
+    ({N1: True, N2: None}, (N2,)),
+    ({N1: None, N2: False}, (N1, N2)),
+])
+def test_a_group_fails_when_one_node_fails(passed, failed):
+    assert stacks.group_failed(passed) == failed
+
+
+@pytest.mark.parametrize("passed, trial, current, previous, rollback, verdict", [
+    # Every node gets the same verdict from the group's: the node that served rolls back too.
+    ({N1: True, N2: True}, B, B, A, True, Verdict.GOOD),
+    ({N1: True, N2: False}, B, B, A, True, Verdict.ROLL_BACK),
+    ({N1: True, N2: None}, B, B, A, True, Verdict.ROLL_BACK),
+    ({N1: True, N2: False}, B, B, A, False, Verdict.KEEP_FAILED),
+    # Not an upgrade on this node (no stack on trial): the group fails, nothing switches back.
+    ({N1: True, N2: False}, None, B, A, True, Verdict.NOT_AN_UPGRADE),
+])
+def test_each_node_is_judged_by_its_group(passed, trial, current, previous, rollback, verdict):
+    failed = bool(stacks.group_failed(passed))
+    assert judge(failed, trial, current, previous, (A, B), rollback) is verdict
+
+
+@pytest.mark.parametrize("nodes, in_run, current, wanted, missing", [
+    # Every node in the run: they switch together.
+    ([N1, N2], {N1, N2}, A, B, ()),
+    ([N1, N2], {N1, N2, N3}, A, B, ()),
+    # A node of the group left out (--limit, a failed connection or operation): refused.
+    ([N1, N2], {N1}, A, B, (N2,)),
+    ([N1, N2, N3], {N2}, A, B, (N1, N3)),
+    # Nothing to switch (the serving stack is wanted) or nothing serves yet: no refusal.
+    ([N1, N2], {N1}, B, B, ()),
+    ([N1, N2], {N1}, None, B, ()),
+    # Served alone (no nodes).
+    ([], {N1}, A, B, ()),
+])
+def test_a_node_does_not_switch_without_its_group(nodes, in_run, current, wanted, missing):
+    assert stacks.not_together(nodes, in_run, current, wanted) == missing
 
 
 @pytest.mark.parametrize("record, wanted, retry, refused", [

@@ -119,7 +119,7 @@ def forget() -> None:
 
 @operation()
 def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
-           restart_on_change: bool):
+           restart_on_change: bool, nodes: list[str] | None = None):
     """
     Point ``venv_path`` at stack WANTED, built beside the serving one, in one rename of a
     symlink; the server restarts once after it (``service_running``, told by this operation's
@@ -133,6 +133,8 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
     + unit: the server's systemd unit (its state says whether a switch restarts it)
     + wanted: the stack id of the settings (the lock id)
     + restart_on_change: false holds the switch back while the server runs
+    + nodes: the ``nodes`` setting: a node of several switches only while every node of its
+      group is still in the run (they switch in this one operation), else none does
 
     **Example:**
 
@@ -165,6 +167,12 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
                 "false: the switch and the restart happen on the first run that allows them")
         host.noop(f"switch to stack {wanted} pending (restart_on_change is false)")
         return
+    # A node of several: each node's switch is this one operation, on every node at once;
+    # one node dropped out of the run before it (a failed build) and none switches.
+    missing = stacks.not_together(nodes, in_run(), plan.previous, wanted) if nodes else ()
+    if missing:
+        raise OperationError(_apart(missing, nodes or [], release_words(raw, wanted),
+                                    "the serving stack is unchanged, the new one built beside"))
     # The record first: a run killed after it and before the rename switches again.
     record.update(previous=plan.previous, trial=wanted if plan.previous else None)
     yield record_command(service, record)
@@ -275,20 +283,155 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
 
 
 def judged(failure: OperationError, venv_path: str, lock_file: str, service: str, unit: str,
-           rollback: bool, multi_node: bool, watch: Callable[[], None]) -> OperationError:
+           rollback: bool, watch: Callable[[], None],
+           nodes: list[str] | None = None) -> OperationError | None:
     """At execution, after the verify phase found the server failing (FAILURE): when the stack
     it runs is on trial (an upgrade of this run, or of a run killed before its judgement),
     record the failed set, switch the link back to the previous stack, restart the server and
-    follow its start with WATCH; the error to raise names both releases. Otherwise FAILURE."""
+    follow its start with WATCH; the error to raise names both releases. Otherwise FAILURE.
+    A node of several (NODES) is not judged alone: its failure is kept for its group's
+    judgement (``group_judged``) and None returned (the host goes on to it)."""
+    if nodes:
+        cache.memo(Kind.NODE_FAILURE).setdefault("failure", failure)
+        logger.warning(f"{host.name}: {_first_line(failure)}: judged with the other nodes of "
+                       f"the group ({', '.join(nodes)})")
+        return None
     forget()
     raw = read(venv_path, lock_file, service)
     found = found_of(venv_path, raw)
     verdict = stacks.judge(True, found.trial, found.current, found.previous, found.stacks,
-                           rollback, multi_node)
+                           rollback)
+    return _concluded(verdict, failure, _first_line(failure), raw, found, venv_path, service,
+                      unit, watch)
+
+
+def node_failure(name: str) -> OperationError | None:
+    """The failed start or answer of node NAME in this run (``judged``), or None."""
+    node = pyinfra_state.inventory.get_host(name)
+    return cache.memo(Kind.NODE_FAILURE, of=node).get("failure") if node else None
+
+
+def in_run() -> set[str]:
+    """The hosts this run deploys now: connected, within ``--limit``, none failed yet."""
+    return {h.name for h in pyinfra_state.active_hosts}
+
+
+@operation()
+def together(venv_path: str, lock_file: str, service: str, wanted: str, release: str,
+             nodes: list[str]):
+    """
+    Stop before any change when this run would switch a node of a model served by several
+    (NODES) to another stack while a node of the group is not in the run (``--limit``, or a
+    connection that failed): the nodes of a TP group switch together, or not at all.
+
+    + venv_path: the ``venv_path`` setting (the link to the serving stack)
+    + lock_file: the lock file of a venv made before stacks (to name it)
+    + service: the server's service name
+    + wanted: the stack id of the settings (the lock id)
+    + release: the settings' set in words, e.g. ``sglang 0.5.10``
+    + nodes: the ``nodes`` setting: the inventory names of the group, this one among them
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stacks
+
+        stacks.together(name="Every node of the model is in the run",
+                        venv_path="/opt/sglang/venv", lock_file="/opt/sglang/stack.lock",
+                        service="sglang",
+                        wanted="68a87c7696509d54", release="sglang 0.5.10",
+                        nodes=["ct101", "ct102"])
+    """
+    found = found_of(venv_path, read(venv_path, lock_file, service))
+    current = found.current if found.kind == "link" else found.plain_lock
+    missing = stacks.not_together(nodes, in_run(), current, wanted)
+    if missing:
+        raise OperationError(_apart(missing, nodes, f"{release} (stack {wanted})"))
+    host.noop(f"the nodes {', '.join(nodes)} are in the run")
+    yield from ()
+
+
+def _apart(missing: tuple[str, ...], nodes: list[str], release: str,
+           left: str = "nothing was changed") -> str:
+    return (f"{host.name}: not switched to {release}: node(s) {', '.join(missing)} of this "
+            f"model's group ({', '.join(nodes)}, the nodes setting) not in this run (--limit, "
+            "a failed connection, or a failure earlier in the run); the nodes of one TP group "
+            f"switch together: deploy every node of the group at once; {left}")
+
+
+@operation()
+def group_judged(venv_path: str, lock_file: str, service: str, unit: str, rollback: bool,
+                 nodes: list[str], watch: Callable[[], None]):
+    """
+    Judge the nodes of a model served by several (NODES) together, once each node's start and
+    answer was judged (``judged`` keeps a node's failure): all good, nothing to do (the trial
+    ends next); a node failed, or left the run, and every node whose stack is on trial records
+    the set as failed, switches back to the previous stack and restarts, in this one operation
+    on every node at once (a TP group's ranks start together); each follows its start with
+    WATCH until the old release serves again, then fails naming both releases and the failed
+    node(s). Checked once the deploy has run.
+
+    + venv_path: the ``venv_path`` setting
+    + lock_file: the lock file of a venv made before stacks (to name it)
+    + service: the server's service name
+    + unit: the server's systemd unit
+    + rollback: ``upgrade_rollback``
+    + nodes: the ``nodes`` setting: the inventory names of the group, this one among them
+    + watch: follows the server's start until it serves (``verify.watch_start``)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stacks
+
+        stacks.group_judged(name="The nodes of the model are judged together",
+                            venv_path="/opt/sglang/venv", lock_file="/opt/sglang/stack.lock",
+                            service="sglang", unit="sglang.service", rollback=True,
+                            nodes=["ct101", "ct102"], watch=lambda: None)
+    """
+    if not pyinfra_state.is_executing:
+        host.noop("the nodes of a model are judged together once each was")
+        return
+    active = in_run()
+    passed = {name: None if name not in active else node_failure(name) is None
+              for name in nodes}
+    failed = stacks.group_failed(passed)
+    if not failed:
+        host.noop(f"every node of the group ({', '.join(nodes)}) serves")
+        return
+    why = "; ".join(f"node {name}: " + (_first_line(node_failure(name)) if passed[name] is False
+                                        else "left the run before its judgement")
+                    for name in failed)
+    own = node_failure(host.name)
+    failure = own or OperationError(f"the group fails: {why}")
+    forget()
+    raw = read(venv_path, lock_file, service)
+    found = found_of(venv_path, raw)
+    verdict = stacks.judge(True, found.trial, found.current, found.previous, found.stacks,
+                           rollback)
+    raise _concluded(verdict, failure, why[:300], raw, found, venv_path, service, unit, watch,
+                     group=(nodes, failed))
+    yield from ()
+
+
+def _first_line(failure: OperationError) -> str:
+    return str(failure).split("\n", 1)[0][:300]
+
+
+def _concluded(verdict: Verdict, failure: OperationError, why: str, raw: dict, found: Found,
+               venv_path: str, service: str, unit: str, watch: Callable[[], None],
+               group: tuple[list[str], tuple[str, ...]] | None = None) -> OperationError:
+    """Act on VERDICT for the failed server (FAILURE, WHY its first line): record the failed
+    set and switch back (``Verdict.ROLL_BACK``), or say why not; the error to raise. GROUP:
+    the group's nodes and the failed ones, for a node of several."""
     if verdict is Verdict.NOT_AN_UPGRADE:
+        if group:  # no stack on trial here: nothing to go back to, the group fails as it is
+            own = f"\n{failure}" if node_failure(host.name) is failure else ""
+            return _told(f"the group ({', '.join(group[0])}) does not serve: {why}", own, group)
         return failure
     new, old = release_words(raw, found.current), release_words(raw, found.previous)
-    why = str(failure).split("\n", 1)[0][:300]
     record = dict(raw.get("state") or {})
     failed = dict(record.get("failed") or {})
     failed[found.current] = {"sglang": (raw["stacks"].get(found.current) or {}).get("sglang"),
@@ -296,20 +439,22 @@ def judged(failure: OperationError, venv_path: str, lock_file: str, service: str
                              "why": why}
     record["failed"] = failed
     details = f"\n{failure}"
+    on = (f" on node(s) {', '.join(group[1])} of the group ({', '.join(group[0])})"
+          if group else "")
+    every = " on every node of the group" if group else ""
     if verdict is not Verdict.ROLL_BACK:
         reason = {Verdict.KEEP_FAILED: "upgrade_rollback is false: the failed release is kept "
                                        "for debugging",
-                  Verdict.MULTI_NODE: "a node of several is not rolled back alone (a half "
-                                      "rolled-back group cannot serve): switch every node back",
                   Verdict.NO_TARGET: "no previous stack to go back to"}[verdict]
         _run(record_command(service, record))
         back = (f"; to go back: ln -sfn {stacks.link_target(venv_path, found.previous)} "
-                f"{venv_path} && systemctl restart {unit}") if found.previous else ""
-        logger.error(f"{host.name}: UPGRADE FAILED, NOT ROLLED BACK: {new} does not serve "
-                     f"({reason}){back}")
-        return OperationError(f"upgrade from {old} to {new} failed, not rolled back: "
+                f"{venv_path} && systemctl restart {unit}{every}") if found.previous else ""
+        logger.error(f"{host.name}: UPGRADE FAILED, NOT ROLLED BACK: {new} does not serve"
+                     f"{on} ({reason}){back}")
+        return OperationError(f"upgrade from {old} to {new} failed{on}, not rolled back: "
                               f"{reason}{back}{details}")
-    logger.warning(f"{host.name}: upgrade to {new} failed ({why}): rolling back to {old}")
+    logger.warning(f"{host.name}: upgrade to {new} failed{on} ({why}): rolling back to {old}"
+                   f"{every}")
     record.update(previous=None, trial=None)
     _run(record_command(service, record))
     _run(link_command(venv_path, found.previous))
@@ -319,12 +464,20 @@ def judged(failure: OperationError, venv_path: str, lock_file: str, service: str
     try:
         watch()
     except OperationError as again:
-        return OperationError(f"upgrade from {old} to {new} failed and was rolled back, but "
-                              f"{old} does not serve either:\n{again}{details}")
+        return _told(f"upgrade from {old} to {new} failed{on} and was rolled back, but "
+                     f"{old} does not serve either", f":\n{again}{details}", group)
     logger.warning(f"{host.name}: rolled back: {old} serves again")
-    return OperationError(f"upgrade from {old} to {new} failed; rolled back to {old}, which "
-                          f"serves again. {new} is recorded as failed: the next run with it "
-                          f"stops before any change unless retry_failed_stack is true.{details}")
+    return _told(f"upgrade from {old} to {new} failed{on}; rolled back to {old}{every}, which "
+                 f"serves again. {new} is recorded as failed: the next run with it stops before "
+                 "any change unless retry_failed_stack is true.", details, group)
+
+
+def _told(summary: str, details: str, group: object) -> OperationError:
+    """The error of a failed upgrade. A node of several logs its SUMMARY as well: the nodes
+    fail in one operation and pyinfra ends the run with one node's error."""
+    if group:
+        logger.error(f"{host.name}: {summary}")
+    return OperationError(f"{summary}{details}")
 
 
 def _run(command: StringCommand) -> None:

@@ -283,8 +283,17 @@ def startup_failure(unit: str, what: str, since: int | None, progress: Progress 
 
 
 #: What a failed check does before the host fails (``stacks.judged``: a rollback): given the
-#: failure, it returns the error to raise.
-OnFailure = Callable[[OperationError], OperationError]
+#: failure, it returns the error to raise, or None when the failure is judged later (a node of
+#: several, with its group: ``stacks.group_judged``) and the host goes on.
+OnFailure = Callable[[OperationError], OperationError | None]
+
+
+def _failed(failure: OperationError, on_failure: OnFailure | None) -> None:
+    """Raise what ON_FAILURE makes of FAILURE, unless it judges it later (None)."""
+    raised = on_failure(failure) if on_failure else failure
+    if raised is not None:
+        raise raised from None
+    host.noop(f"failed, judged later: {str(failure).splitlines()[0][:200]}")
 
 
 @operation()
@@ -327,7 +336,8 @@ def server_started(unit: str, health_url: str, env_file: str, script: str, timeo
         try:
             watch_start(unit, health_url, env_file, script, timeout_s, stall_s)
         except OperationError as failure:
-            raise (on_failure(failure) if on_failure else failure) from None
+            _failed(failure, on_failure)
+            return
         host.noop("the server started and answers /health")
     yield from ()
 
@@ -382,7 +392,8 @@ def watch_start(unit: str, health_url: str, env_file: str, script: str, timeout_
 
 @operation()
 def generation_works(url: str, env_file: str, script: str, max_tokens: int = 48,
-                     on_failure: OnFailure | None = None):
+                     on_failure: OnFailure | None = None,
+                     skip: Callable[[], bool] | None = None):
     """
     Ask the server for one short chat completion (``/v1/chat/completions``, streamed, with
     logprobs) and fail unless it answers 200 with text that is not degenerate (one character,
@@ -395,6 +406,7 @@ def generation_works(url: str, env_file: str, script: str, max_tokens: int = 48,
     + script: the uploaded ``remote/startup_watch.py``
     + max_tokens: tokens to generate
     + on_failure: as ``server_started``'s
+    + skip: true when the server's start already failed, judged later (no completion asked)
 
     **Example:**
 
@@ -410,10 +422,14 @@ def generation_works(url: str, env_file: str, script: str, max_tokens: int = 48,
         )
     """
     if _after_execution("generation"):
+        if skip and skip():
+            host.noop("not asked: the server's start failed")
+            return
         try:
             generation_answers(url, env_file, script, max_tokens)
         except OperationError as failure:
-            raise (on_failure(failure) if on_failure else failure) from None
+            _failed(failure, on_failure)
+            return
         host.noop("one chat completion is not degenerate")
     yield from ()
 

@@ -64,6 +64,9 @@ class Kind(str, Enum):
     CGROUP_LIMITS = "cgroup_limits"
     #: ``path -> {(kind, key)}`` read through that file (``depends``): ``changed`` forgets them.
     DEPENDS = "depends"
+    #: A node's failed start or answer (``"failure"``), judged with its group's other nodes
+    #: (``stacks.group_judged`` reads it for every node); nothing forgets it.
+    NODE_FAILURE = "node_failure"
 
     # For the whole run:
     #: The host parts each stage will read, ``{executing: {part: True}}`` (``host_state.expect``).

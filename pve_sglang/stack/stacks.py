@@ -5,8 +5,9 @@ Each stack is a venv of its own, named by its lock id, in the folder ``<venv_pat
 ``venv_path`` is a symlink to the one the server runs. A new stack is built beside the serving
 one, untouched; the switch is one rename of a symlink, then one restart. A new stack is on
 trial until the verify phase judged it: a failed start, a stall, a crash loop or a degenerate
-answer switches back to the previous stack. Every decision here is a row of
-``tests/test_stacks.py``.
+answer switches back to the previous stack. The nodes of a model served by several
+(``nodes``) switch in the same run and share one verdict: one failed node rolls them all back.
+Every decision here is a row of ``tests/test_stacks.py``.
 """
 
 from __future__ import annotations
@@ -146,21 +147,20 @@ class Verdict(Enum):
     ROLL_BACK = "roll_back"  # a failed upgrade: switch back to the previous stack
     KEEP_FAILED = "keep_failed"  # a failed upgrade kept on purpose (upgrade_rollback: false)
     NO_TARGET = "no_target"  # a failed upgrade with no stack to go back to
-    MULTI_NODE = "multi_node"  # a node of several: a half-rolled-back group cannot serve
     NOT_AN_UPGRADE = "not_an_upgrade"  # failed, but no stack is on trial: reported as today
 
 
 def judge(failed: bool, trial: str | None, current: str | None, previous: str | None,
-          stacks: tuple[str, ...], rollback: bool, multi_node: bool) -> Verdict:
+          stacks: tuple[str, ...], rollback: bool) -> Verdict:
     """
     What follows the verify phase's judgement of the server's start and answer.
 
-    + failed: the startup watch or the generation check failed
+    + failed: the startup watch or the generation check failed (for a node of several: on any
+      node of its group, ``group_failed``)
     + trial: the stack on trial (switched to and not judged yet), from the state record
     + current: the stack the link names; previous: the rollback target
     + stacks: the complete stacks in the folder
     + rollback: ``upgrade_rollback``
-    + multi_node: the server is one node of several (``nodes``)
     """
     if not failed:
         return Verdict.GOOD
@@ -168,11 +168,36 @@ def judge(failed: bool, trial: str | None, current: str | None, previous: str | 
         return Verdict.NOT_AN_UPGRADE
     if not rollback:
         return Verdict.KEEP_FAILED
-    if multi_node:
-        return Verdict.MULTI_NODE
     if previous is None or previous == current or previous not in stacks:
         return Verdict.NO_TARGET
     return Verdict.ROLL_BACK
+
+
+# --- several nodes (``nodes``): one model, one TP group, switched and judged together --------
+
+
+def group_failed(passed: dict[str, bool | None]) -> tuple[str, ...]:
+    """
+    The nodes that fail their group, in the group's order. PASSED: each node of the group
+    (``nodes``) with True (its start and answer were judged good), False (its start or its
+    answer failed) or None (it left the run before its judgement: an earlier operation failed
+    on it). One failed node fails them all: a TP group half on each release, or with a rank
+    down, cannot serve, so every node is judged (and rolled back) by the same verdict.
+    """
+    return tuple(name for name, ok in passed.items() if ok is not True)
+
+
+def not_together(nodes: list[str], in_run: set[str], current: str | None,
+                 wanted: str) -> tuple[str, ...]:
+    """
+    The nodes of the group (NODES) that are not in this run (IN_RUN: the hosts the run
+    deploys), when the run would switch this node from the serving stack CURRENT to WANTED:
+    a node must not switch alone (``--limit``, a node that failed earlier in the run). Empty:
+    go on (a run that switches nothing, or a first install, changes no serving release).
+    """
+    if current is None or current == wanted:
+        return ()
+    return tuple(name for name in nodes if name not in in_run)
 
 
 def refused(failed_sets: dict[str, dict], wanted: str, retry: bool) -> dict | None:

@@ -1,8 +1,9 @@
 """Test deploy: the container phase's stack and server steps (``tasks/container.py``: the
-failed-set check, the stack built beside the serving one, the autotune patch and its release
-file, the env file and unit, the switch, the one restart, retention) with the server started
-though the container has no GPU, then the verify phase's server checks (``server_checks``:
-the startup watch, the chat completion, a failed upgrade's rollback, the end of a trial).
+failed-set check, a node of several switched only with its whole group, the stack built beside
+the serving one, the autotune patch and its release file, the env file and unit, the switch,
+the one restart, retention) with the server started though the container has no GPU, then the
+verify phase's server checks (``server_checks``: the startup watch, the chat completion, a
+failed upgrade's rollback, a group's judgement, the end of a trial).
 
 Settings: ``group_data/all.py`` and the host's ``settings`` overrides (``--data`` too)."""
 
@@ -18,7 +19,7 @@ from pve_sglang.config.settings import ContainerSettings  # noqa: E402
 from pve_sglang.operations import stacks  # noqa: E402
 from pve_sglang.preflight import server_files  # noqa: E402
 from pve_sglang.project import load_defaults  # noqa: E402
-from tasks.container import LOCK_FILE, patched_stack, python_stack, server_unit, stack_dir, stack_id  # noqa: E402
+from tasks.container import LOCK_FILE, group_in_run, patched_stack, python_stack, server_unit, stack_dir, stack_id  # noqa: E402
 from tasks.verify import server_checks  # noqa: E402
 
 defaults = {k: v for k, v in load_defaults().items() if k in ContainerSettings.model_fields}
@@ -35,6 +36,7 @@ stacks.not_failed(name=f"The set sglang {cs.sglang_version} did not fail here be
                   venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
                   wanted=stack_id(cs), release=f"sglang {cs.sglang_version}",
                   retry=cs.retry_failed_stack)
+group_in_run(cs)
 restart_on = python_stack(cs, py)
 restart_on += patched_stack(cs, py)
 server_unit(cs, py, server_files(host.name, cs, [], state.inventory), restart_on, start=True)
