@@ -222,6 +222,8 @@ def container_steps() -> None:
         f"{stack_dir(cs)}/{stack_ids.RELEASE_FILE}",
         *([f"{stack_dir(cs)}/{STACK_LOCK}"] if cs.stack_install == "pinned" else []),
         *(shared_layer_paths(cs) if cs.uses_shared_layer else []),
+        *([store_retention.user_path(cs.wheel_store, store_user_key())]
+          if cs.uses_wheel_store else []),
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
         unit_path(cs), *([remote.path(remote.MODEL_FETCH)] if cs.model_download else []),
         *(["/etc/hostname"] if host.data.get("platform") == "lxc" else []),

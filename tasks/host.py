@@ -121,7 +121,8 @@ def store_retention_phase() -> None:
     from tasks.container import LOCK_FILE, store_user_key
 
     settings = host_settings(HostSettings)
-    stores: dict[str, dict[str, dict]] = {}
+    stores: dict[str, dict[str, list[str]]] = {}
+    wanted: dict[str, set[str]] = {}
     keep: dict[str, int] = {}
     for name in host.data.get("containers") or []:
         ct = state.inventory.get_host(name)
@@ -131,14 +132,16 @@ def store_retention_phase() -> None:
         assert cs.wheel_store is not None
         lock, _ = stack_lock_of(f"host {host.name}, container {ct.name}", cs)
         keep[cs.wheel_store] = max(keep.get(cs.wheel_store, 0), cs.stack_retention)
-        stores.setdefault(cs.wheel_store, {})[store_user_key(ct.data)] = {
-            "host": ct.name, "wanted": lock.id, "venv_path": cs.venv_path,
-            "lock_file": LOCK_FILE, "service": cs.service_name, "keep": cs.stack_retention,
-            "restart_on_change": cs.restart_on_change}
+        wanted.setdefault(cs.wheel_store, set()).add(lock.id)
+        # The plan's guess of what the container's phase records (its stacks, read now).
+        stores.setdefault(cs.wheel_store, {})[store_user_key(ct.data)] = store.planned_record(
+            ct, cs.venv_path, LOCK_FILE, cs.service_name, lock.id, cs.stack_retention,
+            cs.restart_on_change) if not state.is_executing else [lock.id]
     for path, planned in stores.items():
         store.pruned(name=f"Wheel store {path}: the sets no container holds, beyond the "
                           f"{keep[path]} newest, removed", path=path, keep=keep[path],
-                     platform=settings.platform, lxc_path=settings.lxc_path, planned=planned)
+                     platform=settings.platform, lxc_path=settings.lxc_path, planned=planned,
+                     wanted=sorted(wanted[path]))
 
 
 #: The host's model fetcher: a venv with huggingface_hub and ``remote/model_fetch.py``.

@@ -37,10 +37,7 @@ class Site(WheelStoreSite):
         common = {"lock_file": str(lock.path), "pins": [list(p) for p in key.pins],
                   "python": "3.11", "store": str(self.store), "uv": UV, "keep": 2}
         lxc_path = str(boxes[0].lxc_path)
-        planned = {f"lxc-{b.name}": {"host": b.inventory_name, "wanted": lock.id,
-                                     "venv_path": "/opt/sglang/venv",
-                                     "lock_file": "/opt/sglang/stack.lock", "service": "sglang",
-                                     "keep": 2, "restart_on_change": True} for b in boxes}
+        planned = {f"lxc-{b.name}": b.inventory_name for b in boxes}
         hosts = [("@local", {**common, "lxc_path": lxc_path, "planned": planned})] + \
             [(b.inventory_name, {**b.host_data(), **common}) for b in boxes]
         inventory = self.root / "inventory.py"

@@ -9,7 +9,7 @@ container's retention (``stacks.retention``) and its record in the store (``stor
 
 Host data: ``lock_file`` (on this machine), ``pins``, ``python``, ``store``, ``uv`` (in the
 containers), ``keep`` (``stack_retention``), ``lxc_path`` (the host's containers), and on
-``@local`` ``planned`` (``store.pruned``'s).
+``@local`` ``planned`` (``{container key: its inventory name}``: the containers of this run).
 """
 
 import json
@@ -49,5 +49,10 @@ if host.name != "@local":
                 service=SERVICE, wanted=lock.id)
 phase.done(name="Containers done", phase="container")
 if host.name == "@local":
+    from pyinfra.context import state
+
+    planned = {key: store.planned_record(state.inventory.get_host(name), VENV, LOCK_FILE,
+                                         SERVICE, lock.id, data.keep, True)
+               for key, name in data.planned.items()}
     store.pruned(name="Wheel store retention", path=data.store, keep=data.keep, platform="lxc",
-                 lxc_path=data.lxc_path, planned=data.planned)
+                 lxc_path=data.lxc_path, planned=planned, wanted=[lock.id])

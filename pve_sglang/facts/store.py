@@ -24,10 +24,11 @@ class WheelStoreState(FactBase[dict]):
     @override
     def command(self, store: str, platform: str, lxc_path: str) -> StringCommand:
         if platform == "pve":
-            configs = joined('for f in "', QuoteString(PVE_CONFIGS), '"/*.conf; do k="pct-$(basename "$f" .conf)"; ')
+            configs = joined("c=", QuoteString(PVE_CONFIGS),
+                             '; for f in "$c"/*.conf; do k="pct-$(basename "$f" .conf)"; ')
         else:
-            configs = joined('for f in "', QuoteString(lxc_path.rstrip("/")), '"/*/config; do '
-                             'k="lxc-$(basename "$(dirname "$f")")"; ')
+            configs = joined("c=", QuoteString(lxc_path.rstrip("/")), '; for f in "$c"/*/config; '
+                             'do k="lxc-$(basename "$(dirname "$f")")"; ')
         return joined(
             # The configs first: a container mounting the store counts even when it is empty.
             configs, '[ -f "$f" ] || continue; '
@@ -101,16 +102,3 @@ class FolderSizes(FactBase[dict]):
             if size.isdigit():
                 sizes[path] = int(size)
         return sizes
-
-
-class StoreUser(FactBase[str]):
-    """Returns the text of a container's record in the store (read through its read-only
-    mount), or ``""``."""
-
-    @override
-    def command(self, path: str) -> StringCommand:
-        return StringCommand("cat", QuoteString(path), "2>/dev/null; true")
-
-    @override
-    def process(self, output: list[str]) -> str:
-        return "".join(line + "\n" for line in output)

@@ -5,14 +5,16 @@ holds, beyond the newest."""
 from __future__ import annotations
 
 import time
+from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api.util import get_file_sha1
 from pyinfra.context import state as pyinfra_state
 
 from pve_sglang.facts.stacks import Stacks
-from pve_sglang.facts.store import FolderSizes, StoreUser, WheelStoreState
-from pve_sglang.operations import stacks
+from pve_sglang.facts.store import FolderSizes, WheelStoreState
+from pve_sglang.operations import paths, stacks
 from pve_sglang.operations.wheels import LOCKS
 from pve_sglang.stack import stacks as stack_ids
 from pve_sglang.stack.store_retention import (
@@ -76,10 +78,13 @@ def holds(store: str, key: str, venv_path: str, lock_file: str, service: str, wa
     # After retention (it forgets the read when it removes a stack).
     locks = held(stacks.read(venv_path, lock_file, service), wanted)
     path, text = user_path(store, key), user_text(key, locks)
-    if host.get_fact(StoreUser, path=path) == text:
+    # Read through the read-only mount, with the container's other watched paths.
+    now = paths.state(path)
+    if now and now.get("sha1") == get_file_sha1(StringIO(text)):
         host.noop(f"{path} names locks {', '.join(sorted(locks))}")
         return
     yield FunctionCommand(_write_record, (store, path, text), {})
+    paths.forget(path)
 
 
 def _write_record(state, host, store: str, path: str, text: str) -> bool:
@@ -89,14 +94,19 @@ def _write_record(state, host, store: str, path: str, text: str) -> bool:
                        "through its host's @pct or @lxc connector): the wheel store of its host "
                        "is not pruned while the container mounts it")
         return True
-    users = QuoteString(f"{store.rstrip('/')}/{USERS}")
-    temporary = QuoteString(f"{path}.tmp")
-    ok, output = host.connector.run_on_host(StringCommand(
-        "mkdir -p", users, "&& chmod 755", users, "&& printf '%s'", QuoteString(text), ">",
-        temporary, "&& chmod 644", temporary, "&& mv -f", temporary, QuoteString(path)))
+    ok, output = host.connector.run_on_host(record_command(store, path, text))
     if not ok:
         logger.error(f"{host.name}: {path}: {output.stderr or output.stdout}")
     return ok
+
+
+def record_command(store: str, path: str, text: str) -> StringCommand:
+    """The host-side command that writes a container's record TEXT at PATH in STORE whole."""
+    users = QuoteString(f"{store.rstrip('/')}/{USERS}")
+    temporary = QuoteString(f"{path}.tmp")
+    return StringCommand(
+        "mkdir -p", users, "&& chmod 755", users, "&& printf '%s'", QuoteString(text), ">",
+        temporary, "&& chmod 644", temporary, "&& mv -f", temporary, QuoteString(path))
 
 
 def size_text(size: int) -> str:
@@ -104,7 +114,8 @@ def size_text(size: int) -> str:
 
 
 @operation()
-def pruned(path: str, keep: int, platform: str, lxc_path: str, planned: dict[str, dict]):
+def pruned(path: str, keep: int, platform: str, lxc_path: str, planned: dict[str, list[str]],
+           wanted: list[str]):
     """
     Remove from wheel store PATH the locked sets no container holds, beyond the KEEP newest:
     each one's manifest, shared layer and the wheels no kept set names. Only while every
@@ -112,15 +123,15 @@ def pruned(path: str, keep: int, platform: str, lxc_path: str, planned: dict[str
     the deploy knows nothing of blocks every removal, with a warning naming it. A removal cut
     short is finished by the next run (the manifest is renamed first, removed last). Shown by
     ``--dry`` with the bytes it frees; decided again when it runs, from the records this run
-    wrote.
+    wrote (PLANNED and WANTED are for the plan only).
 
     + path: the wheel store on this host
     + keep: the newest sets kept besides those a container holds (``stack_retention``)
     + platform: ``pve`` (configs in ``/etc/pve/lxc``) or ``lxc`` (in LXC_PATH)
     + lxc_path: a plain LXC host's container folder
-    + planned: the inventory's containers of this host that use PATH, for a plan made before
-      they write their records: ``{key: {"host": inventory name, "wanted": lock id,
-      "venv_path", "lock_file", "service", "keep", "restart_on_change"}}``
+    + planned: ``{key: lock ids}``, the records the inventory's containers of this host will
+      write in this run (``planned_record``)
+    + wanted: the locks this run brings into the store (new sets count as the newest)
 
     **Example:**
 
@@ -129,7 +140,8 @@ def pruned(path: str, keep: int, platform: str, lxc_path: str, planned: dict[str
         from pve_sglang.operations import store
 
         store.pruned(name="Wheel store retention", path="/var/cache/pve-sglang/wheels", keep=2,
-                     platform="pve", lxc_path="/var/lib/lxc", planned={})
+                     platform="pve", lxc_path="/var/lib/lxc",
+                     planned={"pct-105": ["68a87c7696509d54"]}, wanted=["68a87c7696509d54"])
     """
     found = host.get_fact(WheelStoreState, store=path, platform=platform, lxc_path=lxc_path)
     locks: dict[str, StoreLock] = dict(found["locks"])
@@ -137,10 +149,11 @@ def pruned(path: str, keep: int, platform: str, lxc_path: str, planned: dict[str
     mounts = mounting(platform, found["configs"], path)
     if not pyinfra_state.is_executing:
         # A plan: the inventory's containers write their records later in this run.
-        for key, ct in planned.items():
-            users[key] = _planned_record(ct)
+        for key, ids in planned.items():
+            users[key] = set(ids)
             mounts.add(key)
-            locks.setdefault(ct["wanted"], StoreLock(mtime=time.time()))
+        for lock_id in wanted:
+            locks.setdefault(lock_id, StoreLock(mtime=time.time()))
     plan = decide(locks, users, mounts, keep)
     if plan.blocked:
         logger.warning(
@@ -159,19 +172,17 @@ def pruned(path: str, keep: int, platform: str, lxc_path: str, planned: dict[str
     yield from commands(path, plan)
 
 
-def _planned_record(ct: dict) -> set[str]:
-    """What an inventory container's record will name once its phase ran: read from the
-    container now (its stacks), with this run's switch and retention; when it does not run
-    yet, its wanted lock."""
-    from pyinfra.context import state
-
-    box = state.inventory.get_host(ct["host"])
+def planned_record(box, venv_path: str, lock_file: str, service: str, wanted: str, keep: int,
+                   restart_on_change: bool) -> list[str]:
+    """What container BOX's record will name once its phase ran (``holds``), for its host's
+    plan: read from the container now (its stacks), with this run's switch and retention; when
+    it does not run yet, its WANTED lock."""
     ready = getattr(box.connector, "container_ready", None)
     if ready is not None and not ready():
-        return {ct["wanted"]}
-    raw = box.get_fact(Stacks, venv_path=ct["venv_path"], lock_file=ct["lock_file"],
-                       state=stack_ids.state_path(ct["service"]))
-    return held_after_retention(ct["venv_path"], raw, ct["wanted"], ct["keep"], ct["restart_on_change"])
+        return [wanted]
+    raw = box.get_fact(Stacks, venv_path=venv_path, lock_file=lock_file,
+                       state=stack_ids.state_path(service))
+    return sorted(held_after_retention(venv_path, raw, wanted, keep, restart_on_change))
 
 
 def removal_words(path: str, plan: Prune, wheel_sizes: dict[str, int]) -> str:
