@@ -190,3 +190,59 @@ def test_removal_on_a_real_store_cut_short_converges(tmp_path):
         [B, f"{B}.layer", C, f"{C}.layer"]
     final = read(store, str(lxc_path))
     assert decide(final["locks"], final["users"], {"lxc-ct"}, 2) == Prune(kept=(B, C))
+
+
+def test_the_host_phase_plans_the_removal_on_recorded_proxmox_answers():
+    """``tasks/host.store_retention_phase`` on ``@fake`` hosts: a Proxmox host whose container
+    105 (of the inventory) serves the default lock with the previous one as its rollback
+    target, and whose store holds a third, older set. The plan reads the container's stacks,
+    keeps both of its sets and removes the older one with the wheel only it names; a container
+    120 that mounts the store without a record blocks it all (the control)."""
+    from harness import plan_deploy
+    from pve_sglang.facts.stacks import Stacks
+    from pve_sglang.facts.store import FolderSizes
+    from pve_sglang.project import load_defaults
+    from pve_sglang.stack import stacks
+    from pve_sglang.stack.lock import default_key, lock_for
+    from tasks.container import LOCK_FILE
+    from tasks.host import store_retention_phase
+
+    defaults = load_defaults()
+    store, current = defaults["wheel_store"], lock_for(default_key()).id
+    older, previous = "0" * 16, "1" * 16
+    ct = {**defaults, "pct_vmid": 105, "pve_host": "@fake/pve1", "platform": "pve"}
+    pve = {**defaults, "platform": "pve", "containers": ["@fake/ct105"]}
+
+    def answers(*configs: str) -> dict:
+        stacks_read = (f"link|{stacks.link_target(defaults['venv_path'], current)}\n"
+                       f"stack|{previous}|100|{{}}\nstack|{current}|200|{{}}\n"
+                       f"state|{{\"previous\": \"{previous}\"}}")
+        store_read = "\n".join([
+            *(f"mount|pct-{vmid}|mp0: {store},mp={store},ro=1" for vmid in configs),
+            f"lock|{older}|100", "wheel|0  old-1-py3-none-any.whl", "wheel|0  shared-1-py3-none-any.whl",
+            f"lock|{previous}|200", "wheel|0  shared-1-py3-none-any.whl",
+            f"lock|{current}|300", "wheel|0  shared-1-py3-none-any.whl",
+            f"user|pct-105|{user_text('pct-105', {previous, current})}".rstrip(),
+            "size|2000|old-1-py3-none-any.whl", "size|3000|shared-1-py3-none-any.whl"])
+        layer = f"{store}/layers/{older}"
+        return {
+            Stacks().command(defaults["venv_path"], LOCK_FILE, stacks.state_path(
+                defaults["service_name"])).get_raw_value(): stacks_read,
+            WheelStoreState().command(store, "pve", defaults["lxc_path"]).get_raw_value(): store_read,
+            FolderSizes().command([layer]).get_raw_value(): f"5000\t{layer}",
+        }
+
+    def plan(responses: dict) -> list[str]:
+        ops = plan_deploy(store_retention_phase, hosts=[("pve1", pve), ("ct105", ct)],
+                          responses=responses, groups={"pve_hosts": ["pve1"],
+                                                       "gpu_containers": ["ct105"]})["pve1"]
+        return [c for name, commands in ops if "Wheel store" in name for c in commands]
+
+    removal = plan(answers("105"))
+    assert removal, "nothing planned"
+    assert any(f"mv -f {store}/.locks/{older} {store}/.locks/{older}.removing" in c
+               for c in removal), removal
+    assert any(f"rm -rf {store}/layers/{older}" in c for c in removal), removal
+    assert any(f"rm -f -- {store}/old-1-py3-none-any.whl" == c for c in removal), removal
+    assert not any("shared-1" in c or previous in c or current in c for c in removal), removal
+    assert plan(answers("105", "120")) == []  # an unknown container mounts the store
