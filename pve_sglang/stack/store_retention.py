@@ -27,7 +27,7 @@ USERS = ".users"
 #: next run (it still names the lock's wheels), and the set no longer counts as complete.
 REMOVING = ".removing"
 #: A container's key in the store: ``pct-<vmid>`` or ``lxc-<name>``.
-USER_KEY = re.compile(r"^(pct|lxc)-[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+USER_KEY = re.compile(r"^(pct|lxc)-\w[\w.-]{0,252}$")
 #: What the deploy ever removes from the store's top folder: a wheel's file name.
 WHEEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.whl$")
 
