@@ -94,7 +94,7 @@ def test_mounts(platform, line, source, mounts):
 
 def test_user_keys_and_records():
     assert user_key("pve", 105) == "pct-105" and user_key("lxc", "gpu-1") == "lxc-gpu-1"
-    for bad in ("a/b", "$(touch x)", "x'y", "a\nb", "", "../x"):
+    for bad in ("a/b", "$(touch x)", "x'y", "a\nb", "a\n", "", "../x"):
         with pytest.raises(ValueError):
             user_key("lxc", bad)
     assert user_locks(user_text("lxc-a", {B, A})) == {A, B}

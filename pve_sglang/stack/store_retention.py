@@ -27,9 +27,9 @@ USERS = ".users"
 #: next run (it still names the lock's wheels), and the set no longer counts as complete.
 REMOVING = ".removing"
 #: A container's key in the store: ``pct-<vmid>`` or ``lxc-<name>``.
-USER_KEY = re.compile(r"^(pct|lxc)-\w[\w.-]{0,252}$")
+USER_KEY = re.compile(r"^(pct|lxc)-\w[\w.-]{0,252}\Z")
 #: What the deploy ever removes from the store's top folder: a wheel's file name.
-WHEEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.whl$")
+WHEEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.whl\Z")
 
 
 def user_key(platform: str, name: str | int) -> str:
