@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 

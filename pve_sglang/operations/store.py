@@ -18,7 +18,7 @@ from pve_sglang.operations import paths, stacks
 from pve_sglang.operations.wheels import LOCKS
 from pve_sglang.stack import stacks as stack_ids
 from pve_sglang.stack.store_retention import (
-    REMOVING, USERS, Prune, StoreLock, decide, mounting, user_locks, user_path, user_text,
+    REMOVING, USERS, Prune, StoreLock, decide, mounting, user_path, user_text,
 )
 
 
