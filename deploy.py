@@ -7,7 +7,7 @@ GPUs decide the container's passthrough, its driver version and the server's fla
 from pve_sglang.runtime import pyinfra_per_op
 from pve_sglang.operations import phase
 from tasks.container import container_phase
-from tasks.host import host_phase
+from tasks.host import host_phase, store_retention_phase
 from tasks.verify import verify_phase
 
 pyinfra_per_op.install()  # before the first operation: pyinfra's work per operation costs less
@@ -16,3 +16,5 @@ phase.done(name="Proxmox hosts done", phase="host")
 container_phase()
 phase.done(name="GPU containers done", phase="container")
 verify_phase()
+phase.done(name="Verify done", phase="verify")
+store_retention_phase()

@@ -166,7 +166,9 @@ upgrade_rollback = True
 # container); false: a run that asks for it stops before any change, saying when and why it failed.
 retry_failed_stack = False
 # Stacks (venvs, one per lock, built beside the serving one) kept per container, newest first
-# (1..100); the serving stack and its rollback target are always kept, older ones removed.
+# (1..100); the serving stack and its rollback target are always kept, older ones removed. The
+# host's wheel store keeps every set a container holds and this many newest (the largest of its
+# containers'); older sets, their layers and wheels are removed (docs/upgrades.md).
 stack_retention = 2
 # After the server is ready, check one short chat completion (HTTP 200, not degenerate).
 generation_check = True

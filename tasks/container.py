@@ -14,7 +14,7 @@ from pyinfra.context import state
 from pyinfra.operations import files, server, systemd
 
 from pve_sglang import remote
-from pve_sglang.operations import container_state, layer, model, paths, stack, stacks
+from pve_sglang.operations import container_state, layer, model, paths, stack, stacks, store
 from pve_sglang.operations.changes import any_changed
 from tasks.common import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import (
@@ -23,6 +23,7 @@ from pve_sglang.preflight import (
 from pve_sglang.server.command import LAUNCHER, env_file_path, unit_name, unit_path
 from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
 from pve_sglang.stack import stacks as stack_ids
+from pve_sglang.stack import store_retention
 from pve_sglang.stack.lock import Lock
 from pve_sglang.stack.platform import platform_for
 from pve_sglang.stack.releases import read_release, toolkit_version
@@ -95,6 +96,11 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
             "rollback target always)", venv_path=cs.venv_path, lock_file=LOCK_FILE,
             service=cs.service_name, wanted=stack_id(cs), keep=cs.stack_retention,
             restart_on_change=cs.restart_on_change)
+        if cs.uses_wheel_store:
+            store.holds(name=f"The wheel store {cs.wheel_store} knows the locks this container "
+                        "holds", store=cs.wheel_store, key=store_user_key(),
+                        venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
+                        wanted=stack_id(cs))
         return []
 
     def not_failed(_: list) -> list:
@@ -151,6 +157,14 @@ def group_in_run(cs: ContainerSettings) -> None:
                         venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
                         wanted=stack_id(cs), release=f"sglang {cs.sglang_version}",
                         nodes=cs.nodes)
+
+
+def store_user_key(data=None) -> str:
+    """This container's key in its host's wheel store: its vmid or its LXC name."""
+    data = data if data is not None else host.data
+    platform = data.get("platform") or "pve"
+    return store_retention.user_key(
+        platform, data.get("pct_vmid") if platform == "pve" else data.get("lxc_name"))
 
 
 def stack_dir(cs: ContainerSettings) -> str:
@@ -219,6 +233,8 @@ def container_steps() -> None:
         f"{stack_dir(cs)}/{stack_ids.RELEASE_FILE}",
         *([f"{stack_dir(cs)}/{STACK_LOCK}"] if cs.stack_install == "pinned" else []),
         *(shared_layer_paths(cs) if cs.uses_shared_layer else []),
+        *([store_retention.user_path(cs.wheel_store, store_user_key())]
+          if cs.uses_wheel_store else []),
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
         unit_path(cs), *([remote.path(remote.MODEL_FETCH)] if cs.model_download else []),
         *(["/etc/hostname"] if host.data.get("platform") == "lxc" else []),

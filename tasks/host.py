@@ -33,7 +33,7 @@ from pve_sglang.container_config.lxc_keys import (
 )
 from pve_sglang.container_config.lxc_keys import limits as lxc_limits
 from pve_sglang import model_store, remote
-from pve_sglang.operations import boot, host_state, lxc, model, owned, paths, pct, wheels
+from pve_sglang.operations import boot, host_state, lxc, model, owned, paths, pct, store, wheels
 from pve_sglang.facts.pve import PctStatus, PveContainerVersion
 from pve_sglang.server.command import env_quote
 from pve_sglang.operations.changes import any_changed
@@ -110,6 +110,39 @@ def wheel_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
         done.add((cs.wheel_store, lock.id))
         wheels.store(name=f"Wheel store {cs.wheel_store}: {lock.summary()}",
                      path=cs.wheel_store, lock=lock, key=key)
+
+
+@deploy("Wheel store retention")
+def store_retention_phase() -> None:
+    """After the containers switched (and the verify phase rolled back a failed upgrade):
+    each wheel store of the host keeps the sets its containers hold and the newest
+    ``stack_retention`` (the largest of its containers'); the rest goes."""
+    if "pve_hosts" not in host.groups:
+        return
+    from tasks.container import LOCK_FILE, store_user_key
+
+    settings = host_settings(HostSettings)
+    stores: dict[str, dict[str, list[str]]] = {}
+    wanted: dict[str, set[str]] = {}
+    keep: dict[str, int] = {}
+    for name in host.data.get("containers") or []:
+        ct = state.inventory.get_host(name)
+        cs = host_settings(ContainerSettings, of=ct)
+        if not cs.uses_wheel_store:
+            continue
+        assert cs.wheel_store is not None
+        lock, _ = stack_lock_of(f"host {host.name}, container {ct.name}", cs)
+        keep[cs.wheel_store] = max(keep.get(cs.wheel_store, 0), cs.stack_retention)
+        wanted.setdefault(cs.wheel_store, set()).add(lock.id)
+        # The plan's guess of what the container's phase records (its stacks, read now).
+        stores.setdefault(cs.wheel_store, {})[store_user_key(ct.data)] = store.planned_record(
+            ct, cs.venv_path, LOCK_FILE, cs.service_name, lock.id, cs.stack_retention,
+            cs.restart_on_change) if not state.is_executing else [lock.id]
+    for path, planned in stores.items():
+        store.pruned(name=f"Wheel store {path}: the sets no container holds, beyond the "
+                          f"{keep[path]} newest, removed", path=path, keep=keep[path],
+                     platform=settings.platform, lxc_path=settings.lxc_path, planned=planned,
+                     wanted=sorted(wanted[path]))
 
 
 #: The host's model fetcher: a venv with huggingface_hub and ``remote/model_fetch.py``.

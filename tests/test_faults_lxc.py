@@ -589,6 +589,7 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
         from pve_sglang.operations import layer
         from pve_sglang.stack.lock import default_key, lock_for
         from pve_sglang.stack.releases import read_release, toolkit_version
+        from pve_sglang.stack.store_retention import user_path, user_text
         from tasks.container import LOCK_FILE
         lock = lock_for(default_key())
         pins = lock.packages
@@ -599,7 +600,11 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
         states.update({defaults["sglang_cache_dir"]: ("dir", "755", None),
                        "/etc/sglang": ("dir", "700", None), "/var/cache/pve-sglang": ("dir", "755", None),
                        f"{stack}/pyvenv.cfg": ("file", "644", "0" * 40),
-                       layer.marker(defaults["wheel_store"], lock): ("file", "644", "0" * 40)})
+                       layer.marker(defaults["wheel_store"], lock): ("file", "644", "0" * 40),
+                       # The container's record in the store: it holds its one stack's lock.
+                       user_path(defaults["wheel_store"], "pct-105"): (
+                           "file", "644", hashlib.sha1(user_text("pct-105", {lock.id}).encode())
+                           .hexdigest())})
         debs = ["ca-certificates", "curl", "python3", "python3-venv", "g++", "make",
                 f"cuda-toolkit-{toolkit.replace('.', '-')}"]
         keyring = "ii  cuda-keyring  1.1-1  all  NVIDIA CUDA repository keyring"

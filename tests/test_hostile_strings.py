@@ -60,10 +60,11 @@ from pve_sglang.facts import system as system_facts
 from pve_sglang.facts import verify as verify_facts
 from pve_sglang.facts import model as model_facts
 from pve_sglang.facts import stacks as stacks_facts
+from pve_sglang.facts import store as store_facts
 from pve_sglang.facts.container import UnitState
 from pve_sglang.facts.pve import LxcContainerStatus, PctStatus
 from pve_sglang.hosts_file import build_groups
-from pve_sglang.operations import boot, layer, lxc, model, paths, pct, phase, stack, stacks, wheels
+from pve_sglang.operations import boot, layer, lxc, model, paths, pct, phase, stack, stacks, store, wheels
 from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings, HostSettings, Mount, SettingsError
@@ -786,9 +787,9 @@ def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
 # that. Each operation and fact of the project gets the payloads in every string argument,
 # with the facts saying "nothing there yet" (and "running, changed" for the restart paths).
 
-OPERATION_MODULES = (pct, lxc, stack, paths, wheels, layer, boot, model, stacks)
+OPERATION_MODULES = (pct, lxc, stack, paths, wheels, layer, boot, model, stacks, store)
 FACT_MODULES = (container_facts, nvidia_facts, pve_facts, system_facts, verify_facts, model_facts,
-                stacks_facts)
+                stacks_facts, store_facts)
 RUNNING = {PctStatus: "running", LxcContainerStatus: "RUNNING",
            UnitState: {"active": "active", "enabled": "disabled"}}
 
@@ -921,6 +922,31 @@ def test_the_shared_layer_commands_quote_their_paths(payload, sandbox):
 @pytest.mark.parametrize("payload", list(PAYLOADS))
 def test_the_shared_layer_commands_quote_their_paths_without_root(payload, plain_shell):
     problems = layer_problems(plain_shell, plain_shell.payloads[payload])
+    assert not problems, "\n".join(problems)
+
+
+def store_problems(shell, value: str) -> list[str]:
+    """The wheel store's retention: its commands are made from the store's read (a removal)
+    and at execution (a container's record, written by its host): run them with SHELL."""
+    from pve_sglang.stack.store_retention import Prune, user_path, user_text
+
+    store_path, lock_id = f"/srv/{value}", "a" * 16
+    commands = [*store.commands(store_path, Prune(locks=(lock_id,), wheels=(f"{value}.whl",),
+                                                  stale=("b" * 16,))),
+                store.record_command(store_path, user_path(store_path, "lxc-x"),
+                                     user_text(value, {lock_id}))]
+    return [problem for _, problem in shell.check_all([c.get_raw_value() for c in commands])]
+
+
+@pytest.mark.parametrize("payload", list(PAYLOADS))
+def test_the_store_retention_commands_quote_their_paths(payload, sandbox):
+    problems = store_problems(sandbox, sandbox.payloads[payload])
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("payload", list(PAYLOADS))
+def test_the_store_retention_commands_quote_their_paths_without_root(payload, plain_shell):
+    problems = store_problems(plain_shell, plain_shell.payloads[payload])
     assert not problems, "\n".join(problems)
 
 

@@ -1,0 +1,58 @@
+"""Test deploy: stacks on the host's shared layer and the wheel store's retention, on a plain
+LXC host (``@local``) and its containers (``@lxc/NAME``), for a lock given in host data.
+
+On ``@local``: the wheel store (``wheels.store``), and last, once the containers ran, its
+retention (``store.pruned``). In each container, as the deploy's container phase does for a
+stack: its venv beside the others (``<venv>.stacks/<lock id>``), the host's shared layer of its
+lock (``layer.shared``), its release file, the switch of the link (``stacks.switch``), the
+container's retention (``stacks.retention``) and its record in the store (``store.holds``).
+
+Host data: ``lock_file`` (on this machine), ``pins``, ``python``, ``store``, ``uv`` (in the
+containers), ``keep`` (``stack_retention``), ``lxc_path`` (the host's containers), and on
+``@local`` ``planned`` (``{container key: its inventory name}``: the containers of this run).
+"""
+
+import json
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host
+
+from pve_sglang.operations import layer, paths, phase, stack, stacks, store, wheels
+from pve_sglang.stack import lock as stack_lock
+from pve_sglang.stack import stacks as stack_ids
+from pve_sglang.stack.store_retention import user_key
+
+data = host.data
+lock = stack_lock.parse(Path(data.lock_file))
+key = stack_lock.LockKey(pins=tuple(tuple(pin) for pin in data.pins), python=data.python)
+VENV, LOCK_FILE, SERVICE = "/opt/sglang/venv", "/opt/sglang/stack.lock", "sglang"
+
+if host.name == "@local":
+    wheels.store(name=f"Wheel store {data.store}", path=data.store, lock=lock, key=key)
+phase.done(name="Host done", phase="host")
+if host.name != "@local":
+    built = stack_ids.stack_path(VENV, lock.id)
+    python = f"{built}/bin/python"
+    stack.venv(name=f"Stack {lock.id}", uv=data.uv, path=built, python="/usr/bin/python3")
+    layer.shared(name=f"Shared layer of lock {lock.id}", uv=data.uv, python=python,
+                 tools="/opt/sglang", pth=layer.pth_path(built, data.python), store=data.store,
+                 lock=lock)
+    paths.put(name=f"Stack {lock.id} complete", src=StringIO(json.dumps({"lock": lock.id}) + "\n"),
+              dest=f"{built}/{stack_ids.RELEASE_FILE}", mode="644")
+    stacks.switch(name=f"Switch to {lock.id}", venv_path=VENV, lock_file=LOCK_FILE,
+                  service=SERVICE, unit="sglang.service", wanted=lock.id, restart_on_change=True)
+    stacks.retention(name="Stack retention", venv_path=VENV, lock_file=LOCK_FILE,
+                     service=SERVICE, wanted=lock.id, keep=data.keep, restart_on_change=True)
+    store.holds(name="The store knows this container's locks", store=data.store,
+                key=user_key("lxc", data.lxc_name), venv_path=VENV, lock_file=LOCK_FILE,
+                service=SERVICE, wanted=lock.id)
+phase.done(name="Containers done", phase="container")
+if host.name == "@local":
+    from pyinfra.context import state
+
+    planned = {key: store.planned_record(state.inventory.get_host(name), VENV, LOCK_FILE,
+                                         SERVICE, lock.id, data.keep, True)
+               for key, name in data.planned.items()}
+    store.pruned(name="Wheel store retention", path=data.store, keep=data.keep, platform="lxc",
+                 lxc_path=data.lxc_path, planned=planned, wanted=[lock.id])
