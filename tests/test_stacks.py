@@ -131,6 +131,17 @@ def test_a_failed_set_is_not_retried_silently(record, wanted, retry, refused):
     assert stacks.refused(record, wanted, retry) == refused
 
 
+@pytest.mark.parametrize("current, previous, wanted, restart, after", [
+    (B, A, B, True, (B, A)),      # nothing to switch: as it is
+    (B, A, B, False, (B, A)),
+    (B, A, C, True, (C, B)),      # switched: the replaced stack is the rollback target
+    (B, A, C, False, (B, A)),     # switch pending: the current one serves on
+    (None, None, A, True, (A, None)),  # a first stack
+])
+def test_serving_and_rollback_after_the_switch(current, previous, wanted, restart, after):
+    assert stacks.after_switch(current, previous, wanted, restart) == after
+
+
 @pytest.mark.parametrize("mtimes, keep, serving, rollback, wanted, gone", [
     # Three upgrades A -> B -> C, two kept: the serving one and its rollback target.
     ({A: 1, B: 2, C: 3}, 2, C, B, C, [A]),

@@ -263,12 +263,7 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
     raw = read(venv_path, lock_file, service)
     found = found_of(venv_path, raw)
     current = found.current if found.kind == "link" else found.plain_lock
-    if current == wanted:
-        serving, rollback = wanted, found.previous
-    elif not restart_on_change:
-        serving, rollback = current, found.previous
-    else:
-        serving, rollback = wanted, current
+    serving, rollback = stacks.after_switch(current, found.previous, wanted, restart_on_change)
     mtimes = {name: info.get("mtime", 0.0) for name, info in (raw.get("stacks") or {}).items()}
     gone = stacks.to_remove(mtimes, keep, serving, rollback, wanted)
     if not gone:

@@ -37,12 +37,7 @@ def held_after_retention(venv_path: str, raw: dict, wanted: str, keep: int,
     the same rule), for a plan made before either ran. RAW: the container's ``Stacks`` read."""
     found = stacks.found_of(venv_path, raw)
     current = found.current if found.kind == "link" else found.plain_lock
-    if current == wanted:
-        serving, rollback = wanted, found.previous
-    elif not restart_on_change:
-        serving, rollback = current, found.previous
-    else:
-        serving, rollback = wanted, current
+    serving, rollback = stack_ids.after_switch(current, found.previous, wanted, restart_on_change)
     mtimes = {name: info.get("mtime", 0.0) for name, info in (raw.get("stacks") or {}).items()}
     mtimes.setdefault(wanted, time.time())
     gone = set(stack_ids.to_remove(mtimes, keep, serving, rollback, wanted))

@@ -209,6 +209,18 @@ def refused(failed_sets: dict[str, dict], wanted: str, retry: bool) -> dict | No
     return failed_sets.get(wanted)
 
 
+def after_switch(current: str | None, previous: str | None, wanted: str,
+                 restart_on_change: bool) -> tuple[str | None, str | None]:
+    """The serving stack and the rollback target once this run's switch is done: CURRENT stays
+    serving while the switch waits (restart_on_change false); else WANTED serves, and the
+    stack it replaced becomes the rollback target."""
+    if current == wanted:
+        return wanted, previous
+    if not restart_on_change:
+        return current, previous
+    return wanted, current
+
+
 def to_remove(stacks: dict[str, float], keep: int, serving: str | None,
               rollback: str | None, wanted: str) -> list[str]:
     """
