@@ -139,15 +139,20 @@ def model_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
         env_file = f"{MODEL_SECRETS}/{posixpath.basename(root)}.env"
         env = "".join(f"{name}={env_quote(value)}\n" for name, value in cs.secrets.items()
                       if name == "HF_TOKEN")
-        paths.put(name=f"Hub token for {cs.model_download} (mode 0600)", src=StringIO(env),
-                  dest=env_file, mode="600", secret=True)
+        token = paths.put(name=f"Hub token for {cs.model_download} (mode 0600)",
+                          src=StringIO(env), dest=env_file, mode="600", secret=True)
+        fetch = {"python": f"{MODEL_TOOLS}/bin/python",
+                 "script": f"{MODEL_TOOLS}/{remote.MODEL_FETCH}", "repo": cs.model_download,
+                 "revision": cs.model_revision, "root": root, "env_file": env_file,
+                 "link": model_store.serving_link(cs.model_store, cs.model_download,
+                                                  cs.model_revision),
+                 "space_of": f"the model store {cs.model_store}"}
+        # Before any change, on the host that downloads (a plan too): the size, the access.
+        planned = model.checked(**fetch, token_pending=token.will_change)
         model.fetched(
             name=f"Model store {cs.model_store}: {cs.model_download}"
-            + (f" at {cs.model_revision}" if cs.model_revision else ""),
-            python=f"{MODEL_TOOLS}/bin/python", script=f"{MODEL_TOOLS}/{remote.MODEL_FETCH}",
-            repo=cs.model_download, revision=cs.model_revision, root=root,
-            link=model_store.serving_link(cs.model_store, cs.model_download, cs.model_revision),
-            env_file=env_file, space_of=f"the model store {cs.model_store}")
+            + (f" at {cs.model_revision}" if cs.model_revision else ""), **fetch,
+            planned=planned)
 
 
 def model_tools(ct: Host, cs: ContainerSettings) -> None:
