@@ -212,7 +212,9 @@ def container_steps() -> None:
         *([f"{stack_dir(cs)}/{STACK_LOCK}"] if cs.stack_install == "pinned" else []),
         *(shared_layer_paths(cs) if cs.uses_shared_layer else []),
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
-        unit_path(cs), *([remote.path(remote.MODEL_FETCH)] if cs.model_download else []),
+        unit_path(cs), *(remote.path(script) for script in (remote.MODEL_FETCH,
+                                                            *remote.COMPANIONS[remote.MODEL_FETCH])
+                         if cs.model_download),
         *(["/etc/hostname"] if host.data.get("platform") == "lxc" else []),
     )
 

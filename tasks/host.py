@@ -50,6 +50,7 @@ from pve_sglang.preflight import (
     select_gpus,
 )
 from pve_sglang.project import template
+from tasks.common import upload_script
 from pve_sglang.config.settings import (
     ContainerSettings,
     HostSettings,
@@ -164,8 +165,7 @@ def model_tools(ct: Host, cs: ContainerSettings) -> None:
     paths.directory(name=f"Secrets directory {MODEL_SECRETS}", path=MODEL_SECRETS, mode="700")
     model.client_venv(name=f"huggingface_hub {version} in {MODEL_TOOLS}", path=MODEL_TOOLS,
                       version=version)
-    paths.put(name="Upload the model fetcher", src=str(remote.source(remote.MODEL_FETCH)),
-              dest=f"{MODEL_TOOLS}/{remote.MODEL_FETCH}", mode="644")
+    upload_script(remote.MODEL_FETCH, "Upload the model fetcher", tools=MODEL_TOOLS)
 
 
 def nvidia_uvm(settings: HostSettings, gpu: GpuHost) -> None:
