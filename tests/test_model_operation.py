@@ -18,7 +18,7 @@ import pytest
 from pve_sglang.model_store import entry, serving_link
 from pve_sglang.remote import source
 from pve_sglang.remote.model_fetch import MARKER
-from standin_hub import Repo, StandinHub, synthetic_files
+from standin_hub import StandinHub, serving, synthetic_files
 
 ROOT = Path(__file__).resolve().parents[1]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -35,12 +35,8 @@ def shards(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture
 def hub(shards):
-    commit = "3" * 40
-    hub = StandinHub(repos={NAME: Repo(refs={"main": commit}, commits={commit: shards})},
-                     tokens={TOKEN})
-    hub.start()
-    yield hub
-    hub.stop()
+    with serving(NAME, "3" * 40, shards, {TOKEN}) as hub:
+        yield hub
 
 
 class Site:
