@@ -171,16 +171,18 @@ def model_files(repo: str, revision: str | None, token: str | None) -> tuple[str
     return info.sha, files, info.gated
 
 
-def check_access(repo: str, commit: str, files: list[dict], token: str | None) -> None:
+def check_access(repo: str, commit: str, files: list[dict], token: str | None,
+                 revision: str | None = None) -> None:
     """A gated repository answers its metadata to anyone and its files only to a granted
-    token: ask for one file's metadata (a HEAD, no bytes)."""
+    token: ask for one file's metadata (a HEAD, no bytes). REVISION: what the user asked for
+    (named in the error; the commit when None)."""
     if not files:
         return
     hub = client()
     try:
         hub.get_hf_file_metadata(hub.hf_hub_url(repo, files[0]["name"], revision=commit), token=token or False)
     except Exception as error:  # noqa: BLE001
-        raise hub_error(error, repo, commit) from None
+        raise hub_error(error, repo, revision or commit) from None
 
 
 # --- verification -------------------------------------------------------------------------
@@ -348,7 +350,7 @@ def plan(args) -> dict:
         if commit != hub_commit:
             _c, files, gated = model_files(args.repo, commit, token)
         if gated:
-            check_access(args.repo, commit, files, token)
+            check_access(args.repo, commit, files, token, args.revision)
     except HubError as error:
         return {"error": {"kind": error.kind, "message": str(error)}}
     folder = layout.files(commit)
