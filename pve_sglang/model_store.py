@@ -18,6 +18,8 @@ risk); remove a commit folder by hand once no container's revision links to it.
 from __future__ import annotations
 
 import posixpath
+from enum import Enum
+from typing import NamedTuple
 from urllib.parse import quote
 
 #: The link name of the default branch (no model_revision).
@@ -71,7 +73,8 @@ def space_error(plan: dict, where: str, what: str) -> str | None:
     free = plan.get("free_bytes")
     if free is None or need <= free:
         return None
-    return (f"{where}: model {plan.get('repo', '')}@{(plan.get('commit') or '')[:12]} needs "
+    revision = f" (revision {plan['revision']!r})" if plan.get("revision") else ""
+    return (f"{where}: model {plan.get('repo', '')}@{(plan.get('commit') or '')[:12]}{revision} needs "
             f"{size_text(need)} more ({size_text(plan.get('bytes') or 0)} in all, "
             f"{plan.get('missing_files')} of {plan.get('files')} files to fetch), and {what} has "
             f"{size_text(free)} free: free {size_text(need - free)} there, or set model_store "
@@ -92,3 +95,59 @@ def log_path(root: str, flat: bool, commit: str) -> str:
     """Where ``model_fetch.py fetch`` writes its lines (its ``Layout.log``)."""
     state = posixpath.join(root.rstrip("/") or "/", ".cache", "pve-sglang") if flat else root.rstrip("/")
     return posixpath.join(state, f"{commit}.log")
+
+
+class Verdict(Enum):
+    """What the preflight of a model says before any change (``preflight``)."""
+
+    READY = "ready"  # verified and settled: nothing to fetch
+    FETCH = "fetch"  # a fetch will run, and it fits
+    REFUSE = "refuse"  # the run would fail: stop before any change
+    AT_RUN = "at_run"  # cannot be told now (the fetcher, its client or the token come later)
+
+
+class Preflight(NamedTuple):
+    verdict: Verdict
+    #: What to tell the user: the error, the plan, or why it is checked later.
+    text: str
+
+
+#: Hub errors a new token may cure: with the env file rewritten by this run, checked at run time.
+TOKEN_KINDS = frozenset({"gated", "unauthorized", "not-found"})
+
+
+def preflight(plan: dict | None, where: str, repo: str, revision: str | None, space_of: str,
+              token_pending: bool = False, later: dict[str, str] | None = None) -> Preflight:
+    """The verdict on ``model_fetch.py plan``'s answer PLAN (the ``ModelPlan`` fact), read
+    before any change where the fetch will run.
+
+    + token_pending: this run rewrites the env file the token is read from: an answer the token
+      may change (gated, unauthorized, not found) is left to run time
+    + later: why a plan cannot be read yet, by ``unavailable`` value (``script``, ``client``)
+    """
+    model = f"model {repo}" + (f" at revision {revision!r}" if revision else "")
+    if plan is None or "unavailable" in plan:
+        why = (later or {}).get((plan or {}).get("unavailable", ""), "the fetcher did not answer")
+        return Preflight(Verdict.AT_RUN, f"{where}: {model}: its preflight (size against the free "
+                                         f"space, access, revision) runs at run time, before any "
+                                         f"byte moves: {why}")
+    if "error" in plan:
+        message = f"{where}: {plan['error'].get('message')}"
+        if token_pending and plan["error"].get("kind") in TOKEN_KINDS:
+            return Preflight(Verdict.AT_RUN, f"{message} (with the token on the host now; this "
+                                             "run writes a new env file: checked again at run time)")
+        return Preflight(Verdict.REFUSE, message)
+    commit = plan.get("commit") or ""
+    if plan.get("complete") and plan.get("settled"):
+        return Preflight(Verdict.READY, f"{where}: {model}: commit {commit}, {plan.get('files')} "
+                                        f"files, {size_text(plan.get('bytes') or 0)}, verified in "
+                                        f"{plan.get('dir')}")
+    problem = space_error(plan, where, space_of)
+    if problem:
+        return Preflight(Verdict.REFUSE, problem)
+    return Preflight(Verdict.FETCH, f"{where}: {model}: commit {commit}: "
+                                    f"{plan.get('missing_files')} of {plan.get('files')} files to "
+                                    f"fetch, {size_text(plan.get('missing_bytes') or 0)} of "
+                                    f"{size_text(plan.get('bytes') or 0)} "
+                                    f"({size_text(plan.get('partial_bytes') or 0)} partly there), "
+                                    f"{size_text(plan.get('free_bytes') or 0)} free in {space_of}")

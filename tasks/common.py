@@ -53,7 +53,11 @@ def host_gpus() -> tuple[str | None, list[dict]]:
 
 
 def upload_script(script: str, name: str, tools: str = remote.TOOLS):
-    """Upload remote SCRIPT (``remote.GPU_CHECKS``, ...) to ``remote.path(SCRIPT, TOOLS)``; the
+    """Upload remote SCRIPT (``remote.GPU_CHECKS``, ...) to ``remote.path(SCRIPT, TOOLS)``, its
+    companions (``remote.COMPANIONS``, the modules it imports) first, beside it; the script's
     ``paths.put`` operation, so that the watched paths' one read answers it."""
+    for companion in remote.COMPANIONS.get(script, ()):
+        paths.put(name=f"{name}: {companion} beside it", src=str(remote.source(companion)),
+                  dest=remote.path(companion, tools), mode="644")
     return paths.put(name=name, src=str(remote.source(script)), dest=remote.path(script, tools),
                      mode="644")

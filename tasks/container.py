@@ -138,6 +138,9 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
          lambda _: patched_stack(cs, py)),
         (f"write /etc/sglang/{cs.service_name}.env (mode 0600) and {unit_name(cs)}, switch "
          f"{cs.venv_path} to the new stack"
+         + (f", fetch {cs.model_download} into {cs.model_path} after its preflight (its size "
+            "against the free space, access, revision: checked then, before any byte moves)"
+            if cs.model_download and not cs.uses_model_store else "")
          + (", enable it and (re)start it once" if driver else " (not enabled at boot: no GPU)")
          + f", keep the {cs.stack_retention} newest stacks", server),
     ]
@@ -236,7 +239,9 @@ def container_steps() -> None:
         *([store_retention.user_path(cs.wheel_store, store_user_key())]
           if cs.uses_wheel_store else []),
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
-        unit_path(cs), *([remote.path(remote.MODEL_FETCH)] if cs.model_download else []),
+        unit_path(cs), *(remote.path(script) for script in (remote.MODEL_FETCH,
+                                                            *remote.COMPANIONS[remote.MODEL_FETCH])
+                         if cs.model_download),
         *(["/etc/hostname"] if host.data.get("platform") == "lxc" else []),
     )
 
@@ -425,18 +430,24 @@ def shared_layer(cs: ContainerSettings, uv: str, py: str, lock: Lock) -> list:
                                lock_file=f"{stack_dir(cs)}/{STACK_VENV_LOCK}")
 
 
-def container_model(cs: ContainerSettings, py: str, env_file: str) -> list:
+def container_model(cs: ContainerSettings, py: str, env_file: str, env) -> list:
     """Without a model store: model_download fetched into the container's own model_path
-    with the sglang venv's huggingface_hub, verified and resumable (``operations/model``).
-    With one, the host fetched it and the container mounts it read-only: nothing here."""
+    with the sglang venv's huggingface_hub, verified and resumable (``operations/model``),
+    after its preflight (read now, before any change: with the serving stack's Python while
+    this run builds PY's). With one, the host fetched it and the container mounts it
+    read-only: nothing here."""
     if not cs.model_download or cs.uses_model_store:
         return []
+    fetch = {"python": py, "script": remote.path(remote.MODEL_FETCH), "repo": cs.model_download,
+             "revision": cs.model_revision, "root": cs.model_path, "flat": True,
+             "env_file": env_file,
+             "space_of": f"the container's filesystem of {cs.model_path}"}
+    planned = model.checked(**fetch, fallback=f"{cs.venv_path}/bin/python",
+                            token_pending=env.will_change)
     script = upload_script(remote.MODEL_FETCH, "Upload the model fetcher")
     fetched = model.fetched(
         name=f"Model {cs.model_download} in {cs.model_path} (verified against the hub)",
-        python=py, script=remote.path(remote.MODEL_FETCH), repo=cs.model_download,
-        revision=cs.model_revision, root=cs.model_path, flat=True, env_file=env_file,
-        space_of=f"the container's filesystem of {cs.model_path}")
+        **fetch, planned=planned)
     return [script, fetched]
 
 
@@ -453,7 +464,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
     paths.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
     env = paths.put(name=f"Server environment {env_file} (secrets, mode 0600)",
                      src=StringIO(server.env), dest=env_file, mode="600", secret=True)
-    model_ops = container_model(cs, py, env_file)
+    model_ops = container_model(cs, py, env_file, env)
     # ExecStart runs it: the key reaches the server without a command line, masked in the log.
     launcher = upload_script(remote.LAUNCHER, "Upload the server launcher")
     unit_file = paths.put(name=f"systemd unit {unit}", src=StringIO(unit_text),

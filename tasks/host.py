@@ -51,6 +51,7 @@ from pve_sglang.preflight import (
     select_gpus,
 )
 from pve_sglang.project import template
+from tasks.common import upload_script
 from pve_sglang.config.settings import (
     ContainerSettings,
     HostSettings,
@@ -173,15 +174,20 @@ def model_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
         env_file = f"{MODEL_SECRETS}/{posixpath.basename(root)}.env"
         env = "".join(f"{name}={env_quote(value)}\n" for name, value in cs.secrets.items()
                       if name == "HF_TOKEN")
-        paths.put(name=f"Hub token for {cs.model_download} (mode 0600)", src=StringIO(env),
-                  dest=env_file, mode="600", secret=True)
+        token = paths.put(name=f"Hub token for {cs.model_download} (mode 0600)",
+                          src=StringIO(env), dest=env_file, mode="600", secret=True)
+        fetch = {"python": f"{MODEL_TOOLS}/bin/python",
+                 "script": f"{MODEL_TOOLS}/{remote.MODEL_FETCH}", "repo": cs.model_download,
+                 "revision": cs.model_revision, "root": root, "env_file": env_file,
+                 "link": model_store.serving_link(cs.model_store, cs.model_download,
+                                                  cs.model_revision),
+                 "space_of": f"the model store {cs.model_store}"}
+        # Before any change, on the host that downloads (a plan too): the size, the access.
+        planned = model.checked(**fetch, token_pending=token.will_change)
         model.fetched(
             name=f"Model store {cs.model_store}: {cs.model_download}"
-            + (f" at {cs.model_revision}" if cs.model_revision else ""),
-            python=f"{MODEL_TOOLS}/bin/python", script=f"{MODEL_TOOLS}/{remote.MODEL_FETCH}",
-            repo=cs.model_download, revision=cs.model_revision, root=root,
-            link=model_store.serving_link(cs.model_store, cs.model_download, cs.model_revision),
-            env_file=env_file, space_of=f"the model store {cs.model_store}")
+            + (f" at {cs.model_revision}" if cs.model_revision else ""), **fetch,
+            planned=planned)
 
 
 def model_tools(ct: Host, cs: ContainerSettings) -> None:
@@ -193,8 +199,7 @@ def model_tools(ct: Host, cs: ContainerSettings) -> None:
     paths.directory(name=f"Secrets directory {MODEL_SECRETS}", path=MODEL_SECRETS, mode="700")
     model.client_venv(name=f"huggingface_hub {version} in {MODEL_TOOLS}", path=MODEL_TOOLS,
                       version=version)
-    paths.put(name="Upload the model fetcher", src=str(remote.source(remote.MODEL_FETCH)),
-              dest=f"{MODEL_TOOLS}/{remote.MODEL_FETCH}", mode="644")
+    upload_script(remote.MODEL_FETCH, "Upload the model fetcher", tools=MODEL_TOOLS)
 
 
 def nvidia_uvm(settings: HostSettings, gpu: GpuHost) -> None:

@@ -179,14 +179,16 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
-@pytest.fixture(scope="session")
-def hf_python(package_index) -> str:
-    """A Python with the huggingface_hub the container's locked venv has (the repository's
-    lock), in a venv made once and kept in the test cache."""
+def hub_client_versions() -> list[str]:
+    """The huggingface_hub release of each of the repository's locks, in the locks' order."""
     import re
 
-    lock = sorted((Path(__file__).resolve().parents[1] / "group_data" / "locks").glob("sglang-*.txt"))[0]
-    version = re.search(r"^huggingface-hub==(\S+)", lock.read_text(), re.M).group(1)
+    locks = sorted((Path(__file__).resolve().parents[1] / "group_data" / "locks").glob("sglang-*.txt"))
+    return [re.search(r"^huggingface-hub==(\S+)", lock.read_text(), re.M).group(1) for lock in locks]
+
+
+def hub_client_python(version: str, package_index) -> str:
+    """A Python with huggingface_hub VERSION, in a venv made once and kept in the test cache."""
     cache = Path(os.environ.get("PVE_SGLANG_TEST_CACHE") or Path(__file__).resolve().parents[1] / ".cache")
     venv = cache / f"hf-client-{version}"
     python = venv / "bin" / "python"
@@ -198,3 +200,18 @@ def hf_python(package_index) -> str:
             check=True), f"huggingface_hub {version}")
         (venv / "ok").write_text(version)
     return str(python)
+
+
+@pytest.fixture(scope="session")
+def hf_python(package_index) -> str:
+    """A Python with the huggingface_hub the container's locked venv has (the repository's
+    first lock), in a venv made once and kept in the test cache."""
+    return hub_client_python(hub_client_versions()[0], package_index)
+
+
+@pytest.fixture(scope="session")
+def hf_clients(package_index) -> dict[str, str]:
+    """``{version: python}``: a Python with each huggingface_hub release the repository's locks
+    have (one that resumes a cut file, 0.36.2, and one that starts it again, 1.33)."""
+    return {version: hub_client_python(version, package_index)
+            for version in dict.fromkeys(hub_client_versions())}

@@ -28,6 +28,8 @@ import http.server
 import json
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,6 +237,20 @@ class StandinHub:
                             time.sleep(ahead)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+
+
+@contextmanager
+def serving(repo: str, commit: str, files: dict[str, Path], tokens: set[str] | None = None,
+            host: str = "127.0.0.1") -> Iterator[StandinHub]:
+    """A hub serving REPO with one commit of FILES on its ``main`` branch, at HOST, while the
+    block runs; TOKENS are granted a gated repository."""
+    hub = StandinHub(repos={repo: Repo(refs={"main": commit}, commits={commit: files})},
+                     tokens=set(tokens or ()))
+    hub.start(host)
+    try:
+        yield hub
+    finally:
+        hub.stop()
 
 
 def synthetic_files(folder: Path, shards: int, shard_bytes: int, seed: str = "standin") -> dict[str, Path]:

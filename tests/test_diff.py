@@ -8,6 +8,7 @@ real LXC container on this machine.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -135,9 +136,10 @@ def test_changed_secret_file_is_read_once_for_the_diff_and_masked(caplog):
 # Planned on recorded facts
 
 
-def container_plan(caplog, diff: bool = True, **container):
+def container_plan(caplog, diff: bool = True, answers: dict | None = None, **container):
     """The container phase for an existing, running container whose unit and env file are
-    an earlier deploy's; returns (ct105's operations, the log)."""
+    an earlier deploy's (ANSWERS: more recorded outputs); returns (ct105's operations, the
+    log)."""
     defaults = load_defaults()
     ct = {**defaults, "pct_vmid": 105, "pve_host": "@fake/pve1", "platform": "pve",
           "hf_token": NEW_TOKEN, "api_key": NEW_KEY, **container}
@@ -150,6 +152,7 @@ def container_plan(caplog, diff: bool = True, **container):
         FileContents().command(path=UNIT).get_raw_value(): OLD_UNIT,
         FileContents().command(path=ENV).get_raw_value(): OLD_ENV,
         raw(UnitState().command("sglang.service")): "ActiveState=active\nUnitFileState=enabled",
+        **(answers or {}),
     }
     responses = dict(sorted(responses.items(), key=lambda item: -len(str(item[0]))))
     caplog.set_level(logging.INFO, logger="pyinfra")
@@ -187,6 +190,32 @@ def test_plan_without_diff_shows_no_diff_and_reads_no_file(caplog):
     ops, log = container_plan(caplog, diff=False)
     assert "Will modify" not in log and "HF_TOKEN" not in log
     assert "sglang.service will restart because" in log  # the reason shows without --diff too
+
+
+def model_plan(complete: bool) -> dict:
+    """``model_fetch.py plan``'s answer (the container's model_path) as the fetcher prints it."""
+    return {"model_fetch.py plan": json.dumps({
+        "repo": "org/model", "commit": "c" * 40, "revision": None, "recorded": "c" * 40,
+        "hub_commit": "c" * 40, "files": 5, "bytes": 10**9, "dir": "/models/model",
+        "missing_files": 0 if complete else 2, "missing_bytes": 0 if complete else 4 * 10**8,
+        "partial_bytes": 0, "free_bytes": 10**11, "complete": complete, "settled": complete,
+        "gated": False})}
+
+
+def test_plan_names_a_model_download_as_a_restart_reason(caplog):
+    """A model fetched into the container's model_path (a file missing, found by its plan,
+    read before any change) restarts the server that loads it: the plan says so; a verified
+    model is no reason."""
+    _, log = container_plan(caplog, diff=False, answers=model_plan(complete=False),
+                            model_download="org/model")
+    [reason] = [line for line in log.splitlines() if "will restart because" in line]
+    assert "Model org/model in /models/model (verified against the hub) changes" in reason
+    assert "model org/model: commit " + "c" * 40 + ": 2 of 5 files to fetch" in log
+    caplog.clear()
+    _, log = container_plan(caplog, diff=False, answers=model_plan(complete=True),
+                            model_download="org/model")
+    [reason] = [line for line in log.splitlines() if "will restart because" in line]
+    assert "Model org/model" not in reason  # the unit and env file of the old deploy still are
 
 
 def test_host_plan_names_the_config_op_that_reboots_the_container(caplog):

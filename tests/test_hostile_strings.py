@@ -808,6 +808,8 @@ def _argument(annotation: Any, value: str) -> Any:
         return (_argument(args[0], value),)
     if origin is dict:
         return {"hostname": _argument(args[1], value), "sglang": _argument(args[1], value)}
+    if annotation is dict:  # an object read from a fact (model.fetched's planned: a plan)
+        return {"commit": value, "repo": value, "dir": value}
     if annotation is bool:
         return True
     if annotation is int:

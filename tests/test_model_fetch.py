@@ -18,7 +18,7 @@ import pytest
 
 from pve_sglang.remote import source
 from pve_sglang.remote.model_fetch import MARKER, partial_bytes
-from standin_hub import Repo, StandinHub, synthetic_files
+from standin_hub import StandinHub, serving, synthetic_files
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = str(source("model_fetch.py"))
@@ -34,13 +34,9 @@ def shards(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture
-def hub(shards, tmp_path):
-    commit = "1" * 40
-    hub = StandinHub(repos={NAME: Repo(refs={"main": commit}, commits={commit: shards})},
-                     tokens={TOKEN})
-    hub.start()
-    yield hub
-    hub.stop()
+def hub(shards):
+    with serving(NAME, "1" * 40, shards, {TOKEN}) as hub:
+        yield hub
 
 
 class Runner:

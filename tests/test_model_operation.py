@@ -18,7 +18,7 @@ import pytest
 from pve_sglang.model_store import entry, serving_link
 from pve_sglang.remote import source
 from pve_sglang.remote.model_fetch import MARKER
-from standin_hub import Repo, StandinHub, synthetic_files
+from standin_hub import StandinHub, serving, synthetic_files
 
 ROOT = Path(__file__).resolve().parents[1]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -35,12 +35,8 @@ def shards(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture
 def hub(shards):
-    commit = "3" * 40
-    hub = StandinHub(repos={NAME: Repo(refs={"main": commit}, commits={commit: shards})},
-                     tokens={TOKEN})
-    hub.start()
-    yield hub
-    hub.stop()
+    with serving(NAME, "3" * 40, shards, {TOKEN}) as hub:
+        yield hub
 
 
 class Site:
@@ -60,16 +56,19 @@ class Site:
         self.env_file.write_text("\n".join(lines) + "\n")
         self.env_file.chmod(0o600)
 
-    def deploy(self, **data) -> tuple[bool, list[str], str]:
-        """(it succeeded, the operations it changed, its output)."""
+    def deploy(self, dry: bool = False, **data) -> tuple[bool, list[str], str]:
+        """(it succeeded, the operations it changed, its output); DRY: a plan (``--dry``)."""
         inventory = self.tmp / "inventory.py"
         inventory.write_text(f"hosts = {[('@local', {**self.data, **data})]!r}\n")
-        done = subprocess.run([str(PYINFRA), str(inventory), DEPLOY, "-y", "--json"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run([str(PYINFRA), str(inventory), DEPLOY, "--dry" if dry else "-y",
+                               "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
         output = done.stdout + done.stderr
         assert TOKEN not in output
         changed = []
-        if done.returncode == 0:
+        if done.returncode == 0 and dry:  # the operations the plan lists as changes
+            plan = json.loads(done.stdout[done.stdout.find("{"):done.stdout.find("\n--> ")])
+            changed = [op["name"] for op in plan["plan"] if op["hosts_with_change"]]
+        elif done.returncode == 0:
             start = done.stdout.find("{")
             for op in json.loads(done.stdout[start:])["results"]["operations"]:
                 changed += [op["name"] for name in op["success"]]
@@ -109,18 +108,25 @@ def test_download_shows_progress_then_a_rerun_changes_nothing(site, hub, shards)
 
 def test_too_little_space_is_refused_before_any_byte_moves(site, hub, shards):
     hub.repos[NAME].declared = {name: 10**15 for name in shards if name.endswith(".safetensors")}
-    ok, _, output = site.deploy()
-    assert not ok
-    assert "host @local: model standin-org/Standin-7B@333333333333 needs 3000.0 TB more" in output
-    assert f"the store {site.store} has" in output and "free" in output
+    for dry in (True, False):  # a plan shows the error the run hits, before any change
+        ok, _, output = site.deploy(dry=dry)
+        assert not ok
+        print(output)
+        assert "host @local: model standin-org/Standin-7B@333333333333 needs 3000.0 TB more" in output
+        assert f"the store {site.store} has" in output and "free" in output
+        assert "Preparing operation files" in output and "--> Beginning operation run" not in output
+        assert not Path(site.data["root"]).exists()
     assert file_gets(hub) == 0
     assert not any(p.is_file() for p in Path(site.data["root"]).rglob("*.safetensors"))
 
 
 def test_gated_model_without_a_token_is_refused_then_fetched_with_one(site, hub):
     hub.repos[NAME].gated = True
-    ok, _, output = site.deploy()
-    assert not ok and "is gated and the token (hf_token) has no access" in output
+    for dry in (True, False):  # a plan shows the error the run hits, before any change
+        ok, _, output = site.deploy(dry=dry)
+        print(output)
+        assert not ok and "host @local: standin-org/Standin-7B at revision '3333333333333333333333333333333333333333' is gated and the token (hf_token) has no access" in output
+        assert "--> Beginning operation run" not in output
     assert file_gets(hub) == 0
     site.write_env(TOKEN)
     ok, changed, output = site.deploy()
@@ -128,9 +134,11 @@ def test_gated_model_without_a_token_is_refused_then_fetched_with_one(site, hub)
 
 
 def test_missing_repository_is_named(site, hub):
-    ok, _, output = site.deploy(repo="standin-org/Nothing-Here",
-                                root=entry(str(site.store), "standin-org/Nothing-Here"))
-    assert not ok and "host @local: repository standin-org/Nothing-Here does not exist" in output
+    for dry in (True, False):
+        ok, _, output = site.deploy(dry=dry, repo="standin-org/Nothing-Here",
+                                    root=entry(str(site.store), "standin-org/Nothing-Here"))
+        assert not ok and "host @local: repository standin-org/Nothing-Here does not exist" in output
+        assert "--> Beginning operation run" not in output
 
 
 def test_moved_branch_is_reported_and_the_recorded_commit_served(site, hub, shards, tmp_path):
@@ -161,3 +169,15 @@ def test_flat_model_path_is_verified_not_taken_on_sight(site, hub, shards):
     assert (flat / "config.json").read_bytes() == shards["config.json"].read_bytes()
     ok, changed, _ = site.deploy(root=str(flat), flat=True, link=None)
     assert ok and changed == []
+
+
+def test_dry_run_lists_the_fetch_then_nothing_once_verified(site, hub):
+    ok, changed, output = site.deploy(dry=True)
+    assert ok and changed == [f"Model {NAME}"], output[-3000:]  # a change: a restart reason too
+    assert f"host @local: model {NAME}: commit {'3' * 40}: 6 of 6 files to fetch" in output
+    assert file_gets(hub) == 0 and not Path(site.data["root"]).exists()
+    ok, _, _ = site.deploy()
+    assert ok
+    ok, changed, output = site.deploy(dry=True)
+    assert ok and changed == [], output[-3000:]
+    assert f"host @local: model {NAME}: commit {'3' * 40}, 6 files" in output

@@ -14,10 +14,13 @@ from pve_sglang.operations import model
 data = host.data
 
 if data.get("fetch"):
-    model.fetched(name=f"Model {data.repo}", python=data.python, script=data.script,
-                  repo=data.repo, revision=data.get("revision"), root=data.root,
-                  flat=bool(data.get("flat")), link=data.get("link"),
-                  env_file=data.get("env_file"), space_of=data.get("space_of") or "the store",
-                  interval_s=float(data.get("interval_s") or 10.0))
+    fetch = {"python": data.python, "script": data.script, "repo": data.repo,
+             "revision": data.get("revision"), "root": data.root, "flat": bool(data.get("flat")),
+             "link": data.get("link"), "env_file": data.get("env_file"),
+             "space_of": data.get("space_of") or "the store"}
+    # As the deploy does: the preflight before any change, then the fetch.
+    planned = model.checked(**fetch)
+    model.fetched(name=f"Model {data.repo}", **fetch,
+                  interval_s=float(data.get("interval_s") or 10.0), planned=planned)
 if data.get("serves"):
     model.served(name=f"Model served from {data.serves}", path=data.serves, repo=data.repo)

@@ -38,18 +38,35 @@ def fetch_args(repo: str, root: str, flat: bool, link: str | None, env_file: str
     return args
 
 
+#: Exits 0 when the Python that runs it has huggingface_hub.
+HAS_CLIENT = "import importlib.util, sys; sys.exit(importlib.util.find_spec('huggingface_hub') is None)"
+
+
 class ModelPlan(FactBase["dict | None"]):
     """
     Returns ``model_fetch.py plan``'s object for REPO at REVISION under ROOT: the commit, the
     recorded and the hub's commit, the files and bytes missing, the free space, whether it is
-    complete; or ``{"error": {"kind", "message"}}``; None when the script could not run.
+    complete; or ``{"error": {"kind", "message"}}``; ``{"unavailable": "script"}`` when SCRIPT
+    did not run (not there yet), ``{"unavailable": "client"}`` when neither PYTHON nor FALLBACK imports
+    huggingface_hub (both: what a run installs later, read by a plan); None when the script
+    printed nothing.
     """
 
     @override
     def command(self, python: str, script: str, repo: str, revision: str | None, root: str,
-                flat: bool, link: str | None, env_file: str | None) -> StringCommand:
-        return StringCommand(QuoteString(python), QuoteString(script), "plan",
-                             *fetch_args(repo, root, flat, link, env_file, revision))
+                flat: bool, link: str | None, env_file: str | None,
+                fallback: str | None = None) -> StringCommand:
+        args = fetch_args(repo, root, flat, link, env_file, revision)
+        parts: list = []
+        for py in [python] + ([fallback] if fallback else []):
+            # find_spec, not an import: the check costs a Python start, not the client's import.
+            # No test of SCRIPT first: Python's own failure to open it says so (and a command
+            # that reaches the plan is the one a check of its quoting runs).
+            parts += ["elif" if parts else "if", QuoteString(py), "-c", QuoteString(HAS_CLIENT),
+                      "2>/dev/null; then", QuoteString(py), QuoteString(script), "plan", *args,
+                      "|| echo", QuoteString('{"unavailable": "script"}'), ";"]
+        parts += ["else echo", QuoteString('{"unavailable": "client"}'), "; fi"]
+        return StringCommand(*parts)
 
     @override
     def process(self, output: list[str]) -> dict | None:

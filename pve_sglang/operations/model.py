@@ -14,27 +14,71 @@ from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.context import state
 
 from pve_sglang.facts.model import HubClientVersion, ModelFetchLog, ModelMarker, ModelPlan, fetch_args
+from pve_sglang.preflight import PreflightError
 from pve_sglang.remote.model_fetch import MARKER
-from pve_sglang.model_store import log_path, moved_warning, progress_text, size_text, space_error
+from pve_sglang.model_store import (
+    Verdict,
+    log_path,
+    moved_warning,
+    preflight,
+    progress_text,
+    size_text,
+    space_error,
+)
 
 #: Seconds between two progress lines of a fetch, by default: a 400 GB download shows about
 #: a hundred lines an hour.
 PROGRESS_EVERY_S = 30.0
+#: The commit a plan shows for a fetch whose preflight runs at run time.
+UNRESOLVED = "the-commit-resolved-at-run-time"
+
+
+def checked(python: str, script: str, repo: str, revision: str | None, root: str,
+            flat: bool = False, link: str | None = None, env_file: str | None = None,
+            space_of: str = "the model's filesystem", fallback: str | None = None,
+            token_pending: bool = False) -> dict | None:
+    """
+    The model's preflight, read by the deploy's code before any change, in a plan (``--dry``)
+    and a run (``-y`` too) alike: ``model_fetch.py plan`` on the machine that will download
+    (the token read there from ENV_FILE). A missing repository or revision, a gated model
+    without access, or too little free space raises ``PreflightError`` naming the host, the
+    model and the numbers. Returns the plan for ``fetched(planned=...)``; None when it cannot be
+    read yet (the fetcher, its huggingface_hub, or the token come with this run: said so, and
+    ``fetched`` checks it at run time).
+
+    + fallback: a second Python to run the plan with (the serving stack's, while this run
+      builds the one PYTHON names)
+    + token_pending: this run rewrites ENV_FILE (a token the plan cannot see yet)
+    """
+    plan = host.get_fact(ModelPlan, python=python, script=script, repo=repo, revision=revision,
+                         root=root, flat=flat, link=link, env_file=env_file, fallback=fallback)
+    where = f"host {host.name}"
+    later = {"script": f"{script} is uploaded by this run",
+             "client": f"huggingface_hub for {python} is installed by this run"}
+    verdict, text = preflight(plan, where, repo, revision, space_of, token_pending, later)
+    if verdict is Verdict.REFUSE:
+        raise PreflightError(text)
+    moved = moved_warning(plan or {}, where, repo, revision)
+    if moved:
+        logger.warning(moved)
+    logger.info(text)
+    return plan if verdict in (Verdict.READY, Verdict.FETCH) else None
 
 
 @operation()
 def fetched(python: str, script: str, repo: str, revision: str | None, root: str,
             flat: bool = False, link: str | None = None, env_file: str | None = None,
-            space_of: str = "the model's filesystem", interval_s: float = PROGRESS_EVERY_S):
+            space_of: str = "the model's filesystem", interval_s: float = PROGRESS_EVERY_S,
+            planned: dict | None = None):
     """
     Hugging Face REPO at REVISION, resolved once to a commit, every file of it present at the
     hub's size and hash, under ROOT; fetched (resumed) when not, with a progress line (bytes
     done of total, rate, ETA, files done of total) every INTERVAL_S seconds. Before any byte
     moves: the repository and revision must exist, a gated model needs a token with access,
-    and what is missing must fit in the free space. A branch the hub moved since it was
-    resolved is reported, and the recorded commit kept. Checked at execution: a plan
-    (``--dry``) only lists it. A deploy stopped meanwhile leaves the fetch running (or, killed
-    with it, resumable): the next run follows it.
+    and what is missing must fit in the free space (``checked`` says so before any change;
+    this checks again when it runs). A branch the hub moved since it was resolved is reported,
+    and the recorded commit kept. A deploy stopped meanwhile leaves the fetch running (or,
+    killed with it, resumable): the next run follows it.
 
     + python: a Python with huggingface_hub that runs SCRIPT
     + script: the uploaded ``remote/model_fetch.py``
@@ -47,6 +91,8 @@ def fetched(python: str, script: str, repo: str, revision: str | None, root: str
     + env_file: the 0600 env file whose ``HF_TOKEN`` the script reads (never on a command line)
     + space_of: what ROOT's filesystem is, in an error (e.g. ``the store /tank/models``)
     + interval_s: seconds between two progress lines
+    + planned: ``checked``'s plan: a plan (``--dry``) lists the fetch when it will run (a
+      change, so the server's restart it causes is planned too); None: it is listed as one
 
     **Example:**
 
@@ -65,16 +111,22 @@ def fetched(python: str, script: str, repo: str, revision: str | None, root: str
             env_file="/etc/sglang/sglang.env",
         )
     """
+    shared = fetch_args(repo, root, flat, link, env_file, revision)
     if not state.is_executing:
-        host.noop(f"model {repo}: checked against the hub at run time")
+        if planned is not None and planned.get("complete") and planned.get("settled"):
+            host.noop(f"model {repo} at commit {planned['commit'][:12]} verified")
+            return
+        commit = (planned or {}).get("commit") or UNRESOLVED
+        yield StringCommand(QuoteString(python), QuoteString(script), "fetch", "--commit",
+                            QuoteString(commit), *shared, "--interval", str(float(interval_s)),
+                            "--background")
         return
     where = f"host {host.name}"
-    shared = fetch_args(repo, root, flat, link, env_file, revision)
     plan = host.get_fact(ModelPlan, python=python, script=script, repo=repo, revision=revision,
                          root=root, flat=flat, link=link, env_file=env_file)
-    if plan is None:
-        raise OperationError(f"{where}: {script} did not answer: is huggingface_hub installed "
-                             f"for {python}?")
+    if plan is None or "unavailable" in plan:
+        raise OperationError(f"{where}: {script} did not answer: is it there, and "
+                             f"huggingface_hub installed for {python}?")
     if "error" in plan:
         raise OperationError(f"{where}: {plan['error']['message']}")
     moved = moved_warning(plan, where, repo, revision)

@@ -1,6 +1,7 @@
 """Code that runs inside a GPU container: one stand-alone script per file, and where each goes.
 
-Each script here imports nothing from ``pve_sglang`` and, but for ``gpu_checks.py`` (which
+Each script here imports nothing from ``pve_sglang`` (but its companions: the modules uploaded
+beside it, ``COMPANIONS``) and, but for ``gpu_checks.py`` (which
 imports the venv's torch when it runs) and ``model_fetch.py`` (huggingface_hub), only the standard library: the deploy uploads the file
 as it is (``tasks.common.upload_script``) to ``path(NAME)`` and runs it with the
 container's Python. This ``__init__`` is the local side only, and stays stdlib too, so that
@@ -28,6 +29,9 @@ container's Python. This ``__init__`` is the local side only, and stays stdlib t
 ``model_fetch.py``            the model: its revision pinned to a commit, its files checked
                               against the hub's sizes and hashes, the rest downloaded
                               (resumed), with progress lines (needs ``huggingface_hub``)
+``remote_env.py``             a value of the deploy's env file (a secret read by the script,
+                              never on a command line): uploaded beside ``model_fetch.py``
+                              and ``startup_watch.py``, which import it
 ============================  ===============================================================
 """
 
@@ -47,6 +51,10 @@ STARTUP_WATCH = "startup_watch.py"
 GPU_SAMPLER = "gpu_sampler.py"
 BENCH_RECORD = "bench_record.py"
 MODEL_FETCH = "model_fetch.py"
+REMOTE_ENV = "remote_env.py"
+
+#: The modules a script imports from beside it: uploaded with it, to the same folder.
+COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV,), STARTUP_WATCH: (REMOTE_ENV,)}
 
 _HERE = Path(__file__).resolve().parent
 

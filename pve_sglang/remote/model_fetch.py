@@ -57,6 +57,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+try:  # uploaded beside this script (remote.COMPANIONS)
+    from remote_env import env_value
+except ImportError:  # imported as part of pve_sglang (the deploy's side, the tests)
+    from pve_sglang.remote.remote_env import env_value
+
 MARKER = ".pve-sglang-model.json"
 TOKEN_VAR = "HF_TOKEN"
 ENDPOINT_VAR = "HF_ENDPOINT"
@@ -69,25 +74,6 @@ HASH_CHUNK = 8 * 1024 * 1024
 def emit(obj: dict, out=None) -> None:
     (out or sys.stdout).write(json.dumps(obj) + "\n")
     (out or sys.stdout).flush()
-
-
-def env_value(env_file: str | None, name: str) -> str | None:
-    """NAME's value in a systemd EnvironmentFile written by the deploy, or None."""
-    if not env_file:
-        return None
-    try:
-        with open(env_file, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        key, sep, value = line.strip().partition("=")
-        if sep and key == name:
-            value = value.strip()
-            if len(value) >= 2 and value[0] == value[-1] == '"':
-                value = re.sub(r"\\(.)", r"\1", value[1:-1])
-            return value or None
-    return None
 
 
 # --- where things are ---------------------------------------------------------------------
@@ -185,16 +171,18 @@ def model_files(repo: str, revision: str | None, token: str | None) -> tuple[str
     return info.sha, files, info.gated
 
 
-def check_access(repo: str, commit: str, files: list[dict], token: str | None) -> None:
+def check_access(repo: str, commit: str, files: list[dict], token: str | None,
+                 revision: str | None = None) -> None:
     """A gated repository answers its metadata to anyone and its files only to a granted
-    token: ask for one file's metadata (a HEAD, no bytes)."""
+    token: ask for one file's metadata (a HEAD, no bytes). REVISION: what the user asked for
+    (named in the error; the commit when None)."""
     if not files:
         return
     hub = client()
     try:
         hub.get_hf_file_metadata(hub.hf_hub_url(repo, files[0]["name"], revision=commit), token=token or False)
     except Exception as error:  # noqa: BLE001
-        raise hub_error(error, repo, commit) from None
+        raise hub_error(error, repo, revision or commit) from None
 
 
 # --- verification -------------------------------------------------------------------------
@@ -362,7 +350,7 @@ def plan(args) -> dict:
         if commit != hub_commit:
             _c, files, gated = model_files(args.repo, commit, token)
         if gated:
-            check_access(args.repo, commit, files, token)
+            check_access(args.repo, commit, files, token, args.revision)
     except HubError as error:
         return {"error": {"kind": error.kind, "message": str(error)}}
     folder = layout.files(commit)

@@ -34,6 +34,11 @@ import urllib.error
 import urllib.request
 from datetime import datetime, timezone
 
+try:  # uploaded beside this script (remote.COMPANIONS)
+    from remote_env import env_value
+except ImportError:  # imported as part of pve_sglang (the deploy's side, the tests)
+    from pve_sglang.remote.remote_env import env_value
+
 API_KEY_VAR = "SGLANG_API_KEY"
 STATE_PROPS = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus",
                "ExecMainCode", "ExecMainStartTimestamp")
@@ -45,26 +50,6 @@ HEALTH_EVERY_S = 5.0
 def emit(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
-
-
-def env_value(env_file: str | None, name: str) -> str | None:
-    """NAME's value in a systemd EnvironmentFile written by the deploy (``NAME="value"``, with
-    ``\\`` escapes), or None."""
-    if not env_file:
-        return None
-    try:
-        with open(env_file, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        key, sep, value = line.strip().partition("=")
-        if sep and key == name:
-            value = value.strip()
-            if len(value) >= 2 and value[0] == value[-1] == '"':
-                value = re.sub(r"\\(.)", r"\1", value[1:-1])
-            return value or None
-    return None
 
 
 def headers(env_file: str | None) -> dict[str, str]:

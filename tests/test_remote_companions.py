@@ -1,0 +1,45 @@
+"""The scripts of ``pve_sglang/remote/`` run stand-alone where they are uploaded: a module of
+``remote/`` that one imports must be uploaded beside it (``remote.COMPANIONS``), and each script
+must run from a folder that holds it and its companions alone, as the deploy leaves them."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pve_sglang import remote
+
+HERE = Path(remote.__file__).resolve().parent
+SCRIPTS = sorted(p.name for p in HERE.glob("*.py") if p.name != "__init__.py")
+
+
+def sibling_imports(script: str) -> set[str]:
+    """The modules of ``remote/`` that SCRIPT imports by their plain name (as it runs uploaded)."""
+    tree = ast.parse((HERE / script).read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return {f"{name}.py" for name in names if f"{name}.py" in SCRIPTS}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_module_a_script_imports_is_uploaded_beside_it(script):
+    assert sibling_imports(script) == set(remote.COMPANIONS.get(script, ()))
+
+
+@pytest.mark.parametrize("script", sorted(remote.COMPANIONS))
+def test_a_script_runs_beside_its_companions_alone(script, tmp_path):
+    for name in (script, *remote.COMPANIONS[script]):
+        shutil.copy(remote.source(name), tmp_path / name)
+    # -E -s: no PYTHONPATH, no user site: pve_sglang cannot be imported, only what was uploaded.
+    done = subprocess.run([sys.executable, "-E", "-s", str(tmp_path / script), "--help"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
