@@ -915,18 +915,6 @@ def layer_problems(shell, value: str) -> list[str]:
     return [problem for _, problem in shell.check_all([c.get_raw_value() for c in commands])]
 
 
-@pytest.mark.parametrize("payload", list(PAYLOADS))
-def test_the_shared_layer_commands_quote_their_paths(payload, sandbox):
-    problems = layer_problems(sandbox, sandbox.payloads[payload])
-    assert not problems, "\n".join(problems)
-
-
-@pytest.mark.parametrize("payload", list(PAYLOADS))
-def test_the_shared_layer_commands_quote_their_paths_without_root(payload, plain_shell):
-    problems = layer_problems(plain_shell, plain_shell.payloads[payload])
-    assert not problems, "\n".join(problems)
-
-
 def store_problems(shell, value: str) -> list[str]:
     """The wheel store's retention: its commands are made from the store's read (a removal)
     and at execution (a container's record, written by its host): run them with SHELL."""
@@ -940,15 +928,21 @@ def store_problems(shell, value: str) -> list[str]:
     return [problem for _, problem in shell.check_all([c.get_raw_value() for c in commands])]
 
 
+#: Commands made at execution from the store's state: each runs with the hostile value in it.
+STORE_COMMANDS = {"shared layer": layer_problems, "store retention": store_problems}
+
+
 @pytest.mark.parametrize("payload", list(PAYLOADS))
-def test_the_store_retention_commands_quote_their_paths(payload, sandbox):
-    problems = store_problems(sandbox, sandbox.payloads[payload])
+@pytest.mark.parametrize("commands", list(STORE_COMMANDS))
+def test_the_store_commands_quote_their_paths(commands, payload, sandbox):
+    problems = STORE_COMMANDS[commands](sandbox, sandbox.payloads[payload])
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("payload", list(PAYLOADS))
-def test_the_store_retention_commands_quote_their_paths_without_root(payload, plain_shell):
-    problems = store_problems(plain_shell, plain_shell.payloads[payload])
+@pytest.mark.parametrize("commands", list(STORE_COMMANDS))
+def test_the_store_commands_quote_their_paths_without_root(commands, payload, plain_shell):
+    problems = STORE_COMMANDS[commands](plain_shell, plain_shell.payloads[payload])
     assert not problems, "\n".join(problems)
 
 
