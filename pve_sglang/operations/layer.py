@@ -194,13 +194,14 @@ def _build(state, host, uv: str, python: str, store: str, lock: Lock,
 def install_command(uv: str, python: str, store: str, requirements: str) -> StringCommand:
     """The container-side command that installs the REQUIREMENTS file (the layer's part of the
     lock) from STORE into ``STAGING``: offline, hashes required, bytecode compiled once here
-    (the layer is read-only where it is used)."""
+    (the layer is read-only where it is used). uv's cache is STAGING's own, removed with it
+    (``stack.scratch_cache``): the container keeps no 10 GB copy of the layer."""
     staging = QuoteString(STAGING)
     return StringCommand(
-        "rm -rf", staging, "&&", QuoteString(uv), "pip install --system-certs --python",
-        QuoteString(python), "--target", staging, "--compile-bytecode --require-hashes "
-        "--no-deps --offline --no-index --find-links", QuoteString(store), "-r",
-        QuoteString(requirements))
+        "rm -rf", staging, "&&", stack.with_scratch_cache(
+            stack.scratch_cache(STAGING), uv, "install", "--python", QuoteString(python),
+            "--target", staging, "--compile-bytecode --require-hashes --no-deps --offline "
+            "--no-index --find-links", QuoteString(store), "-r", QuoteString(requirements)))
 
 
 def copy_command(connector: ContainerConnector, store: str, lock: Lock) -> StringCommand:
