@@ -20,6 +20,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +31,12 @@ from devtools import lxc_env
 from pve_sglang.project import ROOT
 
 PYINFRA = Path(sys.executable).parent / "pyinfra"
-#: Free disk a proof of a 0.5.23-sized set needs at its peak, in bytes: the store (4.3 GB), the
-#: container's uv cache and the layer's staging (10 GB each), the layer (10 GB).
-PEAK_BYTES = 36 * 10**9
+#: Free disk a proof of a 0.5.23-sized set needs at its peak, in bytes. Measured (``DiskPeak``,
+#: docs/releases.md): 15.5 GB in the proof's folder at the end of the layer's copy, 15.8 GB of
+#: the filesystem's free space: the store (4.3 GB of wheels), the layer (10.7 GB: uv's scratch
+#: cache is hardlinked to its staging, and the staging's files go as the host copies them into
+#: the store), the container (0.5 GB); with a margin for the rest of the machine meanwhile.
+PEAK_BYTES = 20 * 10**9
 
 
 def disk_shortfall(folder: Path) -> str | None:
@@ -41,7 +45,58 @@ def disk_shortfall(folder: Path) -> str | None:
     if free >= PEAK_BYTES:
         return None
     return (f"a proof needs about {PEAK_BYTES / 1e9:.0f} GB free under {folder} at its peak "
-            f"(store, uv cache, layer staging, layer); {free / 1e9:.1f} GB are")
+            f"(the store and the shared layer); {free / 1e9:.1f} GB are")
+
+
+class DiskPeak:
+    """The most disk a stretch of work took, sampled in a thread while the ``with`` block runs:
+    ``peak``, FOLDER's filesystem's free space at the start less the least seen (every
+    INTERVAL seconds; the rest of the machine's writes count too), and ``own``, the most
+    FOLDER itself held (``du``, every OWN_INTERVAL seconds: what the proof wrote there, the
+    container's rootfs included). Measures to report, not to assert on."""
+
+    def __init__(self, folder: Path, interval: float = 2.0, own_interval: float = 10.0):
+        self.folder, self.interval, self.own_interval = folder, interval, own_interval
+        self.start = self.least = shutil.disk_usage(folder).free
+        self.at = 0.0  # seconds into the block of the least free space
+        self.own = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _du(self) -> int:
+        done = subprocess.run(["du", "-sx", "--block-size=1", str(self.folder)],
+                              capture_output=True, text=True)
+        return int(done.stdout.split()[0]) if done.stdout else 0
+
+    def _sample(self) -> None:
+        began = last_du = time.monotonic()
+        while True:
+            free = shutil.disk_usage(self.folder).free
+            if free < self.least:
+                self.least, self.at = free, time.monotonic() - began
+            if time.monotonic() - last_du >= self.own_interval:
+                self.own, last_du = max(self.own, self._du()), time.monotonic()
+            if self._stop.wait(self.interval):
+                return
+
+    @property
+    def peak(self) -> int:
+        return self.start - self.least
+
+    def __enter__(self) -> "DiskPeak":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.own = max(self.own, self._du())
+
+    def words(self) -> str:
+        return (f"disk peak {self.peak / 1e9:.1f} GB at {self.at:.0f} s ({self.start / 1e9:.1f} "
+                f"GB free before), {self.own / 1e9:.1f} GB at most in {self.folder.name}")
+
+
 UNIT = "/etc/systemd/system/sglang.service"
 VENV_PYTHON = "/opt/sglang/venv/bin/python"
 #: Where the container's pip finds its wheels (the deploy's tools venv: uv), and nothing else.
@@ -117,15 +172,17 @@ class ReleaseDeploy:
     """A hosts file for one local LXC container of Debian SUITE with sglang SGLANG_VERSION's
     locked set from a wheel store (STORE, a host folder), and the pyinfra CLI run against it.
     ROOT holds the container, the store (unless given) and the hosts file; UV_WHEEL is uv's
-    wheel for the container's tools venv; MACHINE_CACHE is PVE_SGLANG_CACHE of the run."""
+    wheel for the container's tools venv; MACHINE_CACHE is PVE_SGLANG_CACHE of the run.
+    ``log``: the run's stderr lines, each with its second into the run."""
 
     def __init__(self, root: Path, sglang_version: str, uv_wheel: Path, machine_cache: Path,
                  suite: str = lxc_env.SUITE, name: str = "pvs-release",
-                 stack_lock: str | None = None, lxc_config: list[str] | None = None):
+                 stack_lock: str | None = None, lxc_config: list[str] | None = None,
+                 store: Path | None = None):
         self.root, self.name, self.suite = root, name, suite
         self.machine_cache = machine_cache
         self.lxc_path = root / "lxc"
-        self.store = root / "store"
+        self.store = store or root / "store"  # another proof's: a second container of the host
         self.pip_wheels = root / "pip-wheels"
         self.pip_conf = root / "pip.conf"
         for folder in (self.lxc_path, self.store, self.pip_wheels):
@@ -145,6 +202,7 @@ class ReleaseDeploy:
         self.lxc_config = list(lxc_config or [])
         self.hosts_file = root / "hosts.yml"
         self.seconds = 0.0
+        self.log: list[tuple[float, str]] = []
 
     def write_hosts(self) -> None:
         hosts = {"local": {
@@ -173,11 +231,26 @@ class ReleaseDeploy:
                # This machine's pip configuration (a site's constraints file capping torch, say)
                # is not the lock's: the locked fetch reads none.
                "PIP_CONFIG_FILE": os.devnull}
+        argv = [str(PYINFRA), "inventory.py", "deploy.py", "-y", "--json", *args]
         started = time.monotonic()
-        done = subprocess.run([str(PYINFRA), "inventory.py", "deploy.py", "-y", "--json", *args],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+        self.log = []
+        with subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) as run:
+            # stderr read line by line as it comes (timed), stdout (the JSON) beside it.
+            out: list[str] = []
+            reader = threading.Thread(target=lambda: out.append(run.stdout.read()), daemon=True)
+            reader.start()
+            for line in run.stderr:
+                self.log.append((time.monotonic() - started, line.rstrip("\n")))
+            reader.join(timeout=3600)
+            code = run.wait(timeout=3600)
         self.seconds = time.monotonic() - started
-        return done
+        return subprocess.CompletedProcess(argv, code, "".join(out),
+                                           "\n".join(line for _, line in self.log))
+
+    def when(self, words: str) -> float | None:
+        """The second into the last run of its first stderr line holding WORDS."""
+        return next((at for at, line in self.log if words in line), None)
 
     def attach(self, command: str, input: str | None = None, timeout: float = 300,
                check: bool = True) -> subprocess.CompletedProcess:

@@ -68,6 +68,8 @@ def test_venv_fact_normalises_names_and_reads_the_scripts_output():
 
 
 PINS = {"sglang": "0.5.9", "torch": "2.9.1", "flashinfer-python": "0.6.3"}
+#: uv's cache of an install into the venv: beside it, removed after (the container keeps none).
+SCRATCH = "/opt/sglang/venv.uv-cache"
 
 
 def test_venv_packages_converged_sends_nothing():
@@ -84,9 +86,10 @@ def test_venv_packages_one_pin_off_reinstalls_the_set():
     assert op_commands(stack.venv_packages, uv="/opt/sglang/tools/bin/uv", python=PY, tools=TOOLS,
                        pins=PINS, args=args, facts=venv(installed)) == [
         f"touch {MARKER}",
-        f"/opt/sglang/tools/bin/uv pip install --system-certs --python {PY} --extra-index-url "
-        "https://example.invalid/whl/cu128 --index-strategy unsafe-best-match sglang==0.5.9 "
-        "torch==2.9.1 flashinfer-python==0.6.3",
+        f"rm -rf {SCRATCH} && /opt/sglang/tools/bin/uv pip install --system-certs --cache-dir "
+        f"{SCRATCH} --python {PY} --extra-index-url https://example.invalid/whl/cu128 "
+        "--index-strategy unsafe-best-match sglang==0.5.9 torch==2.9.1 flashinfer-python==0.6.3"
+        f" && rm -rf {SCRATCH} || {{ rm -rf {SCRATCH} ; false; }}",
         f"rm -f {MARKER}",
     ]
 
@@ -97,8 +100,9 @@ def test_venv_packages_after_an_install_cut_short_reinstalls_with_the_right_vers
     assert op_commands(stack.venv_packages, uv="/opt/sglang/tools/bin/uv", python=PY, tools=TOOLS,
                        pins=PINS, args=["sglang==0.5.9"], facts=state) == [
         f"touch {MARKER}",
-        f"/opt/sglang/tools/bin/uv pip install --system-certs --python {PY} --reinstall "
-        "sglang==0.5.9",
+        f"rm -rf {SCRATCH} && /opt/sglang/tools/bin/uv pip install --system-certs --cache-dir "
+        f"{SCRATCH} --python {PY} --reinstall sglang==0.5.9 && rm -rf {SCRATCH} || "
+        f"{{ rm -rf {SCRATCH} ; false; }}",
         f"rm -f {MARKER}",
     ]
 

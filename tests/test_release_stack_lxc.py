@@ -2,16 +2,21 @@
 unprivileged LXC container, from the host's wheel store with the shared layer, up to the
 deploy's own flag check; then the release's real argument parser on the unit's flags.
 
-Release: the default (0.5.23, the newest on the index). The same proof of 0.5.17, a release the
-issue does not name (torch 2.11.0, flashinfer 0.6.15.post1, sglang-kernel 0.4.5, CUDA 13), is
-``make release``'s, in tests/test_release_advance.py. The deploy is
-``devtools/release_proof.py``, through pyinfra's CLI, with this machine as the plain LXC host.
+Release: the default (0.5.23, the newest on the index), in a first container (the store
+filled, the shared layer built) and a second one of the same host (the layer found: sglang
+alone installed). The same proof of 0.5.17, a release the issue does not name (torch 2.11.0,
+flashinfer 0.6.15.post1, sglang-kernel 0.4.5, CUDA 13), is ``make release``'s, in
+tests/test_release_advance.py; ``PVE_SGLANG_PROVE_RELEASES="0.5.17"`` runs this file's for it
+too. The deploy is ``devtools/release_proof.py``, through pyinfra's CLI, with this machine as
+the plain LXC host. Run with ``-s``: each deploy's time, disk peak, and the times of its store,
+layer and venv steps.
 
 Downloads: each set is 4 to 4.5 GB of wheels, fetched once by the machine running pyinfra into
 ``$PVE_SGLANG_TEST_CACHE/pyinfra-machine-cache`` (``.cache/`` without it) and found there by
 every later run (the store of each run is filled from it, nothing downloaded). The container
-itself downloads nothing (its pip sees only uv's wheel). Each proof needs about 15 GB of free
-disk while it runs (store and layer), given back at its end.
+itself downloads nothing (its pip sees only uv's wheel). A proof of 0.5.23 takes 15.5 GB at
+its peak (the store 4.3 GB, the layer, the container: ``release_proof.PEAK_BYTES``), given back
+at its end.
 
 Debian 13 (Proxmox VE 9's ``debian-13-standard``, ``lxc_release: trixie``): its Python 3.13
 has no wheels-only lock of 0.5.23's set (outlines-core 0.1.26 has no cp313 wheel:
@@ -29,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from devtools import lxc_env
-from devtools.release_proof import ReleaseDeploy, changed, disk_shortfall, failed
+from devtools.release_proof import DiskPeak, ReleaseDeploy, changed, disk_shortfall, failed
 from devtools.wheel_store_site import installed
 from pve_sglang.project import load_defaults
 from pve_sglang.stack import lock as stack_lock
@@ -38,8 +43,12 @@ from wheels import OLDER_TARGETS, pip_download
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("PVE_SGLANG_TEST_CACHE") or REPO / ".cache")
 MACHINE_CACHE = CACHE / "pyinfra-machine-cache"
-RELEASES = ("0.5.23",)
-TOOLS_LOCK = "/opt/sglang/stack.lock"
+#: The default release, and those named in PVE_SGLANG_PROVE_RELEASES (``"0.5.17 0.5.22"``: about
+#: 2.5 minutes and 4 GB of wheels fetched once each; tests/test_release_advance.py proves 0.5.17
+#: in the default suite already).
+RELEASES = (load_defaults()["sglang_version"],
+            *os.environ.get("PVE_SGLANG_PROVE_RELEASES", "").split())
+TOOLS_LOCK = "/opt/sglang/venv/pve-sglang.lock"  # the serving stack's (venv_path links to it)
 
 
 @pytest.fixture(scope="module", params=RELEASES)
@@ -52,12 +61,23 @@ def proof(request, tmp_path_factory, lxc_host, pypi_wheel, package_index):
     deploy = ReleaseDeploy(tmp_path_factory.mktemp(f"release-{version}"), version,
                            pypi_wheel("uv", load_defaults()["uv_version"]), MACHINE_CACHE)
     try:
-        done = deploy.run_cli()
-        print(f"[release {version}] first deploy: {deploy.seconds:.1f} s", flush=True)
+        with DiskPeak(deploy.root) as disk:
+            done = deploy.run_cli()
+        print(f"[release {version}] first container: {deploy.seconds:.1f} s, {disk.words()}",
+              flush=True)
+        show_log(deploy)
         yield deploy, done
     finally:
         deploy.destroy()
         shutil.rmtree(deploy.root, ignore_errors=True)  # the store and the layer: 15 GB
+
+
+def show_log(deploy: ReleaseDeploy) -> None:
+    """The run's own lines (the store, the layer, the venv) with their seconds: where the
+    time goes (pytest -s shows them)."""
+    for at, line in deploy.log:
+        if any(word in line for word in ("wheel store", "shared layer", "lock ")):
+            print(f"    {at:7.1f} s  {line.strip()[:160]}")
 
 
 def test_the_locked_set_deploys_from_the_store_with_the_shared_layer(proof):
@@ -83,6 +103,10 @@ def test_the_locked_set_deploys_from_the_store_with_the_shared_layer(proof):
                              "print(u.find_spec(\"torch\").origin)'").stdout
     assert torch_at.startswith(str(deploy.store)), torch_at
     assert "Python 3.11" in deploy.attach("/opt/sglang/venv/bin/python --version").stdout
+    # The layer's staging and uv's cache of it are gone from the container (10 GB each).
+    left = deploy.attach("find / -xdev \\( -name archive-v0 -o -name '*.uv-cache' -o -path "
+                         "/var/tmp/pve-sglang-layer \\) -prune -print 2>/dev/null; true").stdout
+    assert left.split() == []
 
 
 def test_the_releases_real_parser_takes_every_flag_of_the_unit(proof):
@@ -90,6 +114,7 @@ def test_the_releases_real_parser_takes_every_flag_of_the_unit(proof):
     assert done.returncode == 0
     args = deploy.unit_args()
     assert "--model-path" in args and "--tp-size" in args
+    print(f"[release {deploy.container['sglang_version']}] the unit's server flags: {args}")
     verdict = deploy.real_parser(args)
     assert verdict.version == deploy.container["sglang_version"]
     assert verdict.error is None, verdict
@@ -106,6 +131,35 @@ def test_a_second_run_changes_nothing(proof):
     assert again.returncode == 0, again.stderr[-3000:]
     print(f"[release {deploy.container['sglang_version']}] converged run: {deploy.seconds:.1f} s")
     assert changed(json.loads(again.stdout)) == []
+
+
+def test_a_second_container_of_the_host_installs_sglang_alone(proof, tmp_path_factory,
+                                                               pypi_wheel):
+    """A second container on the same host, from the same store: the layer is found, not
+    built; the venv installs sglang only, and is the lock."""
+    deploy, done = proof
+    assert done.returncode == 0
+    version = deploy.container["sglang_version"]
+    second = ReleaseDeploy(tmp_path_factory.mktemp(f"release-{version}-second"), version,
+                           pypi_wheel("uv", load_defaults()["uv_version"]), MACHINE_CACHE,
+                           name="pvs-release-2", store=deploy.store)
+    try:
+        with DiskPeak(second.root) as disk:
+            again = second.run_cli()
+        print(f"[release {version}] second container: {second.seconds:.1f} s, {disk.words()}")
+        show_log(second)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-6000:]
+        results = json.loads(again.stdout)
+        assert failed(results) == []
+        assert "building the shared layer" not in again.stderr
+        ops = [op["name"] for op in results["results"]["operations"]]
+        assert f"Server flags exist in sglang {version}" in ops
+        lock = stack_lock.parse(Path(TOOLS_LOCK), second.attach(f"cat {TOOLS_LOCK}").stdout)
+        assert installed(second, "/opt/sglang/venv/bin/python") == lock.packages
+        assert second.real_parser().error is None
+    finally:
+        second.destroy()
+        shutil.rmtree(second.root, ignore_errors=True)
 
 
 # --- Debian 13 --------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ def test_store_is_filled_once_and_containers_install_from_it_offline(site):
     assert installed(first) == site.lock.packages
     assert f"runs lock {site.lock.id} (small.lock): 5 packages as locked" in site.last.stderr + site.last.stdout
     assert first.attach("/opt/stack/venv/bin/python -c 'import requests, charset_normalizer'").returncode == 0
+    assert uv_caches(first) == [], "the container keeps no uv cache of the venv's install"
     # Every locked wheel, each with the lock's sha256, and the marker written last.
     manifest = Path(marker(str(site.store), site.lock)).read_text()
     assert len(manifest.splitlines()) == len(site.lock.packages)
@@ -140,6 +141,15 @@ def layer_folder(site) -> Path:
     return Path(layer.path(str(site.store), site.lock))
 
 
+def uv_caches(box) -> list[str]:
+    """uv's caches left in BOX, wherever uv put them: the folders of unpacked wheels
+    (``archive-v0``, a 10 GB copy of the layer for a 0.5.23 set) and the deploy's scratch
+    caches (``*.uv-cache``)."""
+    found = box.attach("find / -xdev \\( -name archive-v0 -o -name '*.uv-cache' \\) -type d "
+                       "-print -prune 2>/dev/null; true").stdout
+    return found.split()
+
+
 def builds_layer(changed: dict, box) -> bool:
     """Whether BOX's changed operations include the shared layer's."""
     return any(name.startswith("Shared stack layer") for name in changed.get(box.inventory_name, []))
@@ -168,6 +178,7 @@ def test_the_shared_layer_is_built_once_owned_by_the_host_and_read_only(layered)
                         ).stdout.startswith(str(folder))
     assert f"runs lock {site.lock.id} (small.lock): 5 packages as locked" in site.last.stderr + site.last.stdout
     assert first.attach("test -e /var/tmp/pve-sglang-layer", check=False).returncode != 0
+    assert uv_caches(first) == [], "the container keeps no uv cache of the layer or the venv"
     attempt = first.attach(f"touch {folder}/idna/x 2>&1; rm -rf {folder}/idna 2>&1", check=False)
     assert "Read-only file system" in attempt.stdout
     assert (folder / "idna" / "__init__.py").exists()

@@ -102,8 +102,9 @@ def shared(uv: str, python: str, tools: str, pth: str, store: str, lock: Lock,
     The host's wheel store holds the layer of LOCK: its packages but sglang, installed once per
     host. Built at execution by the first container that gets here (the others of the run wait,
     then find it): uv installs it offline from STORE, hashes checked and bytecode compiled, into
-    ``STAGING`` in this container; the host copies it with ``tar`` into the store as its own
-    (root-owned, not writable by a container), moves it into place whole, and writes the
+    ``STAGING`` in this container (uv's cache beside it, removed after); the host moves it
+    with ``tar`` into the store as its own (root-owned, not writable by a container; the
+    staging's files go as they are copied), moves it into place whole, and writes the
     marker. A converged run reads the marker with the container's watched paths. A layer whose
     packages the venv reading it no longer finds as locked (``damaged``) is built again, once
     per run for all the host's containers.
@@ -194,26 +195,33 @@ def _build(state, host, uv: str, python: str, store: str, lock: Lock,
 def install_command(uv: str, python: str, store: str, requirements: str) -> StringCommand:
     """The container-side command that installs the REQUIREMENTS file (the layer's part of the
     lock) from STORE into ``STAGING``: offline, hashes required, bytecode compiled once here
-    (the layer is read-only where it is used)."""
+    (the layer is read-only where it is used). uv's cache is STAGING's own, removed with it
+    (``stack.scratch_cache``): the container keeps no 10 GB copy of the layer."""
     staging = QuoteString(STAGING)
     return StringCommand(
-        "rm -rf", staging, "&&", QuoteString(uv), "pip install --system-certs --python",
-        QuoteString(python), "--target", staging, "--compile-bytecode --require-hashes "
-        "--no-deps --offline --no-index --find-links", QuoteString(store), "-r",
-        QuoteString(requirements))
+        "rm -rf", staging, "&&", stack.with_scratch_cache(
+            stack.scratch_cache(STAGING), uv, "install", "--python", QuoteString(python),
+            "--target", staging, "--compile-bytecode --require-hashes --no-deps --offline "
+            "--no-index --find-links", QuoteString(store), "-r", QuoteString(requirements)))
 
 
-def copy_command(connector: ContainerConnector, store: str, lock: Lock) -> StringCommand:
-    """The host-side command that copies ``STAGING`` out of the container into the store as
+def copy_command(connector: ContainerConnector, store: str, lock: Lock,
+                 staging: str = STAGING) -> StringCommand:
+    """The host-side command that moves STAGING out of the container into the store as
     the layer of LOCK: into a folder of its own, owned by the host's root, moved into place
-    whole, then the marker. A cut copy leaves no marker: the next run builds it again."""
+    whole, then the marker; the container's staging goes as it is copied. A cut copy leaves
+    no marker: the next run builds it again."""
     base = store.rstrip("/")
     incoming = QuoteString(f"{base}/.incoming-layer-{lock.id}")
     status = QuoteString(f"{base}/.incoming-layer-{lock.id}.status")
     layers = QuoteString(f"{base}/layers")
     final = QuoteString(path(store, lock))
     done = QuoteString(marker(store, lock))
-    archive = connector.make_exec_command(StringCommand("tar -C", QuoteString(STAGING), "-cf - ."))
+    # --remove-files: the container gives back each file once it is in the pipe, so the copy
+    # needs the layer's size once, not twice (staging and store: 10 GB each for a 0.5.23 set).
+    # A cut copy leaves a partial staging and no marker: the next run installs it again.
+    archive = connector.make_exec_command(
+        StringCommand("tar -C", QuoteString(staging), "--remove-files -cf - ."))
     return StringCommand(
         "rm -rf", incoming, "&& mkdir -p", incoming, layers, "&& chmod 755", layers,
         # sh has no pipefail: the archive's status goes through a file.

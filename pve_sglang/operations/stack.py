@@ -36,6 +36,25 @@ def venv_of(python: str) -> str:
     return posixpath.dirname(posixpath.dirname(python))
 
 
+def scratch_cache(target: str) -> str:
+    """uv's cache for one install into TARGET: beside it, on its filesystem (uv hardlinks the
+    unpacked wheels into TARGET, so the cache costs no space of its own while the install
+    runs), removed once the install ends. uv's own cache (``~/.cache/uv``) would keep a
+    second copy of every unpacked wheel in the container for good (10 GB for a 0.5.23 set
+    once the shared layer's staging is gone); ``--no-cache`` unpacks into ``$TMPDIR``, a
+    tmpfs on Debian 13, where nothing hardlinks."""
+    return f"{target.rstrip('/')}.uv-cache"
+
+
+def with_scratch_cache(cache: str, uv: str, verb: str, *words) -> StringCommand:
+    """``uv pip VERB WORDS`` with uv's cache at CACHE (``scratch_cache``): emptied before,
+    removed after, also when uv fails (the command still fails)."""
+    folder = QuoteString(cache)
+    return StringCommand("rm -rf", folder, "&&", QuoteString(uv), "pip", verb,
+                         "--system-certs --cache-dir", folder, *words, "&& rm -rf", folder,
+                         "|| { rm -rf", folder, "; false; }")
+
+
 def venv_state(python: str, tools: str) -> dict:
     """The ``SglangVenv`` fact of this container, read once until the venv changes."""
     known = memo(Kind.VENV)
@@ -151,8 +170,9 @@ def venv_packages(uv: str, python: str, tools: str, pins: dict[str, str], args: 
     marker = QuoteString(f"{venv_of(python)}/{INSTALL_MARKER}")
     yield StringCommand("touch", marker)
     # --system-certs: uv's own CA roots would ignore a proxy CA added to the system store.
-    yield StringCommand(QuoteString(uv), "pip install --system-certs --python", QuoteString(python),
-                        *(["--reinstall"] if incomplete else []), *(QuoteString(a) for a in args))
+    yield with_scratch_cache(scratch_cache(venv_of(python)), uv, "install", "--python",
+                             QuoteString(python), *(["--reinstall"] if incomplete else []),
+                             *(QuoteString(a) for a in args))
     yield StringCommand("rm -f", marker)
     venv_changed()
 
@@ -236,9 +256,10 @@ def locked_venv(uv: str, python: str, tools: str, lock_file: str, lock: Lock, ar
     marker = QuoteString(f"{venv_of(python)}/{INSTALL_MARKER}")
     yield StringCommand("touch", marker)
     # --system-certs: uv's own CA roots would ignore a proxy CA added to the system store.
-    yield StringCommand(QuoteString(uv), "pip sync --system-certs --require-hashes --python",
-                        QuoteString(python), *(["--reinstall"] if incomplete else []),
-                        *(QuoteString(a) for a in args), QuoteString(lock_file))
+    yield with_scratch_cache(scratch_cache(venv_of(python)), uv, "sync", "--require-hashes "
+                             "--python", QuoteString(python),
+                             *(["--reinstall"] if incomplete else []),
+                             *(QuoteString(a) for a in args), QuoteString(lock_file))
     yield StringCommand("rm -f", marker)
     venv_changed()
 

@@ -1,0 +1,46 @@
+"""The wheel store's upload (``wheels.upload``) on this machine as the host (``@local``, a plain
+LXC host run locally), through pyinfra's real LocalConnector: the file arrives whole, and no
+copy of it stays on disk behind a descriptor the run never closes (pyinfra's own
+``put_file`` keeps one per file until the run ends: the whole store twice).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+
+from pve_sglang.operations.wheels import upload
+
+
+def deleted_open_files() -> list[str]:
+    """The files this process holds open that are deleted (their space not given back)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own descriptor, closed already
+            continue
+        if target.endswith(" (deleted)"):
+            found.append(target)
+    return found
+
+
+def local_host():
+    inventory = Inventory((["@local"], {}))
+    connect_all(State(inventory, Config()))
+    return inventory.get_host("@local")
+
+
+def test_an_upload_to_this_machine_arrives_whole_and_keeps_no_hidden_copy(tmp_path):
+    wheel = tmp_path / "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl"
+    wheel.write_bytes(os.urandom(1 << 20))
+    dest = tmp_path / "store" / ".incoming" / "it's $(touch F).whl"
+    dest.parent.mkdir(parents=True)
+    before = deleted_open_files()
+    assert upload(local_host(), wheel, str(dest))
+    assert dest.read_bytes() == wheel.read_bytes()
+    assert deleted_open_files() == before
+    assert not Path("F").exists() and not (tmp_path / "F").exists()
