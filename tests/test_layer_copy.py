@@ -12,7 +12,7 @@ from pathlib import Path
 from pyinfra.api import QuoteString, StringCommand
 
 from pve_sglang.operations import layer
-from pve_sglang.operations.wheels import LOCKS
+from pve_sglang.stack.store_retention import LOCKS
 from pve_sglang.stack.lock import lock_for, default_key
 
 

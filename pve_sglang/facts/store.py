@@ -6,9 +6,8 @@ from __future__ import annotations
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from pve_sglang.operations.wheels import LOCKS
 from pve_sglang.runtime.pyinfra_private import joined
-from pve_sglang.stack.store_retention import REMOVING, USERS, StoreLock, user_locks
+from pve_sglang.stack.store_retention import LOCKS, REMOVING, USERS, StoreLock, user_locks
 
 #: Where a Proxmox host keeps its containers' configs (``<vmid>.conf``).
 PVE_CONFIGS = "/etc/pve/lxc"

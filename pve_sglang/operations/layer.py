@@ -20,7 +20,7 @@ from pve_sglang.connectors.container import ContainerConnector
 from pve_sglang.stack.lock import Lock
 from pve_sglang.operations import container_state, paths, stack
 from pve_sglang.runtime.cache import Kind
-from pve_sglang.operations.wheels import LOCKS
+from pve_sglang.stack.store_retention import LOCKS
 
 #: What the container's venv holds itself: the autotune patch writes into sglang.
 VENV_OWNED = ("sglang",)

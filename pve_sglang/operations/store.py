@@ -15,9 +15,9 @@ from pyinfra.context import state as pyinfra_state
 from pve_sglang.facts.stacks import Stacks
 from pve_sglang.facts.store import FolderSizes, WheelStoreState
 from pve_sglang.operations import paths, stacks
-from pve_sglang.operations.wheels import LOCKS
 from pve_sglang.stack import stacks as stack_ids
 from pve_sglang.stack.store_retention import (
+    LOCKS,
     REMOVING, USERS, Prune, StoreLock, decide, mounting, user_path, user_text,
 )
 

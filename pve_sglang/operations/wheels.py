@@ -11,10 +11,10 @@ from pyinfra.connectors.local import LocalConnector
 
 from pve_sglang.facts.lxc_host import ExistingFiles
 from pve_sglang.stack.lock import Lock, LockError, LockKey
+from pve_sglang.stack.store_retention import LOCKS
 from pve_sglang.stack.wheel_fetch import fetch, total_bytes
 
 INCOMING = ".incoming"
-LOCKS = ".locks"
 
 
 def marker(store: str, lock: Lock) -> str:

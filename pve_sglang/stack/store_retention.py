@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 from pve_sglang.stack.stacks import STACK_NAME
 
+#: The locked sets' manifests in the store (``<id>``), and their layers' markers (``<id>.layer``).
+LOCKS = ".locks"
 #: The containers' records of the locks they hold, in the store.
 USERS = ".users"
 #: A lock's manifest renamed so while its removal runs: a removal cut short is finished by the
