@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -67,7 +68,8 @@ from pve_sglang.hosts_file import build_groups
 from pve_sglang.operations import boot, layer, lxc, model, paths, pct, phase, stack, stacks, store, wheels
 from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
-from pve_sglang.config.settings import ContainerSettings, HostSettings, Mount, SettingsError
+from pve_sglang.config.settings import (SECRET_FIELDS, ContainerSettings, HostSettings, Mount,
+                                        SettingsError)
 from pve_sglang.runtime.pyinfra_private import operation_function
 from pve_sglang.stack.lock import SHIPPED, Lock, LockKey, default_key, parse
 from pve_sglang.stack.wheel_fetch import MANIFEST, sha256_of, wheel_dir
@@ -396,24 +398,66 @@ def _write_stub(path: Path, body: str = "exit 0") -> None:
     path.chmod(0o755)
 
 
+#: A step of a batch: an upload ("put", dest, content) or a command ("cmd", command, layers),
+#: LAYERS being the command's forms to parse (inner, wrapped, the host's whole command).
+Step = tuple
+#: What one command of a batch found: whether it created F, and why it did not parse (or None).
+Result = tuple[bool, "str | None"]
+
+# The batch driver runs inside the chroot with its own tools (/driver/, on no command's PATH):
+# a script of one line per step, each value in single quotes (shlex.quote: exact, newlines
+# included). An upload is written where pct push or lxc-attach would put it; a command's layers
+# are each parsed by ``sh -n -c``, then the command runs with ``sh -c`` from / with a clean
+# environment (PATH and HOME), and F is looked for and removed. The step under way is written
+# to ``current``, so that a command that hangs the batch is named.
+_CHROOT_FUNCTIONS = r"""
+D=/driver
+put() {
+    [ -d "$2" ] || { $D/mkdir -p "${2%/*}" 2>/dev/null; $D/cat "$B/$1.data" >"$2" 2>/dev/null; }
+}
+parse() {
+    $D/sh -n -c "$2" </dev/null 2>>"$B/$1.parse" || echo "$1" >>"$B/parse-failed"
+}
+run() {
+    echo "$1" >"$B/current"
+    PATH=/stub:/usr/bin:/bin HOME=/root /bin/sh -c "$2" </dev/null >/dev/null 2>"$B/$1.err"
+    if [ -e /hostile/F ]; then echo "$1" >>"$B/injected"; $D/rm -f /hostile/F; fi
+}
+cd /
+"""
+DRIVER_TOOLS = ("cat", "mkdir", "rm")
+#: Seconds one batch may take before the command under way is reported as hanging.
+BATCH_TIMEOUT_S = 900
+
+
 class Sandbox:
-    """A throwaway chroot: dash, harmless coreutils, stub tools; commands run as root in it."""
+    """A throwaway chroot: dash, harmless coreutils, stub tools; commands run as root in it.
+
+    Batched: one ``sh`` in the chroot (``_CHROOT_FUNCTIONS``) drives a whole list of steps, the
+    uploads among the commands in their order, each command still parsed and run by its own
+    ``sh``: a deploy's thousands of commands cost one chroot, not three processes each from
+    the test's own (large) process."""
 
     def __init__(self, root: Path):
         self.root = root
-        for directory in ("usr/bin", "stub", "tmp", "dev", "hostile", "root"):
+        for directory in ("usr/bin", "stub", "tmp", "dev", "hostile", "root", "driver", "batch"):
             (root / directory).mkdir(parents=True, exist_ok=True)
         (root / "bin").symlink_to("usr/bin")
         os.mknod(root / "dev/null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
         (root / "dev/null").chmod(0o666)
         _copy_with_libraries("/bin/dash", root)
         shutil.copy2("/bin/dash", root / "usr/bin/sh")
+        shutil.copy2("/bin/dash", root / "driver/sh")
         for tool in REAL_TOOLS:
             found = shutil.which(tool, path="/usr/bin:/bin")
             if found:
                 _copy_with_libraries(found, root)
                 if not (root / "usr/bin" / tool).exists():
                     shutil.copy2(os.path.realpath(found), root / "usr/bin" / tool)
+        for tool in DRIVER_TOOLS:
+            found = shutil.which(tool, path="/usr/bin:/bin")
+            _copy_with_libraries(found, root)
+            shutil.copy2(os.path.realpath(found), root / "driver" / tool)
         for tool in STUBS:
             _write_stub(root / "stub" / tool, PASS_THROUGH.get(tool, "exit 0"))
         _write_stub(root / "stub/timeout", PASS_THROUGH["timeout"])
@@ -422,62 +466,109 @@ class Sandbox:
         self.payloads = PAYLOADS
         self.runs = 0
         self.parsed = 0
+        self.batches = 0
         self.auto_stubs: set[str] = set()
-
-    def parses(self, command: str) -> str | None:
-        """None when ``sh -n`` parses COMMAND; else dash's message."""
-        self.parsed += 1
-        done = subprocess.run(["/bin/dash", "-n", "-c", command], capture_output=True, text=True,
-                              timeout=30)
-        return None if done.returncode == 0 else (done.stderr.strip() or f"rc {done.returncode}")
+        #: Layer text -> dash's message, or None where it parses (parsing is the text's alone).
+        self.parse_errors: dict[str, str | None] = {}
+        self.parsing: dict[str, tuple[int, int]] = {}  # layers of the batch under way
 
     def _inside(self, path: str) -> Path | None:
         target = (self.root / path.lstrip("/")).resolve()
         return target if str(target).startswith(str(self.root.resolve()) + "/") else None
 
-    def run(self, command: str) -> tuple[int, str]:
-        """Run COMMAND with ``sh -c`` in the chroot, stubbing any tool it does not find."""
-        for _ in range(8):
+    def _drive(self, steps: list[Step]) -> Path:
+        """Run STEPS in one chroot; the batch folder, with the driver's lists and stderrs.
+        A layer parsed before (the same text) in this module is not parsed again."""
+        self.batches += 1
+        batch = self.root / "batch" / str(self.batches)
+        batch.mkdir()
+        lines = [_CHROOT_FUNCTIONS, f"B=/batch/{self.batches}"]
+        for index, step in enumerate(steps):
+            if step[0] == "put":
+                _, dest, content = step
+                (batch / f"{index}.data").write_bytes(content)
+                lines.append(f"put {index} {shlex.quote('/' + dest.lstrip('/'))}")
+                continue
+            _, command, layers = step
+            for layer in layers:
+                if layer not in self.parse_errors:
+                    self.parse_errors[layer] = None  # until the batch says otherwise
+                    self.parsing[layer] = (index, len(self.parsing))
+                    lines.append(f"parse {index}.{self.parsing[layer][1]} {shlex.quote(layer)}")
+                    self.parsed += 1
+            lines.append(f"run {index} {shlex.quote(command)}")
             self.runs += 1
-            done = subprocess.run(
-                [self.chroot, str(self.root), "/bin/sh", "-c", command],
-                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-                env={"PATH": "/stub:/usr/bin:/bin", "HOME": "/root"},
-            )
-            missing = [m.group(1) for m in map(NOT_FOUND.match, done.stderr.splitlines()) if m]
-            new = [name for name in missing if name not in self.auto_stubs]
+        (batch / "driver.sh").write_text("\n".join(lines) + "\n")
+        try:
+            subprocess.run([self.chroot, str(self.root), "/driver/sh", f"/batch/{self.batches}/driver.sh"],
+                           capture_output=True, timeout=BATCH_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                           env={"PATH": "/driver"}, check=True)
+        except subprocess.TimeoutExpired:
+            current = int((batch / "current").read_text())
+            raise AssertionError(f"hangs the sandbox: {steps[current][1]!r}") from None
+        failed = set((batch / "parse-failed").read_text().split()) if (batch / "parse-failed").exists() else set()
+        for layer, (index, number) in list(self.parsing.items()):
+            if f"{index}.{number}" in failed:
+                self.parse_errors[layer] = (batch / f"{index}.{number}.parse").read_text().strip()
+        self.parsing.clear()
+        return batch
+
+    def check_steps(self, steps: list[Step]) -> dict[int, Result]:
+        """Run STEPS in order in one chroot; for each command's index, what it found. A tool
+        the chroot does not have gets a stub, and the commands that missed it run again."""
+        batch = self._drive(steps)
+        commands = {index: step for index, step in enumerate(steps) if step[0] == "cmd"}
+        errors = {index: (batch / f"{index}.err").read_text(errors="replace") for index in commands}
+        injected = {int(i) for i in (batch / "injected").read_text().split()} \
+            if (batch / "injected").exists() else set()
+        shutil.rmtree(batch)
+        pending = list(commands)
+        for _ in range(8):
+            missing = {index: {m.group(1) for m in map(NOT_FOUND.match, errors[index].splitlines())
+                               if m} - self.auto_stubs for index in pending}
+            new = set().union(*missing.values())
             if not new:
-                return done.returncode, done.stderr
+                break
             for name in new:
                 self.auto_stubs.add(name)
                 target = self._inside(name if "/" in name else f"/stub/{name}")
                 if target is not None and not target.exists():
                     _write_stub(target)
-        return done.returncode, done.stderr
+            pending = [index for index in pending if missing[index]]
+            # The commands that missed a tool run again, alone (what ran before them stays).
+            batch = self._drive([("cmd", commands[index][1], ()) for index in pending])
+            again = set((batch / "injected").read_text().split()) if (batch / "injected").exists() else set()
+            for position, index in enumerate(pending):
+                errors[index] = (batch / f"{position}.err").read_text(errors="replace")
+                if str(position) in again:
+                    injected.add(index)
+            shutil.rmtree(batch)
+        results = {}
+        for index, (_, _, layers) in commands.items():
+            problems = [self.parse_errors[layer] for layer in dict.fromkeys(layers)
+                        if self.parse_errors[layer]]
+            if "Syntax error" in errors[index]:
+                problems.append(errors[index].strip())
+            results[index] = (index in injected, "; ".join(problems) or None)
+        return results
 
-    def write(self, dest: str, content: bytes) -> None:
-        """An upload: the file lands in the chroot, as pct push or lxc-attach would put it."""
-        target = self._inside(dest)
-        if target is not None and not target.is_dir():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content)
+    def run(self, command: str) -> bool:
+        """Run COMMAND alone in the chroot: whether it created F."""
+        return self.check_steps([("cmd", command, ())])[0][0]
 
-    def injected(self) -> bool:
-        """Whether F was created (and remove it for the next command)."""
-        if self.flagged.exists():
-            self.flagged.unlink()
-            return True
-        return False
+    def parses(self, command: str) -> str | None:
+        """None when ``sh -n`` parses COMMAND; else dash's message."""
+        return self.check_steps([("cmd", "true", (command,))])[0][1]
 
     def check_all(self, commands: list[str]) -> list[tuple[int, str]]:
         """(index, problem) for each command that does not parse or creates F."""
+        results = self.check_steps([("cmd", command, (command,)) for command in commands])
         problems = []
         for index, command in enumerate(commands):
-            error = self.parses(command)
+            injected, error = results[index]
             if error:
                 problems.append((index, f"does not parse: {command!r}: {error}"))
-            self.run(command)
-            if self.injected():
+            if injected:
                 problems.append((index, f"F created by: {command!r}"))
         return problems
 
@@ -619,25 +710,22 @@ STATS: dict[str, int] = {"tried": 0, "refused": 0, "planned": 0, "preflight": 0,
 
 
 def replay(deploy: Deploy, events: list[tuple], sandbox: Sandbox) -> Findings:
-    """Run every recorded command in the sandbox, container ones through the connector."""
+    """Run every recorded command in the sandbox, container ones through the connector, the
+    uploads among them in their order: one batch per deploy."""
     findings = Findings()
     state, ct_host, connector = deploy.connector()
     uploads = hashlib.sha1()
+    steps: list[Step] = []
+    checks: list[tuple[str, tuple]] = []  # (host command, key) of every command, in order
+    batched: dict[tuple, int] = {}  # key -> its step, for the commands not seen before
 
     def check(host_command: str, layers: list[str]) -> None:
-        findings.commands += 1
+        # A command already run after the same uploads (in this module) is not run again.
         key = (host_command, uploads.hexdigest())
-        if key not in _SEEN:
-            errors = [e for e in map(sandbox.parses, layers) if e]
-            rc, stderr = sandbox.run(host_command)
-            if "Syntax error" in stderr:
-                errors.append(stderr.strip())
-            _SEEN[key] = (sandbox.injected(), "; ".join(errors) or None)
-        injected, error = _SEEN[key]
-        if injected:
-            findings.injections.append(host_command)
-        if error:
-            findings.parse_failures.append(f"{host_command!r}: {error}")
+        checks.append((host_command, key))
+        if key not in _SEEN and key not in batched:
+            batched[key] = len(steps)
+            steps.append(("cmd", host_command, tuple(layers)))
 
     for event in events:
         in_container = event[1] == deploy.ct
@@ -653,12 +741,22 @@ def replay(deploy: Deploy, events: list[tuple], sandbox: Sandbox) -> Findings:
             _, _, dest, content = event
             uploads.update(repr((dest, content)).encode())
             if content is not None:
-                sandbox.write(dest, content)
+                steps.append(("put", dest, content))
             if in_container:
                 temp = "/tmp/pyinfra-container-upload/upload"
-                sandbox.write(temp, content or b"")
+                steps.append(("put", temp, content or b""))
                 push = StringCommand("cd", "/", "&&", connector.make_push_command(temp, dest))
                 check(push.get_raw_value(), [push.get_raw_value()])
+    results = sandbox.check_steps(steps)
+    for key, index in batched.items():
+        _SEEN[key] = results[index]
+    for host_command, key in checks:
+        findings.commands += 1
+        injected, error = _SEEN[key]
+        if injected:
+            findings.injections.append(host_command)
+        if error:
+            findings.parse_failures.append(f"{host_command!r}: {error}")
     return findings
 
 
@@ -713,15 +811,24 @@ def fetched_wheels(tmp_path_factory, monkeypatch):
 
 
 def test_the_sandbox_sees_an_unquoted_value(sandbox):
-    """The check can fail: an unquoted value creates F, also through pct exec's wrapping."""
+    """The check can fail: an unquoted value creates F, also through pct exec's wrapping; an
+    upload lands before the commands after it and not before those ahead of it."""
     value = PAYLOADS["dollar-paren"]
-    sandbox.run(f"echo no template matching {value}")
-    assert sandbox.injected()
-    sandbox.run(f"pct exec 105 --keep-env 0 -- sh -c 'echo {value}'")
-    assert sandbox.injected()
-    sandbox.run(StringCommand("echo", QuoteString(value)).get_raw_value())
-    assert not sandbox.injected()
+    assert sandbox.run(f"echo no template matching {value}")
+    assert sandbox.run(f"pct exec 105 --keep-env 0 -- sh -c 'echo {value}'")
+    assert not sandbox.run(StringCommand("echo", QuoteString(value)).get_raw_value())
     assert sandbox.parses("echo 'unterminated") is not None
+    assert sandbox.parses(StringCommand("echo", QuoteString(value)).get_raw_value()) is None
+    # In one batch: the env file is sourced before its upload (nothing), then after it (F).
+    source = "[ -f /etc/hostile.env ] && . /etc/hostile.env; true"
+    results = sandbox.check_steps([("cmd", source, (source,)),
+                                   ("put", "/etc/hostile.env", f"X={value}\n".encode()),
+                                   ("cmd", source, (source,)),
+                                   ("cmd", "echo 'unterminated", ("echo 'unterminated",)),
+                                   ("cmd", "true", ())])
+    assert [results[index][0] for index in (0, 2, 3, 4)] == [False, True, False, False]
+    assert results[3][1] is not None and results[0][1] is None and results[4][1] is None
+    assert not sandbox.flagged.exists()
 
 
 def test_the_plain_shell_sees_an_unquoted_value(plain_shell):
@@ -760,7 +867,10 @@ def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
     # The benchmark writes its history (bench_history_dir, relative) where pyinfra runs.
     monkeypatch.chdir(tmp_path)
     value = PAYLOADS[payload]
-    accepted: dict[int, list[tuple[str, str, Any]]] = {}
+    # By form, the secrets apart: a secret's value in a setting that reaches the server's
+    # command line is refused before any change (rightly), which would split the group down to
+    # each field, a deploy each.
+    accepted: dict[tuple[int, bool], list[tuple[str, str, Any]]] = {}
     refused = []
     for where, field, index, setting in settings_cases(platform, value):
         STATS["tried"] += 1
@@ -770,7 +880,7 @@ def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
             refused.append((field, setting))
             STATS["refused"] += 1
             continue
-        accepted.setdefault(index, []).append((where, field, setting))
+        accepted.setdefault((index, field in SECRET_FIELDS), []).append((where, field, setting))
 
     problems: list[str] = []
     for settings in accepted.values():
