@@ -17,6 +17,14 @@ endef
 
 .PHONY: deploy deploy-deps test test-fast system-deps bench lock bench-stack release
 
+# The tests' caches (the Debian rootfs, wheels, venvs: GBs, built once) live outside the clone
+# as root, so that a fresh clone on this machine finds them (CI's .ci/run uses the same folder).
+export PVE_SGLANG_TEST_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/pve-sglang-tests,$(CURDIR)/.cache)
+# The suite runs on TEST_WORKERS pytest workers (pytest-xdist), each taking a whole module at a
+# time, so that a module's shared container is made once (TEST_WORKERS=0: one process).
+TEST_WORKERS ?= 2
+PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+
 # Debian's python3 has no ensurepip without python3-venv: `python3 -m venv` fails there.
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) >/dev/null 2>&1 || { \
@@ -44,12 +52,12 @@ deploy: deploy-deps $(STAMP)
 	$(VENV)/bin/pyinfra inventory.py deploy.py $(ARGS)
 
 test: $(STAMP) system-deps
-	$(VENV)/bin/python -m pytest $(ARGS)
+	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(ARGS)
 
 # The fast tier: every test that boots no container, needs no root and downloads nothing
 # (tests/conftest.py marks the others from the fixtures they use). No system packages needed.
 test-fast: $(STAMP)
-	$(VENV)/bin/python -m pytest -m "not lxc and not root and not network" $(ARGS)
+	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) -m "not lxc and not root and not network" $(ARGS)
 
 bench: $(STAMP) system-deps
 	$(VENV)/bin/python bench/deploy_cost.py $(ARGS)

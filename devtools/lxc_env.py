@@ -50,8 +50,10 @@ from pathlib import Path
 
 #: The checkout this module is in (devtools/lxc_env.py): the cache is the checkout's.
 REPO_ROOT = Path(__file__).resolve().parents[1]
-#: Where the rootfs tarball is cached; PVE_SGLANG_ROOTFS_CACHE overrides (e.g. to time a cold build).
-CACHE_DIR = Path(os.environ.get("PVE_SGLANG_ROOTFS_CACHE") or REPO_ROOT / ".cache" / "rootfs")
+#: Where the rootfs tarball is cached: PVE_SGLANG_ROOTFS_CACHE (e.g. to time a cold build), else
+#: rootfs/ in the tests' cache (PVE_SGLANG_TEST_CACHE, else the checkout's .cache/).
+CACHE_DIR = Path(os.environ.get("PVE_SGLANG_ROOTFS_CACHE")
+                 or Path(os.environ.get("PVE_SGLANG_TEST_CACHE") or REPO_ROOT / ".cache") / "rootfs")
 
 #: The Debian release of the tests' containers; SUITES: every release a test may ask for
 #: (Debian 12, the Proxmox VE 8 templates; Debian 13, Proxmox VE 9's).
@@ -412,6 +414,29 @@ def taken_on_bridge() -> set[str]:
         if not set(entry.get("state", [])) & {"FAILED", "INCOMPLETE"}:
             taken.add(entry["dst"])
     return taken
+
+
+#: The turn of tests that share this machine's LXC and network (``machine_turn``).
+MACHINE_TURN = ADDRESS_LOCKS / "machine.lock"
+MACHINE_TURNSTILE = ADDRESS_LOCKS / "machine.turnstile"
+
+
+@contextmanager
+def machine_turn(exclusive: bool) -> Iterator[None]:
+    """Hold this machine's shared resources (lxc-net's bridge, /var/lib/lxc) for one test:
+    shared with other tests (other pytest workers run theirs meanwhile), or EXCLUSIVE (a test
+    that restarts lxc-net runs alone). A reader-writer lock across processes: an exclusive turn
+    first closes the turnstile, which every shared turn passes, so that it is not starved."""
+    ADDRESS_LOCKS.mkdir(parents=True, exist_ok=True)
+    with open(MACHINE_TURNSTILE, "a") as turnstile, open(MACHINE_TURN, "a") as turn:
+        if exclusive:
+            fcntl.flock(turnstile, fcntl.LOCK_EX)
+            fcntl.flock(turn, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(turnstile, fcntl.LOCK_SH)
+            fcntl.flock(turn, fcntl.LOCK_SH)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield  # closing the files gives both back
 
 
 def reserve_address(bridge: ipaddress.IPv4Interface):

@@ -31,6 +31,25 @@ LXC test environment (see devtools/lxc_env.py), all needing root, lxc, debootstr
 
 from __future__ import annotations
 
+import os as _os
+
+if _os.environ.get("PYTEST_XDIST_WORKER"):
+    # pyinfra's CLI (imported by pyinfra_testing and the tests that use it) patches the
+    # standard library with gevent at import. A pytest-xdist worker waits for its next test on
+    # an event that its I/O thread sets: patch before the worker makes it (this conftest is
+    # loaded first), and keep gevent's loop running while the main greenlet waits, so that the
+    # wait blocks instead of ending as "would block forever".
+    import gevent
+    from gevent import monkey
+
+    monkey.patch_all()
+
+    def _keep_the_loop_alive() -> None:
+        while True:
+            gevent.sleep(60)
+
+    gevent.spawn(_keep_the_loop_alive)
+
 import os
 import subprocess
 import sys
@@ -42,12 +61,14 @@ from devtools import lxc_env as lxc_env_module
 from pve_sglang.hosts_file import EMBEDDED_HOSTS_FILE, build_groups, read_hosts_file
 
 import wheels
+from cache_dir import TEST_CACHE, building
 
 #: Fixture -> the markers a test that uses it gets (pyproject.toml registers them).
 TIER_OF_FIXTURE: dict[str, tuple[str, ...]] = {
     "lxc_host": ("lxc", "root"),
     "as_root": ("root",),
     "package_index": ("network",),
+    "machine_alone": ("machine", "root"),
 }
 #: pip's and uv's own retries, for every one this session starts once a test downloads (what is
 #: set already stays): connections and reads tried again, an interrupted download resumed.
@@ -68,6 +89,24 @@ def pytest_collection_modifyitems(items):
             if name in used:
                 for marker in markers:
                     item.add_marker(marker)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A root test holds its turn of the machine (devtools/lxc_env.py ``machine_turn``) from
+    its setup to its teardown: shared with the tests other pytest workers run
+    (``make test``: pytest-xdist), alone where it is marked ``machine``."""
+    if item.get_closest_marker("root") is None:
+        yield
+        return
+    with lxc_env_module.machine_turn(exclusive=item.get_closest_marker("machine") is not None):
+        yield
+
+
+@pytest.fixture(scope="session")
+def machine_alone(as_root) -> None:
+    """The test changes what every test on this machine shares (it restarts lxc-net, or makes
+    the deploy's own containers in /var/lib/lxc): it runs while no other root test runs."""
 
 
 @pytest.fixture(scope="session")
@@ -149,7 +188,7 @@ def embedded_default_containers() -> list[tuple[Path, str]]:
 
 
 @pytest.fixture(scope="module")
-def deploy_namesakes(lxc_env):
+def deploy_namesakes(lxc_env, machine_alone):
     """``[(lxc_path, name)]`` of running containers named and placed as ``make deploy`` without
     a hosts file places its own, for a test that must hold whatever runs on this machine. A
     real one that runs is used as it is and left so; where there is none, a stand-in of the
@@ -189,16 +228,16 @@ def hub_client_versions() -> list[str]:
 
 def hub_client_python(version: str, package_index) -> str:
     """A Python with huggingface_hub VERSION, in a venv made once and kept in the test cache."""
-    cache = Path(os.environ.get("PVE_SGLANG_TEST_CACHE") or Path(__file__).resolve().parents[1] / ".cache")
-    venv = cache / f"hf-client-{version}"
+    venv = TEST_CACHE / f"hf-client-{version}"
     python = venv / "bin" / "python"
-    if not (venv / "ok").exists():
-        uv = Path(sys.executable).parent / "uv"
-        subprocess.run([str(uv), "venv", "-q", "--python", "3.11", str(venv)], check=True)
-        package_index(lambda: subprocess.run(
-            [str(uv), "pip", "install", "-q", "--python", str(python), f"huggingface_hub=={version}"],
-            check=True), f"huggingface_hub {version}")
-        (venv / "ok").write_text(version)
+    with building(venv):
+        if not (venv / "ok").exists():
+            uv = Path(sys.executable).parent / "uv"
+            subprocess.run([str(uv), "venv", "-q", "--python", "3.11", str(venv)], check=True)
+            package_index(lambda: subprocess.run(
+                [str(uv), "pip", "install", "-q", "--python", str(python),
+                 f"huggingface_hub=={version}"], check=True), f"huggingface_hub {version}")
+            (venv / "ok").write_text(version)
     return str(python)
 
 

@@ -25,11 +25,13 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from cache_dir import TEST_CACHE
+
 from pve_sglang.stack.releases import requirement_lines
 from wheels import retried
 
 REPO = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("PVE_SGLANG_TEST_CACHE") or REPO / ".cache")
+CACHE = TEST_CACHE
 #: What importing sglang.srt.server_args needs, beyond the wheel (with their own dependencies).
 IMPORTS = (
     "torch", "torchvision", "transformers", "huggingface_hub", "safetensors", "openai",

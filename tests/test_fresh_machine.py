@@ -32,10 +32,12 @@ from pathlib import Path
 
 import pytest
 
+from cache_dir import TEST_CACHE
+
 from devtools import lxc_env
 
 REPO = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("PVE_SGLANG_TEST_CACHE") or REPO / ".cache") / "fresh-machine"
+CACHE = TEST_CACHE / "fresh-machine"
 #: Host folder -> the container's: kept between runs, so that a run downloads only what changed.
 CACHES = {"pip": "root/.cache/pip", "apt-archives": "var/cache/apt/archives"}
 EXCLUDE = (".git", ".venv", ".cache", "hosts.yml", "__pycache__", "*.egg-info", ".pytest_cache")

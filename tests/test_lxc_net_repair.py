@@ -53,7 +53,7 @@ def dns_answers() -> bool:
 
 
 @pytest.fixture
-def lxc_net(as_root):
+def lxc_net(machine_alone):
     if not Path("/usr/libexec/lxc/lxc-net").exists() or not shutil.which("dnsmasq"):
         pytest.skip("needs the lxc package's lxc-net and dnsmasq")
     bridge_operation()

@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from cache_dir import TEST_CACHE
+
 from devtools import release
 from pve_sglang.project import load_defaults
 from pve_sglang.server import startup_log
 
 REPO = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("PVE_SGLANG_TEST_CACHE") or REPO / ".cache")
+CACHE = TEST_CACHE
 MACHINE_CACHE = CACHE / "pyinfra-machine-cache"
 
 

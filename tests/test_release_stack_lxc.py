@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from cache_dir import TEST_CACHE
+
 from devtools import lxc_env
 from devtools.release_proof import DiskPeak, ReleaseDeploy, changed, disk_shortfall, failed
 from devtools.wheel_store_site import installed
@@ -41,7 +43,7 @@ from pve_sglang.stack import lock as stack_lock
 from wheels import OLDER_TARGETS, pip_download
 
 REPO = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("PVE_SGLANG_TEST_CACHE") or REPO / ".cache")
+CACHE = TEST_CACHE
 MACHINE_CACHE = CACHE / "pyinfra-machine-cache"
 #: The default release, and those named in PVE_SGLANG_PROVE_RELEASES (``"0.5.17 0.5.22"``: about
 #: 2.5 minutes and 4 GB of wheels fetched once each; tests/test_release_advance.py proves 0.5.17

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import pytest
 
+from cache_dir import TEST_CACHE
+
 from pve_sglang.facts.verify import HttpStatus
 from pve_sglang import remote
 from pve_sglang.server.command import (
@@ -57,7 +59,7 @@ from wheels import PIP_TARGET, pip_download
 LAUNCHER_SOURCE = remote.source(remote.LAUNCHER)
 
 REPO = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("PVE_SGLANG_TEST_CACHE") or REPO / ".cache")
+CACHE = TEST_CACHE
 RELEASE = "0.5.9"
 # What ``python -m sglang.launch_server`` of 0.5.9 imports before it needs sgl_kernel, found by
 # running it until only sgl_kernel was missing; the pins are the release's own (its METADATA).

@@ -19,8 +19,9 @@ from typing import TypeVar
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-CACHE = REPO / ".cache" / "wheels"
+from cache_dir import TEST_CACHE, building
+
+CACHE = TEST_CACHE / "wheels"
 
 # Pinned so that every host fetches (and caches) the same files as the 3.11 x86_64 containers.
 PIP_TARGET = [
@@ -87,12 +88,12 @@ def project_wheel(project: str, version: str) -> Path:
     """The cached wheel of PROJECT==VERSION for the containers' Python and platform,
     downloaded first if needed."""
     pattern = f"{project.replace('-', '_')}-{version}-*.whl"
-    found = sorted(CACHE.glob(pattern))
-    if not found:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        pip_download(["--no-deps", "--only-binary=:all:", *PIP_TARGET, *OLDER_TARGETS,
-                      f"{project}=={version}", "-d", str(CACHE)], f"{project}=={version}")
+    with building(CACHE / pattern):  # one worker downloads; the others wait and find it
         found = sorted(CACHE.glob(pattern))
+        if not found:
+            pip_download(["--no-deps", "--only-binary=:all:", *PIP_TARGET, *OLDER_TARGETS,
+                          f"{project}=={version}", "-d", str(CACHE)], f"{project}=={version}")
+            found = sorted(CACHE.glob(pattern))
     if not found:
         pytest.fail(f"pip download of {project}=={version} left no {pattern} in {CACHE}")
     return found[0]
