@@ -377,6 +377,164 @@ class Deploy:
 # --- the sandbox ----------------------------------------------------------------------------
 
 
+#: A step of a batch: an upload ("put", dest, content) or a command ("cmd", command, layers),
+#: LAYERS being the command's forms to parse (inner, wrapped, the host's whole command).
+Step = tuple
+#: What one command of a batch found: whether it created F, and why it did not parse (or None).
+Result = tuple[bool, "str | None"]
+
+# A batch is one script, run by one dash: these functions, then one call a step, each value in
+# single quotes (shlex.quote: exact, newlines included). An upload is written where pct push or
+# lxc-attach would put it; a command's layers are each parsed by ``sh -n -c``, then the command
+# runs with ``sh -c`` from WORKDIR with a clean environment (PATH and HOME alone: the script's
+# own variables are not exported), and F is looked for and removed. The step under way is in
+# ``current``, so that a command that hangs the batch is named.
+_BATCH_FUNCTIONS = r"""
+put() {
+    [ -d "$2" ] || { "$MKDIR" -p "${2%/*}" 2>/dev/null; "$CAT" "$B/$1.data" >"$2" 2>/dev/null; }
+}
+parse() {
+    "$PARSE_SH" -n -c "$2" </dev/null 2>>"$B/$1.parse" || echo "$1" >>"$B/parse-failed"
+}
+run() {
+    echo "$1" >"$B/current"
+    (cd "$WORKDIR" && PATH="$CMD_PATH" HOME="$CMD_HOME" exec "$RUN_SH" -c "$2") \
+        </dev/null >/dev/null 2>"$B/$1.err"
+    if [ -e "$FLAG" ]; then echo "$1" >>"$B/injected"; "$RM" -f "$FLAG"; fi
+}
+"""
+#: Seconds one batch may take before the command under way is reported as hanging.
+BATCH_TIMEOUT_S = 900
+
+
+class BatchShell:
+    """Runs commands as a deploy's shell would, many in one batch script: whether each parses
+    and whether it creates the flag file. Subclasses say where (a chroot, or a plain folder)."""
+
+    #: dash's "not found" line for a tool: its name (a path, where the subclass allows one).
+    not_found: re.Pattern
+
+    def __init__(self, batches: Path, flag: Path):
+        self.batches_dir, self.flag = batches, flag
+        self.batches = self.runs = self.parsed = 0
+        self.auto_stubs: set[str] = set()
+        #: Layer text -> dash's message, or None where it parses (parsing is the text's alone).
+        self.parse_errors: dict[str, str | None] = {}
+
+    # What a subclass says.
+    def variables(self, batch: Path) -> dict[str, str]:
+        """The script's variables: the tools, WORKDIR, CMD_PATH, CMD_HOME, FLAG and B."""
+        raise NotImplementedError
+
+    def execute(self, script: Path) -> None:
+        """Run SCRIPT (within BATCH_TIMEOUT_S, else subprocess.TimeoutExpired)."""
+        raise NotImplementedError
+
+    def stub_for(self, name: str) -> Path | None:
+        """Where a stub for the missing tool NAME goes (None: nowhere)."""
+        raise NotImplementedError
+
+    # The batches.
+    def _drive(self, steps: list[Step]) -> Path:
+        """Run STEPS in one script; the batch folder, with the script's lists and stderrs.
+        A layer parsed before (the same text) is not parsed again."""
+        self.batches += 1
+        batch = self.batches_dir / str(self.batches)
+        batch.mkdir(parents=True)
+        batch.chmod(0o777)
+        variables = "".join(f"{name}={shlex.quote(value)}\n"
+                            for name, value in self.variables(batch).items())
+        lines, parsing = [_BATCH_FUNCTIONS, variables], {}
+        for index, step in enumerate(steps):
+            if step[0] == "put":
+                _, dest, content = step
+                (batch / f"{index}.data").write_bytes(content)
+                lines.append(f"put {index} {shlex.quote('/' + dest.lstrip('/'))}")
+                continue
+            _, command, layers = step
+            for layer in layers:
+                if layer not in self.parse_errors and layer not in parsing:
+                    parsing[layer] = f"{index}.{len(parsing)}"
+                    lines.append(f"parse {parsing[layer]} {shlex.quote(layer)}")
+                    self.parsed += 1
+            lines.append(f"run {index} {shlex.quote(command)}")
+            self.runs += 1
+        script = batch / "script.sh"
+        script.write_text("\n".join(lines) + "\n")
+        try:
+            self.execute(script)
+        except subprocess.TimeoutExpired:
+            current = int((batch / "current").read_text())
+            raise AssertionError(f"did not finish in {BATCH_TIMEOUT_S} s: {steps[current][1]!r}") from None
+        failed = _listed(batch / "parse-failed")
+        for layer, name in parsing.items():
+            self.parse_errors[layer] = (batch / f"{name}.parse").read_text().strip() \
+                if name in failed else None
+        return batch
+
+    def check_steps(self, steps: list[Step]) -> dict[int, Result]:
+        """Run STEPS in order in one batch; for each command's index, what it found. A tool
+        that is not there gets a stub, and the commands that missed it run again."""
+        batch = self._drive(steps)
+        commands = {index: step for index, step in enumerate(steps) if step[0] == "cmd"}
+        errors = {index: (batch / f"{index}.err").read_text(errors="replace") for index in commands}
+        injected = {int(name) for name in _listed(batch / "injected")}
+        shutil.rmtree(batch)
+        pending = list(commands)
+        for _ in range(8):
+            missing = {index: {m.group(1) for m in map(self.not_found.match, errors[index].splitlines())
+                               if m} - self.auto_stubs for index in pending}
+            new = set().union(*missing.values())
+            if not new:
+                break
+            for name in new:
+                self.auto_stubs.add(name)
+                target = self.stub_for(name)
+                if target is not None and not target.exists():
+                    _write_stub(target)
+            pending = [index for index in pending if missing[index]]
+            # The commands that missed a tool run again, alone (what ran before them stays).
+            batch = self._drive([("cmd", commands[index][1], ()) for index in pending])
+            again = _listed(batch / "injected")
+            for position, index in enumerate(pending):
+                errors[index] = (batch / f"{position}.err").read_text(errors="replace")
+                if str(position) in again:
+                    injected.add(index)
+            shutil.rmtree(batch)
+        results = {}
+        for index, (_, _, layers) in commands.items():
+            problems = [self.parse_errors[layer] for layer in dict.fromkeys(layers)
+                        if self.parse_errors[layer]]
+            problems += [line for line in errors[index].splitlines() if "Syntax error" in line]
+            results[index] = (index in injected, "; ".join(problems) or None)
+        return results
+
+    def run(self, command: str) -> bool:
+        """Run COMMAND alone: whether it created the flag file."""
+        return self.check_steps([("cmd", command, ())])[0][0]
+
+    def parses(self, command: str) -> str | None:
+        """None when ``sh -n`` parses COMMAND; else dash's message."""
+        return self.check_steps([("cmd", "true", (command,))])[0][1]
+
+    def check_all(self, commands: list[str]) -> list[tuple[int, str]]:
+        """(index, problem) for each command that does not parse or creates the flag file."""
+        results = self.check_steps([("cmd", command, (command,)) for command in commands])
+        problems = []
+        for index, command in enumerate(commands):
+            injected, error = results[index]
+            if error:
+                problems.append((index, f"does not parse: {command!r}: {error}"))
+            if injected:
+                problems.append((index, f"F created by: {command!r}"))
+        return problems
+
+
+def _listed(path: Path) -> set[str]:
+    """The names a batch script listed in PATH (none where it wrote none)."""
+    return set(path.read_text().split()) if path.exists() else set()
+
+
 def _copy_with_libraries(binary: str, root: Path) -> None:
     """BINARY and the shared libraries it needs, at the same paths under ROOT."""
     paths = [binary]
@@ -398,48 +556,19 @@ def _write_stub(path: Path, body: str = "exit 0") -> None:
     path.chmod(0o755)
 
 
-#: A step of a batch: an upload ("put", dest, content) or a command ("cmd", command, layers),
-#: LAYERS being the command's forms to parse (inner, wrapped, the host's whole command).
-Step = tuple
-#: What one command of a batch found: whether it created F, and why it did not parse (or None).
-Result = tuple[bool, "str | None"]
-
-# The batch driver runs inside the chroot with its own tools (/driver/, on no command's PATH):
-# a script of one line per step, each value in single quotes (shlex.quote: exact, newlines
-# included). An upload is written where pct push or lxc-attach would put it; a command's layers
-# are each parsed by ``sh -n -c``, then the command runs with ``sh -c`` from / with a clean
-# environment (PATH and HOME), and F is looked for and removed. The step under way is written
-# to ``current``, so that a command that hangs the batch is named.
-_CHROOT_FUNCTIONS = r"""
-D=/driver
-put() {
-    [ -d "$2" ] || { $D/mkdir -p "${2%/*}" 2>/dev/null; $D/cat "$B/$1.data" >"$2" 2>/dev/null; }
-}
-parse() {
-    $D/sh -n -c "$2" </dev/null 2>>"$B/$1.parse" || echo "$1" >>"$B/parse-failed"
-}
-run() {
-    echo "$1" >"$B/current"
-    PATH=/stub:/usr/bin:/bin HOME=/root /bin/sh -c "$2" </dev/null >/dev/null 2>"$B/$1.err"
-    if [ -e /hostile/F ]; then echo "$1" >>"$B/injected"; $D/rm -f /hostile/F; fi
-}
-cd /
-"""
+#: The batch script's own tools in the chroot (/driver/, on no command's PATH).
 DRIVER_TOOLS = ("cat", "mkdir", "rm")
-#: Seconds one batch may take before the command under way is reported as hanging.
-BATCH_TIMEOUT_S = 900
 
 
-class Sandbox:
-    """A throwaway chroot: dash, harmless coreutils, stub tools; commands run as root in it.
+class Sandbox(BatchShell):
+    """A throwaway chroot: dash, harmless coreutils, stub tools; commands run as root in it,
+    a deploy's thousands in one chroot, not three processes each from pytest's (large) one."""
 
-    Batched: one ``sh`` in the chroot (``_CHROOT_FUNCTIONS``) drives a whole list of steps, the
-    uploads among the commands in their order, each command still parsed and run by its own
-    ``sh``: a deploy's thousands of commands cost one chroot, not three processes each from
-    the test's own (large) process."""
+    not_found = NOT_FOUND
 
     def __init__(self, root: Path):
         self.root = root
+        super().__init__(root / "batch", root / F.lstrip("/"))
         for directory in ("usr/bin", "stub", "tmp", "dev", "hostile", "root", "driver", "batch"):
             (root / directory).mkdir(parents=True, exist_ok=True)
         (root / "bin").symlink_to("usr/bin")
@@ -462,115 +591,26 @@ class Sandbox:
             _write_stub(root / "stub" / tool, PASS_THROUGH.get(tool, "exit 0"))
         _write_stub(root / "stub/timeout", PASS_THROUGH["timeout"])
         self.chroot = shutil.which("chroot") or "/usr/sbin/chroot"
-        self.flagged = root / F.lstrip("/")
+        self.flagged = self.flag
         self.payloads = PAYLOADS
-        self.runs = 0
-        self.parsed = 0
-        self.batches = 0
-        self.auto_stubs: set[str] = set()
-        #: Layer text -> dash's message, or None where it parses (parsing is the text's alone).
-        self.parse_errors: dict[str, str | None] = {}
-        self.parsing: dict[str, tuple[int, int]] = {}  # layers of the batch under way
 
     def _inside(self, path: str) -> Path | None:
         target = (self.root / path.lstrip("/")).resolve()
         return target if str(target).startswith(str(self.root.resolve()) + "/") else None
 
-    def _drive(self, steps: list[Step]) -> Path:
-        """Run STEPS in one chroot; the batch folder, with the driver's lists and stderrs.
-        A layer parsed before (the same text) in this module is not parsed again."""
-        self.batches += 1
-        batch = self.root / "batch" / str(self.batches)
-        batch.mkdir()
-        lines = [_CHROOT_FUNCTIONS, f"B=/batch/{self.batches}"]
-        for index, step in enumerate(steps):
-            if step[0] == "put":
-                _, dest, content = step
-                (batch / f"{index}.data").write_bytes(content)
-                lines.append(f"put {index} {shlex.quote('/' + dest.lstrip('/'))}")
-                continue
-            _, command, layers = step
-            for layer in layers:
-                if layer not in self.parse_errors:
-                    self.parse_errors[layer] = None  # until the batch says otherwise
-                    self.parsing[layer] = (index, len(self.parsing))
-                    lines.append(f"parse {index}.{self.parsing[layer][1]} {shlex.quote(layer)}")
-                    self.parsed += 1
-            lines.append(f"run {index} {shlex.quote(command)}")
-            self.runs += 1
-        (batch / "driver.sh").write_text("\n".join(lines) + "\n")
-        try:
-            subprocess.run([self.chroot, str(self.root), "/driver/sh", f"/batch/{self.batches}/driver.sh"],
-                           capture_output=True, timeout=BATCH_TIMEOUT_S, stdin=subprocess.DEVNULL,
-                           env={"PATH": "/driver"}, check=True)
-        except subprocess.TimeoutExpired:
-            current = int((batch / "current").read_text())
-            raise AssertionError(f"hangs the sandbox: {steps[current][1]!r}") from None
-        failed = set((batch / "parse-failed").read_text().split()) if (batch / "parse-failed").exists() else set()
-        for layer, (index, number) in list(self.parsing.items()):
-            if f"{index}.{number}" in failed:
-                self.parse_errors[layer] = (batch / f"{index}.{number}.parse").read_text().strip()
-        self.parsing.clear()
-        return batch
+    def variables(self, batch: Path) -> dict[str, str]:
+        return {"CAT": "/driver/cat", "MKDIR": "/driver/mkdir", "RM": "/driver/rm",
+                "PARSE_SH": "/driver/sh", "RUN_SH": "/bin/sh", "WORKDIR": "/",
+                "CMD_PATH": "/stub:/usr/bin:/bin", "CMD_HOME": "/root", "FLAG": F,
+                "B": "/" + str(batch.relative_to(self.root))}
 
-    def check_steps(self, steps: list[Step]) -> dict[int, Result]:
-        """Run STEPS in order in one chroot; for each command's index, what it found. A tool
-        the chroot does not have gets a stub, and the commands that missed it run again."""
-        batch = self._drive(steps)
-        commands = {index: step for index, step in enumerate(steps) if step[0] == "cmd"}
-        errors = {index: (batch / f"{index}.err").read_text(errors="replace") for index in commands}
-        injected = {int(i) for i in (batch / "injected").read_text().split()} \
-            if (batch / "injected").exists() else set()
-        shutil.rmtree(batch)
-        pending = list(commands)
-        for _ in range(8):
-            missing = {index: {m.group(1) for m in map(NOT_FOUND.match, errors[index].splitlines())
-                               if m} - self.auto_stubs for index in pending}
-            new = set().union(*missing.values())
-            if not new:
-                break
-            for name in new:
-                self.auto_stubs.add(name)
-                target = self._inside(name if "/" in name else f"/stub/{name}")
-                if target is not None and not target.exists():
-                    _write_stub(target)
-            pending = [index for index in pending if missing[index]]
-            # The commands that missed a tool run again, alone (what ran before them stays).
-            batch = self._drive([("cmd", commands[index][1], ()) for index in pending])
-            again = set((batch / "injected").read_text().split()) if (batch / "injected").exists() else set()
-            for position, index in enumerate(pending):
-                errors[index] = (batch / f"{position}.err").read_text(errors="replace")
-                if str(position) in again:
-                    injected.add(index)
-            shutil.rmtree(batch)
-        results = {}
-        for index, (_, _, layers) in commands.items():
-            problems = [self.parse_errors[layer] for layer in dict.fromkeys(layers)
-                        if self.parse_errors[layer]]
-            if "Syntax error" in errors[index]:
-                problems.append(errors[index].strip())
-            results[index] = (index in injected, "; ".join(problems) or None)
-        return results
+    def execute(self, script: Path) -> None:
+        subprocess.run([self.chroot, str(self.root), "/driver/sh", "/" + str(script.relative_to(self.root))],
+                       capture_output=True, timeout=BATCH_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                       env={"PATH": "/driver"}, check=True)
 
-    def run(self, command: str) -> bool:
-        """Run COMMAND alone in the chroot: whether it created F."""
-        return self.check_steps([("cmd", command, ())])[0][0]
-
-    def parses(self, command: str) -> str | None:
-        """None when ``sh -n`` parses COMMAND; else dash's message."""
-        return self.check_steps([("cmd", "true", (command,))])[0][1]
-
-    def check_all(self, commands: list[str]) -> list[tuple[int, str]]:
-        """(index, problem) for each command that does not parse or creates F."""
-        results = self.check_steps([("cmd", command, (command,)) for command in commands])
-        problems = []
-        for index, command in enumerate(commands):
-            injected, error = results[index]
-            if error:
-                problems.append((index, f"does not parse: {command!r}: {error}"))
-            if injected:
-                problems.append((index, f"F created by: {command!r}"))
-        return problems
+    def stub_for(self, name: str) -> Path | None:
+        return self._inside(name if "/" in name else f"/stub/{name}")
 
 
 @pytest.fixture(scope="module")
@@ -580,30 +620,19 @@ def sandbox(tmp_path_factory, as_root):
     return Sandbox(tmp_path_factory.mktemp("hostile-root"))
 
 
-# The batch PlainShell runs: each command file parsed with ``sh -n``, then run by its own dash
-# under a timeout, with a clean environment; which ones created the flag is listed.
-_PLAIN_DRIVER = r"""
-cd "$BATCH" || exit 1
-for f in "$@"; do
-    "$DASH" -n "$f" 2>"$f.parse" || echo "$f" >>parse-failed
-    (cd "$WORK" && "$TIMEOUT" -s KILL 30 "$ENV_TOOL" -i PATH="$CMD_PATH" HOME="$WORK" "$DASH" "$BATCH/$f") \
-        </dev/null >/dev/null 2>"$f.err"
-    [ $? -eq 137 ] && echo "$f" >>timed-out
-    if [ -e "$FLAG" ]; then echo "$f" >>injected; "$RM" -f "$FLAG"; fi
-done
-"""
 PLAIN_REAL_TOOLS = ("touch", "true", "false")  # and sh: dash, for the nested sh -c
 PLAIN_NOT_FOUND = re.compile(r"^[^:\n]*: \d+: ([^/:\n]+): not found$")
 NOBODY = 65534
 
 
-class PlainShell:
+class PlainShell(BatchShell):
     """The same check without a chroot or root: a temporary directory whose stub tools come
     first on PATH (the chroot's stubs, and every other tool a command does not find), and the
     flag file inside it. Commands run with plain ``dash`` from the temporary directory with a
     clean environment; only dash, touch, true and false are real. Run as root, the commands
-    run as nobody, so a redirection to a system path cannot write there. Batched: one dash
-    drives a whole list of commands, each still parsed and run by its own dash."""
+    run as nobody, so a redirection to a system path cannot write there."""
+
+    not_found = PLAIN_NOT_FOUND
 
     def __init__(self):
         self.root = Path(tempfile.mkdtemp(prefix="pve-sglang-hostile-"))
@@ -612,73 +641,33 @@ class PlainShell:
         for directory, mode in ((self.stub, 0o755), (self.work, 0o777), (hostile, 0o777)):
             directory.mkdir()
             directory.chmod(mode)
-        self.flag = hostile / "F"
+        super().__init__(self.root / "batches", hostile / "F")
         self.payloads = payloads(str(self.flag))
-        tools = {name: shutil.which(name, path="/usr/bin:/bin") for name in
-                 ("dash", "timeout", "env", "rm", *PLAIN_REAL_TOOLS)}
+        self.tools = {name: shutil.which(name, path="/usr/bin:/bin") for name in
+                      ("dash", "cat", "mkdir", "rm", *PLAIN_REAL_TOOLS)}
         for name in PLAIN_REAL_TOOLS:
-            (self.stub / name).symlink_to(tools[name])
-        (self.stub / "sh").symlink_to(tools["dash"])
+            (self.stub / name).symlink_to(self.tools[name])
+        (self.stub / "sh").symlink_to(self.tools["dash"])
         for tool in STUBS:
             _write_stub(self.stub / tool, PASS_THROUGH.get(tool, "exit 0"))
         _write_stub(self.stub / "timeout", PASS_THROUGH["timeout"])
-        self.env = {"DASH": tools["dash"], "TIMEOUT": tools["timeout"], "ENV_TOOL": tools["env"],
-                    "RM": tools["rm"], "CMD_PATH": str(self.stub), "WORK": str(self.work),
-                    "FLAG": str(self.flag), "PATH": str(self.stub)}
-        self.driver = self.root / "driver.sh"
-        self.driver.write_text(_PLAIN_DRIVER)
-        self.batches = 0
+        self.batches_dir.mkdir()
+        self.batches_dir.chmod(0o777)
         self.user = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
 
-    def _drive(self, batch: Path, names: list[str]) -> None:
-        for result in ("parse-failed", "timed-out", "injected"):
-            (batch / result).unlink(missing_ok=True)
-        subprocess.run([self.env["DASH"], str(self.driver), *names], env={**self.env, "BATCH": str(batch)},
-                       cwd=self.work, stdin=subprocess.DEVNULL, capture_output=True, timeout=600,
+    def variables(self, batch: Path) -> dict[str, str]:
+        return {"CAT": self.tools["cat"], "MKDIR": self.tools["mkdir"], "RM": self.tools["rm"],
+                "PARSE_SH": self.tools["dash"], "RUN_SH": self.tools["dash"],
+                "WORKDIR": str(self.work), "CMD_PATH": str(self.stub), "CMD_HOME": str(self.work),
+                "FLAG": str(self.flag), "B": str(batch)}
+
+    def execute(self, script: Path) -> None:
+        subprocess.run([self.tools["dash"], str(script)], env={}, cwd=self.work,
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=BATCH_TIMEOUT_S,
                        check=True, **self.user)
 
-    def check_all(self, commands: list[str]) -> list[tuple[int, str]]:
-        """(index, problem) for each command that does not parse or creates the flag file."""
-        self.batches += 1
-        batch = self.root / f"batch{self.batches}"
-        batch.mkdir()
-        batch.chmod(0o777)
-        names = [f"{index:05d}" for index in range(len(commands))]
-        for name, command in zip(names, commands):
-            (batch / name).write_text(command)
-        found: dict[str, set[str]] = {}
-        pending = names
-        for _ in range(8):
-            self._drive(batch, pending)
-            for result in ("parse-failed", "timed-out", "injected"):
-                listed = batch / result
-                for name in listed.read_text().split() if listed.exists() else ():
-                    found.setdefault(name, set()).add(result)
-            # A tool no stub covers yet: stub it, and run the commands that missed it again.
-            missing = {name: {m.group(1) for m in map(PLAIN_NOT_FOUND.match,
-                                                      (batch / f"{name}.err").read_text().splitlines()) if m}
-                       for name in pending}
-            new = {tool for tools in missing.values() for tool in tools
-                   if not (self.stub / tool).exists()}
-            for tool in new:
-                _write_stub(self.stub / tool)
-            pending = [name for name in pending if missing[name] & new]
-            if not pending:
-                break
-        problems = []
-        for index, name in enumerate(names):
-            results = found.get(name, set())
-            errors = [line for line in (batch / f"{name}.err").read_text().splitlines()
-                      if "Syntax error" in line]
-            if "parse-failed" in results:
-                errors.insert(0, (batch / f"{name}.parse").read_text().strip())
-            if errors:
-                problems.append((index, f"does not parse: {commands[index]!r}: {'; '.join(errors)}"))
-            if "injected" in results:
-                problems.append((index, f"F created by: {commands[index]!r}"))
-            if "timed-out" in results:
-                problems.append((index, f"did not finish in 30 s: {commands[index]!r}"))
-        return problems
+    def stub_for(self, name: str) -> Path | None:
+        return self.stub / name
 
     def close(self) -> None:
         shutil.rmtree(self.root)
@@ -795,6 +784,23 @@ def locate(platform: str, settings: list, sandbox: Sandbox, monkeypatch, problem
 
 
 # --- the tests ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def connectors_read_once():
+    """pyinfra reads the installed packages' entry points for its connectors at every
+    ``Inventory``, and this module makes one per operation and world and per deploy (most of
+    the time of the operations' tests): read them once per module, as what is installed does
+    not change while it runs."""
+    import pyinfra.api.inventory as inventory_module
+    from pyinfra.api.connectors import get_all_connectors
+
+    found = get_all_connectors()
+    executing = {name: connector for name, connector in found.items() if connector.handles_execution}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(inventory_module, "get_all_connectors", lambda: dict(found))
+        patch.setattr(inventory_module, "get_execution_connectors", lambda: dict(executing))
+        yield
 
 
 @pytest.fixture(autouse=True)
