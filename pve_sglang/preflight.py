@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 import gevent.lock
 from pyinfra import logger
-from pyinfra.api.exceptions import DeployError
 from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
 from pyinfra.facts.server import Command, Which
 
 from pve_sglang.runtime.cache import Kind, memo
+from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.facts.nvidia import CharDeviceMajors, NvidiaDeviceNodes, NvidiaDriverVersion, NvidiaGpus
 from pve_sglang.facts.pve import PveContainerVersion
 from pve_sglang.facts.system import CgroupVersion, IommuAcs, VirtualMachineType
@@ -44,10 +44,6 @@ from pve_sglang.stack import stacks
 
 # Created at boot by the nvidia-uvm-devices unit this deploy installs, before containers start.
 UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-
-
-class PreflightError(DeployError):
-    """A host cannot take the deploy as it is; nothing has been changed."""
 
 
 _LOCKING = gevent.lock.Semaphore()

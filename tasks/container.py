@@ -14,7 +14,8 @@ from pyinfra.context import state
 from pyinfra.operations import files, server, systemd
 
 from pve_sglang import remote
-from pve_sglang.operations import container_state, layer, model, paths, stack, stacks, store
+from pve_sglang.model_store import operations as model
+from pve_sglang.operations import container_state, layer, paths, stack, stacks, store
 from pve_sglang.operations.changes import any_changed
 from tasks.common import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import (
@@ -432,7 +433,7 @@ def shared_layer(cs: ContainerSettings, uv: str, py: str, lock: Lock) -> list:
 
 def container_model(cs: ContainerSettings, py: str, env_file: str, env) -> list:
     """Without a model store: model_download fetched into the container's own model_path
-    with the sglang venv's huggingface_hub, verified and resumable (``operations/model``),
+    with the sglang venv's huggingface_hub, verified and resumable (``model_store/operations.py``),
     after its preflight (read now, before any change: with the serving stack's Python while
     this run builds PY's). With one, the host fetched it and the container mounts it
     read-only: nothing here."""

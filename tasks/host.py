@@ -32,8 +32,9 @@ from pve_sglang.container_config.lxc_keys import (
     subid_base,
 )
 from pve_sglang.container_config.lxc_keys import limits as lxc_limits
-from pve_sglang import model_store, remote
-from pve_sglang.operations import boot, host_state, lxc, model, owned, paths, pct, store, wheels
+from pve_sglang import remote
+from pve_sglang.model_store import operations as model, rules as model_store
+from pve_sglang.operations import boot, host_state, lxc, owned, paths, pct, store, wheels
 from pve_sglang.facts.pve import PctStatus, PveContainerVersion
 from pve_sglang.server.command import env_quote
 from pve_sglang.operations.changes import any_changed
@@ -146,7 +147,7 @@ def store_retention_phase() -> None:
                      wanted=sorted(wanted[path]))
 
 
-#: The host's model fetcher: a venv with huggingface_hub and ``remote/model_fetch.py``.
+#: The host's model fetcher: a venv with huggingface_hub and ``model_store/model_fetch.py``.
 MODEL_TOOLS = "/opt/pve-sglang/model-tools"
 #: The host's env files of the model fetches (HF_TOKEN), mode 0600 in a 0700 folder.
 MODEL_SECRETS = "/etc/pve-sglang"

@@ -10,7 +10,8 @@ from pyinfra.api import deploy
 from pve_sglang import remote
 from pve_sglang.server.bench_history import run_meta
 from pve_sglang.server.bench import bench_levels, bench_runs
-from pve_sglang.operations import model, stacks, verify
+from pve_sglang.model_store import operations as model
+from pve_sglang.operations import stacks, verify
 from tasks.common import host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import select_gpus, settings_stack_path, stack_lock_of
 from pve_sglang.stack.stacks import LEGACY_LOCK_FILE

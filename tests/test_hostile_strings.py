@@ -58,13 +58,14 @@ from pve_sglang.facts import nvidia as nvidia_facts
 from pve_sglang.facts import pve as pve_facts
 from pve_sglang.facts import system as system_facts
 from pve_sglang.facts import verify as verify_facts
-from pve_sglang.facts import model as model_facts
+from pve_sglang.model_store import facts as model_facts
 from pve_sglang.facts import stacks as stacks_facts
 from pve_sglang.facts import store as store_facts
 from pve_sglang.facts.container import UnitState
 from pve_sglang.facts.pve import LxcContainerStatus, PctStatus
 from pve_sglang.hosts_file import build_groups
-from pve_sglang.operations import boot, layer, lxc, model, paths, pct, phase, stack, stacks, store, wheels
+from pve_sglang.model_store import operations as model
+from pve_sglang.operations import boot, layer, lxc, paths, pct, phase, stack, stacks, store, wheels
 from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings, HostSettings, Mount, SettingsError

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pve_sglang.model_store import Verdict, preflight
+from pve_sglang.model_store.rules import Verdict, preflight
 
 WHERE = "host pve1"
 REPO = "org/Model-405B"

@@ -1,4 +1,4 @@
-"""Facts of a model fetched by ``remote/model_fetch.py``: its plan (what a fetch would do) and a
+"""Facts of a model fetched by ``model_fetch.py`` (beside this module): its plan (what a fetch would do) and a
 running fetch's progress lines. Both run the uploaded script with a Python that has
 huggingface_hub; the token is read from the env file by the script, never on a command line.
 """
