@@ -27,50 +27,13 @@ from pve_sglang.pve_releases import (
     has_devn,
     mount_attributes_broken,
 )
-from pve_sglang.server.command import (
-    ServerArgv,
-    dist_init_addr,
-    node_rank_for,
-    render_env,
-    render_unit,
-    server_argv,
-    venv_python,
-)
-from pve_sglang.config.settings import ContainerSettings, HostSettings, container_hostname, tensor_parallel_size
+from pve_sglang.server.render import ServerFiles, server_files
+from pve_sglang.config.settings import ContainerSettings, HostSettings, tensor_parallel_size
 from pve_sglang.stack.cuda_driver import driver_problem, limited_features
-from pve_sglang.stack.lock import Lock, LockError, LockKey, key_of, lock_for
 from pve_sglang.stack.releases import ReleaseError, read_release
-from pve_sglang.stack import stacks
 
 # Created at boot by the nvidia-uvm-devices unit this deploy installs, before containers start.
 UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-
-
-_LOCKING = gevent.lock.Semaphore()
-
-
-def stack_lock_of(where: str, cs: ContainerSettings) -> tuple[Lock, LockKey]:
-    """The lock of a container's pinned set and what it is made for: stack_lock's, the
-    repository's, or one made here once (for the first host that needs it)."""
-    key = key_of(cs)
-    try:
-        with _LOCKING:
-            return lock_for(key, cs.stack_lock), key
-    except LockError as error:
-        raise PreflightError(f"{where}: {error}") from None
-
-
-def settings_stack_id(where: str, cs: ContainerSettings) -> str:
-    """The id of the stack of settings CS of host WHERE: the lock's id, or a digest of
-    sglang's pin without one."""
-    if cs.stack_install == "pinned":
-        return stack_lock_of(where, cs)[0].id
-    return stacks.unlocked_id(cs.sglang_version)
-
-
-def settings_stack_path(where: str, cs: ContainerSettings) -> str:
-    """Where the stack of settings CS is built, beside the serving one."""
-    return stacks.stack_path(cs.venv_path, settings_stack_id(where, cs))
 
 
 def select_gpus(wanted: str | list[int], gpus: list[dict], where: str) -> list[dict]:
@@ -302,41 +265,6 @@ def check_container(where: str, settings: ContainerSettings, gpu: GpuHost | None
                 "issues 2077, 3558, 4049); watch the first start's log"
             )
     return indices
-
-
-@dataclass
-class ServerFiles:
-    """What the container phase writes for the server: its command line, unit and env file."""
-
-    argv: ServerArgv
-    unit: str
-    env: str
-
-
-def server_files(
-    name: str, settings: ContainerSettings, gpus: list[dict], inventory: Inventory
-) -> ServerFiles:
-    """Render the server's argv, unit and env file for container NAME on these GPUs.
-
-    The one place they are rendered: the container phase writes what this returns, and the host
-    phase's preflight calls it for every container (new ones too, whose container phase is
-    deferred until they run), so a render error stops the run before any change, in ``--dry``
-    as in a real run. Raises ValueError.
-    """
-    node_rank, nnodes = node_rank_for(name, settings.nodes)
-    address = settings.dist_init_addr
-    if address is None and settings.nodes:
-        address = container_hostname(inventory.get_host(settings.nodes[0]).data)
-    argv = server_argv(
-        settings,
-        gpu_count=len(gpus) or 1,
-        compute_caps=[gpu["compute_cap"] for gpu in gpus],
-        node_rank=node_rank,
-        nnodes=nnodes,
-        dist_init_addr=dist_init_addr(address, settings.dist_init_port) if nnodes > 1 else None,
-        python=venv_python(settings),
-    )
-    return ServerFiles(argv, render_unit(settings, argv), render_env(settings))
 
 
 def check_server_files(

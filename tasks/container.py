@@ -18,9 +18,9 @@ from pve_sglang.model_store import operations as model
 from pve_sglang.operations import container_state, layer, paths, stack, stacks, store
 from pve_sglang.operations.changes import any_changed
 from tasks.common import host_gpus, run_when_container_exists, upload_script
-from pve_sglang.preflight import (
-    ServerFiles, select_gpus, server_files, settings_stack_id, settings_stack_path, stack_lock_of,
-)
+from pve_sglang.preflight import select_gpus
+from pve_sglang.server.render import ServerFiles, server_files
+from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
 from pve_sglang.server.command import LAUNCHER, env_file_path, unit_name, unit_path
 from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
 from pve_sglang.stack import stacks as stack_ids

@@ -48,9 +48,9 @@ from pve_sglang.preflight import (
     check_server_files,
     gpu_host,
     mount_attributes_warning,
-    stack_lock_of,
     select_gpus,
 )
+from pve_sglang.stack.identity import stack_lock_of
 from pve_sglang.project import template
 from tasks.common import upload_script
 from pve_sglang.config.settings import (

@@ -13,7 +13,8 @@ from pve_sglang.server.bench import bench_levels, bench_runs
 from pve_sglang.model_store import operations as model
 from pve_sglang.operations import stacks, verify
 from tasks.common import host_gpus, run_when_container_exists, upload_script
-from pve_sglang.preflight import select_gpus, settings_stack_path, stack_lock_of
+from pve_sglang.preflight import select_gpus
+from pve_sglang.stack.identity import settings_stack_path, stack_lock_of
 from pve_sglang.stack.stacks import LEGACY_LOCK_FILE
 from pve_sglang.server.command import env_file_path, unit_name, venv_python
 from pve_sglang.config.settings import ContainerSettings, base_url, client_address, host_settings

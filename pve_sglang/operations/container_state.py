@@ -63,7 +63,7 @@ def expected() -> list[tuple[str, tuple]]:
         return []
     from pve_sglang.server.command import unit_name
     from pve_sglang.config.settings import ContainerSettings, host_settings
-    from pve_sglang.preflight import settings_stack_path
+    from pve_sglang.stack.identity import settings_stack_path
     from pve_sglang.stack import stacks
 
     cs = host_settings(ContainerSettings)
