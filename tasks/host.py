@@ -34,7 +34,7 @@ from pve_sglang.container_config.lxc_keys import (
 from pve_sglang.container_config.lxc_keys import limits as lxc_limits
 from pve_sglang import remote
 from pve_sglang.model_store import operations as model, rules as model_store
-from pve_sglang.operations import boot, host_state, lxc, owned, paths, pct, store, wheels
+from pve_sglang.operations import boot, host_reads, lxc, owned, paths, pct, store, wheels
 from pve_sglang.facts.pve import PctStatus, PveContainerVersion
 from pve_sglang.server.command import env_quote
 from pve_sglang.operations.changes import any_changed
@@ -89,8 +89,8 @@ def host_phase() -> None:
     model_stores(plans)
     idmap_base = lxc_host(plans, settings) if settings.platform == "lxc" else None
     if settings.platform == "lxc":
-        # Every container's config and the host's limits in one read (host_state).
-        host_state.expect([("config", (lxc.config_path(ct.data.get("lxc_name"), settings.lxc_path),))
+        # Every container's config and the host's limits in one read (host_reads).
+        host_reads.expect([("config", (lxc.config_path(ct.data.get("lxc_name"), settings.lxc_path),))
                            for ct, _ in plans] + [("limits", ())], executing=False)
     for ct, cs in plans:
         if settings.platform == "pve":
@@ -389,7 +389,7 @@ def lxc_container(
             )
         if mapped and not any(line in mapped for line in idmap_lines(idmap_base)):
             base = None  # the user's own id map: kept, the deploy adds none
-    limits = HostLimits.of(host_state.read("limits") or {})
+    limits = HostLimits.of(host_reads.read("limits") or {})
     if cs.cores > limits.cpus:
         logger.warning(f"{where}: cores = {cs.cores}, but the host has {limits.cpus} CPUs: "
                        f"the container gets all {limits.cpus}")
@@ -422,8 +422,8 @@ def lxc_container(
     )
     rootfs = rootfs_dir(existing or [], f"{hs.lxc_path.rstrip('/')}/{name}/rootfs")
     keys = list(lxc_limits(cs, limits))
-    # What its operations read at execution, read with the other containers' (host_state).
-    host_state.expect([("status", (name, hs.lxc_path)), ("config", (path,)),
+    # What its operations read at execution, read with the other containers' (host_reads).
+    host_reads.expect([("status", (name, hs.lxc_path)), ("config", (path,)),
                        ("cgroup", (name, hs.lxc_path, keys))]
                       + ([("files", (lxc.guard_paths(rootfs),))] if base is None else []),
                       executing=True)

@@ -12,7 +12,7 @@ from typing import TypedDict
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.facts.files import FileContents
 
-from pve_sglang.facts.container_state import ContainerState
+from pve_sglang.facts.one_read import ContainerState
 from pve_sglang.facts.pve import LxcContainerStatus
 from pve_sglang.facts.system import CgroupVersion, parse_cgroup_version
 

@@ -10,7 +10,7 @@ from typing import Protocol
 import gevent.lock
 
 from pve_sglang.runtime.errors import PreflightError
-from pve_sglang.stack import stacks
+from pve_sglang.stack import switch_rules
 from pve_sglang.stack.lock import Lock, LockError, LockKey, key_of, lock_for
 
 
@@ -44,9 +44,9 @@ def settings_stack_id(where: str, cs: StackSettings) -> str:
     sglang's pin without one."""
     if cs.stack_install == "pinned":
         return stack_lock_of(where, cs)[0].id
-    return stacks.unlocked_id(cs.sglang_version)
+    return switch_rules.unlocked_id(cs.sglang_version)
 
 
 def settings_stack_path(where: str, cs: StackSettings) -> str:
     """Where the stack of settings CS is built, beside the serving one."""
-    return stacks.stack_path(cs.venv_path, settings_stack_id(where, cs))
+    return switch_rules.stack_path(cs.venv_path, settings_stack_id(where, cs))

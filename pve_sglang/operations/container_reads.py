@@ -8,13 +8,13 @@ phase's operations ask for these settings) and keeps each answer in the per-stag
 its kind (``MEMO``: ``cache.memo``), where the operations' own ``forget`` finds it:
 
 - ``paths``: ``memo(Kind.PATHS)[path]``, forgotten by ``paths.forget`` (``cache.changed``);
-- ``venv``: ``memo(Kind.VENV)[(python, tools)]``, forgotten by ``stack.venv_changed``, and when
+- ``venv``: ``memo(Kind.VENV)[(python, tools)]``, forgotten by ``venv.venv_changed``, and when
   the autotune patch script it runs is written (``cache.depends``);
 - ``debs``, ``uv``, ``hostname``: forgotten by the operation that installs or sets them;
 - ``unit``: ``memo(Kind.UNIT)[unit]``, forgotten when the unit file is written (its
   ``NeedDaemonReload`` moves) and by ``service_running``'s own commands;
 - ``stacks``: ``memo(Kind.STACKS)[args]``, forgotten by the operations of
-  ``operations/stacks.py`` that move a stack, the link or the record.
+  ``operations/stack_switch.py`` that move a stack, the link or the record.
 
 A part not expected, or asked again after it was forgotten, is read alone, with its own fact.
 Only through a container connector are parts folded: that is where a read is a process on the
@@ -34,7 +34,7 @@ from pve_sglang import remote
 
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
-from pve_sglang.facts.container_state import (
+from pve_sglang.facts.one_read import (
     PARTS,
     ContainerState,
     PartFailed,
@@ -46,7 +46,7 @@ from pve_sglang.facts.container_state import (
 MEMO = {"paths": Kind.PATHS, "venv": Kind.VENV, "debs": Kind.DEBS, "uv": Kind.UV,
         "unit": Kind.UNIT, "hostname": Kind.HOSTNAME, "stacks": Kind.STACKS}
 
-#: The tools venv's uv, as ``tasks/container.py`` installs it (``stack.tools_venv``).
+#: The tools venv's uv, as ``tasks/container.py`` installs it (``venv.tools_venv``).
 TOOLS_UV = f"{remote.TOOLS}/tools/bin/uv"
 
 
@@ -64,13 +64,13 @@ def expected() -> list[tuple[str, tuple]]:
     from pve_sglang.server.command import unit_name
     from pve_sglang.config.settings import ContainerSettings, host_settings
     from pve_sglang.stack.identity import settings_stack_path
-    from pve_sglang.stack import stacks
+    from pve_sglang.stack import switch_rules
 
     cs = host_settings(ContainerSettings)
     # The settings' stack, built beside the serving one (``venv_path`` links to it).
     python = f"{settings_stack_path(host.name, cs)}/bin/python"
     parts = [("debs", ()), ("uv", (TOOLS_UV,)), ("venv", (python, remote.TOOLS)),
-             ("unit", (unit_name(cs),)), ("stacks", stacks.read_args(cs.venv_path, cs.service_name))]
+             ("unit", (unit_name(cs),)), ("stacks", switch_rules.read_args(cs.venv_path, cs.service_name))]
     if host.data.get("platform") == "lxc":
         parts.append(("hostname", ()))
     return parts
@@ -182,9 +182,9 @@ def hostname(hostname: str):
 
     .. code:: python
 
-        from pve_sglang.operations import container_state
+        from pve_sglang.operations import container_reads
 
-        container_state.hostname(name="Hostname gpu-box (now)", hostname="gpu-box")
+        container_reads.hostname(name="Hostname gpu-box (now)", hostname="gpu-box")
     """
     if read("hostname") == hostname:
         host.noop(f"hostname is {hostname}")

@@ -31,9 +31,9 @@ from pyinfra import host
 
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
-from pve_sglang.facts.container_state import part_values
+from pve_sglang.facts.one_read import part_values
 from pve_sglang.facts.lxc_host import HOST_PARTS, LxcHostState
-from pve_sglang.operations.container_state import checked
+from pve_sglang.operations.container_reads import checked
 
 #: The per-stage cache each kind is kept in (``cache.memo``).
 MEMO = {"status": Kind.LXC_STATUS, "config": Kind.FILE_CONTENTS, "files": Kind.LXC_FILES,

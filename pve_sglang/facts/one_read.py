@@ -4,7 +4,7 @@ A read through a container connector costs a process on the host and one in the 
 (``lxc-attach``, ``pct exec`` over SSH). ``ContainerState`` runs the commands of several facts
 (``PARTS``) in one shell, each in its own subshell and section, and hands each section to its
 own fact's ``process``: the values are the ones the facts give read one by one, the checks made
-on them the same. ``operations/container_state.py`` decides what one read asks for.
+on them the same. ``operations/container_reads.py`` decides what one read asks for.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pyinfra.facts.server import Hostname
 from typing_extensions import override
 
 from pve_sglang.facts.container import PathStates, SglangVenv, UnitState, UvVersion
-from pve_sglang.facts.stacks import Stacks
+from pve_sglang.facts.installed_stacks import Stacks
 from pve_sglang.runtime.pyinfra_private import MISSING_COMMAND_MARKER
 
 #: The parts one read can hold: kind -> (fact, the names of its arguments, in order).
