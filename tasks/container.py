@@ -19,7 +19,7 @@ from pve_sglang.operations import (
     apt, container_reads, layer, nvidia_driver, paths, stack_switch, store, systemd_unit, venv,
 )
 from pve_sglang.operations.changes import any_changed
-from tasks.common import host_gpus, run_when_container_exists, upload_script
+from tasks.common import expect_container_reads, host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import select_gpus
 from pve_sglang.server.render import ServerFiles, server_files
 from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
@@ -230,6 +230,7 @@ def set_hostname(name: str) -> list:
 def container_steps() -> None:
     """Every step of the container phase (``container_plan``), in order."""
     cs = host_settings(ContainerSettings)
+    expect_container_reads(cs)
     driver, gpus = host_gpus()
     env_file = env_file_path(cs)
     # Every path the steps below manage, so one read answers them all.

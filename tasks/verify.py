@@ -12,7 +12,7 @@ from pve_sglang.server.bench_history import run_meta
 from pve_sglang.server.bench import bench_levels, bench_runs
 from pve_sglang.model_store import operations as model
 from pve_sglang.operations import stack_switch, verify
-from tasks.common import host_gpus, run_when_container_exists, upload_script
+from tasks.common import expect_container_reads, host_gpus, run_when_container_exists, upload_script
 from pve_sglang.preflight import select_gpus
 from pve_sglang.stack.identity import settings_stack_path, stack_lock_of
 from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
@@ -142,6 +142,7 @@ def verify_steps() -> None:
     """GPU, CUDA, health and benchmark checks (``verify_plan``); without a GPU, say what was
     skipped."""
     cs = host_settings(ContainerSettings)
+    expect_container_reads(cs)
     if cs.stack_install == "pinned":
         lock, _ = stack_lock_of(host.name, cs)
         # The settings' stack (the serving one, unless its switch waits: restart pending).

@@ -3,9 +3,10 @@
 A converged container run asks its managed paths (``paths.state``), its Debian packages, the
 tools venv's uv, the sglang venv (one Python start), the server unit and, on plain LXC, the
 hostname: six facts, six processes on the host and in the container. ``read`` answers the
-first of them with one read of all that the run will ask (``expected``: what the container
-phase's operations ask for these settings) and keeps each answer in the per-stage cache of
-its kind (``MEMO``: ``cache.memo``), where the operations' own ``forget`` finds it:
+first of them with one read of all that the run will ask (``expect``: what the container
+phase's operations ask for these settings, told by the phase) and keeps each answer in the
+per-stage cache of its kind (``MEMO``: ``cache.memo``), where the operations' own ``forget``
+finds it:
 
 - ``paths``: ``memo(Kind.PATHS)[path]``, forgotten by ``paths.forget`` (``cache.changed``);
 - ``venv``: ``memo(Kind.VENV)[(python, tools)]``, forgotten by ``venv.venv_changed``, and when
@@ -56,24 +57,18 @@ def _folds() -> bool:
     return isinstance(getattr(host, "connector", None), ContainerConnector)
 
 
-def expected() -> list[tuple[str, tuple]]:
-    """The parts (``(kind, args)``) the container phase's operations ask for this host's
-    settings, paths aside (``paths.watch`` names those); none outside ``gpu_containers``."""
-    if "gpu_containers" not in getattr(host, "groups", ()):
-        return []
-    from pve_sglang.server.command import unit_name
-    from pve_sglang.config.settings import ContainerSettings, host_settings
-    from pve_sglang.stack.identity import settings_stack_path
-    from pve_sglang.stack import switch_rules
+def expect(parts: list[tuple[str, tuple]]) -> None:
+    """PARTS (``(kind, args)``, paths aside: ``paths.watch`` names those) will be asked by this
+    host's phases, in both stages: the first ask of each reads them too. Told by the phase that
+    knows the settings (``tasks.common.expect_container_reads``), as ``host_reads.expect`` is."""
+    wanted = cache.memo(Kind.LXC_EXPECTED)
+    for executing in (False, True):
+        wanted.setdefault(executing, {}).update(dict.fromkeys(parts, True))
 
-    cs = host_settings(ContainerSettings)
-    # The settings' stack, built beside the serving one (``venv_path`` links to it).
-    python = f"{settings_stack_path(host.name, cs)}/bin/python"
-    parts = [("debs", ()), ("uv", (TOOLS_UV,)), ("venv", (python, remote.TOOLS)),
-             ("unit", (unit_name(cs),)), ("stacks", switch_rules.read_args(cs.venv_path, cs.service_name))]
-    if host.data.get("platform") == "lxc":
-        parts.append(("hostname", ()))
-    return parts
+
+def expected() -> list[tuple[str, tuple]]:
+    """The parts this host's phases said they will ask in this stage (``expect``)."""
+    return list(cache.memo(Kind.LXC_EXPECTED).get(host.state.is_executing, {}))
 
 
 def _key(kind: str, args: tuple) -> Hashable:

@@ -69,7 +69,8 @@ class Kind(str, Enum):
     NODE_FAILURE = "node_failure"
 
     # For the whole run:
-    #: The host parts each stage will read, ``{executing: {part: True}}`` (``host_reads.expect``).
+    #: The parts each stage will read, ``{executing: {part: True}}``: a plain LXC host's
+    #: (``host_reads.expect``), a container's (``container_reads.expect``).
     LXC_EXPECTED = "lxc_expected"
     #: The paths this host's operations will ask about (``paths.watch``).
     WATCHED = "watched"
