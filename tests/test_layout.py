@@ -1,6 +1,7 @@
-"""The package's layout keeps its promises: the remote scripts kept beside their topic
-(``remote.ELSEWHERE``) run stand-alone as those of ``remote/`` do, and the operations kept
-beside their topic are documented as those of ``operations/`` are."""
+"""The package's layout keeps its promises: operations and facts get what they check as
+arguments (none reaches up for the deploy's settings inside a function), the remote scripts kept
+beside their topic (``remote.ELSEWHERE``) run stand-alone as those of ``remote/`` do, and the
+operations kept beside their topic are documented as those of ``operations/`` are."""
 
 from __future__ import annotations
 
@@ -11,12 +12,70 @@ import shutil
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 
 import pve_sglang
 from pve_sglang import remote
 from pve_sglang.runtime.pyinfra_private import operation_function
 from test_operation_docs import doc_problems
+
+PACKAGE = Path(pve_sglang.__file__).resolve().parent
+#: Where pyinfra's side of the deploy is: every operation and fact module.
+OPERATIONS_AND_FACTS = sorted({*PACKAGE.glob("operations/*.py"), *PACKAGE.glob("facts/*.py"),
+                               *PACKAGE.glob("*/operations.py"), *PACKAGE.glob("*/facts.py")})
+#: What an operation or a fact must not import inside a function: the deploy's checks, its
+#: phases and its settings models (what it checks comes as arguments, as in pyinfra's own).
+ABOVE = ("pve_sglang.preflight", "tasks", "pve_sglang.config.settings", "pve_sglang.config")
+
+
+def imports_inside_functions(path: Path) -> list[tuple[int, list[str]]]:
+    """Each import made inside a function of PATH: its line and the modules it may name
+    (``from pve_sglang import preflight`` names ``pve_sglang`` or ``pve_sglang.preflight``)."""
+    found = []
+    for function in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Import):
+                found += [(node.lineno, [alias.name]) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.append((node.lineno, [node.module, *(f"{node.module}.{alias.name}"
+                                                           for alias in node.names)]))
+    return found
+
+
+def reaches_up(path: Path) -> list[str]:
+    """The imports inside PATH's functions of what stands above an operation or a fact."""
+    found = set()
+    for line, names in imports_inside_functions(path):
+        above = [name for name in names if any(name == top or name.startswith(f"{top}.")
+                                               for top in ABOVE)]
+        if above:
+            found.add(f"line {line}: {above[0]}")
+    return sorted(found)
+
+
+def test_the_operations_and_facts_are_found():
+    names = {str(path.relative_to(PACKAGE)) for path in OPERATIONS_AND_FACTS}
+    assert {"operations/container_reads.py", "facts/one_read.py", "model_store/operations.py",
+            "model_store/facts.py"} <= names and len(names) >= 30
+
+
+@pytest.mark.parametrize("path", OPERATIONS_AND_FACTS, ids=lambda path: path.stem)
+def test_no_operation_or_fact_imports_the_deploy_inside_a_function(path):
+    assert reaches_up(path) == []
+
+
+def test_an_import_of_the_settings_inside_a_function_is_found(tmp_path):
+    module = tmp_path / "op.py"
+    module.write_text("def expected():\n"
+                      "    from pve_sglang.config.settings import ContainerSettings\n"
+                      "    from pve_sglang import preflight\n    import tasks.container\n")
+    assert reaches_up(module) == ["line 2: pve_sglang.config.settings",
+                                  "line 3: pve_sglang.preflight", "line 4: tasks.container"]
+
 
 REMOTE_NAMES = {name for name in vars(remote).values() if isinstance(name, str) and name.endswith(".py")}
 
