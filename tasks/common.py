@@ -16,6 +16,7 @@ from pyinfra.operations import python
 
 from pve_sglang import remote
 from pve_sglang.config.settings import ContainerSettings
+from pve_sglang.facts.one_read import Part
 from pve_sglang.operations import container_reads, paths
 from pve_sglang.preflight import driver_and_gpus
 from pve_sglang.server.command import unit_name
@@ -57,11 +58,11 @@ def expect_container_reads(cs: ContainerSettings) -> None:
     all in one command (``container_reads.expect``)."""
     # The settings' stack, built beside the serving one (``venv_path`` links to it).
     python = f"{settings_stack_path(host.name, cs)}/bin/python"
-    parts = [("debs", ()), ("uv", (container_reads.TOOLS_UV,)), ("venv", (python, remote.TOOLS)),
-             ("unit", (unit_name(cs),)),
-             ("stacks", switch_rules.read_args(cs.venv_path, cs.service_name))]
+    parts = [(Part.DEBS, ()), (Part.UV, (container_reads.TOOLS_UV,)),
+             (Part.VENV, (python, remote.TOOLS)), (Part.UNIT, (unit_name(cs),)),
+             (Part.STACKS, switch_rules.read_args(cs.venv_path, cs.service_name))]
     if host.data.get("platform") == "lxc":
-        parts.append(("hostname", ()))
+        parts.append((Part.HOSTNAME, ()))
     container_reads.expect(parts)
 
 

@@ -14,7 +14,7 @@ from pyinfra.operations import files, server, systemd
 
 from pve_sglang.container_config.owned_lines import owned_by_gpu_passthrough, owned_by_settings
 from pve_sglang.facts.container import UnitState
-from pve_sglang.facts.lxc_host import RootSubIds
+from pve_sglang.facts.lxc_host import HostPart, RootSubIds
 from pve_sglang.facts.nvidia import NvidiaGpuProcesses, UvmDisableHmm
 from pve_sglang.container_config.lxc_keys import (
     DEFAULT_SUBID,
@@ -90,8 +90,9 @@ def host_phase() -> None:
     idmap_base = lxc_host(plans, settings) if settings.platform == "lxc" else None
     if settings.platform == "lxc":
         # Every container's config and the host's limits in one read (host_reads).
-        host_reads.expect([("config", (lxc.config_path(ct.data.get("lxc_name"), settings.lxc_path),))
-                           for ct, _ in plans] + [("limits", ())], executing=False)
+        host_reads.expect([(HostPart.CONFIG, (lxc.config_path(ct.data.get("lxc_name"),
+                                                               settings.lxc_path),))
+                           for ct, _ in plans] + [(HostPart.LIMITS, ())], executing=False)
     for ct, cs in plans:
         if settings.platform == "pve":
             pve_container(ct, cs, settings, gpu, indices[ct.name])
@@ -389,7 +390,7 @@ def lxc_container(
             )
         if mapped and not any(line in mapped for line in idmap_lines(idmap_base)):
             base = None  # the user's own id map: kept, the deploy adds none
-    limits = HostLimits.of(host_reads.read("limits") or {})
+    limits = HostLimits.of(host_reads.read(HostPart.LIMITS) or {})
     if cs.cores > limits.cpus:
         logger.warning(f"{where}: cores = {cs.cores}, but the host has {limits.cpus} CPUs: "
                        f"the container gets all {limits.cpus}")
@@ -423,9 +424,9 @@ def lxc_container(
     rootfs = rootfs_dir(existing or [], f"{hs.lxc_path.rstrip('/')}/{name}/rootfs")
     keys = list(lxc_limits(cs, limits))
     # What its operations read at execution, read with the other containers' (host_reads).
-    host_reads.expect([("status", (name, hs.lxc_path)), ("config", (path,)),
-                       ("cgroup", (name, hs.lxc_path, keys))]
-                      + ([("files", (lxc.guard_paths(rootfs),))] if base is None else []),
+    host_reads.expect([(HostPart.STATUS, (name, hs.lxc_path)), (HostPart.CONFIG, (path,)),
+                       (HostPart.CGROUP, (name, hs.lxc_path, keys))]
+                      + ([(HostPart.FILES, (lxc.guard_paths(rootfs),))] if base is None else []),
                       executing=True)
     guard = None
     if base is None:  # only a privileged container can share the host's network namespace

@@ -8,6 +8,7 @@ import posixpath
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from pve_sglang.facts.one_read import Part
 from pve_sglang.operations import container_reads
 from pve_sglang.runtime.cache import Kind
 
@@ -33,7 +34,7 @@ def deb_file(path: str, package: str, version: str):
                      path="/var/cache/pve-sglang/cuda-keyring.deb",
                      package="cuda-keyring", version="1.1-1")
     """
-    installed = container_reads.read("debs").get(package) or ()
+    installed = container_reads.read(Part.DEBS).get(package) or ()
     if version in installed:
         host.noop(f"{package} {version} installed")
         return
@@ -58,7 +59,7 @@ def deb_packages(packages: list[str]):
         apt.deb_packages(name="Base packages",
                          packages=["ca-certificates", "curl", "python3", "python3-venv"])
     """
-    installed = container_reads.read("debs")
+    installed = container_reads.read(Part.DEBS)
     missing = [name for name in packages if name not in installed]
     if not missing:
         host.noop("Debian packages installed: " + ", ".join(packages))

@@ -12,7 +12,13 @@ from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
-from pve_sglang.facts.lxc_host import LXC_NET_DNSMASQ_ALIVE, LXC_NET_RUN, LxcNetState, NetworkBridges
+from pve_sglang.facts.lxc_host import (
+    LXC_NET_DNSMASQ_ALIVE,
+    LXC_NET_RUN,
+    HostPart,
+    LxcNetState,
+    NetworkBridges,
+)
 from pve_sglang.container_config.lxc_keys import (
     IDMAP_SIZE,
     NETWORK_MANAGERS,
@@ -37,7 +43,7 @@ def config_path(name: str, lxc_path: str) -> str:
 def status(container: str, lxc_path: str) -> str | None:
     """Container CONTAINER's state (``LxcContainerStatus``), read once per run stage (with the
     host's other reads: ``host_reads``) until ``create`` or ``power`` changes it."""
-    return host_reads.read("status", container, lxc_path)
+    return host_reads.read(HostPart.STATUS, container, lxc_path)
 
 
 def guard_paths(rootfs: str) -> list[str]:
@@ -201,7 +207,7 @@ def network_guard(rootfs: str, shared: bool):
         )
     """
     paths = guard_paths(rootfs)
-    present = host_reads.read("files", paths) or []
+    present = host_reads.read(HostPart.FILES, paths) or []
     if shared:
         missing = [path for path in paths if path not in present]
         for path in missing:
@@ -249,7 +255,7 @@ def cgroup_limits(container: str, lxc_path: str, limits: dict[str, str]):
     if status(container, lxc_path) != "RUNNING":
         host.noop(f"container {container} is not running: its config applies at start")
         return
-    current = host_reads.read("cgroup", container, lxc_path, list(limits)) or {}
+    current = host_reads.read(HostPart.CGROUP, container, lxc_path, list(limits)) or {}
     changed = [key for key, value in limits.items() if not same_limit(key, current.get(key), value)]
     if not changed:
         host.noop(f"container {container} runs with its limits")

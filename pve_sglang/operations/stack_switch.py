@@ -12,6 +12,7 @@ from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.context import state as pyinfra_state
 
 from pve_sglang import remote
+from pve_sglang.facts.one_read import Part
 from pve_sglang.operations import container_reads
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
@@ -28,7 +29,7 @@ def cannot_name(venv_path: str, error: ValueError) -> str:
 def read(venv_path: str, lock_file: str, service: str) -> dict:
     """The container's stacks (``Stacks``), with the container's other reads, once per run
     stage until an operation here changes them."""
-    return container_reads.read("stacks", *read_args(venv_path, service, lock_file))
+    return container_reads.read(Part.STACKS, *read_args(venv_path, service, lock_file))
 
 
 def found_of(venv_path: str, raw: dict) -> Found:
@@ -149,7 +150,7 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
     # What the build before changed (a new stack's files) decides nothing here.
     raw = read(venv_path, lock_file, service)
     found = found_of(venv_path, raw)
-    unit_state = container_reads.read("unit", unit)
+    unit_state = container_reads.read(Part.UNIT, unit)
     serving = unit_state.get("active") in unit_action.RUNNING_STATES
     try:
         plan = switch_rules.decide_switch(found, wanted, restart_on_change, serving)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from pve_sglang.facts.one_read import Part
 from pve_sglang.facts.verify import JournalTail
 from pve_sglang.operations import container_reads, paths
 from pve_sglang.runtime import cache
@@ -81,7 +82,7 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool],
                    "the environment file": "/etc/sglang/sglang.env"},
         )
     """
-    unit_state = container_reads.read("unit", unit)
+    unit_state = container_reads.read(Part.UNIT, unit)
     # What this operation does moves it: a later ask reads it again.
     container_reads.forget(Kind.UNIT)
     active, sub = unit_state["active"], unit_state.get("sub")

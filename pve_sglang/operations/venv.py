@@ -14,6 +14,7 @@ from pyinfra.api.util import get_file_sha1
 from pve_sglang import remote
 
 from pve_sglang.facts.container import SglangServerFlags
+from pve_sglang.facts.one_read import Part
 from pve_sglang.remote.venv_state import INSTALL_MARKER
 from pve_sglang.server.command import check_flags
 from pve_sglang.stack.lock import Lock, normalized
@@ -56,7 +57,7 @@ def venv_state(python: str, tools: str) -> dict:
     known = memo(Kind.VENV)
     if (python, tools) not in known:
         # With the container's other reads (kept in memo(Kind.VENV) too).
-        known[(python, tools)] = container_reads.read("venv", python, tools)
+        known[(python, tools)] = container_reads.read(Part.VENV, python, tools)
     return known[(python, tools)]
 
 
@@ -350,7 +351,7 @@ def tools_venv(path: str, uv_version: str):
                         uv_version="0.13.8")
     """
     uv = f"{path.rstrip('/')}/bin/uv"
-    if container_reads.read("uv", uv) == uv_version:
+    if container_reads.read(Part.UV, uv) == uv_version:
         host.noop(f"uv {uv_version} is installed in {path}")
         return
     pip = QuoteString(f"{path}/bin/pip")
