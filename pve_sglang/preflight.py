@@ -22,6 +22,7 @@ from pve_sglang.facts.pve import PveContainerVersion
 from pve_sglang.facts.system import CgroupVersion, IommuAcs, VirtualMachineType
 from pve_sglang.gpu.passthrough import pve_dev_entries, raw_lxc_lines
 from pve_sglang.pve_releases import (
+    CGROUP_V1_WARNED_FROM,
     DEVN_FROM,
     MOUNT_ATTRIBUTES_BROKEN,
     has_devn,
@@ -79,7 +80,8 @@ class GpuHost:
     def raw_lines(self, indices: list[int], style: str) -> list[str]:
         """Raw ``lxc.*`` passthrough lines for these GPUs, in the host's cgroup version; on
         Proxmox (``style="pve"``) always ``lxc.cgroup2.*``: v1 keys are gone in Proxmox VE 9
-        and warned about from pve-container 6.1.6 (``gpu_host`` refuses a v1 Proxmox host)."""
+        and warned about from pve-container ``CGROUP_V1_WARNED_FROM`` (``gpu_host`` refuses a v1
+        Proxmox host)."""
         cgroup = "v2" if self.cgroup == "v2" or style == "pve" else "v1"
         return raw_lxc_lines(indices, self.majors, self.nodes, style=style, cgroup=cgroup)
 
@@ -150,10 +152,10 @@ def gpu_host(host: Host, settings: HostSettings) -> GpuHost | None:
             f"as raw lxc lines (devN from {settings.pve_container_native_dev_min}), and this "
             f"host's cgroup is {cgroup!r}: its devices controller is v1, where LXC ignores the "
             "lxc.cgroup2.* rules, and the deploy writes no lxc.cgroup.* (v1) key on Proxmox "
-            "(gone in Proxmox VE 9, deprecated from pve-container 6.1.6). Boot with the unified "
-            "cgroup hierarchy (drop systemd.unified_cgroup_hierarchy=0 from the kernel command "
-            f"line) or update pve-container to {DEVN_FROM} or later (Proxmox VE 8.1+); nothing "
-            "was changed"
+            f"(gone in Proxmox VE 9, deprecated from pve-container {CGROUP_V1_WARNED_FROM}). Boot "
+            "with the unified cgroup hierarchy (drop systemd.unified_cgroup_hierarchy=0 from the "
+            f"kernel command line) or update pve-container to {DEVN_FROM} or later (Proxmox VE "
+            "8.1+); nothing was changed"
         )
     _warn_about_p2p(host, len(gpus))
     return GpuHost(

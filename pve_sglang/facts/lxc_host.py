@@ -12,16 +12,11 @@ from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.facts.files import FileContents
+from typing_extensions import override
 
 from pve_sglang.facts.one_read import ContainerState
 from pve_sglang.facts.pve import LxcContainerStatus
 from pve_sglang.facts.system import CgroupVersion, parse_cgroup_version
-
-try:
-    from typing_extensions import override
-except ImportError:  # pragma: no cover
-    def override(func):  # type: ignore[no-redef]
-        return func
 
 
 class CgroupLimitsInfo(TypedDict):

@@ -38,6 +38,7 @@ container's Python. ``model_fetch.py`` lives with the rest of the model store
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 #: The container's folder for the deploy's own files: these scripts and the tools venv (uv).
@@ -75,3 +76,18 @@ def source(script: str) -> Path:
 def path(script: str, tools: str = TOOLS) -> str:
     """Where the deploy puts SCRIPT in the container (under TOOLS)."""
     return f"{tools.rstrip('/')}/{script}"
+
+
+def json_objects(output: list[str]) -> list[dict]:
+    """The JSON objects among the output lines of a script that prints them one a line (the
+    startup watch, the model fetcher), in order; any other line (a warning a library printed,
+    a partial line) is passed over. The facts that run those scripts read them with this."""
+    objects = []
+    for line in output:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            objects.append(value)
+    return objects
