@@ -1,5 +1,5 @@
-"""The package's layout keeps its promises: operations and facts get what they check as
-arguments (none reaches up for the deploy's settings inside a function), the remote scripts kept
+"""The package's layout keeps its promises: its imports flow one way (no circle between its
+folders and top-level modules), operations and facts get what they check as arguments (none reaches up for the deploy's settings inside a function), the remote scripts kept
 beside their topic (``remote.ELSEWHERE``) run stand-alone as those of ``remote/`` do, and the
 operations kept beside their topic are documented as those of ``operations/`` are."""
 
@@ -75,6 +75,82 @@ def test_an_import_of_the_settings_inside_a_function_is_found(tmp_path):
                       "    from pve_sglang import preflight\n    import tasks.container\n")
     assert reaches_up(module) == ["line 2: pve_sglang.config.settings",
                                   "line 3: pve_sglang.preflight", "line 4: tasks.container"]
+
+
+#: The rooms of the import graph: each top-level module and package of pve_sglang, and tasks/.
+ROOT = PACKAGE.parent
+
+
+def room_of(module: str) -> str | None:
+    """The room a dotted module name belongs to (``pve_sglang.stack.lock`` -> ``pve_sglang.stack``;
+    ``tasks.container`` -> ``tasks``), or None outside the project."""
+    parts = module.split(".")
+    if parts[0] == "tasks":
+        return "tasks"
+    if parts[0] != "pve_sglang" or len(parts) == 1:
+        return None
+    return f"pve_sglang.{parts[1]}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Room -> the rooms its files import (every import, those inside functions too)."""
+    graph: dict[str, set[str]] = {}
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "tasks").glob("*.py")]
+    for path in files:
+        dotted = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        here = room_of(dotted)
+        if here is None:
+            continue
+        targets = graph.setdefault(here, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            for name in names:
+                there = room_of(name)
+                if there is not None and there != here:
+                    targets.add(there)
+    return graph
+
+
+def circle(graph: dict[str, set[str]]) -> list[str]:
+    """A circle of GRAPH (its rooms in order, the first again at the end), or [] when none."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(room: str) -> list[str]:
+        state[room] = 1
+        path.append(room)
+        for there in sorted(graph.get(room, ())):
+            if state.get(there) == 1:
+                return path[path.index(there):] + [there]
+            if there not in state:
+                found = visit(there)
+                if found:
+                    return found
+        state[room] = 2
+        path.pop()
+        return []
+
+    for room in sorted(graph):
+        if room not in state:
+            found = visit(room)
+            if found:
+                return found
+    return []
+
+
+def test_the_imports_flow_one_way():
+    graph = import_graph()
+    assert {"pve_sglang.stack", "pve_sglang.model_store", "pve_sglang.operations", "tasks"} <= set(graph)
+    assert circle(graph) == []
+
+
+def test_a_circle_is_found():
+    assert circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert circle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
 
 
 REMOTE_NAMES = {name for name in vars(remote).values() if isinstance(name, str) and name.endswith(".py")}
