@@ -1,5 +1,5 @@
 """model_store.preflight: the verdict on a model's plan, read before any change (a plan, ``--dry``,
-and a run alike), on a table of the answers ``remote/model_fetch.py plan`` gives."""
+and a run alike), on a table of the answers ``model_store/model_fetch.py plan`` gives."""
 
 from __future__ import annotations
 
