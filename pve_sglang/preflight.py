@@ -20,7 +20,7 @@ from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.facts.nvidia import CharDeviceMajors, NvidiaDeviceNodes, NvidiaDriverVersion, NvidiaGpus
 from pve_sglang.facts.pve import PveContainerVersion
 from pve_sglang.facts.system import CgroupVersion, IommuAcs, VirtualMachineType
-from pve_sglang.gpu.passthrough import pve_dev_entries, raw_lxc_lines
+from pve_sglang.gpu.passthrough import pve_dev_entries, raw_lxc_lines, select_gpus
 from pve_sglang.pve_releases import (
     CGROUP_V1_WARNED_FROM,
     DEVN_FROM,
@@ -35,24 +35,6 @@ from pve_sglang.stack.releases import ReleaseError, read_release
 
 # Created at boot by the nvidia-uvm-devices unit this deploy installs, before containers start.
 UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-
-
-def select_gpus(wanted: str | list[int], gpus: list[dict], where: str) -> list[dict]:
-    """The host's GPUs a container gets (``gpus: all`` or a list of indices, in that order).
-
-    The one home of the GPU selection: the passthrough, the server's flags and verify's expected
-    count all come from it. An index the host lacks is an error.
-    """
-    by_index = {gpu["index"]: gpu for gpu in gpus}
-    if wanted == "all":
-        return list(gpus)
-    missing = [index for index in wanted if index not in by_index]
-    if missing:
-        raise PreflightError(
-            f"{where}: field 'gpus' = {wanted}: GPU {missing} not on the host; "
-            f"allowed: 'all' or a subset of {list(by_index)}"
-        )
-    return [by_index[index] for index in wanted]
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pve_sglang.operations import (
 )
 from pve_sglang.operations.changes import any_changed
 from tasks.common import expect_container_reads, host_gpus, run_when_container_exists, upload_script
-from pve_sglang.preflight import select_gpus
+from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.server.render import ServerFiles, server_files
 from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
 from pve_sglang.server.command import LAUNCHER, env_file_path, unit_name, unit_path
@@ -78,7 +78,9 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
     """The container phase's steps, in order, each with its words: one list for both. GPU_HOST:
     the driver version and GPUs of the container's host (``host_gpus()``)."""
     driver, gpus = gpu_host
-    # Built beside the serving stack; the server runs venv_path, the link to the current one.
+    # The settings' stack, built beside the serving one; the server runs venv_path, the link
+    # to the current one.
+    wanted = stack_id(cs)
     py = f"{stack_dir(cs)}/bin/python"
     pins = f"sglang=={cs.sglang_version}" + (
         f", torch=={cs.torch_version}, flashinfer-python=={cs.flashinfer_version} and their "
@@ -97,20 +99,20 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
         stack_switch.retention(
             name=f"Keep the {cs.stack_retention} newest stacks (the serving one and its "
             "rollback target always)", venv_path=cs.venv_path, lock_file=LOCK_FILE,
-            service=cs.service_name, wanted=stack_id(cs), keep=cs.stack_retention,
+            service=cs.service_name, wanted=wanted, keep=cs.stack_retention,
             restart_on_change=cs.restart_on_change)
         if cs.uses_wheel_store:
             store.holds(name=f"The wheel store {cs.wheel_store} knows the locks this container "
                         "holds", store=cs.wheel_store, key=store_user_key(),
                         venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
-                        wanted=stack_id(cs))
+                        wanted=wanted)
         return []
 
     def not_failed(_: list) -> list:
         stack_switch.not_failed(
             name=f"The set sglang {cs.sglang_version} did not fail here before",
             venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
-            wanted=stack_id(cs), release=f"sglang {cs.sglang_version}",
+            wanted=wanted, release=f"sglang {cs.sglang_version}",
             retry=cs.retry_failed_stack)
         group_in_run(cs)
         return []

@@ -48,8 +48,8 @@ from pve_sglang.preflight import (
     check_server_files,
     gpu_host,
     mount_attributes_warning,
-    select_gpus,
 )
+from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.stack.identity import stack_lock_of
 from pve_sglang.project import template
 from tasks.common import upload_script

@@ -13,7 +13,7 @@ from pve_sglang.server.bench import bench_levels, bench_runs
 from pve_sglang.model_store import operations as model
 from pve_sglang.operations import stack_switch, verify
 from tasks.common import expect_container_reads, host_gpus, run_when_container_exists, upload_script
-from pve_sglang.preflight import select_gpus
+from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.stack.identity import settings_stack_path, stack_lock_of
 from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from pve_sglang.server.command import env_file_path, unit_name, venv_python

@@ -94,13 +94,22 @@ def _store(kind: Part, args: tuple, value) -> None:
         else:  # failed: every asked path holds the failure
             cache.memo(Kind.PATHS).update(dict.fromkeys(args[0], value))
         return
-    cache.memo(MEMO[kind])[_key(kind, args)] = value
+    key = _key(kind, args)
+    cache.memo(MEMO[kind])[key] = value
+    through = _read_through(kind, args)
+    if through is not None:
+        cache.depends(through, MEMO[kind], key)
+
+
+def _read_through(kind: Part, args: tuple) -> str | None:
+    """The file part KIND/ARGS is read through: a write of it forgets the part."""
     if kind is Part.VENV:
         # It runs the patch script's --check: a new script forgets what the old one said.
-        cache.depends(remote.path(remote.AUTOTUNE_PATCH, args[1]), Kind.VENV, _key(kind, args))
-    elif kind is Part.UNIT:
+        return remote.path(remote.AUTOTUNE_PATCH, args[1])
+    if kind is Part.UNIT:
         # Writing the unit file moves its NeedDaemonReload (``server.command.unit_path``).
-        cache.depends(f"/etc/systemd/system/{args[0]}", Kind.UNIT, _key(kind, args))
+        return f"/etc/systemd/system/{args[0]}"
+    return None
 
 
 def _read_alone(kind: Part, args: tuple):

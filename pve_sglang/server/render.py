@@ -36,7 +36,7 @@ def server_files(
     name: str, settings: ContainerSettings, gpus: list[dict], inventory: Inventory
 ) -> ServerFiles:
     """Render the server's argv, unit and env file for container NAME on these GPUs (the
-    host's GPUs it gets, ``preflight.select_gpus``); the first node's hostname from INVENTORY
+    host's GPUs it gets, ``gpu.passthrough.select_gpus``); the first node's hostname from INVENTORY
     when several nodes serve the model. Raises ValueError."""
     node_rank, nnodes = node_rank_for(name, settings.nodes)
     address = settings.dist_init_addr
