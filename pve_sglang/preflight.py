@@ -1,7 +1,10 @@
-"""Checks on a GPU host before anything changes: driver, GPUs, virtualisation, ACS.
+"""Checks on a GPU host before anything changes: driver, GPUs, virtualisation, ACS; and each
+of its containers against it (GPUs, TP, CUDA, the server's files as they will be rendered).
 
-Problems that would break the deploy raise PreflightError at prepare time, so no host is
-changed; problems that only cost speed are warnings.
+Problems that would break the deploy raise PreflightError (``runtime/errors.py``) at prepare
+time, so no host is changed; problems that only cost speed are warnings. What the checks use
+has its own home: the GPU selection (``gpu/passthrough.py``), a container's stack
+(``stack/identity.py``), the server's files (``server/render.py``).
 """
 
 from __future__ import annotations
