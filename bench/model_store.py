@@ -13,7 +13,7 @@ folder under /var/tmp, removed at the end:
    the real huggingface_hub the containers' locked venv has;
 2. today's download, as ``stack.model_download`` did it before this change: ``snapshot_download``
    into each container's own model_path, once per container;
-3. the model store: the deploy's own ``operations/model.fetched`` through the pyinfra CLI on
+3. the model store: the deploy's own ``model_store/operations.fetched`` through the pyinfra CLI on
    this machine as the host (``devtools/deploys/model_store.py``): the first container's run
    fetches into the store; a second container's run finds the commit verified and fetches
    nothing (the container then only mounts it: a bind mount, not timed here; the LXC test
@@ -43,9 +43,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from pve_sglang.model_store import entry, serving_link  # noqa: E402
+from pve_sglang.model_store.rules import entry, serving_link  # noqa: E402
 from pve_sglang.remote import source  # noqa: E402
-from pve_sglang.remote.model_fetch import partial_bytes  # noqa: E402
+from pve_sglang.model_store.model_fetch import partial_bytes  # noqa: E402
 from standin_hub import Repo, StandinHub, synthetic_files  # noqa: E402
 
 PYINFRA = Path(sys.executable).parent / "pyinfra"

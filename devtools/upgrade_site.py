@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from pve_sglang.stack import stacks
+from pve_sglang.stack import switch_rules
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -41,7 +41,7 @@ SETTINGS = {"api_key": API_KEY, "server_port": PORT, "startup_stall_s": 3,
 
 def stack_of(release: str) -> str:
     """The stack id of RELEASE's stack (no lock: sglang alone)."""
-    return stacks.unlocked_id(release)
+    return switch_rules.unlocked_id(release)
 
 
 class Site:
@@ -87,7 +87,7 @@ class Site:
         return self.sh(f"readlink {VENV}")
 
     def stacks(self) -> set[str]:
-        return set(self.sh(f"ls {VENV}{stacks.SUFFIX}").split())
+        return set(self.sh(f"ls {VENV}{switch_rules.SUFFIX}").split())
 
     def pid(self) -> str:
         return self.sh(f"systemctl show -p MainPID --value {UNIT}")
@@ -98,7 +98,7 @@ class Site:
                            "sglang' || true"))
 
     def record(self) -> dict:
-        return json.loads(self.sh(f"cat {stacks.state_path('sglang')} 2>/dev/null || echo '{{}}'"))
+        return json.loads(self.sh(f"cat {switch_rules.state_path('sglang')} 2>/dev/null || echo '{{}}'"))
 
     def health(self) -> str:
         return self.sh(f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer "

@@ -4,7 +4,11 @@ Host data from the hosts file overrides any of these per Proxmox host or per con
 (``pve_sglang.config.settings`` validates the merged result before anything runs). The settings
 table of docs/settings.md is generated from this file (``python -m
 pve_sglang.config.settings_table`` writes it): each setting's comment is its description there.
+A default that a Proxmox release decides is imported from its one home (``pve_releases``);
+imported names are no settings (pyinfra and ``load_defaults`` leave them out).
 """
+
+from pve_sglang.pve_releases import DEVN_FROM
 
 # --- Proxmox host -------------------------------------------------------------------------
 # "pve": a Proxmox VE host driven with pct; "lxc": a plain LXC host driven with lxc-* tools.
@@ -18,7 +22,7 @@ template_storage = "local"
 # Container template: a file name, or a prefix that takes the newest `pveam available` lists.
 template = "debian-12-standard"
 # pve-container release from which GPUs pass as native devN: entries (PVE 8.1+).
-pve_container_native_dev_min = "5.0.7"
+pve_container_native_dev_min = DEVN_FROM
 # Plain LXC hosts: where containers live (lxc -P).
 lxc_path = "/var/lib/lxc"
 # Plain LXC hosts: the Debian release new containers get (debian template).

@@ -1,7 +1,10 @@
-"""Checks on a GPU host before anything changes: driver, GPUs, virtualisation, ACS.
+"""Checks on a GPU host before anything changes: driver, GPUs, virtualisation, ACS; and each
+of its containers against it (GPUs, TP, CUDA, the server's files as they will be rendered).
 
-Problems that would break the deploy raise PreflightError at prepare time, so no host is
-changed; problems that only cost speed are warnings.
+Problems that would break the deploy raise PreflightError (``runtime/errors.py``) at prepare
+time, so no host is changed; problems that only cost speed are warnings. What the checks use
+has its own home: the GPU selection (``gpu/passthrough.py``), a container's stack
+(``stack/identity.py``), the server's files (``server/render.py``).
 """
 
 from __future__ import annotations
@@ -11,88 +14,30 @@ from dataclasses import dataclass, field
 
 import gevent.lock
 from pyinfra import logger
-from pyinfra.api.exceptions import DeployError
 from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
 from pyinfra.facts.server import Command, Which
 
 from pve_sglang.runtime.cache import Kind, memo
+from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.facts.nvidia import CharDeviceMajors, NvidiaDeviceNodes, NvidiaDriverVersion, NvidiaGpus
 from pve_sglang.facts.pve import PveContainerVersion
 from pve_sglang.facts.system import CgroupVersion, IommuAcs, VirtualMachineType
-from pve_sglang.gpu.passthrough import pve_dev_entries, raw_lxc_lines
+from pve_sglang.gpu.passthrough import pve_dev_entries, raw_lxc_lines, select_gpus
 from pve_sglang.pve_releases import (
+    CGROUP_V1_WARNED_FROM,
     DEVN_FROM,
     MOUNT_ATTRIBUTES_BROKEN,
     has_devn,
     mount_attributes_broken,
 )
-from pve_sglang.server.command import (
-    ServerArgv,
-    dist_init_addr,
-    node_rank_for,
-    render_env,
-    render_unit,
-    server_argv,
-    venv_python,
-)
-from pve_sglang.config.settings import ContainerSettings, HostSettings, container_hostname, tensor_parallel_size
+from pve_sglang.server.render import ServerFiles, server_files
+from pve_sglang.config.settings import ContainerSettings, HostSettings, tensor_parallel_size
 from pve_sglang.stack.cuda_driver import driver_problem, limited_features
-from pve_sglang.stack.lock import Lock, LockError, LockKey, key_of, lock_for
 from pve_sglang.stack.releases import ReleaseError, read_release
-from pve_sglang.stack import stacks
 
 # Created at boot by the nvidia-uvm-devices unit this deploy installs, before containers start.
 UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-
-
-class PreflightError(DeployError):
-    """A host cannot take the deploy as it is; nothing has been changed."""
-
-
-_LOCKING = gevent.lock.Semaphore()
-
-
-def stack_lock_of(where: str, cs: ContainerSettings) -> tuple[Lock, LockKey]:
-    """The lock of a container's pinned set and what it is made for: stack_lock's, the
-    repository's, or one made here once (for the first host that needs it)."""
-    key = key_of(cs)
-    try:
-        with _LOCKING:
-            return lock_for(key, cs.stack_lock), key
-    except LockError as error:
-        raise PreflightError(f"{where}: {error}") from None
-
-
-def settings_stack_id(where: str, cs: ContainerSettings) -> str:
-    """The id of the stack of settings CS of host WHERE: the lock's id, or a digest of
-    sglang's pin without one."""
-    if cs.stack_install == "pinned":
-        return stack_lock_of(where, cs)[0].id
-    return stacks.unlocked_id(cs.sglang_version)
-
-
-def settings_stack_path(where: str, cs: ContainerSettings) -> str:
-    """Where the stack of settings CS is built, beside the serving one."""
-    return stacks.stack_path(cs.venv_path, settings_stack_id(where, cs))
-
-
-def select_gpus(wanted: str | list[int], gpus: list[dict], where: str) -> list[dict]:
-    """The host's GPUs a container gets (``gpus: all`` or a list of indices, in that order).
-
-    The one home of the GPU selection: the passthrough, the server's flags and verify's expected
-    count all come from it. An index the host lacks is an error.
-    """
-    by_index = {gpu["index"]: gpu for gpu in gpus}
-    if wanted == "all":
-        return list(gpus)
-    missing = [index for index in wanted if index not in by_index]
-    if missing:
-        raise PreflightError(
-            f"{where}: field 'gpus' = {wanted}: GPU {missing} not on the host; "
-            f"allowed: 'all' or a subset of {list(by_index)}"
-        )
-    return [by_index[index] for index in wanted]
 
 
 @dataclass
@@ -120,7 +65,8 @@ class GpuHost:
     def raw_lines(self, indices: list[int], style: str) -> list[str]:
         """Raw ``lxc.*`` passthrough lines for these GPUs, in the host's cgroup version; on
         Proxmox (``style="pve"``) always ``lxc.cgroup2.*``: v1 keys are gone in Proxmox VE 9
-        and warned about from pve-container 6.1.6 (``gpu_host`` refuses a v1 Proxmox host)."""
+        and warned about from pve-container ``CGROUP_V1_WARNED_FROM`` (``gpu_host`` refuses a v1
+        Proxmox host)."""
         cgroup = "v2" if self.cgroup == "v2" or style == "pve" else "v1"
         return raw_lxc_lines(indices, self.majors, self.nodes, style=style, cgroup=cgroup)
 
@@ -191,10 +137,10 @@ def gpu_host(host: Host, settings: HostSettings) -> GpuHost | None:
             f"as raw lxc lines (devN from {settings.pve_container_native_dev_min}), and this "
             f"host's cgroup is {cgroup!r}: its devices controller is v1, where LXC ignores the "
             "lxc.cgroup2.* rules, and the deploy writes no lxc.cgroup.* (v1) key on Proxmox "
-            "(gone in Proxmox VE 9, deprecated from pve-container 6.1.6). Boot with the unified "
-            "cgroup hierarchy (drop systemd.unified_cgroup_hierarchy=0 from the kernel command "
-            f"line) or update pve-container to {DEVN_FROM} or later (Proxmox VE 8.1+); nothing "
-            "was changed"
+            f"(gone in Proxmox VE 9, deprecated from pve-container {CGROUP_V1_WARNED_FROM}). Boot "
+            "with the unified cgroup hierarchy (drop systemd.unified_cgroup_hierarchy=0 from the "
+            f"kernel command line) or update pve-container to {DEVN_FROM} or later (Proxmox VE "
+            "8.1+); nothing was changed"
         )
     _warn_about_p2p(host, len(gpus))
     return GpuHost(
@@ -306,41 +252,6 @@ def check_container(where: str, settings: ContainerSettings, gpu: GpuHost | None
                 "issues 2077, 3558, 4049); watch the first start's log"
             )
     return indices
-
-
-@dataclass
-class ServerFiles:
-    """What the container phase writes for the server: its command line, unit and env file."""
-
-    argv: ServerArgv
-    unit: str
-    env: str
-
-
-def server_files(
-    name: str, settings: ContainerSettings, gpus: list[dict], inventory: Inventory
-) -> ServerFiles:
-    """Render the server's argv, unit and env file for container NAME on these GPUs.
-
-    The one place they are rendered: the container phase writes what this returns, and the host
-    phase's preflight calls it for every container (new ones too, whose container phase is
-    deferred until they run), so a render error stops the run before any change, in ``--dry``
-    as in a real run. Raises ValueError.
-    """
-    node_rank, nnodes = node_rank_for(name, settings.nodes)
-    address = settings.dist_init_addr
-    if address is None and settings.nodes:
-        address = container_hostname(inventory.get_host(settings.nodes[0]).data)
-    argv = server_argv(
-        settings,
-        gpu_count=len(gpus) or 1,
-        compute_caps=[gpu["compute_cap"] for gpu in gpus],
-        node_rank=node_rank,
-        nnodes=nnodes,
-        dist_init_addr=dist_init_addr(address, settings.dist_init_port) if nnodes > 1 else None,
-        python=venv_python(settings),
-    )
-    return ServerFiles(argv, render_unit(settings, argv), render_env(settings))
 
 
 def check_server_files(

@@ -18,6 +18,7 @@ missing file.
 
 from __future__ import annotations
 
+import ast
 import os
 import runpy
 from pathlib import Path
@@ -51,9 +52,18 @@ def template(name: str) -> str:
 
 
 def load_defaults(path: Path | None = None) -> dict[str, Any]:
-    """Read the defaults from PATH (the checkout's ``group_data/all.py``), as pyinfra itself does."""
+    """Read the defaults from PATH (the checkout's ``group_data/all.py``), as pyinfra itself does:
+    what an import binds there (a version rule's constant) is no setting."""
     path = project_file(GROUP_DATA) if path is None else path
-    return {k: v for k, v in runpy.run_path(str(path)).items() if not k.startswith("__")}
+    imported = imported_names(path.read_text())
+    return {k: v for k, v in runpy.run_path(str(path)).items()
+            if not k.startswith("__") and k not in imported}
+
+
+def imported_names(source: str) -> set[str]:
+    """The names the imports of SOURCE bind."""
+    return {(alias.asname or alias.name).split(".")[0] for node in ast.parse(source).body
+            if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
 
 
 def cache_dir() -> Path:

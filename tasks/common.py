@@ -1,5 +1,6 @@
-"""What the deploy's phases (``tasks/``) share: run in a container once it exists, the GPU host's
-driver and GPUs, and the upload of the scripts that run in the container (``remote/``).
+"""What the deploy's phases (``tasks/``) share: run in a container once it exists, what its
+phases will read there, the GPU host's driver and GPUs, and the upload of the scripts that run
+in the container (``remote/``).
 
 Called from deploy code (a ``@deploy`` function), with pyinfra's ``host`` the container.
 """
@@ -14,8 +15,13 @@ from pyinfra.context import state
 from pyinfra.operations import python
 
 from pve_sglang import remote
-from pve_sglang.operations import paths
+from pve_sglang.config.settings import ContainerSettings
+from pve_sglang.facts.one_read import Part
+from pve_sglang.operations import container_reads, paths
 from pve_sglang.preflight import driver_and_gpus
+from pve_sglang.server.command import unit_name
+from pve_sglang.stack import switch_rules
+from pve_sglang.stack.identity import settings_stack_path
 
 
 def run_when_container_exists(steps: Callable[[], None], what: str,
@@ -44,6 +50,20 @@ def run_when_container_exists(steps: Callable[[], None], what: str,
         steps()
 
     python.call(name=f"{what.capitalize()} (after the container starts)", function=when_running)
+
+
+def expect_container_reads(cs: ContainerSettings) -> None:
+    """Tell the container's reads what the container and verify phases' operations will ask for
+    settings CS (paths aside: ``paths.watch``), so that the first ask of a run stage reads them
+    all in one command (``container_reads.expect``)."""
+    # The settings' stack, built beside the serving one (``venv_path`` links to it).
+    python = f"{settings_stack_path(host.name, cs)}/bin/python"
+    parts = [(Part.DEBS, ()), (Part.UV, (container_reads.TOOLS_UV,)),
+             (Part.VENV, (python, remote.TOOLS)), (Part.UNIT, (unit_name(cs),)),
+             (Part.STACKS, switch_rules.read_args(cs.venv_path, cs.service_name))]
+    if host.data.get("platform") == "lxc":
+        parts.append((Part.HOSTNAME, ()))
+    container_reads.expect(parts)
 
 
 def host_gpus() -> tuple[str | None, list[dict]]:

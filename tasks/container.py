@@ -14,15 +14,18 @@ from pyinfra.context import state
 from pyinfra.operations import files, server, systemd
 
 from pve_sglang import remote
-from pve_sglang.operations import container_state, layer, model, paths, stack, stacks, store
-from pve_sglang.operations.changes import any_changed
-from tasks.common import host_gpus, run_when_container_exists, upload_script
-from pve_sglang.preflight import (
-    ServerFiles, select_gpus, server_files, settings_stack_id, settings_stack_path, stack_lock_of,
+from pve_sglang.model_store import operations as model
+from pve_sglang.operations import (
+    apt, container_reads, layer, nvidia_driver, paths, stack_switch, store, systemd_unit, venv,
 )
+from pve_sglang.operations.changes import any_changed
+from tasks.common import expect_container_reads, host_gpus, run_when_container_exists, upload_script
+from pve_sglang.gpu.passthrough import select_gpus
+from pve_sglang.server.render import ServerFiles, server_files
+from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
 from pve_sglang.server.command import LAUNCHER, env_file_path, unit_name, unit_path
 from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
-from pve_sglang.stack import stacks as stack_ids
+from pve_sglang.stack import switch_rules
 from pve_sglang.stack import store_retention
 from pve_sglang.stack.lock import Lock
 from pve_sglang.stack.platform import platform_for
@@ -31,7 +34,7 @@ from pve_sglang.stack.releases import read_release, toolkit_version
 TOOLS = remote.TOOLS
 #: The lock of a venv made before stacks (one venv at ``venv_path``), as it was last made from
 #: it: what names that venv when it becomes a stack.
-LOCK_FILE = stack_ids.LEGACY_LOCK_FILE
+LOCK_FILE = switch_rules.LEGACY_LOCK_FILE
 #: In each stack: its lock, and the part the venv holds itself when the rest comes from the
 #: host's shared layer.
 STACK_LOCK = "pve-sglang.lock"
@@ -75,7 +78,9 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
     """The container phase's steps, in order, each with its words: one list for both. GPU_HOST:
     the driver version and GPUs of the container's host (``host_gpus()``)."""
     driver, gpus = gpu_host
-    # Built beside the serving stack; the server runs venv_path, the link to the current one.
+    # The settings' stack, built beside the serving one; the server runs venv_path, the link
+    # to the current one.
+    wanted = stack_id(cs)
     py = f"{stack_dir(cs)}/bin/python"
     pins = f"sglang=={cs.sglang_version}" + (
         f", torch=={cs.torch_version}, flashinfer-python=={cs.flashinfer_version} and their "
@@ -91,28 +96,29 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
         for warning in files.argv.warnings:
             logger.warning(f"{host.name}: {warning}")
         server_unit(cs, py, files, restart_on, start=bool(driver))
-        stacks.retention(
+        stack_switch.retention(
             name=f"Keep the {cs.stack_retention} newest stacks (the serving one and its "
             "rollback target always)", venv_path=cs.venv_path, lock_file=LOCK_FILE,
-            service=cs.service_name, wanted=stack_id(cs), keep=cs.stack_retention,
+            service=cs.service_name, wanted=wanted, keep=cs.stack_retention,
             restart_on_change=cs.restart_on_change)
         if cs.uses_wheel_store:
             store.holds(name=f"The wheel store {cs.wheel_store} knows the locks this container "
                         "holds", store=cs.wheel_store, key=store_user_key(),
                         venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
-                        wanted=stack_id(cs))
+                        wanted=wanted)
         return []
 
     def not_failed(_: list) -> list:
-        stacks.not_failed(name=f"The set sglang {cs.sglang_version} did not fail here before",
-                          venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
-                          wanted=stack_id(cs), release=f"sglang {cs.sglang_version}",
-                          retry=cs.retry_failed_stack)
+        stack_switch.not_failed(
+            name=f"The set sglang {cs.sglang_version} did not fail here before",
+            venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
+            wanted=wanted, release=f"sglang {cs.sglang_version}",
+            retry=cs.retry_failed_stack)
         group_in_run(cs)
         return []
 
     def base_packages(_: list) -> list:
-        stack.deb_packages(name="Base packages", packages=BASE_PACKAGES)
+        apt.deb_packages(name="Base packages", packages=BASE_PACKAGES)
         return []
 
     steps: list[Step] = [
@@ -156,10 +162,10 @@ def group_in_run(cs: ContainerSettings) -> None:
     """A node of several (``nodes``) is switched to another stack only with every node of its
     group in the run: checked before any change."""
     if cs.nodes:
-        stacks.together(name=f"The nodes of the model ({', '.join(cs.nodes)}) switch together",
-                        venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
-                        wanted=stack_id(cs), release=f"sglang {cs.sglang_version}",
-                        nodes=cs.nodes)
+        stack_switch.together(
+            name=f"The nodes of the model ({', '.join(cs.nodes)}) switch together",
+            venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
+            wanted=stack_id(cs), release=f"sglang {cs.sglang_version}", nodes=cs.nodes)
 
 
 def store_user_key(data=None) -> str:
@@ -179,7 +185,8 @@ def beside(cs: ContainerSettings) -> bool:
     """The settings' stack is not the one ``venv_path`` runs: its build changes nothing the
     server runs; only its switch restarts it. Asked by the restart's check, with the
     container's one read (not when the deploy's code runs)."""
-    found = stacks.found_of(cs.venv_path, stacks.read(cs.venv_path, LOCK_FILE, cs.service_name))
+    raw = stack_switch.read(cs.venv_path, LOCK_FILE, cs.service_name)
+    found = stack_switch.found_of(cs.venv_path, raw)
     current = found.current if found.kind == "link" else found.plain_lock
     return current != stack_id(cs)
 
@@ -203,12 +210,12 @@ def restart_check(cs: ContainerSettings, files: list, stack_ops: list, switched,
 def patched_stack(cs: ContainerSettings, py: str) -> list:
     """The autotune patch in the new stack, then its release file (it is complete); the ops
     that restart the server when the stack is the serving one (``restart_check``)."""
-    patch = stack.autotune_patch(name="FlashInfer CUTLASS MoE autotune (sglang patch)",
-                                 python=py, tools=TOOLS)
+    patch = venv.autotune_patch(name="FlashInfer CUTLASS MoE autotune (sglang patch)",
+                                python=py, tools=TOOLS)
     release = {"lock": stack_id(cs), "sglang": cs.sglang_version}
     paths.put(name=f"Stack {stack_id(cs)} complete (sglang {cs.sglang_version})",
               src=StringIO(json.dumps(release, sort_keys=True) + "\n"),
-              dest=f"{stack_dir(cs)}/{stack_ids.RELEASE_FILE}", mode="644")
+              dest=f"{stack_dir(cs)}/{switch_rules.RELEASE_FILE}", mode="644")
     return [patch]
 
 
@@ -218,13 +225,14 @@ def set_hostname(name: str) -> list:
     paths.put(name=f"Hostname {name} (/etc/hostname)", src=StringIO(f"{name}\n"),
               dest="/etc/hostname", mode="644")
     # An operation, not a fact read here: read with the container's other reads at execution.
-    container_state.hostname(name=f"Hostname {name} (now)", hostname=name)
+    container_reads.hostname(name=f"Hostname {name} (now)", hostname=name)
     return []
 
 
 def container_steps() -> None:
     """Every step of the container phase (``container_plan``), in order."""
     cs = host_settings(ContainerSettings)
+    expect_container_reads(cs)
     driver, gpus = host_gpus()
     env_file = env_file_path(cs)
     # Every path the steps below manage, so one read answers them all.
@@ -233,7 +241,7 @@ def container_steps() -> None:
         *(remote.path(script) for script in (remote.AUTOTUNE_PATCH, remote.FLAG_LISTER)),
         *([DOWNLOADS] if driver else []), LAUNCHER, f"{stack_dir(cs)}/pyvenv.cfg",
         cs.venv_path, f"{cs.venv_path}/", stack_dir(cs),
-        f"{stack_dir(cs)}/{stack_ids.RELEASE_FILE}",
+        f"{stack_dir(cs)}/{switch_rules.RELEASE_FILE}",
         *([f"{stack_dir(cs)}/{STACK_LOCK}"] if cs.stack_install == "pinned" else []),
         *(shared_layer_paths(cs) if cs.uses_shared_layer else []),
         *([store_retention.user_path(cs.wheel_store, store_user_key())]
@@ -304,11 +312,11 @@ def nvidia_userspace(cs: ContainerSettings, version: str):
     else:
         files.download(
             name=f"Download NVIDIA driver runfile {version}",
-            src=cs.nvidia_runfile_url or stack.RUNFILE_URL.format(v=version),
+            src=cs.nvidia_runfile_url or nvidia_driver.RUNFILE_URL.format(v=version),
             dest=runfile,
             mode="755",
         )
-    return stack.userspace_driver(
+    return nvidia_driver.userspace_driver(
         name=f"NVIDIA user-space driver {version} (the host's version)",
         version=version,
         runfile=runfile,
@@ -340,7 +348,7 @@ def cuda_toolkit(cs: ContainerSettings) -> None:
     repo = platform_for(cs.stack_python).nvidia_repo
     cuda_keyring(CUDA_KEYRING.format(repo=repo))
     toolkit = toolkit_of(cs)
-    stack.deb_packages(
+    apt.deb_packages(
         name=f"CUDA toolkit {toolkit} and a host compiler (FlashInfer JIT)",
         packages=[f"cuda-toolkit-{toolkit.replace('.', '-')}", *JIT_PACKAGES],
     )
@@ -349,28 +357,28 @@ def cuda_toolkit(cs: ContainerSettings) -> None:
 def cuda_keyring(url: str) -> None:
     """NVIDIA's repository keyring package from URL, installed until dpkg lists it: not only
     when the download changed, so a ``dpkg -i`` that failed once is made again
-    (``stack.deb_file``)."""
+    (``apt.deb_file``)."""
     files.download(name="NVIDIA CUDA repository keyring", src=url, dest=CUDA_KEYRING_DEB)
-    package, version = stack.deb_file_name(url)
-    stack.deb_file(name=f"Install the CUDA repository keyring ({package} {version})",
-                   path=CUDA_KEYRING_DEB, package=package, version=version)
+    package, version = apt.deb_file_name(url)
+    apt.deb_file(name=f"Install the CUDA repository keyring ({package} {version})",
+                 path=CUDA_KEYRING_DEB, package=package, version=version)
 
 
 def python_stack(cs: ContainerSettings, py: str) -> list:
     """A venv of the time before stacks made the current stack; uv, the new stack beside the
     serving one, the remote scripts, the pinned packages; the ops that need a restart when the
     stack is the serving one (``restart_check``)."""
-    stacks.migrate(name=f"{cs.venv_path}: a venv made before stacks becomes one (not "
-                   "reinstalled)", venv_path=cs.venv_path, lock_file=LOCK_FILE,
-                   service=cs.service_name,
-                   copies={LOCK_FILE: STACK_LOCK, f"{TOOLS}/stack-venv.lock": STACK_VENV_LOCK})
+    stack_switch.migrate(
+        name=f"{cs.venv_path}: a venv made before stacks becomes one (not reinstalled)",
+        venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
+        copies={LOCK_FILE: STACK_LOCK, f"{TOOLS}/stack-venv.lock": STACK_VENV_LOCK})
     tools = f"{TOOLS}/tools"
-    stack.tools_venv(name=f"Tools venv with uv {cs.uv_version}", path=tools,
-                     uv_version=cs.uv_version)
+    venv.tools_venv(name=f"Tools venv with uv {cs.uv_version}", path=tools,
+                    uv_version=cs.uv_version)
     uv = f"{tools}/bin/uv"
     folder = stack_dir(cs)
-    stack.venv(name=f"sglang venv {folder} (stack {stack_id(cs)})", uv=uv, path=folder,
-               python="/usr/bin/python3")
+    venv.venv(name=f"sglang venv {folder} (stack {stack_id(cs)})", uv=uv, path=folder,
+              python="/usr/bin/python3")
     # The venv's state is read by one Python start that runs these two scripts too.
     upload_script(remote.AUTOTUNE_PATCH, "Upload the autotune patch")
     upload_script(remote.FLAG_LISTER, "Upload the server flag lister")
@@ -385,22 +393,22 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
             restart_on += shared_layer(cs, uv, py, lock)
             lock_file, own = f"{folder}/{STACK_VENV_LOCK}", layer.venv_names(lock)
             source += ", the rest in the host's shared layer"
-        packages = stack.locked_venv(
+        packages = venv.locked_venv(
             name=f"sglang stack as locked: {lock.summary()}, from {source}",
             uv=uv, python=py, tools=TOOLS, lock_file=lock_file, lock=lock,
-            args=stack.source_args(cs.pip_index_url, cs.torch_index_url, cs.wheelhouse,
+            args=venv.source_args(cs.pip_index_url, cs.torch_index_url, cs.wheelhouse,
                                    cs.wheel_store if cs.uses_wheel_store else None),
             python_version=cs.stack_python, own=own,
         )
         return [*restart_on, packages]
     pins = {"sglang": cs.sglang_version}
-    packages = stack.venv_packages(
+    packages = venv.venv_packages(
         name=f"sglang sglang=={cs.sglang_version} (no dependencies)",
         uv=uv,
         python=py,
         tools=TOOLS,
         pins=pins,
-        args=stack.install_args(
+        args=venv.install_args(
             [f"{name}=={version}" for name, version in pins.items()],
             index_url=cs.pip_index_url,
             extra_index_url=cs.torch_index_url,
@@ -432,7 +440,7 @@ def shared_layer(cs: ContainerSettings, uv: str, py: str, lock: Lock) -> list:
 
 def container_model(cs: ContainerSettings, py: str, env_file: str, env) -> list:
     """Without a model store: model_download fetched into the container's own model_path
-    with the sglang venv's huggingface_hub, verified and resumable (``operations/model``),
+    with the sglang venv's huggingface_hub, verified and resumable (``model_store/operations.py``),
     after its preflight (read now, before any change: with the serving stack's Python while
     this run builds PY's). With one, the host fetched it and the container mounts it
     read-only: nothing here."""
@@ -456,9 +464,9 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
     """The server's env file (0600), unit and state; restarted only when something changed."""
     unit = unit_name(cs)
     argv, unit_text = server.argv, server.unit
-    stack.server_flags(name=f"Server flags exist in sglang {cs.sglang_version}",
-                       python=py, tools=TOOLS, argv=list(argv),
-                       unit_path=unit_path(cs), unit_text=unit_text)
+    venv.server_flags(name=f"Server flags exist in sglang {cs.sglang_version}",
+                      python=py, tools=TOOLS, argv=list(argv),
+                      unit_path=unit_path(cs), unit_text=unit_text)
     paths.directory(name="sglang cache directory", path=cs.sglang_cache_dir, mode="755")
     env_file = env_file_path(cs)
     paths.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
@@ -470,12 +478,12 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
     unit_file = paths.put(name=f"systemd unit {unit}", src=StringIO(unit_text),
                            dest=unit_path(cs), mode="644")
     systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
-    switched = stacks.switch(
+    switched = stack_switch.switch(
         name=f"{cs.venv_path} -> stack {stack_id(cs)} (sglang {cs.sglang_version}), in one "
         "rename, when it is not the serving one", venv_path=cs.venv_path, lock_file=LOCK_FILE,
         service=cs.service_name, unit=unit, wanted=stack_id(cs),
         restart_on_change=cs.restart_on_change, nodes=cs.nodes)
-    stack.service_running(
+    systemd_unit.service_running(
         name=f"{unit} enabled and running (restarted only when its unit, env, stack or patch "
         "changed)",
         unit=unit,

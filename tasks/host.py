@@ -14,7 +14,7 @@ from pyinfra.operations import files, server, systemd
 
 from pve_sglang.container_config.owned_lines import owned_by_gpu_passthrough, owned_by_settings
 from pve_sglang.facts.container import UnitState
-from pve_sglang.facts.lxc_host import RootSubIds
+from pve_sglang.facts.lxc_host import HostPart, RootSubIds
 from pve_sglang.facts.nvidia import NvidiaGpuProcesses, UvmDisableHmm
 from pve_sglang.container_config.lxc_keys import (
     DEFAULT_SUBID,
@@ -32,8 +32,9 @@ from pve_sglang.container_config.lxc_keys import (
     subid_base,
 )
 from pve_sglang.container_config.lxc_keys import limits as lxc_limits
-from pve_sglang import model_store, remote
-from pve_sglang.operations import boot, host_state, lxc, model, owned, paths, pct, store, wheels
+from pve_sglang import remote
+from pve_sglang.model_store import operations as model, rules as model_store
+from pve_sglang.operations import boot, host_reads, lxc, owned, paths, pct, store, wheels
 from pve_sglang.facts.pve import PctStatus, PveContainerVersion
 from pve_sglang.server.command import env_quote
 from pve_sglang.operations.changes import any_changed
@@ -47,9 +48,9 @@ from pve_sglang.preflight import (
     check_server_files,
     gpu_host,
     mount_attributes_warning,
-    stack_lock_of,
-    select_gpus,
 )
+from pve_sglang.gpu.passthrough import select_gpus
+from pve_sglang.stack.identity import stack_lock_of
 from pve_sglang.project import template
 from tasks.common import upload_script
 from pve_sglang.config.settings import (
@@ -88,9 +89,10 @@ def host_phase() -> None:
     model_stores(plans)
     idmap_base = lxc_host(plans, settings) if settings.platform == "lxc" else None
     if settings.platform == "lxc":
-        # Every container's config and the host's limits in one read (host_state).
-        host_state.expect([("config", (lxc.config_path(ct.data.get("lxc_name"), settings.lxc_path),))
-                           for ct, _ in plans] + [("limits", ())], executing=False)
+        # Every container's config and the host's limits in one read (host_reads).
+        host_reads.expect([(HostPart.CONFIG, (lxc.config_path(ct.data.get("lxc_name"),
+                                                               settings.lxc_path),))
+                           for ct, _ in plans] + [(HostPart.LIMITS, ())], executing=False)
     for ct, cs in plans:
         if settings.platform == "pve":
             pve_container(ct, cs, settings, gpu, indices[ct.name])
@@ -146,7 +148,7 @@ def store_retention_phase() -> None:
                      wanted=sorted(wanted[path]))
 
 
-#: The host's model fetcher: a venv with huggingface_hub and ``remote/model_fetch.py``.
+#: The host's model fetcher: a venv with huggingface_hub and ``model_store/model_fetch.py``.
 MODEL_TOOLS = "/opt/pve-sglang/model-tools"
 #: The host's env files of the model fetches (HF_TOKEN), mode 0600 in a 0700 folder.
 MODEL_SECRETS = "/etc/pve-sglang"
@@ -388,7 +390,7 @@ def lxc_container(
             )
         if mapped and not any(line in mapped for line in idmap_lines(idmap_base)):
             base = None  # the user's own id map: kept, the deploy adds none
-    limits = HostLimits.of(host_state.read("limits") or {})
+    limits = HostLimits.of(host_reads.read(HostPart.LIMITS) or {})
     if cs.cores > limits.cpus:
         logger.warning(f"{where}: cores = {cs.cores}, but the host has {limits.cpus} CPUs: "
                        f"the container gets all {limits.cpus}")
@@ -421,10 +423,10 @@ def lxc_container(
     )
     rootfs = rootfs_dir(existing or [], f"{hs.lxc_path.rstrip('/')}/{name}/rootfs")
     keys = list(lxc_limits(cs, limits))
-    # What its operations read at execution, read with the other containers' (host_state).
-    host_state.expect([("status", (name, hs.lxc_path)), ("config", (path,)),
-                       ("cgroup", (name, hs.lxc_path, keys))]
-                      + ([("files", (lxc.guard_paths(rootfs),))] if base is None else []),
+    # What its operations read at execution, read with the other containers' (host_reads).
+    host_reads.expect([(HostPart.STATUS, (name, hs.lxc_path)), (HostPart.CONFIG, (path,)),
+                       (HostPart.CGROUP, (name, hs.lxc_path, keys))]
+                      + ([(HostPart.FILES, (lxc.guard_paths(rootfs),))] if base is None else []),
                       executing=True)
     guard = None
     if base is None:  # only a privileged container can share the host's network namespace

@@ -10,10 +10,12 @@ from pyinfra.api import deploy
 from pve_sglang import remote
 from pve_sglang.server.bench_history import run_meta
 from pve_sglang.server.bench import bench_levels, bench_runs
-from pve_sglang.operations import model, stacks, verify
-from tasks.common import host_gpus, run_when_container_exists, upload_script
-from pve_sglang.preflight import select_gpus, settings_stack_path, stack_lock_of
-from pve_sglang.stack.stacks import LEGACY_LOCK_FILE
+from pve_sglang.model_store import operations as model
+from pve_sglang.operations import stack_switch, verify
+from tasks.common import expect_container_reads, host_gpus, run_when_container_exists, upload_script
+from pve_sglang.gpu.passthrough import select_gpus
+from pve_sglang.stack.identity import settings_stack_path, stack_lock_of
+from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from pve_sglang.server.command import env_file_path, unit_name, venv_python
 from pve_sglang.config.settings import ContainerSettings, base_url, client_address, host_settings
 
@@ -89,7 +91,7 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     def judged(failure):
         # A stack on trial (an upgrade) that fails is rolled back, and its start followed; a
         # node of several is judged with its group (``group_judged``, below).
-        return stacks.judged(failure, cs.venv_path, LEGACY_LOCK_FILE, cs.service_name, unit,
+        return stack_switch.judged(failure, cs.venv_path, LEGACY_LOCK_FILE, cs.service_name, unit,
                              rollback=cs.upgrade_rollback, watch=follow, nodes=cs.nodes)
 
     def started() -> None:
@@ -108,16 +110,16 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                        lambda: verify.generation_works(
                            name="One chat completion is not degenerate", url=url,
                            env_file=env_file, script=watch, on_failure=judged,
-                           skip=lambda: stacks.node_failure(host.name) is not None)))
+                           skip=lambda: stack_switch.node_failure(host.name) is not None)))
     if cs.nodes:
         checks.append((f"the nodes {', '.join(cs.nodes)} are judged together (one failed: "
-                       "all roll back)", lambda: stacks.group_judged(
+                       "all roll back)", lambda: stack_switch.group_judged(
                            name=f"The nodes of the model ({', '.join(cs.nodes)}) are judged "
                            "together", venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE,
                            service=cs.service_name, unit=unit, rollback=cs.upgrade_rollback,
                            nodes=cs.nodes, watch=follow)))
     checks.append(("a new stack that serves ends its trial (a failed one was rolled back)",
-                   lambda: stacks.trial_passed(
+                   lambda: stack_switch.trial_passed(
                        name="An upgraded stack serves: its trial ends", venv_path=cs.venv_path,
                        lock_file=LEGACY_LOCK_FILE, service=cs.service_name)))
     return checks
@@ -140,6 +142,7 @@ def verify_steps() -> None:
     """GPU, CUDA, health and benchmark checks (``verify_plan``); without a GPU, say what was
     skipped."""
     cs = host_settings(ContainerSettings)
+    expect_container_reads(cs)
     if cs.stack_install == "pinned":
         lock, _ = stack_lock_of(host.name, cs)
         # The settings' stack (the serving one, unless its switch waits: restart pending).

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from pyinfra.api import Config, Inventory, State
 
-from pve_sglang.facts.container_state import PARTS
+from pve_sglang.facts.one_read import PARTS
 from pve_sglang.facts.lxc_host import HOST_PARTS
-from pve_sglang.operations import container_state, host_state
+from pve_sglang.operations import container_reads as container_state, host_reads as host_state
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import WHOLE_RUN, Kind
 

@@ -1,5 +1,5 @@
 """The container's one read (``ContainerState``): the same values as each fact read alone, and
-what an operation changes is read again (``operations/container_state.py``)."""
+what an operation changes is read again (``operations/container_reads.py``)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ from pyinfra.context import ctx_host, ctx_state
 from harness import FoldingHost, sh
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
-from pve_sglang.facts.container_state import (
+from pve_sglang.facts.one_read import (
     PARTS,
     ContainerState,
     PartFailed,
     part_command,
     part_values,
 )
-from pve_sglang.operations import container_state, paths, stack
+from pve_sglang.operations import apt, paths, venv
+from pve_sglang.operations import container_reads as container_state
 from pve_sglang.runtime.pyinfra_private import operation_function
 
 
@@ -97,7 +98,7 @@ def folding(monkeypatch):
     host = ContainerFoldingHost(values)
     monkeypatch.setattr(container_state, "_folds", lambda: True)
     monkeypatch.setattr(container_state, "expected", lambda: EXPECTED)
-    monkeypatch.setattr("pve_sglang.operations.container_state.part_values",
+    monkeypatch.setattr("pve_sglang.operations.container_reads.part_values",
                         lambda parts, raw: {p: host.lookup(*p) for p in parts})
     with ctx_state.use(host.state), ctx_host.use(host):
         paths.watch("/etc/hostname")
@@ -109,7 +110,7 @@ def test_the_first_ask_reads_every_part_and_later_asks_read_nothing(folding):
     assert folding.reads == [("paths", "debs", "uv", "venv", "unit")]
     assert container_state.read("debs") == {"curl": ["1"]}
     assert container_state.read("uv", container_state.TOOLS_UV) == "0.13.8"
-    assert stack.venv_state(PY, TOOLS)["patch"] == "already-patched"
+    assert venv.venv_state(PY, TOOLS)["patch"] == "already-patched"
     assert container_state.read("unit", UNIT)["enabled"] == "disabled"
     assert folding.reads == [("paths", "debs", "uv", "venv", "unit")]
 
@@ -123,14 +124,14 @@ def test_what_an_operation_changed_is_read_again_alone(folding):
     assert "python3-venv" in container_state.read("debs")
     assert folding.reads == [("debs",)]
     # The venv changed (an install, the patch): read again.
-    stack.venv_changed()
-    stack.venv_state(PY, TOOLS)
+    venv.venv_changed()
+    venv.venv_state(PY, TOOLS)
     assert folding.reads[1:] == [("venv",)]
     # The patch script the venv's read runs was written: its answer is forgotten too.
     paths.forget(f"{TOOLS}/autotune_patch.py")
-    stack.venv_state(PY, TOOLS)
+    venv.venv_state(PY, TOOLS)
     assert folding.reads[1:] == [("venv",), ("venv",)]
-    stack.venv_state(PY, TOOLS)
+    venv.venv_state(PY, TOOLS)
     assert folding.reads[1:] == [("venv",), ("venv",)]
     # The unit file was written: its NeedDaemonReload moved, the unit is read again.
     container_state.read("unit", UNIT)
@@ -152,6 +153,6 @@ def test_a_failed_part_fails_the_asking_operation(folding):
 def test_tools_venv_and_deb_packages_forget_what_they_installed(folding):
     folding.values[("uv", (container_state.TOOLS_UV,))] = "0.1.0"
     folding.values[("debs", ())] = {}
-    list(operation_function(stack.tools_venv)(path="/opt/sglang/tools", uv_version="0.13.8"))
-    list(operation_function(stack.deb_packages)(packages=["curl"]))
+    list(operation_function(venv.tools_venv)(path="/opt/sglang/tools", uv_version="0.13.8"))
+    list(operation_function(apt.deb_packages)(packages=["curl"]))
     assert container_state.TOOLS_UV not in cache.memo(Kind.UV) and None not in cache.memo(Kind.DEBS)

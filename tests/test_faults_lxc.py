@@ -29,7 +29,7 @@ unit (a stand-in for the container's ``cat``, for that one file) writes half of 
 then hangs, as on a lost connection; a stand-in ``systemctl`` hangs at ``daemon-reload`` or at
 ``restart``.
 
-Found and fixed with these tests (operations/stack.py, facts/container.py): a killed install
+Found and fixed with these tests (operations/venv.py, facts/container.py): a killed install
 left METADATA reporting 0.5.9 with 1,900+ files missing, and the next run stopped with
 "autotune patch: unrecognised" (now a marker in the venv makes it reinstall); a unit written
 in full but never loaded kept the old server running (now ``NeedDaemonReload`` loads it and
@@ -54,7 +54,7 @@ import pytest
 
 from devtools import lxc_env
 from harness import PATH_STATES_COMMAND, path_states_output, plan_deploy
-from pve_sglang.stack import stacks
+from pve_sglang.stack import switch_rules as stacks
 from test_deploy_lxc import NO_GPU_DROPIN, REPO, UNIT, Deploy, changed, failed
 
 # The stack a deploy of Deploy's settings builds (sglang 0.5.9 alone), beside venv_path's link.
@@ -585,7 +585,7 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
                   for dest, body in uploads.items()}
         # A converged venv is the repository's lock of the default set, package for package:
         # sglang in the venv, the rest in the host's shared layer (its marker there).
-        from pve_sglang.facts.stacks import Stacks
+        from pve_sglang.facts.installed_stacks import Stacks
         from pve_sglang.operations import layer
         from pve_sglang.stack.lock import default_key, lock_for
         from pve_sglang.stack.releases import read_release, toolkit_version

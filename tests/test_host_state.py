@@ -1,6 +1,6 @@
 """The LXC host's one read of its containers (``LxcHostState``): the same values as each fact
 read alone, on a real container and real files; what an operation changes is read again
-(``operations/host_state.py``)."""
+(``operations/host_reads.py``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pyinfra.context import ctx_host, ctx_state
 
 from harness import FoldingHost, sh
 from pve_sglang.runtime import cache
-from pve_sglang.facts.container_state import part_values
+from pve_sglang.facts.one_read import part_values
 from pve_sglang.facts.lxc_host import HOST_PARTS, LxcHostState
-from pve_sglang.operations import host_state, lxc, owned
+from pve_sglang.operations import host_reads as host_state, lxc, owned
 
 
 def alone(kind: str, args: tuple):

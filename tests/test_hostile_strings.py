@@ -59,13 +59,15 @@ from pve_sglang.facts import nvidia as nvidia_facts
 from pve_sglang.facts import pve as pve_facts
 from pve_sglang.facts import system as system_facts
 from pve_sglang.facts import verify as verify_facts
-from pve_sglang.facts import model as model_facts
-from pve_sglang.facts import stacks as stacks_facts
+from pve_sglang.model_store import facts as model_facts
+from pve_sglang.facts import installed_stacks as stacks_facts
 from pve_sglang.facts import store as store_facts
 from pve_sglang.facts.container import UnitState
 from pve_sglang.facts.pve import LxcContainerStatus, PctStatus
 from pve_sglang.hosts_file import build_groups
-from pve_sglang.operations import boot, layer, lxc, model, paths, pct, phase, stack, stacks, store, wheels
+from pve_sglang.model_store import operations as model
+from pve_sglang.operations import apt, boot, layer, lxc, nvidia_driver, paths, pct, phase, store, systemd_unit, venv, wheels
+from pve_sglang.operations import stack_switch as stacks
 from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import (SECRET_FIELDS, ContainerSettings, HostSettings, Mount,
@@ -903,7 +905,8 @@ def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
 # that. Each operation and fact of the project gets the payloads in every string argument,
 # with the facts saying "nothing there yet" (and "running, changed" for the restart paths).
 
-OPERATION_MODULES = (pct, lxc, stack, paths, wheels, layer, boot, model, stacks, store)
+OPERATION_MODULES = (pct, lxc, venv, nvidia_driver, systemd_unit, apt, paths, wheels, layer, boot, model,
+                     stacks, store)
 FACT_MODULES = (container_facts, nvidia_facts, pve_facts, system_facts, verify_facts, model_facts,
                 stacks_facts, store_facts)
 RUNNING = {PctStatus: "running", LxcContainerStatus: "RUNNING",

@@ -1,4 +1,4 @@
-"""remote/model_fetch.py with the real huggingface_hub client (the version the container's
+"""model_store/model_fetch.py with the real huggingface_hub client (the version the container's
 locked venv has) against tests/standin_hub.py, on this machine: a clean download, one killed
 mid-shard and resumed, a corrupted and a short file fetched again, a moved branch reported and
 not followed, a gated model without a token, a missing repository and revision, a second run
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pve_sglang.remote import source
-from pve_sglang.remote.model_fetch import MARKER, partial_bytes
+from pve_sglang.model_store.model_fetch import MARKER, partial_bytes
 from standin_hub import StandinHub, serving, synthetic_files
 
 REPO = Path(__file__).resolve().parents[1]

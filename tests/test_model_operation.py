@@ -1,4 +1,4 @@
-"""operations/model.py through pyinfra's CLI on this machine (``@local``,
+"""model_store/operations.py through pyinfra's CLI on this machine (``@local``,
 devtools/deploys/model_store.py): the real huggingface_hub client against tests/standin_hub.py.
 What a user sees while it downloads (the progress lines), a re-run that changes nothing, the
 checks before any byte moves (too little space, a gated model without a token, a missing
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pve_sglang.model_store import entry, serving_link
+from pve_sglang.model_store.rules import entry, serving_link
 from pve_sglang.remote import source
-from pve_sglang.remote.model_fetch import MARKER
+from pve_sglang.model_store.model_fetch import MARKER
 from standin_hub import StandinHub, serving, synthetic_files
 
 ROOT = Path(__file__).resolve().parents[1]

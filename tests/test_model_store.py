@@ -1,11 +1,11 @@
 """model_store.preflight: the verdict on a model's plan, read before any change (a plan, ``--dry``,
-and a run alike), on a table of the answers ``remote/model_fetch.py plan`` gives."""
+and a run alike), on a table of the answers ``model_store/model_fetch.py plan`` gives."""
 
 from __future__ import annotations
 
 import pytest
 
-from pve_sglang.model_store import Verdict, preflight
+from pve_sglang.model_store.rules import Verdict, preflight
 
 WHERE = "host pve1"
 REPO = "org/Model-405B"

@@ -7,7 +7,7 @@ renders it, and the verify step says which commit each serves. The deploy is
 
 Inside a container, as a container without a model store fetches: the real huggingface_hub
 client (the lock's release, copied offline from the test cache's venv into a venv of the
-container's own Python) runs ``remote/model_fetch.py`` against the stand-in hub, which listens
+container's own Python) runs ``model_store/model_fetch.py`` against the stand-in hub, which listens
 on the bridge's address (the container's gateway over its veth): a fetch killed mid-shard resumes
 without fetching a complete file again, and a corrupted file is fetched again.
 """
@@ -27,7 +27,7 @@ from devtools.lxc_env import reachable_by_container_root
 from pve_sglang.config.settings import ContainerSettings, settings_for
 from pve_sglang.container_config.lxc_keys import mount_lines
 from pve_sglang.project import load_defaults
-from pve_sglang.model_store import entry, serving_link
+from pve_sglang.model_store.rules import entry, serving_link
 from pve_sglang import remote
 from pve_sglang.remote import source
 from standin_hub import StandinHub, serving, synthetic_files

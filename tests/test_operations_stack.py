@@ -18,7 +18,7 @@ from pve_sglang.facts.container import (
     UvVersion,
 )
 from pve_sglang.facts.verify import JournalTail
-from pve_sglang.operations import paths, stack
+from pve_sglang.operations import apt, nvidia_driver, paths, systemd_unit, venv as venv_ops
 from pve_sglang.server.command import KnownFlags
 
 PY = "/opt/sglang/venv/bin/python"
@@ -52,7 +52,7 @@ def test_libcuda_file_names_give_the_userspace_version():
 ])
 def test_userspace_driver_follows_the_host_version(libs, expected):
     installed = fact_value(NvidiaUserspaceVersion, libs)
-    assert op_commands(stack.userspace_driver, version="580.159.04", runfile=RUNFILE,
+    assert op_commands(nvidia_driver.userspace_driver, version="580.159.04", runfile=RUNFILE,
                        facts={NvidiaUserspaceVersion: installed}) == expected
 
 
@@ -74,16 +74,16 @@ SCRATCH = "/opt/sglang/venv.uv-cache"
 
 def test_venv_packages_converged_sends_nothing():
     installed = {**PINS, "numpy": "2.1.0"}
-    assert op_commands(stack.venv_packages, uv="/opt/sglang/tools/bin/uv", python=PY, tools=TOOLS,
+    assert op_commands(venv_ops.venv_packages, uv="/opt/sglang/tools/bin/uv", python=PY, tools=TOOLS,
                        pins=PINS, args=["sglang==0.5.9"], facts=venv(installed)) == []
 
 
 def test_venv_packages_one_pin_off_reinstalls_the_set():
     installed = {**PINS, "torch": "2.9.0"}
-    args = stack.install_args([f"{n}=={v}" for n, v in PINS.items()], index_url=None,
+    args = venv_ops.install_args([f"{n}=={v}" for n, v in PINS.items()], index_url=None,
                               extra_index_url="https://example.invalid/whl/cu128",
                               wheelhouse=None, no_deps=False)
-    assert op_commands(stack.venv_packages, uv="/opt/sglang/tools/bin/uv", python=PY, tools=TOOLS,
+    assert op_commands(venv_ops.venv_packages, uv="/opt/sglang/tools/bin/uv", python=PY, tools=TOOLS,
                        pins=PINS, args=args, facts=venv(installed)) == [
         f"touch {MARKER}",
         f"rm -rf {SCRATCH} && /opt/sglang/tools/bin/uv pip install --system-certs --cache-dir "
@@ -97,7 +97,7 @@ def test_venv_packages_one_pin_off_reinstalls_the_set():
 def test_venv_packages_after_an_install_cut_short_reinstalls_with_the_right_versions():
     state = {(SglangVenv, (PY, TOOLS)): {"packages": PINS, "patch": "needs-patch",
                                           "incomplete": True}}
-    assert op_commands(stack.venv_packages, uv="/opt/sglang/tools/bin/uv", python=PY, tools=TOOLS,
+    assert op_commands(venv_ops.venv_packages, uv="/opt/sglang/tools/bin/uv", python=PY, tools=TOOLS,
                        pins=PINS, args=["sglang==0.5.9"], facts=state) == [
         f"touch {MARKER}",
         f"rm -rf {SCRATCH} && /opt/sglang/tools/bin/uv pip install --system-certs --cache-dir "
@@ -108,9 +108,9 @@ def test_venv_packages_after_an_install_cut_short_reinstalls_with_the_right_vers
 
 
 def test_install_args_wheelhouse_alone_is_offline_and_with_index_is_not():
-    assert stack.install_args(["sglang==0.5.9"], None, None, "/wh", True) == [
+    assert venv_ops.install_args(["sglang==0.5.9"], None, None, "/wh", True) == [
         "--find-links", "/wh", "--no-index", "--no-deps", "sglang==0.5.9"]
-    assert stack.install_args(["sglang==0.5.9"], "https://mirror.invalid/simple", None, "/wh",
+    assert venv_ops.install_args(["sglang==0.5.9"], "https://mirror.invalid/simple", None, "/wh",
                               False) == ["--find-links", "/wh", "--index-url",
                                          "https://mirror.invalid/simple", "sglang==0.5.9"]
 
@@ -119,7 +119,7 @@ def test_install_args_wheelhouse_alone_is_offline_and_with_index_is_not():
     ("needs-patch", True), (None, True), ("already-patched", False), ("upstream-enabled", False),
 ])
 def test_autotune_patch_applied_only_when_needed(state, changes):
-    commands = op_commands(stack.autotune_patch, python=PY, tools=TOOLS, facts=venv(patch=state))
+    commands = op_commands(venv_ops.autotune_patch, python=PY, tools=TOOLS, facts=venv(patch=state))
     assert bool(commands) is changes
     if changes:
         # The venv's mtime first: a run killed after the patch is a pending restart.
@@ -130,7 +130,7 @@ def test_autotune_patch_applied_only_when_needed(state, changes):
 def test_autotune_patch_refuses_unrecognised_code_naming_it():
     state = "unrecognised: 0.5.6 /x/sglang/srt/model_executor/model_runner.py"
     with pytest.raises(OperationError, match="unrecognised: 0.5.6 .*model_runner.py"):
-        op_commands(stack.autotune_patch, python=PY, tools=TOOLS, facts=venv(patch=state))
+        op_commands(venv_ops.autotune_patch, python=PY, tools=TOOLS, facts=venv(patch=state))
 
 
 RESET = "systemctl reset-failed sglang.service"
@@ -145,7 +145,7 @@ RESET = "systemctl reset-failed sglang.service"
 ])
 def test_service_restarts_only_on_change(active, start, restart, expected):
     facts = {(UnitState, ("sglang.service",)): {"active": active, "enabled": "enabled"}}
-    assert op_commands(stack.service_running, unit="sglang.service", start=start,
+    assert op_commands(systemd_unit.service_running, unit="sglang.service", start=start,
                        restart=lambda: restart, facts=facts) == expected
 
 
@@ -169,7 +169,7 @@ def test_a_failed_or_looping_unit_is_reported_and_started_again(caplog, show, st
     facts = {(UnitState, ("sglang.service",)): fact_value(UnitState, show),
              (JournalTail, ("sglang.service", 15)): TAIL}
     # Restart requested or not, a unit that does not serve is never "running and unchanged".
-    assert op_commands(stack.service_running, unit="sglang.service", start=start,
+    assert op_commands(systemd_unit.service_running, unit="sglang.service", start=start,
                        restart=lambda: False, facts=facts) == expected
     restarts = "7 automatic restarts" if "NRestarts=7" in show else "3 automatic restarts"
     assert "sglang.service is not serving" in caplog.text and restarts in caplog.text
@@ -181,7 +181,7 @@ def test_restart_on_change_false_writes_but_reports_the_restart_pending(caplog):
 
     caplog.set_level(logging.WARNING, logger="pyinfra")
     facts = {(UnitState, ("sglang.service",)): fact_value(UnitState, SHOW_RUNNING)}
-    assert op_commands(stack.service_running, unit="sglang.service", start=True,
+    assert op_commands(systemd_unit.service_running, unit="sglang.service", start=True,
                        restart=lambda: True, since=SINCE, facts=facts,
                        restart_on_change=False) == []
     assert "sglang.service restart pending: this run changed what it runs" in caplog.text
@@ -191,14 +191,14 @@ def test_unit_state_fact_and_enable_when_disabled():
     state = fact_value(UnitState, "ActiveState=inactive\nUnitFileState=disabled\n")
     assert state == {"active": "inactive", "enabled": "disabled", "stale": False, "started": None,
                      "sub": None, "restarts": None, "result": None}
-    assert op_commands(stack.service_running, unit="sglang.service", start=True,
+    assert op_commands(systemd_unit.service_running, unit="sglang.service", start=True,
                        restart=lambda: False, facts={(UnitState, ("sglang.service",)): state}) == [
         "systemctl enable sglang.service", RESET, "systemctl start sglang.service"]
 
 
 def test_unit_written_but_never_loaded_is_loaded_and_the_server_restarted():
     state = fact_value(UnitState, "ActiveState=active\nUnitFileState=enabled\nNeedDaemonReload=yes\n")
-    assert op_commands(stack.service_running, unit="sglang.service", start=True,
+    assert op_commands(systemd_unit.service_running, unit="sglang.service", start=True,
                        restart=lambda: False, facts={(UnitState, ("sglang.service",)): state}) == [
         "systemctl daemon-reload", RESET, "systemctl restart sglang.service"]
 
@@ -252,7 +252,7 @@ def pending_commands(caplog, **mtimes) -> list[str]:
                                  ("venv", SINCE["the sglang venv"]))}
     facts = {(UnitState, ("sglang.service",)): fact_value(UnitState, SHOW_RUNNING),
              **path_facts(**states)}
-    return op_commands(stack.service_running, unit="sglang.service", start=True,
+    return op_commands(systemd_unit.service_running, unit="sglang.service", start=True,
                        restart=lambda: False, since=SINCE, facts=facts)
 
 
@@ -289,14 +289,14 @@ def test_pending_is_not_decided_without_a_start_time(caplog):
     facts = {(UnitState, ("sglang.service",)): state,
              **path_facts(**{path: {"type": "file", "mode": "644", "sha1": "0", "mtime": 1}
                              for path in SINCE.values()})}
-    assert op_commands(stack.service_running, unit="sglang.service", start=True,
+    assert op_commands(systemd_unit.service_running, unit="sglang.service", start=True,
                        restart=lambda: False, since=SINCE, facts=facts) == []
 
 
 def test_a_change_of_this_run_restarts_without_reading_the_paths():
     # restart() says yes: one restart, and no path is asked (no fact given for any).
     facts = {(UnitState, ("sglang.service",)): fact_value(UnitState, SHOW_RUNNING)}
-    assert op_commands(stack.service_running, unit="sglang.service", start=True,
+    assert op_commands(systemd_unit.service_running, unit="sglang.service", start=True,
                        restart=lambda: True, since=SINCE, facts=facts) == [
         RESET, "systemctl restart sglang.service"]
 
@@ -308,28 +308,28 @@ def test_unknown_server_flag_stops_before_the_unit_is_written():
     flags = {(SglangServerFlags, (PY, f"{TOOLS}/sglang_flags.py")):
              KnownFlags({"--model-path", "--tp-size"}, "0.5.9")}
     facts = {**flags, **path_facts(**{UNIT: None})}
-    assert op_commands(stack.server_flags, python=PY, tools=TOOLS, unit_path=UNIT, unit_text="new",
+    assert op_commands(venv_ops.server_flags, python=PY, tools=TOOLS, unit_path=UNIT, unit_text="new",
                        argv=[PY, "-m", "sglang.launch_server", "--tp-size", "8"], facts=facts) == []
     with pytest.raises(OperationError, match="sglang 0.5.9 does not know --tp-sise.*extra_server_args"):
-        op_commands(stack.server_flags, python=PY, tools=TOOLS, unit_path=UNIT, unit_text="new",
+        op_commands(venv_ops.server_flags, python=PY, tools=TOOLS, unit_path=UNIT, unit_text="new",
                     argv=[PY, "--tp-sise", "8"], facts=facts)
 
 
 def test_unchanged_unit_is_not_checked_again():
     written = {"type": "file", "mode": "644", "sha1": get_file_sha1(StringIO("same"))}
     # No SglangServerFlags value given: reading it would fail the test.
-    assert op_commands(stack.server_flags, python=PY, tools=TOOLS, unit_path=UNIT,
+    assert op_commands(venv_ops.server_flags, python=PY, tools=TOOLS, unit_path=UNIT,
                        unit_text="same", argv=[PY, "--tp-sise"],
                        facts=path_facts(**{UNIT: written})) == []
 
 
 def test_venv_created_once():
     facts = path_facts(**{"/opt/sglang/venv/pyvenv.cfg": None})
-    assert op_commands(stack.venv, uv="/u", path="/opt/sglang/venv", python="/usr/bin/python3",
+    assert op_commands(venv_ops.venv, uv="/u", path="/opt/sglang/venv", python="/usr/bin/python3",
                        facts=facts) == [
         "UV_PYTHON_DOWNLOADS=never /u venv --python /usr/bin/python3 /opt/sglang/venv"]
     facts = path_facts(**{"/opt/sglang/venv/pyvenv.cfg": {"type": "file", "mode": "644", "sha1": "0"}})
-    assert op_commands(stack.venv, uv="/u", path="/opt/sglang/venv", python="/usr/bin/python3",
+    assert op_commands(venv_ops.venv, uv="/u", path="/opt/sglang/venv", python="/usr/bin/python3",
                        facts=facts) == []
 
 
@@ -342,7 +342,7 @@ def test_venv_created_once():
 ])
 def test_tools_venv_reads_uv_version_once(uv, expected):
     facts = {(UvVersion, ("/opt/sglang/tools/bin/uv",)): fact_value(UvVersion, uv)}
-    assert op_commands(stack.tools_venv, path="/opt/sglang/tools", uv_version="0.13.8",
+    assert op_commands(venv_ops.tools_venv, path="/opt/sglang/tools", uv_version="0.13.8",
                        facts=facts) == expected
 
 
@@ -431,8 +431,8 @@ def test_path_states_command_on_this_machine(tmp_path):
 def test_deb_packages_installs_only_missing_after_refreshing_lists():
     from pyinfra.facts.deb import DebPackages
     facts = {DebPackages: {"curl": ["7.88"], "python3": ["3.11.2"]}}
-    assert op_commands(stack.deb_packages, packages=["curl", "python3"], facts=facts) == []
-    assert op_commands(stack.deb_packages, packages=["curl", "python3-venv", "g++"], facts=facts) == [
+    assert op_commands(apt.deb_packages, packages=["curl", "python3"], facts=facts) == []
+    assert op_commands(apt.deb_packages, packages=["curl", "python3-venv", "g++"], facts=facts) == [
         "DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive "
         "apt-get install -y -q --no-install-recommends python3-venv g++"]
 
@@ -448,7 +448,7 @@ def test_deb_file_installs_until_dpkg_lists_the_version():
         ({"cuda-keyring": ["1.0-1"]}, install),  # another version: this one is installed
         ({"cuda-keyring": ["1.1-1"]}, []),
     ]:
-        assert op_commands(stack.deb_file, **keyring, facts={DebPackages: installed}) == commands
+        assert op_commands(apt.deb_file, **keyring, facts={DebPackages: installed}) == commands
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -458,11 +458,11 @@ def test_deb_file_installs_until_dpkg_lists_the_version():
     ("libfoo2_2.4.1+dfsg-3_amd64.deb", ("libfoo2", "2.4.1+dfsg-3")),
 ])
 def test_deb_file_name(name, expected):
-    assert stack.deb_file_name(name) == expected
+    assert apt.deb_file_name(name) == expected
 
 
 @pytest.mark.parametrize("name", ["cuda-keyring.deb", "cuda-keyring_1.1-1_all.tar", "a__all.deb",
                                   "a_1_b_all.deb"])
 def test_deb_file_name_refuses_other_names(name):
     with pytest.raises(ValueError, match="not a Debian package file name"):
-        stack.deb_file_name(name)
+        apt.deb_file_name(name)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from pve_sglang.stack import lock as stack_lock
-from pve_sglang.operations.stack import lock_differences
+from pve_sglang.operations.venv import lock_differences
 from pve_sglang.project import load_defaults
 
 REPO = Path(__file__).resolve().parents[1]

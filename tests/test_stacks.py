@@ -1,4 +1,4 @@
-"""Stacks side by side: the decisions (``pve_sglang.stack.stacks``) on tables, and the read of a
+"""Stacks side by side: the decisions (``pve_sglang.stack.switch_rules``) on tables, and the read of a
 container's stacks (``facts.stacks.Stacks``) run with ``sh`` on real folders and links here."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import os
 import pytest
 
 from harness import sh
-from pve_sglang.facts.stacks import Stacks
-from pve_sglang.operations.stacks import found_of, link_command, record_command
-from pve_sglang.stack import stacks
-from pve_sglang.stack.stacks import Found, Move, SwitchPlan, Verdict, decide_switch, judge
+from pve_sglang.facts.installed_stacks import Stacks
+from pve_sglang.operations.stack_switch import found_of, link_command, record_command
+from pve_sglang.stack import switch_rules as stacks
+from pve_sglang.stack.switch_rules import Found, Move, SwitchPlan, Verdict, decide_switch, judge
 
 A, B, C, D = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "cccccccccccccccc", "dddddddddddddddd"
 
@@ -233,7 +233,7 @@ from harness import op_commands  # noqa: E402
 from pyinfra.api import OperationError  # noqa: E402
 
 from pve_sglang.facts.container import UnitState  # noqa: E402
-from pve_sglang.operations import stacks as stack_ops  # noqa: E402
+from pve_sglang.operations import stack_switch as stack_ops  # noqa: E402
 
 VENV = "/opt/sglang/venv"
 

@@ -199,10 +199,10 @@ def test_the_host_phase_plans_the_removal_on_recorded_proxmox_answers():
     keeps both of its sets and removes the older one with the wheel only it names; a container
     120 that mounts the store without a record blocks it all (the control)."""
     from harness import plan_deploy
-    from pve_sglang.facts.stacks import Stacks
+    from pve_sglang.facts.installed_stacks import Stacks
     from pve_sglang.facts.store import FolderSizes
     from pve_sglang.project import load_defaults
-    from pve_sglang.stack import stacks
+    from pve_sglang.stack import switch_rules as stacks
     from pve_sglang.stack.lock import default_key, lock_for
     from tasks.container import LOCK_FILE
     from tasks.host import store_retention_phase

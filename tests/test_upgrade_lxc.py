@@ -22,9 +22,9 @@ import time
 import pytest
 
 from devtools.upgrade_site import REPO, VENV, make_site, stack_of
-from pve_sglang.operations.stacks import link_command, record_command
+from pve_sglang.operations.stack_switch import link_command, record_command
 from pve_sglang.project import load_defaults
-from pve_sglang.stack import stacks
+from pve_sglang.stack import switch_rules as stacks
 
 RELEASES = ("0.5.7", "0.5.8", "0.5.9", "0.5.10")
 

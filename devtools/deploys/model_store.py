@@ -2,14 +2,14 @@
 and its containers (``@lxc/NAME``).
 
 Host data of the host that fetches (``fetch: True``): ``python`` (with huggingface_hub),
-``script`` (``remote/model_fetch.py`` where it runs), ``repo``, ``revision``, ``root``, ``flat``,
+``script`` (``model_store/model_fetch.py`` where it runs), ``repo``, ``revision``, ``root``, ``flat``,
 ``link``, ``env_file``, ``interval_s``. Host data of a container that serves (``serves``: the
 model path, where the store's link is mounted read-only): ``repo``.
 """
 
 from pyinfra import host
 
-from pve_sglang.operations import model
+from pve_sglang.model_store import operations as model
 
 data = host.data
 

@@ -4,8 +4,8 @@ LXC host (``@local``) and its containers (``@lxc/NAME``), for a lock given in ho
 On ``@local``: the wheel store (``wheels.store``), and last, once the containers ran, its
 retention (``store.pruned``). In each container, as the deploy's container phase does for a
 stack: its venv beside the others (``<venv>.stacks/<lock id>``), the host's shared layer of its
-lock (``layer.shared``), its release file, the switch of the link (``stacks.switch``), the
-container's retention (``stacks.retention``) and its record in the store (``store.holds``).
+lock (``layer.shared``), its release file, the switch of the link (``stack_switch.switch``), the
+container's retention (``stack_switch.retention``) and its record in the store (``store.holds``).
 
 Host data: ``lock_file`` (on this machine), ``pins``, ``python``, ``store``, ``uv`` (in the
 containers), ``keep`` (``stack_retention``), ``lxc_path`` (the host's containers), and on
@@ -18,9 +18,9 @@ from pathlib import Path
 
 from pyinfra import host
 
-from pve_sglang.operations import layer, paths, phase, stack, stacks, store, wheels
+from pve_sglang.operations import layer, paths, phase, stack_switch, store, venv, wheels
 from pve_sglang.stack import lock as stack_lock
-from pve_sglang.stack import stacks as stack_ids
+from pve_sglang.stack import switch_rules
 from pve_sglang.stack.store_retention import user_key
 
 data = host.data
@@ -32,18 +32,18 @@ if host.name == "@local":
     wheels.store(name=f"Wheel store {data.store}", path=data.store, lock=lock, key=key)
 phase.done(name="Host done", phase="host")
 if host.name != "@local":
-    built = stack_ids.stack_path(VENV, lock.id)
+    built = switch_rules.stack_path(VENV, lock.id)
     python = f"{built}/bin/python"
-    stack.venv(name=f"Stack {lock.id}", uv=data.uv, path=built, python="/usr/bin/python3")
+    venv.venv(name=f"Stack {lock.id}", uv=data.uv, path=built, python="/usr/bin/python3")
     layer.shared(name=f"Shared layer of lock {lock.id}", uv=data.uv, python=python,
                  tools="/opt/sglang", pth=layer.pth_path(built, data.python), store=data.store,
                  lock=lock)
     paths.put(name=f"Stack {lock.id} complete", src=StringIO(json.dumps({"lock": lock.id}) + "\n"),
-              dest=f"{built}/{stack_ids.RELEASE_FILE}", mode="644")
-    stacks.switch(name=f"Switch to {lock.id}", venv_path=VENV, lock_file=LOCK_FILE,
-                  service=SERVICE, unit="sglang.service", wanted=lock.id, restart_on_change=True)
-    stacks.retention(name="Stack retention", venv_path=VENV, lock_file=LOCK_FILE,
-                     service=SERVICE, wanted=lock.id, keep=data.keep, restart_on_change=True)
+              dest=f"{built}/{switch_rules.RELEASE_FILE}", mode="644")
+    stack_switch.switch(name=f"Switch to {lock.id}", venv_path=VENV, lock_file=LOCK_FILE,
+                        service=SERVICE, unit="sglang.service", wanted=lock.id, restart_on_change=True)
+    stack_switch.retention(name="Stack retention", venv_path=VENV, lock_file=LOCK_FILE,
+                           service=SERVICE, wanted=lock.id, keep=data.keep, restart_on_change=True)
     store.holds(name="The store knows this container's locks", store=data.store,
                 key=user_key("lxc", data.lxc_name), venv_path=VENV, lock_file=LOCK_FILE,
                 service=SERVICE, wanted=lock.id)

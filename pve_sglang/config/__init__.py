@@ -1,2 +1,3 @@
-"""The settings: pydantic models of every host and container setting, their validation and
-the generated settings table (docs)."""
+"""The settings: pydantic models of every host and container setting and their validation
+(``settings``), and the settings table of the docs generated from the defaults
+(``settings_table``)."""

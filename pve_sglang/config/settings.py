@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Union
 from urllib.parse import urlsplit
 
 from packaging.version import InvalidVersion, Version
-from pve_sglang.model_store import serving_link
+from pve_sglang.model_store.rules import serving_link
 from pydantic import (
     AfterValidator,
     BaseModel,

@@ -11,7 +11,7 @@ import argparse
 import ast
 from pathlib import Path
 
-from pve_sglang.project import GROUP_DATA, project_file
+from pve_sglang.project import GROUP_DATA, load_defaults, project_file
 from pve_sglang.config.settings import HOST_FIELDS
 
 BEGIN = "<!-- settings-table:begin -->"
@@ -32,13 +32,17 @@ def _comments_above(lines: list[str], lineno: int) -> str:
 
 def rows(path: Path | None = None) -> list[tuple[str, str, str, str]]:
     """(name, level, default, meaning) for each default of PATH (``group_data/all.py``), in order."""
-    source = (project_file(GROUP_DATA) if path is None else path).read_text()
+    path = project_file(GROUP_DATA) if path is None else path
+    source = path.read_text()
     lines = source.splitlines()
     result = []
     for node in ast.parse(source).body:
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
             name = node.targets[0].id
             default = ast.get_source_segment(source, node.value) or ""
+            if isinstance(node.value, ast.Name):  # a constant from its home: its value
+                value = load_defaults(path)[name]
+                default = f'"{value}"' if isinstance(value, str) else repr(value)
             level = "host" if name in HOST_FIELDS else "container"
             meaning = _comments_above(lines, node.lineno)
             result.append((name, level, default, meaning))

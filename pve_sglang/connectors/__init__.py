@@ -1,4 +1,5 @@
-"""pyinfra connectors of pve-sglang (``@pct``, ``@lxc``) and the host data keys they read.
+"""pyinfra connectors of pve-sglang (``@pct`` in ``pct``, ``@lxc`` in ``lxc``, what both share in
+``container``) and the host data keys they read.
 
 The keys come from each connector's own data definitions (``data_cls``/``data_meta``), the same
 ones pyinfra reads when it builds the connector, so a key a connector gains or drops is allowed or

@@ -15,14 +15,9 @@ import re
 from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
+from typing_extensions import override
 
 from pve_sglang.gpu.p2p import parse_p2p_matrix, parse_topo_matrix
-
-try:  # pyinfra ships typing_extensions as a dependency; keep the facts importable without it
-    from typing_extensions import override
-except ImportError:  # pragma: no cover
-    def override(func):  # type: ignore[no-redef]
-        return func
 
 
 # Tokens that look like a driver version: 570.133.20, 535.104.05, 580.159.04, 470.82

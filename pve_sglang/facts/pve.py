@@ -10,12 +10,7 @@ from __future__ import annotations
 import re
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
-
-try:
-    from typing_extensions import override
-except ImportError:  # pragma: no cover
-    def override(func):  # type: ignore[no-redef]
-        return func
+from typing_extensions import override
 
 from pve_sglang.pve_releases import VERSION_COMMAND, parse_dpkg_version
 from pve_sglang.runtime.pyinfra_private import joined

@@ -10,12 +10,7 @@ import re
 from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
-
-try:
-    from typing_extensions import override
-except ImportError:  # pragma: no cover
-    def override(func):  # type: ignore[no-redef]
-        return func
+from typing_extensions import override
 
 
 def parse_detect_virt(lines: list[str]) -> str | None:

@@ -5,11 +5,10 @@ Checks are facts, not commands, so a verified, converged deploy reports no chang
 
 from __future__ import annotations
 
-import json
-
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
+from pve_sglang.remote import json_objects
 from pve_sglang.runtime.pyinfra_private import joined
 
 
@@ -57,18 +56,6 @@ class HttpStatus(FactBase["int | None"]):
         return int(code) if code.isdigit() and code != "000" else None
 
 
-def _json_lines(output: list[str]) -> list[dict]:
-    objects = []
-    for line in output:
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            objects.append(value)
-    return objects
-
-
 class StartupWatch(FactBase[dict]):
     """
     Returns ``{"lines": [(seconds, text), ...], "state": {...}, "cursor": str, "health": int |
@@ -93,7 +80,7 @@ class StartupWatch(FactBase[dict]):
     @override
     def process(self, output: list[str]) -> dict:
         result: dict = {"lines": [], "state": {}, "cursor": "", "health": None, "now": None}
-        for value in _json_lines(output):
+        for value in json_objects(output):
             if "m" in value:
                 result["lines"].append((value.get("t", 0) / 1e6, str(value["m"])))
             elif "state" in value:
@@ -133,5 +120,5 @@ class GenerationCheck(FactBase["dict | None"]):
 
     @override
     def process(self, output: list[str]) -> dict | None:
-        found = _json_lines(output)
+        found = json_objects(output)
         return found[-1] if found else None

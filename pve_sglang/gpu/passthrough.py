@@ -13,6 +13,9 @@ Inputs are read from the host by the caller:
 
 Outputs:
 
++ ``select_gpus``: the host's GPUs a container gets (``gpus: all`` or a list of indices): the
+  one home of the selection, which the passthrough, the server's flags and the verify phase's
+  expected count all use;
 + ``pve_dev_entries``: Proxmox ``devN`` entries (pve-container >= 5.0.7), which stat the host
   node at every start and write the cgroup rule themselves;
 + ``raw_lxc_lines``: ``lxc.cgroup2.devices.allow`` (or ``lxc.cgroup.devices.allow`` for a legacy
@@ -28,6 +31,27 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+from pve_sglang.runtime.errors import PreflightError
+
+
+def select_gpus(wanted: str | list[int], gpus: list[dict], where: str) -> list[dict]:
+    """The host's GPUs a container gets (``gpus: all`` or a list of indices, in that order).
+
+    The one home of the GPU selection: the passthrough, the server's flags and verify's expected
+    count all come from it. An index the host lacks is an error.
+    """
+    by_index = {gpu["index"]: gpu for gpu in gpus}
+    if wanted == "all":
+        return list(gpus)
+    missing = [index for index in wanted if index not in by_index]
+    if missing:
+        raise PreflightError(
+            f"{where}: field 'gpus' = {wanted}: GPU {missing} not on the host; "
+            f"allowed: 'all' or a subset of {list(by_index)}"
+        )
+    return [by_index[index] for index in wanted]
+
 
 #: Names of the frontend major (195) in /proc/devices, preferred first.
 FRONTEND_MAJOR_NAMES = ("nvidia-frontend", "nvidia")

@@ -18,7 +18,7 @@ from pyinfra.api.util import get_file_sha1
 
 from pve_sglang.connectors.container import ContainerConnector
 from pve_sglang.stack.lock import Lock
-from pve_sglang.operations import container_state, paths, stack
+from pve_sglang.operations import container_reads, paths, venv
 from pve_sglang.runtime.cache import Kind
 from pve_sglang.stack.store_retention import LOCKS
 
@@ -84,9 +84,9 @@ def damaged(python: str, tools: str, pth: str, store: str, lock: Lock,
     not read the layer yet (no ``.pth``, or another) or changes in this run."""
     reads = paths.state(pth)
     expected = get_file_sha1(StringIO(pth_text(store, lock)))
-    if stack.venv_changed_in_this_run() or not reads or reads.get("sha1") != expected:
+    if venv.venv_changed_in_this_run() or not reads or reads.get("sha1") != expected:
         return []
-    state = stack.venv_state(python, tools)
+    state = venv.venv_state(python, tools)
     if not state["packages"]:
         return []
     # Names are normalized on both sides already (SglangVenv, the lock).
@@ -143,7 +143,7 @@ def shared(uv: str, python: str, tools: str, pth: str, store: str, lock: Lock,
         rebuild = True
     yield FunctionCommand(_build, (uv, python, store, lock, own, rebuild), {})
     # What the venv finds is read again (the packages of a layer built now).
-    container_state.forget(Kind.VENV)
+    container_reads.forget(Kind.VENV)
 
 
 def _building(store: str, lock: Lock) -> tuple[gevent.lock.Semaphore, set]:
@@ -196,11 +196,11 @@ def install_command(uv: str, python: str, store: str, requirements: str) -> Stri
     """The container-side command that installs the REQUIREMENTS file (the layer's part of the
     lock) from STORE into ``STAGING``: offline, hashes required, bytecode compiled once here
     (the layer is read-only where it is used). uv's cache is STAGING's own, removed with it
-    (``stack.scratch_cache``): the container keeps no 10 GB copy of the layer."""
+    (``venv.scratch_cache``): the container keeps no 10 GB copy of the layer."""
     staging = QuoteString(STAGING)
     return StringCommand(
-        "rm -rf", staging, "&&", stack.with_scratch_cache(
-            stack.scratch_cache(STAGING), uv, "install", "--python", QuoteString(python),
+        "rm -rf", staging, "&&", venv.with_scratch_cache(
+            venv.scratch_cache(STAGING), uv, "install", "--python", QuoteString(python),
             "--target", staging, "--compile-bytecode --require-hashes --no-deps --offline "
             "--no-index --find-links", QuoteString(store), "-r", QuoteString(requirements)))
 

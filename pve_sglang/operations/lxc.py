@@ -12,7 +12,13 @@ from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
-from pve_sglang.facts.lxc_host import LXC_NET_DNSMASQ_ALIVE, LXC_NET_RUN, LxcNetState, NetworkBridges
+from pve_sglang.facts.lxc_host import (
+    LXC_NET_DNSMASQ_ALIVE,
+    LXC_NET_RUN,
+    HostPart,
+    LxcNetState,
+    NetworkBridges,
+)
 from pve_sglang.container_config.lxc_keys import (
     IDMAP_SIZE,
     NETWORK_MANAGERS,
@@ -21,7 +27,7 @@ from pve_sglang.container_config.lxc_keys import (
     bytes_of,
     same_limit,
 )
-from pve_sglang.operations import host_state
+from pve_sglang.operations import host_reads
 
 #: Where new containers are built before they move into place (see ``create``).
 STAGING = ".pve-sglang-staging"
@@ -36,8 +42,8 @@ def config_path(name: str, lxc_path: str) -> str:
 
 def status(container: str, lxc_path: str) -> str | None:
     """Container CONTAINER's state (``LxcContainerStatus``), read once per run stage (with the
-    host's other reads: ``host_state``) until ``create`` or ``power`` changes it."""
-    return host_state.read("status", container, lxc_path)
+    host's other reads: ``host_reads``) until ``create`` or ``power`` changes it."""
+    return host_reads.read(HostPart.STATUS, container, lxc_path)
 
 
 def guard_paths(rootfs: str) -> list[str]:
@@ -171,7 +177,7 @@ def create(
     # Read again: its config (Kind.FILE_CONTENTS), status (LXC_STATUS), cgroup values
     # (LXC_CGROUP) and, in a new rootfs, the network guard's files (LXC_FILES).
     cache.changed(config_path(name, lxc_path))
-    host_state.forget_container(name, lxc_path, created=True)
+    host_reads.forget_container(name, lxc_path, created=True)
 
 
 @operation()
@@ -201,7 +207,7 @@ def network_guard(rootfs: str, shared: bool):
         )
     """
     paths = guard_paths(rootfs)
-    present = host_state.read("files", paths) or []
+    present = host_reads.read(HostPart.FILES, paths) or []
     if shared:
         missing = [path for path in paths if path not in present]
         for path in missing:
@@ -249,7 +255,7 @@ def cgroup_limits(container: str, lxc_path: str, limits: dict[str, str]):
     if status(container, lxc_path) != "RUNNING":
         host.noop(f"container {container} is not running: its config applies at start")
         return
-    current = host_state.read("cgroup", container, lxc_path, list(limits)) or {}
+    current = host_reads.read(HostPart.CGROUP, container, lxc_path, list(limits)) or {}
     changed = [key for key, value in limits.items() if not same_limit(key, current.get(key), value)]
     if not changed:
         host.noop(f"container {container} runs with its limits")
@@ -355,4 +361,4 @@ def power(container: str, lxc_path: str, restart: Callable[[], bool]):
         host.noop(f"container {name} is running")
         return
     # Read again: its status (Kind.LXC_STATUS) and cgroup values (LXC_CGROUP).
-    host_state.forget_container(name, lxc_path)
+    host_reads.forget_container(name, lxc_path)

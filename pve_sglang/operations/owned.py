@@ -11,15 +11,16 @@ from pyinfra.api import FileUploadCommand, operation
 from pyinfra.api.command import QuoteString, StringCommand
 from pve_sglang.runtime import cache
 from pve_sglang.container_config.owned_lines import reconcile_lines
-from pve_sglang.operations import host_state
+from pve_sglang.facts.lxc_host import HostPart
+from pve_sglang.operations import host_reads
 from pve_sglang.operations.paths import diff_wanted, show_diff
 
 
 def contents(path: str) -> list[str] | None:
     """PATH's lines (``FileContents``; None when missing), read once per run stage until an
     operation writes it (``cache.changed``): the config operations of one container share it.
-    A plain LXC host reads its containers' configs with its other reads (``host_state``)."""
-    return host_state.read("config", path)
+    A plain LXC host reads its containers' configs with its other reads (``host_reads``)."""
+    return host_reads.read(HostPart.CONFIG, path)
 
 
 @operation()

@@ -22,7 +22,7 @@ from pyinfra.operations.util.files import generate_color_diff
 
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
-from pve_sglang.operations import container_state
+from pve_sglang.operations import container_reads
 
 SECRET_MASK = "<secret>"
 _ENV_KEY = re.compile(r"\s*(export\s+)?[A-Za-z_][A-Za-z0-9_]*")
@@ -36,7 +36,7 @@ def watch(*paths: str) -> None:
 def state(path: str) -> dict | None:
     """What PATH is now (see ``PathStates``), from one read of every watched path not known."""
     # With the container's other reads when its connector folds them.
-    return container_state.path_state(path)
+    return container_reads.path_state(path)
 
 
 def forget(path: str) -> None:

@@ -12,10 +12,10 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.util import get_file_sha1
 from pyinfra.context import state as pyinfra_state
 
-from pve_sglang.facts.stacks import Stacks
+from pve_sglang.facts.installed_stacks import Stacks
 from pve_sglang.facts.store import FolderSizes, WheelStoreState
-from pve_sglang.operations import paths, stacks
-from pve_sglang.stack import stacks as stack_ids
+from pve_sglang.operations import paths, stack_switch
+from pve_sglang.stack import switch_rules
 from pve_sglang.stack.store_retention import (
     LOCKS,
     REMOVING, USERS, Prune, StoreLock, decide, mounting, user_path, user_text,
@@ -28,21 +28,21 @@ def held(raw: dict, wanted: str) -> set[str]:
     trial, and WANTED (built or waiting for its switch)."""
     record = raw.get("state") or {}
     found = set(raw.get("stacks") or {}) | {wanted, record.get("previous"), record.get("trial")}
-    return {i for i in found if i and stack_ids.STACK_NAME.match(i)}
+    return {i for i in found if i and switch_rules.STACK_NAME.match(i)}
 
 
 def held_after_retention(venv_path: str, raw: dict, wanted: str, keep: int,
                          restart_on_change: bool) -> set[str]:
-    """What ``held`` reads after this run's switch and retention (``operations.stacks.retention``,
+    """What ``held`` reads after this run's switch and retention (``operations.stack_switch.retention``,
     the same rule), for a plan made before either ran. RAW: the container's ``Stacks`` read."""
-    found = stacks.found_of(venv_path, raw)
+    found = stack_switch.found_of(venv_path, raw)
     current = found.current if found.kind == "link" else found.plain_lock
-    serving, rollback = stack_ids.after_switch(current, found.previous, wanted, restart_on_change)
+    serving, rollback = switch_rules.after_switch(current, found.previous, wanted, restart_on_change)
     mtimes = {name: info.get("mtime", 0.0) for name, info in (raw.get("stacks") or {}).items()}
     mtimes.setdefault(wanted, time.time())
-    gone = set(stack_ids.to_remove(mtimes, keep, serving, rollback, wanted))
+    gone = set(switch_rules.to_remove(mtimes, keep, serving, rollback, wanted))
     kept = {i for i in mtimes if i not in gone} | {serving, rollback, wanted}
-    return {i for i in kept if i and stack_ids.STACK_NAME.match(i)}
+    return {i for i in kept if i and switch_rules.STACK_NAME.match(i)}
 
 
 @operation()
@@ -71,7 +71,7 @@ def holds(store: str, key: str, venv_path: str, lock_file: str, service: str, wa
                     service="sglang", wanted="68a87c7696509d54")
     """
     # After retention (it forgets the read when it removes a stack).
-    locks = held(stacks.read(venv_path, lock_file, service), wanted)
+    locks = held(stack_switch.read(venv_path, lock_file, service), wanted)
     path, text = user_path(store, key), user_text(key, locks)
     # Read through the read-only mount, with the container's other watched paths.
     now = paths.state(path)
@@ -176,7 +176,7 @@ def planned_record(box, venv_path: str, lock_file: str, service: str, wanted: st
     if ready is not None and not ready():
         return [wanted]
     raw = box.get_fact(Stacks, venv_path=venv_path, lock_file=lock_file,
-                       state=stack_ids.state_path(service))
+                       state=switch_rules.state_path(service))
     return sorted(held_after_retention(venv_path, raw, wanted, keep, restart_on_change))
 
 

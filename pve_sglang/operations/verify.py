@@ -23,7 +23,7 @@ from pve_sglang.facts.verify import GenerationCheck, HttpStatus, JournalTail, St
 from pve_sglang.gpu.p2p import build_report, format_report
 from pve_sglang.config.settings import ContainerSettings, host_settings
 from pve_sglang.stack.lock import Lock
-from pve_sglang.operations.stack import lock_differences, venv_state
+from pve_sglang.operations.venv import lock_differences, venv_state
 from pve_sglang.remote.bench_record import parse_record
 from pve_sglang.remote.gpu_sampler import parse_summary
 from pve_sglang.remote.sglang_launch import mask_text
@@ -282,9 +282,9 @@ def startup_failure(unit: str, what: str, since: int | None, progress: Progress 
     return "\n".join(parts)
 
 
-#: What a failed check does before the host fails (``stacks.judged``: a rollback): given the
+#: What a failed check does before the host fails (``stack_switch.judged``: a rollback): given the
 #: failure, it returns the error to raise, or None when the failure is judged later (a node of
-#: several, with its group: ``stacks.group_judged``) and the host goes on.
+#: several, with its group: ``stack_switch.group_judged``) and the host goes on.
 OnFailure = Callable[[OperationError], OperationError | None]
 
 

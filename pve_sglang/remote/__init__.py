@@ -1,10 +1,11 @@
 """Code that runs inside a GPU container: one stand-alone script per file, and where each goes.
 
 Each script here imports nothing from ``pve_sglang`` (but its companions: the modules uploaded
-beside it, ``COMPANIONS``) and, but for ``gpu_checks.py`` (which
-imports the venv's torch when it runs) and ``model_fetch.py`` (huggingface_hub), only the standard library: the deploy uploads the file
-as it is (``tasks.common.upload_script``) to ``path(NAME)`` and runs it with the
-container's Python. This ``__init__`` is the local side only, and stays stdlib too, so that
+beside it, ``COMPANIONS``) and, but for ``gpu_checks.py`` (which imports the venv's torch when
+it runs) and ``model_fetch.py`` (huggingface_hub), only the standard library: the deploy uploads
+the file as it is (``tasks.common.upload_script``) to ``path(NAME)`` and runs it with the
+container's Python. ``model_fetch.py`` lives with the rest of the model store
+(``pve_sglang/model_store/``, ``ELSEWHERE``); ``source`` finds it there. This ``__init__`` is the local side only, and stays stdlib too, so that
 ``python -m pve_sglang.remote.autotune_patch`` needs nothing installed.
 
 ============================  ===============================================================
@@ -26,9 +27,9 @@ container's Python. This ``__init__`` is the local side only, and stays stdlib t
                               from NVML's energy counter where pynvml can read it
 ``bench_record.py``           runs the benchmark with its record (the server's API key inside)
                               in a private file, removed after; prints the record's numbers
-``model_fetch.py``            the model: its revision pinned to a commit, its files checked
-                              against the hub's sizes and hashes, the rest downloaded
-                              (resumed), with progress lines (needs ``huggingface_hub``)
+``model_fetch.py``            in ``model_store/``: the model, its revision pinned to a commit,
+                              its files checked against the hub's sizes and hashes, the rest
+                              downloaded (resumed), with progress lines (``huggingface_hub``)
 ``remote_env.py``             a value of the deploy's env file (a secret read by the script,
                               never on a command line): uploaded beside ``model_fetch.py``
                               and ``startup_watch.py``, which import it
@@ -37,6 +38,7 @@ container's Python. This ``__init__`` is the local side only, and stays stdlib t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 #: The container's folder for the deploy's own files: these scripts and the tools venv (uv).
@@ -57,16 +59,35 @@ REMOTE_ENV = "remote_env.py"
 COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV,), STARTUP_WATCH: (REMOTE_ENV,)}
 
 _HERE = Path(__file__).resolve().parent
+#: The scripts kept in another folder of the package, with the code of their topic: the same
+#: rules hold for them (tests/test_layout.py).
+ELSEWHERE: dict[str, Path] = {MODEL_FETCH: _HERE.parent / "model_store"}
 
 
 def source(script: str) -> Path:
     """The local file of SCRIPT (one of the names above)."""
-    path = _HERE / script
-    if path.parent != _HERE or not path.is_file():
-        raise ValueError(f"no remote script {script!r} in {_HERE}")
+    folder = ELSEWHERE.get(script, _HERE)
+    path = folder / script
+    if path.parent != folder or not path.is_file():
+        raise ValueError(f"no remote script {script!r} in {folder}")
     return path
 
 
 def path(script: str, tools: str = TOOLS) -> str:
     """Where the deploy puts SCRIPT in the container (under TOOLS)."""
     return f"{tools.rstrip('/')}/{script}"
+
+
+def json_objects(output: list[str]) -> list[dict]:
+    """The JSON objects among the output lines of a script that prints them one a line (the
+    startup watch, the model fetcher), in order; any other line (a warning a library printed,
+    a partial line) is passed over. The facts that run those scripts read them with this."""
+    objects = []
+    for line in output:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            objects.append(value)
+    return objects

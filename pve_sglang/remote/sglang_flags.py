@@ -4,11 +4,11 @@ Run by the container's venv Python (uploaded to ``remote.path(FLAG_LISTER)``)::
 
     python sglang_flags.py [SGLANG_PACKAGE_DIR]
 
-It prints ``version V`` and then the release's flags, one a line (``server_command.
+It prints ``version V`` and then the release's flags, one a line (``server.command.
 parse_flags_output`` reads them). Without SGLANG_PACKAGE_DIR it finds the sglang of the Python
 that runs it. The flags are read statically (``ast``) from ``sglang/srt/server_args.py`` and
 ``sglang/srt/arg_groups/**/*.py``: importing sglang needs torch and CUDA. Standard library only:
-``server_command.known_flags`` imports these functions for the same answer on this machine.
+``server.command.known_flags`` imports these functions for the same answer on this machine.
 """
 
 import ast

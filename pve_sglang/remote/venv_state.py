@@ -21,7 +21,7 @@ import runpy
 import sys
 import sysconfig
 
-#: In the venv while ``uv pip install`` runs (operations/stack.py): an install cut short.
+#: In the venv while ``uv pip install`` runs (operations/venv.py): an install cut short.
 INSTALL_MARKER = ".pve-sglang-install-incomplete"
 
 

@@ -28,27 +28,27 @@ from pyinfra.api.host import Host
 class Kind(str, Enum):
     """What the cache holds for a host. Per run stage unless in ``WHOLE_RUN``."""
 
-    # A container's one read (operations/container_state.py), each a part's fact:
+    # A container's one read (operations/container_reads.py), each a part's fact:
     #: ``PathStates`` per managed path; forgotten by a write of the path (``paths.forget``).
     PATHS = "paths"
-    #: ``SglangVenv`` per ``(python, tools)``, and ``"changed"`` (``stack.venv_changed``);
+    #: ``SglangVenv`` per ``(python, tools)``, and ``"changed"`` (``venv.venv_changed``);
     #: forgotten by the operations that change the venv and by a new autotune patch script.
     VENV = "venv"
     #: ``Stacks`` per ``(venv_path, lock_file, service)``; forgotten by the operations of
-    #: ``operations/stacks.py`` that change a stack, the link or the state record.
+    #: ``operations/stack_switch.py`` that change a stack, the link or the state record.
     STACKS = "stacks"
-    #: ``DebPackages``; forgotten by ``stack.deb_packages``.
+    #: ``DebPackages``; forgotten by ``apt.deb_packages``.
     DEBS = "debs"
-    #: ``UvVersion`` per uv binary; forgotten by ``stack.tools_venv``.
+    #: ``UvVersion`` per uv binary; forgotten by ``venv.tools_venv``.
     UV = "uv"
-    #: ``UnitState`` per unit; forgotten by ``stack.service_running`` and a write of its file.
+    #: ``UnitState`` per unit; forgotten by ``systemd_unit.service_running`` and a write of its file.
     UNIT = "unit"
-    #: ``Hostname``; forgotten by ``container_state.hostname``.
+    #: ``Hostname``; forgotten by ``container_reads.hostname``.
     HOSTNAME = "hostname"
     #: A Proxmox container's ``PctConfig`` per config path; forgotten by a change of the config
     #: (``pct.create``/``config``/``rootfs_size``: ``changed``).
     PCT_CONFIG = "pct_config"
-    # A plain LXC host's one read of its containers (operations/host_state.py):
+    # A plain LXC host's one read of its containers (operations/host_reads.py):
     #: Container status per ``(lxc_path, container)``; forgotten by ``lxc.create``/``power``.
     LXC_STATUS = "lxc_status"
     #: A container's LXC config lines per path (``owned.contents``); forgotten by a write of
@@ -65,11 +65,12 @@ class Kind(str, Enum):
     #: ``path -> {(kind, key)}`` read through that file (``depends``): ``changed`` forgets them.
     DEPENDS = "depends"
     #: A node's failed start or answer (``"failure"``), judged with its group's other nodes
-    #: (``stacks.group_judged`` reads it for every node); nothing forgets it.
+    #: (``stack_switch.group_judged`` reads it for every node); nothing forgets it.
     NODE_FAILURE = "node_failure"
 
     # For the whole run:
-    #: The host parts each stage will read, ``{executing: {part: True}}`` (``host_state.expect``).
+    #: The parts each stage will read, ``{executing: {part: True}}``: a plain LXC host's
+    #: (``host_reads.expect``), a container's (``container_reads.expect``).
     LXC_EXPECTED = "lxc_expected"
     #: The paths this host's operations will ask about (``paths.watch``).
     WATCHED = "watched"

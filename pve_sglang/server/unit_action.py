@@ -1,9 +1,10 @@
 """
 What a run does with the server's systemd unit, decided from what was read (a pure function).
 
-``operations.stack.service_running`` reads the unit's state, asks whether this run changed what
-the server runs, and which of its files changed after the running server started; ``decide``
-turns those values into the commands' plan. Every case is a row of ``tests/test_unit_action.py``.
+``operations.systemd_unit.service_running`` reads the unit's state, asks whether this run
+changed what the server runs, and which of its files changed after the running server started;
+``decide`` turns those values into the commands' plan. Every case is a row of
+``tests/test_unit_action.py``.
 """
 
 from __future__ import annotations

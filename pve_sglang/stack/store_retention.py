@@ -19,7 +19,7 @@ import posixpath
 import re
 from typing import NamedTuple
 
-from pve_sglang.stack.stacks import STACK_NAME
+from pve_sglang.stack.switch_rules import STACK_NAME
 
 #: The locked sets' manifests in the store (``<id>``), and their layers' markers (``<id>.layer``).
 LOCKS = ".locks"

@@ -1,6 +1,6 @@
 """Where a model lives and what the deploy says about it: the store's layout, the checks
-before a download, the progress lines. Pure functions; ``remote/model_fetch.py`` does the work
-on the target and ``operations/model.py`` runs it.
+before a download, the progress lines. Pure functions; ``model_fetch.py`` does the work on
+the target and ``operations.py`` runs it (both beside this module).
 
 The store (``model_store``, a folder on the host) holds each model once per host:
 

@@ -1,5 +1,5 @@
-"""Facts of a model fetched by ``remote/model_fetch.py``: its plan (what a fetch would do) and a
-running fetch's progress lines. Both run the uploaded script with a Python that has
+"""Facts of a model fetched by ``model_fetch.py`` (beside this module): its plan (what a fetch
+would do) and a running fetch's progress lines. Both run the uploaded script with a Python that has
 huggingface_hub; the token is read from the env file by the script, never on a command line.
 """
 
@@ -10,17 +10,7 @@ import json
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-
-def _objects(output: list[str]) -> list[dict]:
-    objects = []
-    for line in output:
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            objects.append(value)
-    return objects
+from pve_sglang.remote import json_objects
 
 
 def fetch_args(repo: str, root: str, flat: bool, link: str | None, env_file: str | None,
@@ -70,7 +60,7 @@ class ModelPlan(FactBase["dict | None"]):
 
     @override
     def process(self, output: list[str]) -> dict | None:
-        objects = _objects(output)
+        objects = json_objects(output)
         return objects[-1] if objects else None
 
 
@@ -90,7 +80,7 @@ class ModelFetchLog(FactBase[dict]):
     @override
     def process(self, output: list[str]) -> dict:
         result: dict = {"lines": [], "offset": None, "running": False}
-        for value in _objects(output):
+        for value in json_objects(output):
             if "offset" in value and "running" in value:
                 result.update(offset=value["offset"], running=value["running"])
             else:

@@ -4,12 +4,13 @@ A read through a container connector costs a process on the host and one in the 
 (``lxc-attach``, ``pct exec`` over SSH). ``ContainerState`` runs the commands of several facts
 (``PARTS``) in one shell, each in its own subshell and section, and hands each section to its
 own fact's ``process``: the values are the ones the facts give read one by one, the checks made
-on them the same. ``operations/container_state.py`` decides what one read asks for.
+on them the same. ``operations/container_reads.py`` decides what one read asks for.
 """
 
 from __future__ import annotations
 
 import re
+from enum import Enum
 
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.facts.deb import DebPackages
@@ -17,18 +18,38 @@ from pyinfra.facts.server import Hostname
 from typing_extensions import override
 
 from pve_sglang.facts.container import PathStates, SglangVenv, UnitState, UvVersion
-from pve_sglang.facts.stacks import Stacks
+from pve_sglang.facts.installed_stacks import Stacks
 from pve_sglang.runtime.pyinfra_private import MISSING_COMMAND_MARKER
 
+class Part(str, Enum):
+    """What a container's one read can hold: each the value of one fact (``PARTS``). Its value
+    is the name it had as a string, so a part given by that name is the same part."""
+
+    PATHS = "paths"
+    VENV = "venv"
+    DEBS = "debs"
+    UV = "uv"
+    UNIT = "unit"
+    HOSTNAME = "hostname"
+    STACKS = "stacks"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        # As the name was shown before it was a type: pyinfra's debug lines of the one read.
+        return repr(self.value)
+
+
 #: The parts one read can hold: kind -> (fact, the names of its arguments, in order).
-PARTS: dict[str, tuple[type[FactBase], tuple[str, ...]]] = {
-    "paths": (PathStates, ("paths",)),
-    "venv": (SglangVenv, ("python", "tools")),
-    "debs": (DebPackages, ()),
-    "uv": (UvVersion, ("uv",)),
-    "unit": (UnitState, ("unit",)),
-    "hostname": (Hostname, ()),
-    "stacks": (Stacks, ("venv_path", "lock_file", "state")),
+PARTS: dict[Part, tuple[type[FactBase], tuple[str, ...]]] = {
+    Part.PATHS: (PathStates, ("paths",)),
+    Part.VENV: (SglangVenv, ("python", "tools")),
+    Part.DEBS: (DebPackages, ()),
+    Part.UV: (UvVersion, ("uv",)),
+    Part.UNIT: (UnitState, ("unit",)),
+    Part.HOSTNAME: (Hostname, ()),
+    Part.STACKS: (Stacks, ("venv_path", "lock_file", "state")),
 }
 
 # The section lines: a part's own output never starts with this (nothing it prints does).
@@ -54,7 +75,7 @@ class PartMissingCommand:
         self.command = command
 
 
-def part_command(kind: str, args: tuple, table: dict = PARTS) -> StringCommand | str:
+def part_command(kind: Enum, args: tuple, table: dict = PARTS) -> StringCommand | str:
     """The command of part KIND's fact (in TABLE) for ARGS, guarded as pyinfra guards it when
     the fact requires a command (``_get_fact``)."""
     fact = table[kind][0]()

@@ -1,5 +1,5 @@
-"""The stacks of a container (``pve_sglang.stack.stacks``): what ``venv_path`` is, the complete
-stacks beside it, and the deploy's record of them, in one read."""
+"""The stacks installed in a container (``pve_sglang.stack.switch_rules``): what ``venv_path``
+is, the complete stacks beside it, and the deploy's record of them, in one read."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing_extensions import override
 
 from pve_sglang.remote.venv_state import INSTALL_MARKER
 from pve_sglang.runtime.pyinfra_private import joined
-from pve_sglang.stack import stacks
+from pve_sglang.stack import switch_rules
 
 
 class Stacks(FactBase[dict]):
@@ -23,9 +23,9 @@ class Stacks(FactBase[dict]):
 
     @override
     def command(self, venv_path: str, lock_file: str, state: str) -> StringCommand:
-        v, d = QuoteString(venv_path.rstrip("/")), QuoteString(stacks.stacks_dir(venv_path))
+        v, d = QuoteString(venv_path.rstrip("/")), QuoteString(switch_rules.stacks_dir(venv_path))
         lock, record = QuoteString(lock_file), QuoteString(state)
-        marker, release = QuoteString(INSTALL_MARKER), QuoteString(stacks.RELEASE_FILE)
+        marker, release = QuoteString(INSTALL_MARKER), QuoteString(switch_rules.RELEASE_FILE)
         return joined(
             "v=", v, "; d=", d, "; l=", lock, "; s=", record, "; m=", marker, "; r=", release,
             '; if [ -L "$v" ]; then printf \'link|%s\\n\' "$(readlink "$v")"; '
@@ -61,7 +61,7 @@ class Stacks(FactBase[dict]):
             elif what == "stack":
                 name, _, rest = rest.partition("|")
                 mtime, _, text = rest.partition("|")
-                if stacks.STACK_NAME.match(name):
+                if switch_rules.STACK_NAME.match(name):
                     found["stacks"][name] = {**_json(text), "mtime": float(mtime or 0)}
             elif what == "state":
                 found["state"] = _json(rest)

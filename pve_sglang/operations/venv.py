@@ -1,9 +1,10 @@
-"""The inference stack inside a GPU container: NVIDIA user-space driver, venv, autotune patch."""
+"""The sglang venv inside a GPU container: the tools venv (uv), the venv, its packages (as
+locked, or sglang alone), the autotune patch, and the check of the server's flags against the
+release it holds. The venv's state is read once per run stage (``venv_state``)."""
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable
 from io import StringIO
 
 from pyinfra import host, logger
@@ -12,19 +13,15 @@ from pyinfra.api.util import get_file_sha1
 
 from pve_sglang import remote
 
-from pve_sglang.runtime import cache
-from pve_sglang.facts.container import NvidiaUserspaceVersion, SglangServerFlags
-from pve_sglang.facts.verify import JournalTail
+from pve_sglang.facts.container import SglangServerFlags
+from pve_sglang.facts.one_read import Part
 from pve_sglang.remote.venv_state import INSTALL_MARKER
-from pve_sglang.server import unit_action
 from pve_sglang.server.command import check_flags
-from pve_sglang.server.unit_action import Action
 from pve_sglang.stack.lock import Lock, normalized
-from pve_sglang.operations import container_state, paths
+from pve_sglang.operations import container_reads, paths
 from pve_sglang.runtime.cache import Kind, forget, memo
 from pve_sglang.runtime.pyinfra_private import joined
 
-RUNFILE_URL = "https://us.download.nvidia.com/XFree86/Linux-x86_64/{v}/NVIDIA-Linux-x86_64-{v}.run"
 PATCH_DONE = ("already-patched", "upstream-enabled")
 
 # The sglang venv's state is read once per run stage and shared by the operations below (one
@@ -60,7 +57,7 @@ def venv_state(python: str, tools: str) -> dict:
     known = memo(Kind.VENV)
     if (python, tools) not in known:
         # With the container's other reads (kept in memo(Kind.VENV) too).
-        known[(python, tools)] = container_state.read("venv", python, tools)
+        known[(python, tools)] = container_reads.read(Part.VENV, python, tools)
     return known[(python, tools)]
 
 
@@ -75,33 +72,6 @@ def venv_changed_in_this_run() -> bool:
     return bool(memo(Kind.VENV).get("changed"))
 
 
-@operation()
-def userspace_driver(version: str, runfile: str):
-    """
-    Install NVIDIA's user-space driver VERSION from RUNFILE without kernel modules: the
-    container shares the host's module, and any other version fails with
-    ``Driver/library version mismatch``. Done again whenever the host's version moves.
-
-    + version: the host's NVIDIA driver version (``nvidia-smi``), e.g. ``580.95.05``
-    + runfile: the path in the container of NVIDIA's ``.run`` installer of that version
-
-    **Example:**
-
-    .. code:: python
-
-        from pve_sglang.operations import stack
-
-        stack.userspace_driver(
-            name="NVIDIA user-space driver 580.95.05 (the host's version)",
-            version="580.95.05",
-            runfile="/var/cache/pve-sglang/NVIDIA-Linux-x86_64-580.95.05.run",
-        )
-    """
-    installed = host.get_fact(NvidiaUserspaceVersion)
-    if installed == version:
-        host.noop(f"user-space NVIDIA driver {version} is installed")
-        return
-    yield StringCommand("sh", QuoteString(runfile), "--no-kernel-modules --silent")
 
 
 def install_args(
@@ -144,16 +114,16 @@ def venv_packages(uv: str, python: str, tools: str, pins: dict[str, str], args: 
 
     .. code:: python
 
-        from pve_sglang.operations import stack
+        from pve_sglang.operations import venv
 
         pins = {"sglang": "0.5.9", "torch": "2.9.1", "flashinfer-python": "0.6.3"}
-        stack.venv_packages(
+        venv.venv_packages(
             name="sglang sglang==0.5.9, torch==2.9.1, flashinfer-python==0.6.3",
             uv="/opt/sglang/tools/bin/uv",
             python="/opt/sglang/venv/bin/python",
             tools="/opt/sglang",
             pins=pins,
-            args=stack.install_args([f"{n}=={v}" for n, v in pins.items()], index_url=None,
+            args=venv.install_args([f"{n}=={v}" for n, v in pins.items()], index_url=None,
                                     extra_index_url=None, wheelhouse=None, no_deps=False),
         )
     """
@@ -221,16 +191,16 @@ def locked_venv(uv: str, python: str, tools: str, lock_file: str, lock: Lock, ar
     .. code:: python
 
         from pve_sglang.stack import lock as stack_lock
-        from pve_sglang.operations import stack
+        from pve_sglang.operations import venv
 
-        stack.locked_venv(
+        venv.locked_venv(
             name="sglang stack as locked",
             uv="/opt/sglang/tools/bin/uv",
             python="/opt/sglang/venv/bin/python",
             tools="/opt/sglang",
             lock_file="/opt/sglang/stack.lock",
             lock=stack_lock.lock_for(stack_lock.default_key()),
-            args=stack.source_args(None, None, None, "/var/cache/pve-sglang/wheels"),
+            args=venv.source_args(None, None, None, "/var/cache/pve-sglang/wheels"),
             python_version="3.11",
         )
     """
@@ -278,9 +248,9 @@ def autotune_patch(python: str, tools: str):
 
     .. code:: python
 
-        from pve_sglang.operations import stack
+        from pve_sglang.operations import venv
 
-        stack.autotune_patch(
+        venv.autotune_patch(
             name="FlashInfer CUTLASS MoE autotune (sglang patch)",
             python="/opt/sglang/venv/bin/python",
             tools="/opt/sglang",
@@ -308,118 +278,10 @@ def autotune_patch(python: str, tools: str):
     venv_changed()
 
 
-def restart_pending(started: int | None, since: dict[str, str]) -> list[str]:
-    """The names in SINCE (``{name: path}``) whose path changed after STARTED (the running
-    server's start, microseconds since the epoch): a run that changed them was killed before
-    it restarted the server. Both times are read in the container, on its clock; a file's
-    mtime is never later than the write (the kernel stamps it with a coarse clock), so a
-    server started after the change is never found pending. Unknown times decide nothing."""
-    if started is None:
-        return []
-    changed = []
-    for name, path in since.items():
-        current = paths.state(path)
-        mtime = current.get("mtime") if current else None
-        if mtime is not None and mtime > started:
-            changed.append(name)
-    return changed
 
 
-def _state_words(unit_state: dict) -> str:
-    words = f"{unit_state['active']}/{unit_state.get('sub')} (Result={unit_state.get('result')}"
-    if unit_state.get("restarts") not in (None, "", "0"):
-        words += f", {unit_state['restarts']} automatic restarts"
-    return words + ")"
 
 
-@operation()
-def service_running(unit: str, start: bool, restart: Callable[[], bool],
-                    since: dict[str, str] | None = None, restart_on_change: bool = True):
-    """
-    Keep UNIT running and enabled at boot where it can run (START: the server needs a GPU;
-    without one it is disabled, so that it does not fail and restart at every boot). Start it
-    when it is down, and restart it once when RESTART says its unit, environment, stack or
-    patch changed. A converged run restarts nothing: a restart reloads the model, minutes of
-    downtime. A restart a killed run never made is made: when a path of SINCE changed after the
-    running server started, the server runs the old one; the log says which (``restart pending:
-    the unit file changed after the server started``). A unit found failed or between two
-    automatic restarts is reported (state, restart count, last journal lines) and started again,
-    so that the verify phase follows that start and diagnoses it. Each start or restart resets
-    the unit's start limit first (``reset-failed``): the limit is for automatic restarts.
-
-    + unit: the systemd unit, e.g. ``sglang.service``
-    + start: start the unit when it is down, and enable it at boot; false leaves it stopped
-      and disabled (no GPU to serve on)
-    + restart: asked only when the unit runs; true restarts it. Usually ``any_changed`` of the
-      operations that write its unit, env file, launcher and stack
-    + since: ``{what: path}`` of what the server reads when it starts, whose mtimes (from the
-      run's one read of the managed paths) are compared with the server's start
-    + restart_on_change: false never restarts a running server: a needed restart is reported
-      as pending on every run until the server runs what its files say
-
-    **Example:**
-
-    .. code:: python
-
-        from pve_sglang.operations import stack
-        from pve_sglang.operations.changes import any_changed
-
-        # unit_file, env, packages: the operations writing the unit, its env file, the stack
-        stack.service_running(
-            name="sglang.service enabled and running",
-            unit="sglang.service",
-            start=True,
-            restart=any_changed(unit_file, env, packages, restarts="sglang.service"),
-            since={"the unit file": "/etc/systemd/system/sglang.service",
-                   "the environment file": "/etc/sglang/sglang.env"},
-        )
-    """
-    unit_state = container_state.read("unit", unit)
-    # What this operation does moves it: a later ask reads it again.
-    container_state.forget(Kind.UNIT)
-    active, sub = unit_state["active"], unit_state.get("sub")
-    # Written but never loaded (a deploy killed between the write and the reload): the server
-    # runs the old unit. Load it and restart, as the killed run would have.
-    stale = unit_state.get("stale", False)
-    serving = active in unit_action.RUNNING_STATES and not unit_action.looping(active, sub)
-    # Asked before the first command: a plan (--dry) reads an operation only up to its first
-    # command, and the restart's reason is logged when it is asked.
-    changed = serving and (stale or restart())
-    pending = restart_pending(unit_state.get("started"), since or {}) if serving and not changed else []
-    plan = unit_action.decide(active=active, sub=sub, enabled=unit_state["enabled"], stale=stale,
-                              start=start, changed=changed, pending=pending,
-                              restart_on_change=restart_on_change)
-    quoted = QuoteString(unit)
-    if plan.daemon_reload:
-        yield StringCommand("systemctl daemon-reload")
-    if plan.boot:
-        yield StringCommand(f"systemctl {plan.boot}", quoted)
-    action = plan.action
-    if action is Action.RECOVER:
-        if cache.once(Kind.UNIT_LOOPING, unit):
-            tail = host.get_fact(JournalTail, unit=unit, lines=15)
-            logger.warning(f"{host.name}: {unit} is not serving: {_state_words(unit_state)}; "
-                           "last journal lines:\n" + "\n".join(f"    {line}" for line in tail))
-        yield StringCommand("systemctl reset-failed", quoted)
-        yield StringCommand("systemctl restart" if start else "systemctl stop", quoted)
-    elif action is Action.NOTHING:
-        host.noop(f"{unit} is running and unchanged")
-    elif action is Action.PENDING:
-        if cache.once(Kind.RESTART_PENDING, unit):
-            logger.warning(f"{host.name}: {unit} restart pending: {plan.why}; restart_on_change "
-                           f"is false: `systemctl restart {unit}` when the model may go down")
-        host.noop(f"{unit} restart pending (restart_on_change is false)")
-    elif action is Action.RESTART:
-        if pending and cache.once(Kind.RESTART_PENDING, unit):
-            # Once per run: in the plan, or at execution when the plan was skipped (-y).
-            logger.warning(f"{host.name}: {unit} restart pending: {plan.why}")
-        yield StringCommand("systemctl reset-failed", quoted)
-        yield StringCommand("systemctl restart", quoted)
-    elif action is Action.START:
-        yield StringCommand("systemctl reset-failed", quoted)
-        yield StringCommand("systemctl start", quoted)
-    else:
-        host.noop(f"{unit} not started: the server needs a GPU")
 
 
 @operation()
@@ -440,9 +302,9 @@ def server_flags(python: str, tools: str, argv: list[str], unit_path: str, unit_
 
     .. code:: python
 
-        from pve_sglang.operations import stack
+        from pve_sglang.operations import venv
 
-        stack.server_flags(
+        venv.server_flags(
             name="Server flags exist in sglang 0.5.9",
             python="/opt/sglang/venv/bin/python",
             tools="/opt/sglang",
@@ -483,19 +345,19 @@ def tools_venv(path: str, uv_version: str):
 
     .. code:: python
 
-        from pve_sglang.operations import stack
+        from pve_sglang.operations import venv
 
-        stack.tools_venv(name="Tools venv with uv 0.13.8", path="/opt/sglang/tools",
-                         uv_version="0.13.8")
+        venv.tools_venv(name="Tools venv with uv 0.13.8", path="/opt/sglang/tools",
+                        uv_version="0.13.8")
     """
     uv = f"{path.rstrip('/')}/bin/uv"
-    if container_state.read("uv", uv) == uv_version:
+    if container_reads.read(Part.UV, uv) == uv_version:
         host.noop(f"uv {uv_version} is installed in {path}")
         return
     pip = QuoteString(f"{path}/bin/pip")
     yield StringCommand("[ -x", pip, "] || python3 -m venv", QuoteString(path))
     yield StringCommand(pip, "install", QuoteString(f"uv=={uv_version}"))
-    container_state.forget(Kind.UV)
+    container_reads.forget(Kind.UV)
 
 
 @operation()
@@ -512,9 +374,9 @@ def venv(uv: str, path: str, python: str):
 
     .. code:: python
 
-        from pve_sglang.operations import stack
+        from pve_sglang.operations import venv
 
-        stack.venv(
+        venv.venv(
             name="sglang venv /opt/sglang/venv",
             uv="/opt/sglang/tools/bin/uv",
             path="/opt/sglang/venv",
@@ -529,72 +391,8 @@ def venv(uv: str, path: str, python: str):
                         QuoteString(python), QuoteString(path))
 
 
-@operation()
-def deb_file(path: str, package: str, version: str):
-    """
-    Install the Debian package file at PATH (e.g. a downloaded repository keyring) unless
-    PACKAGE is installed at VERSION. Decided from what dpkg lists, not from whether the file
-    changed in this run: a ``dpkg -i`` that failed (the dpkg lock held at a container's first
-    boot, a full disk) or never ran (a run killed after the download) is made by the next run.
-
-    + path: the ``.deb`` in the container
-    + package: its package name, as ``dpkg -l`` lists it
-    + version: its version, as ``dpkg -l`` lists it
-
-    **Example:**
-
-    .. code:: python
-
-        from pve_sglang.operations import stack
-
-        stack.deb_file(name="Install the CUDA repository keyring",
-                       path="/var/cache/pve-sglang/cuda-keyring.deb",
-                       package="cuda-keyring", version="1.1-1")
-    """
-    installed = container_state.read("debs").get(package) or ()
-    if version in installed:
-        host.noop(f"{package} {version} installed")
-        return
-    yield StringCommand("dpkg -i", QuoteString(path))
-    container_state.forget(Kind.DEBS)
 
 
-@operation()
-def deb_packages(packages: list[str]):
-    """
-    Install the Debian PACKAGES that are missing, refreshing the package lists first; one read
-    when all are there (``apt.packages`` with ``cache_time`` reads three facts to decide).
-
-    + packages: Debian package names, installed without recommends
-
-    **Example:**
-
-    .. code:: python
-
-        from pve_sglang.operations import stack
-
-        stack.deb_packages(name="Base packages",
-                           packages=["ca-certificates", "curl", "python3", "python3-venv"])
-    """
-    installed = container_state.read("debs")
-    missing = [name for name in packages if name not in installed]
-    if not missing:
-        host.noop("Debian packages installed: " + ", ".join(packages))
-        return
-    yield StringCommand(
-        "DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive "
-        "apt-get install -y -q --no-install-recommends", *(QuoteString(m) for m in missing)
-    )
-    container_state.forget(Kind.DEBS)
 
 
-def deb_file_name(path: str) -> tuple[str, str]:
-    """The package and version of a Debian package file, from its name as Debian names them
-    (``NAME_VERSION_ARCH.deb``): ``.../cuda-keyring_1.1-1_all.deb`` -> ``("cuda-keyring",
-    "1.1-1")``. The version's epoch, if any, is not in a file name."""
-    name = posixpath.basename(path)
-    parts = name[:-len(".deb")].split("_") if name.endswith(".deb") else []
-    if len(parts) != 3 or not all(parts):
-        raise ValueError(f"{name!r} is not a Debian package file name (NAME_VERSION_ARCH.deb)")
-    return parts[0], parts[1]
 

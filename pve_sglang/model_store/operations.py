@@ -1,6 +1,6 @@
 """The model a server loads: fetched once where it is kept, verified, resumable, with progress.
 
-``remote/model_fetch.py`` does the work on the target (a container's own ``model_path``, or
+``model_fetch.py`` (beside this module) does the work on the target (a container's own ``model_path``, or
 the host's model store); this operation runs it and relays its progress through pyinfra's
 logger while other hosts go on.
 """
@@ -13,10 +13,10 @@ from pyinfra import host, logger
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.context import state
 
-from pve_sglang.facts.model import HubClientVersion, ModelFetchLog, ModelMarker, ModelPlan, fetch_args
-from pve_sglang.preflight import PreflightError
-from pve_sglang.remote.model_fetch import MARKER
-from pve_sglang.model_store import (
+from pve_sglang.model_store.facts import HubClientVersion, ModelFetchLog, ModelMarker, ModelPlan, fetch_args
+from pve_sglang.model_store.model_fetch import MARKER
+from pve_sglang.runtime.errors import PreflightError
+from pve_sglang.model_store.rules import (
     Verdict,
     log_path,
     moved_warning,
@@ -81,10 +81,10 @@ def fetched(python: str, script: str, repo: str, revision: str | None, root: str
     killed with it, resumable): the next run follows it.
 
     + python: a Python with huggingface_hub that runs SCRIPT
-    + script: the uploaded ``remote/model_fetch.py``
+    + script: the uploaded ``model_store/model_fetch.py``
     + repo: the repository, e.g. ``Qwen/Qwen3-30B-A3B``
     + revision: a branch, tag or commit; ``None``: the default branch
-    + root: the store's folder of REPO (``model_store.entry``), or with FLAT the model folder
+    + root: the store's folder of REPO (``model_store.rules.entry``), or with FLAT the model folder
     + flat: the files go in ROOT itself (a container's own ``model_path``)
     + link: the path, stable across runs, made to name the commit's folder (what the
       containers mount); ``None`` for none
@@ -98,7 +98,7 @@ def fetched(python: str, script: str, repo: str, revision: str | None, root: str
 
     .. code:: python
 
-        from pve_sglang.operations import model
+        from pve_sglang.model_store import operations as model
 
         model.fetched(
             name="Model Qwen/Qwen3-30B-A3B in /models/model",
@@ -186,7 +186,7 @@ def served(path: str, repo: str):
 
     .. code:: python
 
-        from pve_sglang.operations import model
+        from pve_sglang.model_store import operations as model
 
         model.served(name="The model served", path="/models/model", repo="Qwen/Qwen3-30B-A3B")
     """
@@ -217,7 +217,7 @@ def client_venv(path: str, version: str):
 
     .. code:: python
 
-        from pve_sglang.operations import model
+        from pve_sglang.model_store import operations as model
 
         model.client_venv(name="huggingface_hub 0.36.2 on the host",
                           path="/opt/pve-sglang/model-tools", version="0.36.2")

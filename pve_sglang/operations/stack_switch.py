@@ -1,4 +1,4 @@
-"""Stacks side by side (``pve_sglang.stack.stacks``): the failed-set check, the switch of the
+"""Stacks side by side (``pve_sglang.stack.switch_rules``): the failed-set check, the switch of the
 ``venv_path`` link, retention, and the verify phase's rollback of a failed upgrade."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.context import state as pyinfra_state
 
 from pve_sglang import remote
-from pve_sglang.operations import container_state
+from pve_sglang.facts.one_read import Part
+from pve_sglang.operations import container_reads
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
 from pve_sglang.server import unit_action
-from pve_sglang.stack import stacks
-from pve_sglang.stack.stacks import LEGACY_LOCK_FILE, Found, Move, Verdict, read_args
+from pve_sglang.stack import switch_rules
+from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE, Found, Move, Verdict, read_args
 
 
 def cannot_name(venv_path: str, error: ValueError) -> str:
@@ -28,19 +29,19 @@ def cannot_name(venv_path: str, error: ValueError) -> str:
 def read(venv_path: str, lock_file: str, service: str) -> dict:
     """The container's stacks (``Stacks``), with the container's other reads, once per run
     stage until an operation here changes them."""
-    return container_state.read("stacks", *read_args(venv_path, service, lock_file))
+    return container_reads.read(Part.STACKS, *read_args(venv_path, service, lock_file))
 
 
 def found_of(venv_path: str, raw: dict) -> Found:
-    """The pure view (``stacks.Found``) of a ``Stacks`` read: a plain venv named by its lock,
+    """The pure view (``switch_rules.Found``) of a ``Stacks`` read: a plain venv named by its lock,
     or by its sglang release when it was installed without a lock."""
     kind, current = raw["kind"], None
     if kind == "link":
-        current = stacks.linked_id(venv_path, raw.get("target"))
+        current = switch_rules.linked_id(venv_path, raw.get("target"))
         if current is None:
             kind = "other"
     plain = raw.get("plain_lock") or (
-        stacks.unlocked_id(raw["plain_sglang"]) if raw.get("plain_sglang") else None)
+        switch_rules.unlocked_id(raw["plain_sglang"]) if raw.get("plain_sglang") else None)
     record = raw.get("state") or {}
     return Found(kind=kind, current=current, plain_lock=plain if kind == "plain" else None,
                  stacks=tuple(sorted(raw.get("stacks") or {})),
@@ -57,9 +58,9 @@ def release_words(raw: dict, stack_id: str | None) -> str:
 
 def record_command(service: str, record: dict) -> StringCommand:
     """Write the state record of SERVICE's stacks whole (a temporary file, then a rename)."""
-    path = stacks.state_path(service)
+    path = switch_rules.state_path(service)
     text = json.dumps(record, sort_keys=True)
-    return StringCommand("mkdir -p", QuoteString(stacks.STATE_DIR), "&& printf '%s\\n'",
+    return StringCommand("mkdir -p", QuoteString(switch_rules.STATE_DIR), "&& printf '%s\\n'",
                          QuoteString(text), ">", QuoteString(f"{path}.tmp"), "&& mv -f",
                          QuoteString(f"{path}.tmp"), QuoteString(path))
 
@@ -68,7 +69,7 @@ def link_command(venv_path: str, stack_id: str) -> StringCommand:
     """Point ``venv_path`` at STACK_ID in one rename: a new link beside it, moved over it."""
     link = venv_path.rstrip("/")
     temporary = QuoteString(f"{link}.switching")
-    return StringCommand("ln -sfn", QuoteString(stacks.link_target(venv_path, stack_id)),
+    return StringCommand("ln -sfn", QuoteString(switch_rules.link_target(venv_path, stack_id)),
                          temporary, "&& mv -T", temporary, QuoteString(link))
 
 
@@ -91,14 +92,14 @@ def not_failed(venv_path: str, lock_file: str, service: str, wanted: str, releas
 
     .. code:: python
 
-        from pve_sglang.operations import stacks
+        from pve_sglang.operations import stack_switch
 
-        stacks.not_failed(name="The stack did not fail before", venv_path="/opt/sglang/venv",
-                          lock_file="/opt/sglang/stack.lock", service="sglang",
-                          wanted="68a87c7696509d54", release="sglang 0.5.10", retry=False)
+        stack_switch.not_failed(name="The stack did not fail before", venv_path="/opt/sglang/venv",
+                                lock_file="/opt/sglang/stack.lock", service="sglang",
+                                wanted="68a87c7696509d54", release="sglang 0.5.10", retry=False)
     """
     record = (read(venv_path, lock_file, service).get("state") or {}).get("failed") or {}
-    failed = stacks.refused(record, wanted, retry)
+    failed = switch_rules.refused(record, wanted, retry)
     if failed is not None:
         raise OperationError(
             f"{host.name}: the set {release} (stack {wanted}) failed as an upgrade on "
@@ -140,19 +141,19 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
 
     .. code:: python
 
-        from pve_sglang.operations import stacks
+        from pve_sglang.operations import stack_switch
 
-        stacks.switch(name="Switch to stack 68a87c7696509d54", venv_path="/opt/sglang/venv",
-                      lock_file="/opt/sglang/stack.lock", service="sglang",
-                      unit="sglang.service", wanted="68a87c7696509d54", restart_on_change=True)
+        stack_switch.switch(name="Switch to stack 68a87c7696509d54", venv_path="/opt/sglang/venv",
+                            lock_file="/opt/sglang/stack.lock", service="sglang",
+                            unit="sglang.service", wanted="68a87c7696509d54", restart_on_change=True)
     """
     # What the build before changed (a new stack's files) decides nothing here.
     raw = read(venv_path, lock_file, service)
     found = found_of(venv_path, raw)
-    unit_state = container_state.read("unit", unit)
+    unit_state = container_reads.read(Part.UNIT, unit)
     serving = unit_state.get("active") in unit_action.RUNNING_STATES
     try:
-        plan = stacks.decide_switch(found, wanted, restart_on_change, serving)
+        plan = switch_rules.decide_switch(found, wanted, restart_on_change, serving)
     except ValueError as error:
         raise OperationError(cannot_name(venv_path, error)) from None
     record = dict(raw.get("state") or {})
@@ -169,7 +170,7 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
         return
     # A node of several: each node's switch is this one operation, on every node at once;
     # one node dropped out of the run before it (a failed build) and none switches.
-    missing = stacks.not_together(nodes, in_run(), plan.previous, wanted) if nodes else ()
+    missing = switch_rules.not_together(nodes, in_run(), plan.previous, wanted) if nodes else ()
     if missing:
         raise OperationError(_apart(missing, nodes or [], release_words(raw, wanted),
                                     "the serving stack is unchanged, the new one built beside"))
@@ -199,22 +200,22 @@ def migrate(venv_path: str, lock_file: str, service: str, copies: dict[str, str]
 
     .. code:: python
 
-        from pve_sglang.operations import stacks
+        from pve_sglang.operations import stack_switch
 
-        stacks.migrate(name="A venv made before stacks becomes one", venv_path="/opt/sglang/venv",
-                       lock_file="/opt/sglang/stack.lock", service="sglang",
-                       copies={"/opt/sglang/stack.lock": "pve-sglang.lock"})
+        stack_switch.migrate(name="A venv made before stacks becomes one", venv_path="/opt/sglang/venv",
+                             lock_file="/opt/sglang/stack.lock", service="sglang",
+                             copies={"/opt/sglang/stack.lock": "pve-sglang.lock"})
     """
     raw = read(venv_path, lock_file, service)
     try:
-        moved = stacks.migration(found_of(venv_path, raw))
+        moved = switch_rules.migration(found_of(venv_path, raw))
     except ValueError as error:
         raise OperationError(cannot_name(venv_path, error)) from None
     if moved is None:
         host.noop(f"{venv_path} is not a venv of the time before stacks")
         return
-    venv, folder = venv_path.rstrip("/"), stacks.stacks_dir(venv_path)
-    target = stacks.stack_path(venv_path, moved)
+    venv, folder = venv_path.rstrip("/"), switch_rules.stacks_dir(venv_path)
+    target = switch_rules.stack_path(venv_path, moved)
     reference = QuoteString(f"{folder}/.{moved}.mtime")
     release = json.dumps({"lock": moved, "sglang": raw.get("plain_sglang")}, sort_keys=True)
     copied = [StringCommand("&& { [ ! -f", QuoteString(source), "] || cp -p",
@@ -223,7 +224,7 @@ def migrate(venv_path: str, lock_file: str, service: str, copies: dict[str, str]
     yield StringCommand(
         "mkdir -p", QuoteString(folder), "&& touch -r", QuoteString(venv), reference, *copied,
         "&& printf '%s\\n'", QuoteString(release), ">",
-        QuoteString(f"{venv}/{stacks.RELEASE_FILE}"), "&& mv -T", QuoteString(venv),
+        QuoteString(f"{venv}/{switch_rules.RELEASE_FILE}"), "&& mv -T", QuoteString(venv),
         QuoteString(target), "&& touch -r", reference, QuoteString(target), "&&",
         link_command(venv_path, moved), "&& touch -h -r", reference, QuoteString(venv),
         "&& rm -f", reference)
@@ -252,20 +253,20 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
 
     .. code:: python
 
-        from pve_sglang.operations import stacks
+        from pve_sglang.operations import stack_switch
 
-        stacks.retention(name="Keep the 2 newest stacks", venv_path="/opt/sglang/venv",
-                         lock_file="/opt/sglang/stack.lock", service="sglang",
-                         wanted="68a87c7696509d54", keep=2, restart_on_change=True)
+        stack_switch.retention(name="Keep the 2 newest stacks", venv_path="/opt/sglang/venv",
+                               lock_file="/opt/sglang/stack.lock", service="sglang",
+                               wanted="68a87c7696509d54", keep=2, restart_on_change=True)
     """
     # Read again after a switch of this run (it forgets): a stack built in this run and not
     # read yet is kept (the wanted one always is).
     raw = read(venv_path, lock_file, service)
     found = found_of(venv_path, raw)
     current = found.current if found.kind == "link" else found.plain_lock
-    serving, rollback = stacks.after_switch(current, found.previous, wanted, restart_on_change)
+    serving, rollback = switch_rules.after_switch(current, found.previous, wanted, restart_on_change)
     mtimes = {name: info.get("mtime", 0.0) for name, info in (raw.get("stacks") or {}).items()}
-    gone = stacks.to_remove(mtimes, keep, serving, rollback, wanted)
+    gone = switch_rules.to_remove(mtimes, keep, serving, rollback, wanted)
     if not gone:
         host.noop(f"{len(mtimes)} stacks, {keep} kept")
         return
@@ -273,7 +274,7 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
         logger.info(f"{host.name}: stack_retention {keep}: removing "
                     + ", ".join(release_words(raw, name) for name in gone))
     for name in gone:
-        yield StringCommand("rm -rf", QuoteString(stacks.stack_path(venv_path, name)))
+        yield StringCommand("rm -rf", QuoteString(switch_rules.stack_path(venv_path, name)))
     forget()
 
 
@@ -294,8 +295,8 @@ def judged(failure: OperationError, venv_path: str, lock_file: str, service: str
     forget()
     raw = read(venv_path, lock_file, service)
     found = found_of(venv_path, raw)
-    verdict = stacks.judge(True, found.trial, found.current, found.previous, found.stacks,
-                           rollback)
+    verdict = switch_rules.judge(True, found.trial, found.current, found.previous, found.stacks,
+                                 rollback)
     return _concluded(verdict, failure, _first_line(failure), raw, found, venv_path, service,
                       unit, watch)
 
@@ -330,17 +331,17 @@ def together(venv_path: str, lock_file: str, service: str, wanted: str, release:
 
     .. code:: python
 
-        from pve_sglang.operations import stacks
+        from pve_sglang.operations import stack_switch
 
-        stacks.together(name="Every node of the model is in the run",
-                        venv_path="/opt/sglang/venv", lock_file="/opt/sglang/stack.lock",
-                        service="sglang",
-                        wanted="68a87c7696509d54", release="sglang 0.5.10",
-                        nodes=["ct101", "ct102"])
+        stack_switch.together(name="Every node of the model is in the run",
+                              venv_path="/opt/sglang/venv", lock_file="/opt/sglang/stack.lock",
+                              service="sglang",
+                              wanted="68a87c7696509d54", release="sglang 0.5.10",
+                              nodes=["ct101", "ct102"])
     """
     found = found_of(venv_path, read(venv_path, lock_file, service))
     current = found.current if found.kind == "link" else found.plain_lock
-    missing = stacks.not_together(nodes, in_run(), current, wanted)
+    missing = switch_rules.not_together(nodes, in_run(), current, wanted)
     if missing:
         raise OperationError(_apart(missing, nodes, f"{release} (stack {wanted})"))
     host.noop(f"the nodes {', '.join(nodes)} are in the run")
@@ -379,12 +380,12 @@ def group_judged(venv_path: str, lock_file: str, service: str, unit: str, rollba
 
     .. code:: python
 
-        from pve_sglang.operations import stacks
+        from pve_sglang.operations import stack_switch
 
-        stacks.group_judged(name="The nodes of the model are judged together",
-                            venv_path="/opt/sglang/venv", lock_file="/opt/sglang/stack.lock",
-                            service="sglang", unit="sglang.service", rollback=True,
-                            nodes=["ct101", "ct102"], watch=lambda: None)
+        stack_switch.group_judged(name="The nodes of the model are judged together",
+                                  venv_path="/opt/sglang/venv", lock_file="/opt/sglang/stack.lock",
+                                  service="sglang", unit="sglang.service", rollback=True,
+                                  nodes=["ct101", "ct102"], watch=lambda: None)
     """
     if not pyinfra_state.is_executing:
         host.noop("the nodes of a model are judged together once each was")
@@ -392,7 +393,7 @@ def group_judged(venv_path: str, lock_file: str, service: str, unit: str, rollba
     active = in_run()
     passed = {name: None if name not in active else node_failure(name) is None
               for name in nodes}
-    failed = stacks.group_failed(passed)
+    failed = switch_rules.group_failed(passed)
     if not failed:
         host.noop(f"every node of the group ({', '.join(nodes)}) serves")
         return
@@ -404,8 +405,8 @@ def group_judged(venv_path: str, lock_file: str, service: str, unit: str, rollba
     forget()
     raw = read(venv_path, lock_file, service)
     found = found_of(venv_path, raw)
-    verdict = stacks.judge(True, found.trial, found.current, found.previous, found.stacks,
-                           rollback)
+    verdict = switch_rules.judge(True, found.trial, found.current, found.previous, found.stacks,
+                                 rollback)
     raise _concluded(verdict, failure, why[:300], raw, found, venv_path, service, unit, watch,
                      group=(nodes, failed))
     yield from ()
@@ -442,7 +443,7 @@ def _concluded(verdict: Verdict, failure: OperationError, why: str, raw: dict, f
                                        "for debugging",
                   Verdict.NO_TARGET: "no previous stack to go back to"}[verdict]
         _run(record_command(service, record))
-        back = (f"; to go back: ln -sfn {stacks.link_target(venv_path, found.previous)} "
+        back = (f"; to go back: ln -sfn {switch_rules.link_target(venv_path, found.previous)} "
                 f"{venv_path} && systemctl restart {unit}{every}") if found.previous else ""
         logger.error(f"{host.name}: UPGRADE FAILED, NOT ROLLED BACK: {new} does not serve"
                      f"{on} ({reason}){back}")
@@ -496,10 +497,10 @@ def trial_passed(venv_path: str, lock_file: str, service: str):
 
     .. code:: python
 
-        from pve_sglang.operations import stacks
+        from pve_sglang.operations import stack_switch
 
-        stacks.trial_passed(name="The upgrade serves", venv_path="/opt/sglang/venv",
-                            lock_file="/opt/sglang/stack.lock", service="sglang")
+        stack_switch.trial_passed(name="The upgrade serves", venv_path="/opt/sglang/venv",
+                                  lock_file="/opt/sglang/stack.lock", service="sglang")
     """
     if not pyinfra_state.is_executing:
         host.noop("an upgrade's trial ends once the server answered")

@@ -31,13 +31,14 @@ from pyinfra import host
 
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
-from pve_sglang.facts.container_state import part_values
-from pve_sglang.facts.lxc_host import HOST_PARTS, LxcHostState
-from pve_sglang.operations.container_state import checked
+from pve_sglang.facts.one_read import part_values
+from pve_sglang.facts.lxc_host import HOST_PARTS, HostPart, LxcHostState
+from pve_sglang.operations.container_reads import checked
 
 #: The per-stage cache each kind is kept in (``cache.memo``).
-MEMO = {"status": Kind.LXC_STATUS, "config": Kind.FILE_CONTENTS, "files": Kind.LXC_FILES,
-        "cgroup": Kind.LXC_CGROUP, "limits": Kind.CGROUP_LIMITS}
+MEMO = {HostPart.STATUS: Kind.LXC_STATUS, HostPart.CONFIG: Kind.FILE_CONTENTS,
+        HostPart.FILES: Kind.LXC_FILES, HostPart.CGROUP: Kind.LXC_CGROUP,
+        HostPart.LIMITS: Kind.CGROUP_LIMITS}
 
 
 def _folds() -> bool:
@@ -47,25 +48,26 @@ def _folds() -> bool:
     return isinstance(getattr(host, "connector", None), (LocalConnector, SSHConnector))
 
 
-def _key(kind: str, args: tuple) -> Hashable:
+def _key(kind: HostPart, args: tuple) -> Hashable:
     """Where part KIND/ARGS is kept in its memo: the keys the operations forget."""
-    if kind == "status":
+    if kind is HostPart.STATUS:
         container, lxc_path = args
         return (lxc_path, container)
-    if kind == "cgroup":
+    if kind is HostPart.CGROUP:
         container, lxc_path, keys = args
         return (lxc_path, container, tuple(keys))
-    if kind == "files":
+    if kind is HostPart.FILES:
         return tuple(args[0])
     return args[0] if args else None
 
 
-def _part(kind: str, args: tuple) -> tuple[str, tuple]:
-    """The part, hashable (lists as tuples)."""
-    return kind, tuple(tuple(a) if isinstance(a, list) else a for a in args)
+def _part(kind: HostPart | str, args: tuple) -> tuple[HostPart, tuple]:
+    """The part, hashable (lists as tuples); KIND a ``HostPart`` or its name (an unknown name
+    fails here, not as a cache of its own)."""
+    return HostPart(kind), tuple(tuple(a) if isinstance(a, list) else a for a in args)
 
 
-def expect(parts: list[tuple[str, tuple]], executing: bool) -> None:
+def expect(parts: list[tuple[HostPart, tuple]], executing: bool) -> None:
     """PARTS (``(kind, args)``) will be read at execution (EXECUTING) or while planning: the
     first read of that stage reads them too."""
     wanted = cache.memo(Kind.LXC_EXPECTED).setdefault(executing, {})
@@ -73,12 +75,12 @@ def expect(parts: list[tuple[str, tuple]], executing: bool) -> None:
         wanted[_part(kind, args)] = True
 
 
-def _known(kind: str, args: tuple) -> bool:
+def _known(kind: HostPart, args: tuple) -> bool:
     return _key(kind, args) in cache.memo(MEMO[kind])
 
 
-def read(kind: str, *args):
-    """Part KIND (a kind of ``HOST_PARTS``) for ARGS, as its own fact gives it; the first ask
+def read(kind: HostPart | str, *args):
+    """Part KIND (a ``HostPart``, or its name) for ARGS, as its own fact gives it; the first ask
     of a run stage reads every part expected for that stage not known yet, in one command."""
     kind, args = _part(kind, args)
     if not _known(kind, args):
@@ -90,7 +92,7 @@ def read(kind: str, *args):
     return checked(kind, args, cache.memo(MEMO[kind])[_key(kind, args)], "on the host")
 
 
-def _read(wanted: list[tuple[str, tuple]]) -> None:
+def _read(wanted: list[tuple[HostPart, tuple]]) -> None:
     if len(wanted) == 1:
         kind, args = wanted[0]
         fact, names = HOST_PARTS[kind]

@@ -3,18 +3,19 @@
 A converged container run asks its managed paths (``paths.state``), its Debian packages, the
 tools venv's uv, the sglang venv (one Python start), the server unit and, on plain LXC, the
 hostname: six facts, six processes on the host and in the container. ``read`` answers the
-first of them with one read of all that the run will ask (``expected``: what the container
-phase's operations ask for these settings) and keeps each answer in the per-stage cache of
-its kind (``MEMO``: ``cache.memo``), where the operations' own ``forget`` finds it:
+first of them with one read of all that the run will ask (``expect``: what the container
+phase's operations ask for these settings, told by the phase) and keeps each answer in the
+per-stage cache of its kind (``MEMO``: ``cache.memo``), where the operations' own ``forget``
+finds it:
 
 - ``paths``: ``memo(Kind.PATHS)[path]``, forgotten by ``paths.forget`` (``cache.changed``);
-- ``venv``: ``memo(Kind.VENV)[(python, tools)]``, forgotten by ``stack.venv_changed``, and when
+- ``venv``: ``memo(Kind.VENV)[(python, tools)]``, forgotten by ``venv.venv_changed``, and when
   the autotune patch script it runs is written (``cache.depends``);
 - ``debs``, ``uv``, ``hostname``: forgotten by the operation that installs or sets them;
 - ``unit``: ``memo(Kind.UNIT)[unit]``, forgotten when the unit file is written (its
   ``NeedDaemonReload`` moves) and by ``service_running``'s own commands;
 - ``stacks``: ``memo(Kind.STACKS)[args]``, forgotten by the operations of
-  ``operations/stacks.py`` that move a stack, the link or the record.
+  ``operations/stack_switch.py`` that move a stack, the link or the record.
 
 A part not expected, or asked again after it was forgotten, is read alone, with its own fact.
 Only through a container connector are parts folded: that is where a read is a process on the
@@ -25,6 +26,7 @@ tests) reads each part with its own fact, as before.
 from __future__ import annotations
 
 from collections.abc import Hashable
+from enum import Enum
 
 from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
@@ -34,19 +36,20 @@ from pve_sglang import remote
 
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
-from pve_sglang.facts.container_state import (
+from pve_sglang.facts.one_read import (
     PARTS,
     ContainerState,
+    Part,
     PartFailed,
     PartMissingCommand,
     part_values,
 )
 
 #: The per-stage cache each part is kept in (``cache.memo``).
-MEMO = {"paths": Kind.PATHS, "venv": Kind.VENV, "debs": Kind.DEBS, "uv": Kind.UV,
-        "unit": Kind.UNIT, "hostname": Kind.HOSTNAME, "stacks": Kind.STACKS}
+MEMO = {Part.PATHS: Kind.PATHS, Part.VENV: Kind.VENV, Part.DEBS: Kind.DEBS, Part.UV: Kind.UV,
+        Part.UNIT: Kind.UNIT, Part.HOSTNAME: Kind.HOSTNAME, Part.STACKS: Kind.STACKS}
 
-#: The tools venv's uv, as ``tasks/container.py`` installs it (``stack.tools_venv``).
+#: The tools venv's uv, as ``tasks/container.py`` installs it (``venv.tools_venv``).
 TOOLS_UV = f"{remote.TOOLS}/tools/bin/uv"
 
 
@@ -56,29 +59,24 @@ def _folds() -> bool:
     return isinstance(getattr(host, "connector", None), ContainerConnector)
 
 
-def expected() -> list[tuple[str, tuple]]:
-    """The parts (``(kind, args)``) the container phase's operations ask for this host's
-    settings, paths aside (``paths.watch`` names those); none outside ``gpu_containers``."""
-    if "gpu_containers" not in getattr(host, "groups", ()):
-        return []
-    from pve_sglang.server.command import unit_name
-    from pve_sglang.config.settings import ContainerSettings, host_settings
-    from pve_sglang.preflight import settings_stack_path
-    from pve_sglang.stack import stacks
-
-    cs = host_settings(ContainerSettings)
-    # The settings' stack, built beside the serving one (``venv_path`` links to it).
-    python = f"{settings_stack_path(host.name, cs)}/bin/python"
-    parts = [("debs", ()), ("uv", (TOOLS_UV,)), ("venv", (python, remote.TOOLS)),
-             ("unit", (unit_name(cs),)), ("stacks", stacks.read_args(cs.venv_path, cs.service_name))]
-    if host.data.get("platform") == "lxc":
-        parts.append(("hostname", ()))
-    return parts
+def expect(parts: list[tuple[Part, tuple]]) -> None:
+    """PARTS (``(kind, args)``, paths aside: ``paths.watch`` names those) will be asked by this
+    host's phases, in both stages: the first ask of each reads them too. Told by the phase that
+    knows the settings (``tasks.common.expect_container_reads``), as ``host_reads.expect`` is."""
+    wanted = cache.memo(Kind.LXC_EXPECTED)
+    for executing in (False, True):
+        wanted.setdefault(executing, {}).update(dict.fromkeys(
+            ((Part(kind), args) for kind, args in parts), True))
 
 
-def _key(kind: str, args: tuple) -> Hashable:
+def expected() -> list[tuple[Part, tuple]]:
+    """The parts this host's phases said they will ask in this stage (``expect``)."""
+    return list(cache.memo(Kind.LXC_EXPECTED).get(host.state.is_executing, {}))
+
+
+def _key(kind: Part, args: tuple) -> Hashable:
     """Where part KIND/ARGS is kept in its memo: the keys the operations forget."""
-    if kind in ("venv", "stacks"):
+    if kind in (Part.VENV, Part.STACKS):
         return args
     return args[0] if args else None
 
@@ -89,28 +87,37 @@ def _pending_paths(asked: tuple[str, ...] = ()) -> tuple[str, ...]:
     return tuple(sorted((watched - known.keys()) | set(asked)))
 
 
-def _store(kind: str, args: tuple, value) -> None:
-    if kind == "paths":
+def _store(kind: Part, args: tuple, value) -> None:
+    if kind is Part.PATHS:
         if isinstance(value, dict):
             cache.memo(Kind.PATHS).update(value)
         else:  # failed: every asked path holds the failure
             cache.memo(Kind.PATHS).update(dict.fromkeys(args[0], value))
         return
-    cache.memo(MEMO[kind])[_key(kind, args)] = value
-    if kind == "venv":
+    key = _key(kind, args)
+    cache.memo(MEMO[kind])[key] = value
+    through = _read_through(kind, args)
+    if through is not None:
+        cache.depends(through, MEMO[kind], key)
+
+
+def _read_through(kind: Part, args: tuple) -> str | None:
+    """The file part KIND/ARGS is read through: a write of it forgets the part."""
+    if kind is Part.VENV:
         # It runs the patch script's --check: a new script forgets what the old one said.
-        cache.depends(remote.path(remote.AUTOTUNE_PATCH, args[1]), Kind.VENV, _key(kind, args))
-    elif kind == "unit":
+        return remote.path(remote.AUTOTUNE_PATCH, args[1])
+    if kind is Part.UNIT:
         # Writing the unit file moves its NeedDaemonReload (``server.command.unit_path``).
-        cache.depends(f"/etc/systemd/system/{args[0]}", Kind.UNIT, _key(kind, args))
+        return f"/etc/systemd/system/{args[0]}"
+    return None
 
 
-def _read_alone(kind: str, args: tuple):
+def _read_alone(kind: Part, args: tuple):
     fact, names = PARTS[kind]
     return host.get_fact(fact, **dict(zip(names, args)))
 
 
-def checked(kind: str, args: tuple, value, where: str = "in the container"):
+def checked(kind: Enum, args: tuple, value, where: str = "in the container"):
     """VALUE of part KIND for ARGS, or the error its read ended with (a missing command, a
     failed part), raised as pyinfra raises it for a fact read alone."""
     if isinstance(value, PartMissingCommand):
@@ -121,10 +128,11 @@ def checked(kind: str, args: tuple, value, where: str = "in the container"):
     return value
 
 
-def read(kind: str, *args):
-    """Part KIND (a kind of ``PARTS``) for ARGS, as its own fact gives it; the first ask of a
+def read(kind: Part | str, *args):
+    """Part KIND (a ``Part``, or its name) for ARGS, as its own fact gives it; the first ask of a
     run stage reads every expected part not known yet, in one command."""
-    if kind == "paths":
+    kind = Part(kind)  # an unknown name fails here, not as a cache of its own
+    if kind is Part.PATHS:
         raise TypeError("paths are read with path_state")
     known = cache.memo(MEMO[kind])
     key = _key(kind, args)
@@ -135,7 +143,7 @@ def read(kind: str, *args):
                        if p != (kind, args) and _key(*p) not in cache.memo(MEMO[p[0]])]
             paths = _pending_paths()
             if paths:
-                wanted.append(("paths", (paths,)))
+                wanted.append((Part.PATHS, (paths,)))
         _read(wanted)
     return checked(kind, args, known[key])
 
@@ -146,14 +154,15 @@ def path_state(path: str) -> dict | None:
     known."""
     known = cache.memo(Kind.PATHS)
     if path not in known:
-        wanted = [("paths", (_pending_paths((path,)),))]
+        wanted = [(Part.PATHS, (_pending_paths((path,)),))]
         if _folds():
             wanted += [p for p in expected() if _key(*p) not in cache.memo(MEMO[p[0]])]
         _read(wanted)
-    return checked("paths", (path,), known.get(path))
+    return checked(Part.PATHS, (path,), known.get(path))
 
 
-def _read(wanted: list[tuple[str, tuple]]) -> None:
+def _read(wanted: list[tuple[Part, tuple]]) -> None:
+    wanted = [(Part(kind), args) for kind, args in wanted]
     if len(wanted) == 1:
         kind, args = wanted[0]
         _store(kind, args, _read_alone(kind, args))
@@ -182,11 +191,11 @@ def hostname(hostname: str):
 
     .. code:: python
 
-        from pve_sglang.operations import container_state
+        from pve_sglang.operations import container_reads
 
-        container_state.hostname(name="Hostname gpu-box (now)", hostname="gpu-box")
+        container_reads.hostname(name="Hostname gpu-box (now)", hostname="gpu-box")
     """
-    if read("hostname") == hostname:
+    if read(Part.HOSTNAME) == hostname:
         host.noop(f"hostname is {hostname}")
         return
     yield StringCommand("hostname", QuoteString(hostname))

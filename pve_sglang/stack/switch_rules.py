@@ -72,7 +72,7 @@ def linked_id(venv_path: str, target: str | None) -> str | None:
 
 
 class Found(NamedTuple):
-    """What a run reads of a container's stacks (``facts.stacks.Stacks``)."""
+    """What a run reads of a container's stacks (``facts.installed_stacks.Stacks``)."""
 
     #: ``venv_path`` is: "link" (to a stack), "plain" (a venv of the time before stacks),
     #: "missing", or "other" (a file, or a link to something not ours).

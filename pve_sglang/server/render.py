@@ -1,0 +1,54 @@
+"""The server's files for one container, rendered once: its command line, unit and env file.
+
+The container phase writes what ``server_files`` returns, and the host phase's preflight calls
+it for every container (new ones too, whose container phase is deferred until they run), so a
+render error stops the run before any change, in ``--dry`` as in a real run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyinfra.api.inventory import Inventory
+
+from pve_sglang.config.settings import ContainerSettings, container_hostname
+from pve_sglang.server.command import (
+    ServerArgv,
+    dist_init_addr,
+    node_rank_for,
+    render_env,
+    render_unit,
+    server_argv,
+    venv_python,
+)
+
+
+@dataclass
+class ServerFiles:
+    """What the container phase writes for the server: its command line, unit and env file."""
+
+    argv: ServerArgv
+    unit: str
+    env: str
+
+
+def server_files(
+    name: str, settings: ContainerSettings, gpus: list[dict], inventory: Inventory
+) -> ServerFiles:
+    """Render the server's argv, unit and env file for container NAME on these GPUs (the
+    host's GPUs it gets, ``gpu.passthrough.select_gpus``); the first node's hostname from INVENTORY
+    when several nodes serve the model. Raises ValueError."""
+    node_rank, nnodes = node_rank_for(name, settings.nodes)
+    address = settings.dist_init_addr
+    if address is None and settings.nodes:
+        address = container_hostname(inventory.get_host(settings.nodes[0]).data)
+    argv = server_argv(
+        settings,
+        gpu_count=len(gpus) or 1,
+        compute_caps=[gpu["compute_cap"] for gpu in gpus],
+        node_rank=node_rank,
+        nnodes=nnodes,
+        dist_init_addr=dist_init_addr(address, settings.dist_init_port) if nnodes > 1 else None,
+        python=venv_python(settings),
+    )
+    return ServerFiles(argv, render_unit(settings, argv), render_env(settings))
