@@ -81,6 +81,27 @@ RETRY_ENVIRONMENT = {
 }
 
 
+#: As root, each run's temporary folders are under a folder of its own here, not in pytest's
+#: shared ``/tmp/pytest-of-root``: every pytest that starts sets that one back to 0700, which
+#: takes the way down to their rootfs from the unprivileged containers of a run still going.
+RUNS_TEMP = Path("/var/tmp/pve-sglang-pytest")
+#: Finished runs' folders kept for a look after a failure (pytest keeps 3 of its own).
+RUNS_KEPT = 3
+
+
+def pytest_configure(config):
+    if os.geteuid() != 0 or config.option.basetemp or hasattr(config, "workerinput"):
+        return  # not root, told where, or a pytest-xdist worker (given a folder of the run's)
+    RUNS_TEMP.mkdir(mode=0o711, exist_ok=True)
+    RUNS_TEMP.chmod(0o711)
+    finished = sorted((run for run in RUNS_TEMP.glob("run-*")
+                       if not Path(f"/proc/{run.name.split('-')[1]}").exists()),
+                      key=lambda run: run.stat().st_mtime)
+    for run in finished[:-RUNS_KEPT] if RUNS_KEPT else finished:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(run)], check=False)
+    config.option.basetemp = str(RUNS_TEMP / f"run-{os.getpid()}")
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers set here
 def pytest_collection_modifyitems(items):
     for item in items:
