@@ -50,6 +50,7 @@ if _os.environ.get("PYTEST_XDIST_WORKER"):
 
     gevent.spawn(_keep_the_loop_alive)
 
+import json
 import os
 import subprocess
 import sys
@@ -110,6 +111,61 @@ def pytest_collection_modifyitems(items):
             if name in used:
                 for marker in markers:
                     item.add_marker(marker)
+    items[:] = longest_modules_first(items)
+
+
+#: Each module's seconds in the last whole run (its tests' setup, call and teardown added),
+#: written by that run's end: the next run starts the longest modules first.
+MODULE_SECONDS = TEST_CACHE / "module-seconds.json"
+#: A module not timed yet counts by the heaviest tier of its tests: the modules that boot
+#: containers take minutes, those of the fast tier seconds.
+SECONDS_OF_TIER = (("lxc", 60.0), ("root", 20.0), ("network", 10.0))
+_timed: dict[str, float] = {}
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def longest_modules_first(items: list) -> list:
+    """ITEMS with the longest modules first (by the last run's times), each module's tests
+    together and in their order: pytest-xdist's workers take whole modules in this order, so
+    the long ones start early and the many short ones fill the end, instead of one worker
+    finishing a long module alone at the end."""
+    try:
+        recorded = json.loads(MODULE_SECONDS.read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    seconds: dict[str, float] = {}
+    for item in items:
+        guess = max((s for marker, s in SECONDS_OF_TIER if item.get_closest_marker(marker)),
+                    default=1.0)
+        module = module_of(item.nodeid)
+        seconds[module] = recorded.get(module, max(seconds.get(module, 0.0), guess))
+    order = {module: index for index, module in enumerate(seconds)}
+    return sorted(items, key=lambda item: (-seconds[module_of(item.nodeid)], order[module_of(item.nodeid)]))
+
+
+def pytest_runtest_logreport(report):
+    _timed[module_of(report.nodeid)] = _timed.get(module_of(report.nodeid), 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The whole run's module times, for the next run's order (not a worker's part, nor a
+    run of a few files: those would forget the other modules)."""
+    if hasattr(session.config, "workerinput") or session.config.args != ["tests"] \
+            and session.config.args:
+        return
+    try:
+        recorded = json.loads(MODULE_SECONDS.read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    recorded.update({module: round(seconds, 1) for module, seconds in _timed.items()})
+    try:
+        MODULE_SECONDS.parent.mkdir(parents=True, exist_ok=True)
+        MODULE_SECONDS.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
+    except OSError:
+        pass  # a read-only cache: the order is only an optimisation
 
 
 @pytest.hookimpl(hookwrapper=True)
