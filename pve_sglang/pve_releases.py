@@ -192,10 +192,12 @@ def devn_restart(change: DeviceChange, version: str | None, running: bool) -> Re
         return RestartDecision(False, "unchanged")
     if not running:
         return RestartDecision(False, "applied when the container starts")
-    pending = [f"{', '.join(keys)} {verb}" for keys, verb in
-               ((change.edited, "edited"), (change.removed, "removed")) if keys]
-    if pending:
-        return RestartDecision(True, f"{', '.join(pending)}: applied at a restart")
+    if change.edited or change.removed:
+        # A swapped GPU is a key added and one removed: the plan names both.
+        done = [f"{', '.join(keys)} {verb}" for keys, verb in
+                ((change.added, "added"), (change.edited, "edited"), (change.removed, "removed"))
+                if keys]
+        return RestartDecision(True, f"{', '.join(done)}: applied at a restart")
     added = ", ".join(change.added)
     if hotplugs_added_devn(version):
         return RestartDecision(False, f"{added} added: hot-plugged, no restart (pve-container "

@@ -469,6 +469,18 @@ def test_gpu_removed_or_edited_restarts_once_even_with_hotplug_recorded_format(r
     assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
 
 
+@pytest.mark.parametrize("release", ["8.2", "9.2"])
+def test_gpu_swapped_for_another_names_both_keys_recorded_format(release):
+    """The container had GPU 1, now gets GPU 0 (the H200 machine's only one): dev0's node is
+    new (a key added) and /dev/nvidia1's key goes; the plan names both, and reboots once."""
+    had = ["/dev/nvidia1,mode=0666", *DEVICES_ALL[1:]]
+    ops = plan({**release_responses(release), **container_answers(converged_config(had), "running")})
+    assert commands(ops, "pct set 105") == ["pct set 105 --dev6 /dev/nvidia0,mode=0666 --delete dev0"]
+    names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
+    assert "Container 105 GPUs (devN: dev6 added, dev0 removed: applied at a restart)" in names
+    assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
+
+
 @pytest.mark.parametrize("release, refused", [("7.4", True), ("8.0", True), ("8.1", False), ("9.2", False)])
 def test_hybrid_cgroup_on_proxmox_before_devn_is_refused_recorded_format(release, refused):
     """A Proxmox host booted with the v1 devices controller (hybrid) on a release without
