@@ -114,6 +114,20 @@ def upstream(version: str) -> Version:
         raise ValueError(f"not a pve-container version: {version!r}") from None
 
 
+#: What the rules can compare, for the errors that refuse anything else.
+VERSION_ALLOWED = ("a version as dpkg prints it: MAJOR.MINOR.PATCH (e.g. '5.0.8', '6.1.10') or "
+                   "4.x's MAJOR.MINOR-BUILD ('4.4-3')")
+
+
+def version_problem(version: str) -> str | None:
+    """Why VERSION cannot be compared by the rules (a typo, ``6.1.x``), or None."""
+    try:
+        upstream(version)
+    except ValueError:
+        return f"not a pve-container version; allowed: {VERSION_ALLOWED}"
+    return None
+
+
 def _at_least(version: str | None, minimum: str) -> bool:
     return version is not None and upstream(version) >= upstream(minimum)
 
