@@ -481,6 +481,38 @@ def test_gpu_swapped_for_another_names_both_keys_recorded_format(release):
     assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
 
 
+@pytest.mark.parametrize("answer", [
+    "",  # dpkg-query failed (its database locked, 2>/dev/null || true): no line at all
+    "half-configured 6.1.10",  # an upgrade interrupted in its postinst
+    "unpacked 6.1.10",
+])
+def test_no_installed_pve_container_on_a_host_with_pct_is_refused_recorded_format(answer):
+    """pct is there but dpkg-query names no installed pve-container: the GPUs are not passed
+    on a guess (raw lines, a restart per device), nothing is planned (issue 33, item 8)."""
+    responses = {**release_responses("9.2"), **container_answers(converged_config(DEVICES_ALL), "running"),
+                 PveContainerVersion().command(): answer}
+    with pytest.raises(PreflightError) as caught:
+        plan(responses)
+    message = str(caught.value)
+    assert message.startswith("host @fake/pve1: pct is here, but `dpkg-query -W -f")
+    assert "names no installed pve-container" in message and "dpkg --audit" in message
+    assert "devN entries from 5.0.7, raw lxc lines before" in message
+    assert message.endswith("nothing was changed")
+
+
+@pytest.mark.parametrize("answer, shown", [("installed 6.1.x", "'6.1.x'"), ("installed abc", "'abc'")])
+def test_a_pve_container_version_the_rules_cannot_compare_is_refused_recorded_format(answer, shown):
+    """An answer no rule can compare (was a bare ValueError, "An internal exception occurred"):
+    refused naming the host, the command and the value (issue 33, item 7)."""
+    responses = {**release_responses("9.2"), **container_answers(None, None),
+                 PveContainerVersion().command(): answer}
+    with pytest.raises(PreflightError, match=(
+            rf"^host @fake/pve1: `dpkg-query -W -f .*pve-container .*` answered pve-container "
+            rf"version {shown}: not a pve-container version; allowed: .*'4\.4-3'.*; nothing "
+            "was changed$")):
+        plan(responses)
+
+
 @pytest.mark.parametrize("release, refused", [("7.4", True), ("8.0", True), ("8.1", False), ("9.2", False)])
 def test_hybrid_cgroup_on_proxmox_before_devn_is_refused_recorded_format(release, refused):
     """A Proxmox host booted with the v1 devices controller (hybrid) on a release without
