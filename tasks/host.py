@@ -348,8 +348,17 @@ def pve_container(
                 owned=owned_by_gpu_passthrough(gpu.majors),
             )
         )
-    pct.power(name=f"Container {vmid} running", vmid=vmid,
-              restart=any_changed(*needs_restart, restarts=f"container {vmid} (pct reboot)"))
+    changed = any_changed(*needs_restart, restarts=f"container {vmid} (pct reboot)")
+    # What an earlier run set but never rebooted for (killed between pct set and pct reboot):
+    # pct config shows it as done, pct pending as waiting.
+    pending = (pct.pending_restart(vmid)
+               if current is not None and host.get_fact(PctStatus, vmid=vmid) == "running" else [])
+    if pending:
+        logger.warning(f"{where}: {', '.join(pending)} set but not applied yet (pct pending): "
+                       "the container restarts to apply them")
+    pct.power(name=f"Container {vmid} running" + (f" ({', '.join(pending)} pending: applied at "
+                                                   "a restart)" if pending else ""),
+              vmid=vmid, restart=lambda: changed() or bool(pending))
 
 
 def lxc_host(plans: list[tuple[Host, ContainerSettings]], hs: HostSettings) -> int | None:

@@ -21,7 +21,7 @@ from pve_sglang.facts.nvidia import (
     NvidiaGpus,
     UvmDisableHmm,
 )
-from pve_sglang.facts.pve import PctConfig, PctStatus, PveamTemplates, PveContainerVersion
+from pve_sglang.facts.pve import PctConfig, PctPending, PctStatus, PveamTemplates, PveContainerVersion
 from pve_sglang.facts.system import CgroupVersion, IommuAcs, VirtualMachineType
 from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
@@ -73,11 +73,15 @@ def gpu_host_responses(pve_container: str = "installed 5.2.3") -> dict:
     }
 
 
-def container_answers(config: str | None, status: str | None) -> dict:
+def container_answers(config: str | None, status: str | None, pending: str = "") -> dict:
     missing = (PUBLIC / "pve_pct_missing_ct_pve-nas-issue6.txt").read_text()
     return {
         PctConfig().command(105): config if config is not None else missing,
         PctStatus().command(105): f"status: {status}" if status else missing,
+        # pct pending prints every key, "cur" where nothing waits (tests/fixtures/pve/README.md).
+        PctPending().command(105): (pending or "".join(f"cur {line}\n" for line in
+                                                        (config or "").splitlines()))
+        if config is not None else missing,
     }
 
 
@@ -479,6 +483,25 @@ def test_gpu_swapped_for_another_names_both_keys_recorded_format(release):
     names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
     assert "Container 105 GPUs (devN: dev6 added, dev0 removed: applied at a restart)" in names
     assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
+
+
+@pytest.mark.parametrize("status, reboots", [("running", True), ("stopped", False)])
+def test_a_removal_left_pending_by_a_killed_run_is_finished_recorded_format(status, reboots, caplog):
+    """A run killed between `pct set 105 --delete dev6` and `pct reboot`: pct config shows the
+    GPU gone (as wanted), pct pending shows its deletion waiting. The next run reboots the
+    running container once to apply it (issue 33, item 9); a stopped one applies it at start."""
+    pending = (PVE / "9.2" / "pct_pending_105_gpu_removal_pending.txt").read_text()
+    responses = {**release_responses("9.2"),
+                 **container_answers(converged_config(DEVICES_ALL), status, pending)}
+    ops = plan(responses)
+    assert commands(ops, "pct set 105") == []  # the config is as wanted
+    assert commands(ops, "pct reboot 105") == (["pct reboot 105"] if reboots else [])
+    names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
+    if reboots:
+        assert "Container 105 running (dev6 pending: applied at a restart)" in names
+        assert "container 105: dev6 set but not applied yet (pct pending)" in caplog.text
+    else:
+        assert commands(ops, "pct start 105") == ["pct start 105"]
 
 
 @pytest.mark.parametrize("answer", [
