@@ -114,6 +114,7 @@ def upstream(version: str) -> Version:
         raise ValueError(f"not a pve-container version: {version!r}") from None
 
 
+_DEBIAN_VERSION = re.compile(r"[0-9][A-Za-z0-9.+~:-]*")
 #: What the rules can compare, for the errors that refuse anything else.
 VERSION_ALLOWED = ("a version as dpkg prints it: MAJOR.MINOR.PATCH (e.g. '5.0.8', '6.1.10') or "
                    "4.x's MAJOR.MINOR-BUILD ('4.4-3')")
@@ -121,6 +122,9 @@ VERSION_ALLOWED = ("a version as dpkg prints it: MAJOR.MINOR.PATCH (e.g. '5.0.8'
 
 def version_problem(version: str) -> str | None:
     """Why VERSION cannot be compared by the rules (a typo, ``6.1.x``), or None."""
+    # Only the characters of a Debian version: packaging's Version would strip a '\r'.
+    if not _DEBIAN_VERSION.fullmatch(version):
+        return f"not a pve-container version; allowed: {VERSION_ALLOWED}"
     try:
         upstream(version)
     except ValueError:
