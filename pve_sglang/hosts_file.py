@@ -35,6 +35,7 @@ from pve_sglang.config.settings import (
     SECRET_FIELDS,
     SettingsError,
     did_you_mean,
+    pve_container_version,
     check_container_keys,
     check_vmid,
     shown,
@@ -272,8 +273,13 @@ def _connector_prefixes() -> tuple[str, ...]:
     return tuple(sorted({key.split("_", 1)[0] + "_" for key in keys}))
 
 
+#: Connector keys whose value has a rule beyond its type: the settings' rule of the same kind.
+CONNECTOR_VALUE_RULES = {"pct_pve_container": pve_container_version}
+
+
 def _check_connector_value(where: str, key: str, value: Any, type_: Any) -> None:
-    """The type pyinfra will check when it builds the connector, checked now."""
+    """The type pyinfra will check when it builds the connector, checked now; then the value's
+    rule where it has one (a pve-container version the rules can compare)."""
     try:
         raise_if_bad_type(value, type_, ConnectorDataTypeError, "")
     except ConnectorDataTypeError as error:
@@ -282,6 +288,12 @@ def _check_connector_value(where: str, key: str, value: Any, type_: Any) -> None
             f"{where}: field '{key}' = {_shown(key, value)}: {detail}; allowed: "
             f"{getattr(type_, '__name__', type_)}"
         ) from None
+    rule = CONNECTOR_VALUE_RULES.get(key)
+    if rule is not None and value is not None:
+        try:
+            rule(value)
+        except ValueError as error:
+            raise SettingsError(f"{where}: field '{key}' = {_shown(key, value)}: {error}") from None
 
 
 def _check_entry_connector_keys(where: str, data: dict, platform: str, level: str) -> None:

@@ -28,8 +28,10 @@ from pve_sglang.pve_releases import (
     CGROUP_V1_WARNED_FROM,
     DEVN_FROM,
     MOUNT_ATTRIBUTES_BROKEN,
+    VERSION_COMMAND,
     has_devn,
     mount_attributes_broken,
+    version_problem,
 )
 from pve_sglang.server.render import ServerFiles, server_files
 from pve_sglang.config.settings import ContainerSettings, HostSettings, tensor_parallel_size
@@ -128,7 +130,12 @@ def gpu_host(host: Host, settings: HostSettings) -> GpuHost | None:
             "reboot the host after the driver upgrade"
         )
     nodes = sorted({node["path"] for node in host.get_fact(NvidiaDeviceNodes)} | set(UVM_NODES))
-    pve_container = host.get_fact(PveContainerVersion) if settings.platform == "pve" else None
+    pve_container = pve_container_of(host) if settings.platform == "pve" else None
+    if settings.platform == "pve" and pve_container is None:
+        raise PreflightError(f"{unread_pve_container(host.name)}. Its version decides how "
+                             f"the GPUs are passed (devN entries from {DEVN_FROM}, raw lxc "
+                             "lines before) and whether adding one restarts the container, so "
+                             "the deploy does not guess; nothing was changed")
     native = has_devn(pve_container, settings.pve_container_native_dev_min)
     cgroup = host.get_fact(CgroupVersion) or "v2"
     if settings.platform == "pve" and not native and cgroup != "v2":
@@ -153,6 +160,27 @@ def gpu_host(host: Host, settings: HostSettings) -> GpuHost | None:
         compute_caps=sorted({gpu["compute_cap"] for gpu in gpus}),
         pve_container=pve_container,
     )
+
+
+def pve_container_of(host: Host) -> str | None:
+    """HOST's pve-container version (the ``PveContainerVersion`` fact), one the rules can
+    compare; None when dpkg-query names no installed package. Any other answer is refused,
+    naming the host and the command: a guess would pick the wrong rule."""
+    version = host.get_fact(PveContainerVersion)
+    problem = version_problem(version) if version is not None else None
+    if problem:
+        raise PreflightError(f"host {host.name}: `{VERSION_COMMAND}` answered pve-container "
+                             f"version {version!r}: {problem}; nothing was changed")
+    return version
+
+
+def unread_pve_container(host_name: str) -> str:
+    """What to say when a host with pct names no installed pve-container (an empty or
+    unreadable dpkg-query answer)."""
+    return (f"host {host_name}: pct is here, but `{VERSION_COMMAND}` names no installed "
+            "pve-container (dpkg's database locked or damaged, or the package half-installed "
+            "by an interrupted upgrade; see `dpkg -s pve-container` and `dpkg --audit` on the "
+            "host, `dpkg --configure -a` finishes an interrupted upgrade)")
 
 
 def bind_mount_sources(values: list[str]) -> list[str]:

@@ -114,6 +114,24 @@ def upstream(version: str) -> Version:
         raise ValueError(f"not a pve-container version: {version!r}") from None
 
 
+_DEBIAN_VERSION = re.compile(r"[0-9][A-Za-z0-9.+~:-]*")
+#: What the rules can compare, for the errors that refuse anything else.
+VERSION_ALLOWED = ("a version as dpkg prints it: MAJOR.MINOR.PATCH (e.g. '5.0.8', '6.1.10') or "
+                   "4.x's MAJOR.MINOR-BUILD ('4.4-3')")
+
+
+def version_problem(version: str) -> str | None:
+    """Why VERSION cannot be compared by the rules (a typo, ``6.1.x``), or None."""
+    # Only the characters of a Debian version: packaging's Version would strip a '\r'.
+    if not _DEBIAN_VERSION.fullmatch(version):
+        return f"not a pve-container version; allowed: {VERSION_ALLOWED}"
+    try:
+        upstream(version)
+    except ValueError:
+        return f"not a pve-container version; allowed: {VERSION_ALLOWED}"
+    return None
+
+
 def _at_least(version: str | None, minimum: str) -> bool:
     return version is not None and upstream(version) >= upstream(minimum)
 
@@ -192,10 +210,12 @@ def devn_restart(change: DeviceChange, version: str | None, running: bool) -> Re
         return RestartDecision(False, "unchanged")
     if not running:
         return RestartDecision(False, "applied when the container starts")
-    pending = [f"{', '.join(keys)} {verb}" for keys, verb in
-               ((change.edited, "edited"), (change.removed, "removed")) if keys]
-    if pending:
-        return RestartDecision(True, f"{', '.join(pending)}: applied at a restart")
+    if change.edited or change.removed:
+        # A swapped GPU is a key added and one removed: the plan names both.
+        done = [f"{', '.join(keys)} {verb}" for keys, verb in
+                ((change.added, "added"), (change.edited, "edited"), (change.removed, "removed"))
+                if keys]
+        return RestartDecision(True, f"{', '.join(done)}: applied at a restart")
     added = ", ".join(change.added)
     if hotplugs_added_devn(version):
         return RestartDecision(False, f"{added} added: hot-plugged, no restart (pve-container "

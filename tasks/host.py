@@ -35,7 +35,7 @@ from pve_sglang.container_config.lxc_keys import limits as lxc_limits
 from pve_sglang import remote
 from pve_sglang.model_store import operations as model, rules as model_store
 from pve_sglang.operations import boot, host_reads, lxc, owned, paths, pct, store, wheels
-from pve_sglang.facts.pve import PctStatus, PveContainerVersion
+from pve_sglang.facts.pve import PctStatus
 from pve_sglang.server.command import env_quote
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.pve_releases import devn_restart
@@ -48,6 +48,8 @@ from pve_sglang.preflight import (
     check_server_files,
     gpu_host,
     mount_attributes_warning,
+    pve_container_of,
+    unread_pve_container,
 )
 from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.stack.identity import stack_lock_of
@@ -306,7 +308,11 @@ def pve_container(
                options=_pve_options(cs, ct))
     pct.rootfs_size(name=f"Container {vmid} disk size", vmid=vmid, size_gib=cs.rootfs_size_gib)
     native = gpu is not None and gpu.native_dev
-    pve_container = host.get_fact(PveContainerVersion)
+    pve_container = gpu.pve_container if gpu is not None else pve_container_of(host)
+    if pve_container is None:
+        # No GPU is passed here (require_gpu: false): only the mount warning depends on it.
+        logger.warning(f"{unread_pve_container(host.name)}: no warning about pve-container "
+                       "6.0.19's mount points can be given")
     bind_mounts = bind_mount_sources(
         _mount_values(cs) + [v for k, v in (current or {}).items()
                              if re.fullmatch(r"mp\d+", k) and isinstance(v, str)])
@@ -342,8 +348,17 @@ def pve_container(
                 owned=owned_by_gpu_passthrough(gpu.majors),
             )
         )
-    pct.power(name=f"Container {vmid} running", vmid=vmid,
-              restart=any_changed(*needs_restart, restarts=f"container {vmid} (pct reboot)"))
+    changed = any_changed(*needs_restart, restarts=f"container {vmid} (pct reboot)")
+    # What an earlier run set but never rebooted for (killed between pct set and pct reboot):
+    # pct config shows it as done, pct pending as waiting.
+    pending = (pct.pending_restart(vmid)
+               if current is not None and host.get_fact(PctStatus, vmid=vmid) == "running" else [])
+    if pending:
+        logger.warning(f"{where}: {', '.join(pending)} set but not applied yet (pct pending): "
+                       "the container restarts to apply them")
+    pct.power(name=f"Container {vmid} running" + (f" ({', '.join(pending)} pending: applied at "
+                                                   "a restart)" if pending else ""),
+              vmid=vmid, restart=lambda: changed() or bool(pending))
 
 
 def lxc_host(plans: list[tuple[Host, ContainerSettings]], hs: HostSettings) -> int | None:

@@ -159,3 +159,18 @@ def test_standin_refuses_an_option_a_release_lacks():
         assert (done.returncode == 255) is refused, (options, args, done.stderr)
         assert ("Unknown option" in done.stderr) is refused
     assert fixture("pve", "9.2", "pct_exec_options.txt")
+
+
+def test_a_version_the_rules_cannot_compare_takes_the_form_every_release_runs_recorded_format(
+        pve_host, caplog):
+    """dpkg-query answers a version no rule can compare: said, naming the host and the
+    command, and the form every release runs is taken (was a bare ValueError from the rules
+    at the first command: "An internal exception occurred")."""
+    log = pve_host("9.2", version_answer="installed 6.1.x\n")
+    state, host = connect()
+    ok, out = run(host, "true")
+    assert ok, out.stderr
+    disconnect_all(state)
+    assert " -- env -i PATH=" in log.read_text()
+    assert ("`dpkg-query -W -f '${db:Status-Status} ${Version}\\n' pve-container 2>/dev/null "
+            "|| true` answered pve-container version '6.1.x': not a pve-container version") in caplog.text

@@ -24,6 +24,10 @@ STACK = "sglang X (torch Y, CUDA Z)"
     ((12, 9), "470.256.02", True, False),
     ((12, 9), "595.45.04", False, False),   # newer drivers run older CUDA
     ((13, 0), "not a version", False, False),
+    # CUDA 11: its own minimum (450.80.02), one patch either side; no toolkit row: no note.
+    ((11, 8), "450.80.02", False, False),
+    ((11, 8), "450.80.01", True, False),
+    ((11, 8), "418.226.00", True, False),
 ])
 def test_cuda_against_the_driver_table(cuda, driver, refused, limited):
     assert (driver_problem(cuda, driver, STACK) is not None) == refused

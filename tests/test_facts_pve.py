@@ -220,3 +220,21 @@ def test_lxc_status_recorded_missing_container_here(tmp_path):
 
 def test_lxc_status_running():
     assert LxcContainerStatus().process(["State:          RUNNING"]) == "RUNNING"
+
+
+def test_pct_pending_recorded_format():
+    """pct pending (pve-guest-common's format_pending, tests/fixtures/pve/README.md): only the
+    keys with a change waiting; the missing-container error is None."""
+    from pathlib import Path
+
+    from pve_sglang.facts.pve import PctPending, parse_pct_pending
+
+    fixtures = Path(__file__).parent / "fixtures"
+    lines = (fixtures / "pve" / "9.2" / "pct_pending_105_gpu_removal_pending.txt").read_text().splitlines()
+    assert parse_pct_pending(lines) == {"dev6": ("del", "/dev/nvidia1,mode=0666")}
+    assert parse_pct_pending(["cur memory: 1024", "new memory: 2048", "new dev7: /dev/nvidia2",
+                              "cur cores: 4"]) == {"memory": ("new", "2048"),
+                                                   "dev7": ("new", "/dev/nvidia2")}
+    missing = (fixtures / "public" / "pve_pct_missing_ct_pve-nas-issue6.txt").read_text().splitlines()
+    assert parse_pct_pending(missing) is None
+    assert "pct pending 105" in PctPending().command(105)

@@ -21,7 +21,7 @@ from pve_sglang.facts.nvidia import (
     NvidiaGpus,
     UvmDisableHmm,
 )
-from pve_sglang.facts.pve import PctConfig, PctStatus, PveamTemplates, PveContainerVersion
+from pve_sglang.facts.pve import PctConfig, PctPending, PctStatus, PveamTemplates, PveContainerVersion
 from pve_sglang.facts.system import CgroupVersion, IommuAcs, VirtualMachineType
 from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
@@ -73,11 +73,15 @@ def gpu_host_responses(pve_container: str = "installed 5.2.3") -> dict:
     }
 
 
-def container_answers(config: str | None, status: str | None) -> dict:
+def container_answers(config: str | None, status: str | None, pending: str = "") -> dict:
     missing = (PUBLIC / "pve_pct_missing_ct_pve-nas-issue6.txt").read_text()
     return {
         PctConfig().command(105): config if config is not None else missing,
         PctStatus().command(105): f"status: {status}" if status else missing,
+        # pct pending prints every key, "cur" where nothing waits (tests/fixtures/pve/README.md).
+        PctPending().command(105): (pending or "".join(f"cur {line}\n" for line in
+                                                        (config or "").splitlines()))
+        if config is not None else missing,
     }
 
 
@@ -467,6 +471,69 @@ def test_gpu_removed_or_edited_restarts_once_even_with_hotplug_recorded_format(r
     ops = plan({**release_responses(release), **container_answers(edited, "running")})
     assert commands(ops, "pct set 105") == ["pct set 105 --dev1 /dev/nvidiactl,mode=0666"]
     assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
+
+
+@pytest.mark.parametrize("release", ["8.2", "9.2"])
+def test_gpu_swapped_for_another_names_both_keys_recorded_format(release):
+    """The container had GPU 1, now gets GPU 0 (the H200 machine's only one): dev0's node is
+    new (a key added) and /dev/nvidia1's key goes; the plan names both, and reboots once."""
+    had = ["/dev/nvidia1,mode=0666", *DEVICES_ALL[1:]]
+    ops = plan({**release_responses(release), **container_answers(converged_config(had), "running")})
+    assert commands(ops, "pct set 105") == ["pct set 105 --dev6 /dev/nvidia0,mode=0666 --delete dev0"]
+    names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
+    assert "Container 105 GPUs (devN: dev6 added, dev0 removed: applied at a restart)" in names
+    assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
+
+
+@pytest.mark.parametrize("status, reboots", [("running", True), ("stopped", False)])
+def test_a_removal_left_pending_by_a_killed_run_is_finished_recorded_format(status, reboots, caplog):
+    """A run killed between `pct set 105 --delete dev6` and `pct reboot`: pct config shows the
+    GPU gone (as wanted), pct pending shows its deletion waiting. The next run reboots the
+    running container once to apply it (issue 33, item 9); a stopped one applies it at start."""
+    pending = (PVE / "9.2" / "pct_pending_105_gpu_removal_pending.txt").read_text()
+    responses = {**release_responses("9.2"),
+                 **container_answers(converged_config(DEVICES_ALL), status, pending)}
+    ops = plan(responses)
+    assert commands(ops, "pct set 105") == []  # the config is as wanted
+    assert commands(ops, "pct reboot 105") == (["pct reboot 105"] if reboots else [])
+    names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
+    if reboots:
+        assert "Container 105 running (dev6 pending: applied at a restart)" in names
+        assert "container 105: dev6 set but not applied yet (pct pending)" in caplog.text
+    else:
+        assert commands(ops, "pct start 105") == ["pct start 105"]
+
+
+@pytest.mark.parametrize("answer", [
+    "",  # dpkg-query failed (its database locked, 2>/dev/null || true): no line at all
+    "half-configured 6.1.10",  # an upgrade interrupted in its postinst
+    "unpacked 6.1.10",
+])
+def test_no_installed_pve_container_on_a_host_with_pct_is_refused_recorded_format(answer):
+    """pct is there but dpkg-query names no installed pve-container: the GPUs are not passed
+    on a guess (raw lines, a restart per device), nothing is planned (issue 33, item 8)."""
+    responses = {**release_responses("9.2"), **container_answers(converged_config(DEVICES_ALL), "running"),
+                 PveContainerVersion().command(): answer}
+    with pytest.raises(PreflightError) as caught:
+        plan(responses)
+    message = str(caught.value)
+    assert message.startswith("host @fake/pve1: pct is here, but `dpkg-query -W -f")
+    assert "names no installed pve-container" in message and "dpkg --audit" in message
+    assert "devN entries from 5.0.7, raw lxc lines before" in message
+    assert message.endswith("nothing was changed")
+
+
+@pytest.mark.parametrize("answer, shown", [("installed 6.1.x", "'6.1.x'"), ("installed abc", "'abc'")])
+def test_a_pve_container_version_the_rules_cannot_compare_is_refused_recorded_format(answer, shown):
+    """An answer no rule can compare (was a bare ValueError, "An internal exception occurred"):
+    refused naming the host, the command and the value (issue 33, item 7)."""
+    responses = {**release_responses("9.2"), **container_answers(None, None),
+                 PveContainerVersion().command(): answer}
+    with pytest.raises(PreflightError, match=(
+            rf"^host @fake/pve1: `dpkg-query -W -f .*pve-container .*` answered pve-container "
+            rf"version {shown}: not a pve-container version; allowed: .*'4\.4-3'.*; nothing "
+            "was changed$")):
+        plan(responses)
 
 
 @pytest.mark.parametrize("release, refused", [("7.4", True), ("8.0", True), ("8.1", False), ("9.2", False)])

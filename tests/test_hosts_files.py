@@ -138,6 +138,21 @@ CASES: dict[str, Case] = {
     "pve_host set by user": Case(pve(host={"pve_host": "x"}), ("host pve1", "'pve_host'")),
     "lxc key on pve host": Case(pve(host={"lxc_home": "/root"}), ("host pve1", "'lxc_home'", "platform is pve")),
     "pct_local not bool": Case(pve({"pct_local": "yes"}), (C105, "'pct_local'", "bool")),
+    # A pve-container version the rules cannot compare: named with its host, not a bare
+    # ValueError from pve_releases at the first pct command (issue 33, item 7).
+    "pct_pve_container typo": Case(
+        pve({"pct_pve_container": "6.1.x"}),
+        (C105, "field 'pct_pve_container' = '6.1.x': not a pve-container version", "'4.4-3'"),
+        dry=True,
+    ),
+    "pct_pve_container with --data": Case(
+        PVE_TEXT, ("--data pct_pve_container", "'abc': not a pve-container version"),
+        args=("--data", "pct_pve_container=abc"),
+    ),
+    "native dev min typo": Case(
+        pve(host={"pve_container_native_dev_min": "6.x"}),
+        ("host pve1: field 'pve_container_native_dev_min' = '6.x': not a pve-container version",),
+    ),
     "unknown connector key": Case(lxc({"lxc_hme": "/root"}), ("host lab1, container c1", "'lxc_hme'", "'lxc_home'")),
     "host field on container": Case(pve({"reload_modules": True}), (C105, "'reload_modules'", "belongs to the host")),
     "unknown platform": Case(pve(host={"platform": "proxmox"}), ("host pve1", "'platform'", "'pve'", "'lxc'")),

@@ -285,3 +285,19 @@ def test_lxc_container_built_in_staging_and_moved_into_place_config_last():
 def test_lxc_power(status, restart, expected):
     assert op_commands(lxc.power, container="c1", lxc_path="/l", restart=lambda: restart,
                        facts={(LxcContainerStatus, ("c1", "/l")): status}) == expected
+
+
+@pytest.mark.parametrize("pending, keys", [
+    ({}, []),
+    ({"dev6": ("del", "/dev/nvidia1,mode=0666")}, ["dev6"]),
+    ({"dev10": ("new", "/dev/nvidia2,mode=0666"), "dev2": ("del", "/dev/nvidia-uvm")},
+     ["dev2", "dev10"]),
+    ({"features": ("new", "nesting=1"), "mp1": ("del", "/tank,mp=/tank")}, ["features", "mp1"]),
+    # The user's own pending changes are theirs: no restart for them.
+    ({"dev3": ("new", "/dev/dri/renderD128"), "memory": ("new", "2048"),
+      "description": ("new", "x")}, []),
+])
+def test_pending_restart_keys(pending, keys):
+    from pve_sglang.operations.pct import pending_restart_keys
+
+    assert pending_restart_keys(pending) == keys

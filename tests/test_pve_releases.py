@@ -152,8 +152,11 @@ REMOVE = DeviceChange(removed=("dev0",))
      "dev6 added: applied at a restart (pve-container 5.2.6 < 6.0.4 hot-plugs no device)"),
     (EDIT, "6.1.10", True, True, "dev1 edited: applied at a restart"),
     (REMOVE, "6.1.10", True, True, "dev0 removed: applied at a restart"),
+    # A GPU swapped for another: its key removed, the new one's added; both named.
     (DeviceChange(added=("dev6",), removed=("dev0",)), "6.1.10", True, True,
-     "dev0 removed: applied at a restart"),
+     "dev6 added, dev0 removed: applied at a restart"),
+    (DeviceChange(added=("dev6",), edited=("dev1",)), "5.0.8", True, True,
+     "dev6 added, dev1 edited: applied at a restart"),
     (DeviceChange(edited=("dev1",), removed=("dev0", "dev2")), "6.1.10", True, True,
      "dev1 edited, dev0, dev2 removed: applied at a restart"),
     (REMOVE, "6.1.10", False, False, "applied when the container starts"),

@@ -89,6 +89,54 @@ def test_a_release_without_a_kernel_package_is_refused():
                                                "cuda-python==12.9"])
 
 
+#: The rest of a set's requirements, for the unusual metadata rows below.
+_PLAIN = ["torch==2.9.1", "flashinfer_python==0.6.3", "cuda-python==12.9"]
+
+
+@pytest.mark.parametrize("requires, kernel_package", [
+    # A release naming both kernel packages (the 0.5.10 rename half done): the first of
+    # KERNEL_PACKAGES, whichever order the metadata lists them in.
+    (_PLAIN + ["sgl-kernel==0.3.21", "sglang-kernel==0.4.1"], "sgl-kernel"),
+    (_PLAIN + ["sglang-kernel==0.4.1", "sgl-kernel==0.3.21"], "sgl-kernel"),
+    (_PLAIN + ["sglang-kernel==0.4.1"], "sglang-kernel"),
+])
+def test_unusual_metadata_the_kernel_package(requires, kernel_package):
+    assert releases.release_set("9.9", ">=3.10", requires).kernel_package == kernel_package
+
+
+def test_unusual_metadata_a_wildcard_pin_is_not_one_version():
+    """``torch==2.9.*`` names no version: the set asks for a pin instead of installing '2.9.*'."""
+    release = releases.release_set("9.9", ">=3.10", ["torch==2.9.*", *_PLAIN[1:],
+                                                     "sgl-kernel==0.3.21"])
+    with pytest.raises(releases.ReleaseError, match=r"requires torch==2\.9\.\*, not one version"):
+        releases.choose(release, None, None)
+    assert releases.choose(release, "2.9.1", None).torch == "2.9.1"
+
+
+@pytest.mark.parametrize("spec, pin, allowed", [
+    (">=2.9", "2.10.0rc1", True),    # a prerelease the range allows is the user's to pin
+    ("==2.10.0rc1", "2.10.0rc1", True),
+    (">=2.9,<2.10", "2.10.0rc1", False),
+])
+def test_unusual_metadata_a_prerelease_pin(spec, pin, allowed):
+    release = releases.release_set("9.9", ">=3.10", [f"torch{spec}", *_PLAIN[1:],
+                                                     "sgl-kernel==0.3.21"])
+    if allowed:
+        assert releases.choose(release, pin, None).torch == pin
+    else:
+        with pytest.raises(releases.ReleaseError, match=f"not {pin}"):
+            releases.choose(release, pin, None)
+
+
+def test_unusual_metadata_a_locked_runtime_of_another_cuda_major_is_not_the_toolkit():
+    """A lock whose CUDA runtime is another major than the release's (a stray package): the
+    release's own CUDA, not the stray one's."""
+    release = recorded("0.5.9")  # CUDA 12.9
+    assert releases.toolkit_version(release, None, {"nvidia-cuda-runtime": "13.0.96"}) == "12.9"
+    assert releases.toolkit_version(recorded("0.5.23"), None,
+                                    {"nvidia-cuda-runtime-cu12": "12.8.90"}) == "13.0"
+
+
 def test_sglang_version_alone_picks_the_set_at_inventory_time():
     defaults = load_defaults()
     cs = validate_container("pve1", "105", {"sglang_version": "0.5.9"}, defaults)

@@ -335,7 +335,7 @@ def test_host_field_rules():
         "lxc_config": (["lxc.net.0.type = none\nlxc.hook.pre-start = /x"], "on one line"),
         "template_storage": ("local;x", "storage id"),
         "template": ("debian$(id)", "template name"),
-        "pve_container_native_dev_min": ("newest", "PEP 440"),
+        "pve_container_native_dev_min": ("newest", "not a pve-container version"),
     }
     for field, (value, expected) in cases.items():
         with pytest.raises(SettingsError) as error:

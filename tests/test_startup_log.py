@@ -110,6 +110,17 @@ def test_every_hint_row_has_a_fixture_and_no_fixture_is_orphaned():
     assert names == {hint.name for hint in HINTS}
 
 
+def test_diagnose_names_the_first_line_of_each_hint_in_order():
+    """The first line a cause shows is where it started (a later one is its echo): each hint
+    comes once, with its first line, in the table's order."""
+    first, later = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                    "RuntimeError: CUDA out of memory (retry)")
+    found = diagnose(["[2025-10-16 09:06:22 TP0] " + first, "Errno 98 address already in use",
+                      later])
+    assert [(hint.name, line) for hint, line in found] == [
+        ("cuda-oom", first), ("address-in-use", "Errno 98 address already in use")]
+
+
 def test_a_normal_start_and_a_load_crash_match_no_hint():
     assert diagnose(log_lines("startup_tp8.log")) == []
     assert diagnose(log_lines("crash_load.log")) == []

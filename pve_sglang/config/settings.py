@@ -34,6 +34,7 @@ from pydantic import (
 
 from pve_sglang.connectors import connector_data_keys
 from pve_sglang.connectors.pct import VMID_MAX, VMID_MIN
+from pve_sglang.pve_releases import version_problem
 from pve_sglang.stack.lock import LockError, key_of, lock_path, read_checked
 from pve_sglang.stack.platform import DEFAULT_RELEASE, PlatformError, platform_for
 from pve_sglang.stack.releases import ReleaseError, choose, read_release, toolkit_pin
@@ -180,6 +181,14 @@ def exact_version(value: str) -> str:
                          "(not 'latest', a range or a specifier)") from None
     if normal != value:
         raise ValueError(f"allowed: the version in its normal form, {normal!r}")
+    return value
+
+
+def pve_container_version(value: str) -> str:
+    """A pve-container version the rules of ``pve_releases`` can compare (``5.0.8``, ``4.4-3``)."""
+    problem = version_problem(value)
+    if problem:
+        raise ValueError(problem)
     return value
 
 
@@ -431,7 +440,8 @@ class HostSettings(_Strict):
     lxc_config: list[Annotated[str, AfterValidator(lxc_config_line)]]
     template_storage: StorageId
     template: Annotated[str, AfterValidator(template_name)]
-    pve_container_native_dev_min: ExactVersion
+    pve_container_native_dev_min: Annotated[str, BeforeValidator(_version_text),
+                                            AfterValidator(pve_container_version)]
 
 
 class ContainerSettings(_Strict):

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from typing_extensions import TypedDict, override
 
+from pyinfra import logger
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.exceptions import InventoryError
 from pyinfra.connectors.base import DataMeta
@@ -19,7 +20,12 @@ from pve_sglang.connectors.container import (
     is_local_hostname,
     push_into_container,
 )
-from pve_sglang.pve_releases import VERSION_COMMAND, parse_dpkg_version, pct_exec_words
+from pve_sglang.pve_releases import (
+    VERSION_COMMAND,
+    parse_dpkg_version,
+    pct_exec_words,
+    version_problem,
+)
 
 #: Proxmox VE's VMID range, the one home of it (settings import it): ``pve-vmid`` in pve-common's
 #: src/PVE/JSONSchema.pm accepts ``^[1-9][0-9]{2,8}$``, i.e. 100..999999999.
@@ -140,6 +146,13 @@ class PctConnector(ContainerConnector):
             if not version:
                 status, output = self.outer.run_shell_command(StringCommand(VERSION_COMMAND))
                 version = parse_dpkg_version(output.stdout_lines) if status else None
+                problem = version_problem(version) if version else None
+                if problem:
+                    # The form without --keep-env runs on every release: taken, and said.
+                    logger.warning(f"{self.host.name}: `{VERSION_COMMAND}` answered pve-container "
+                                   f"version {version!r}: {problem}; running commands as on a "
+                                   "pct without --keep-env (env -i inside)")
+                    version = None
             self._version, self._version_known = version, True
         return self._version
 

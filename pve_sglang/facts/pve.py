@@ -143,6 +143,41 @@ class PctConfig(FactBase["dict[str, PctConfigValue] | None"]):
         return parse_pct_config(output)
 
 
+_PENDING_LINE = re.compile(r"^(cur|new|del) ([A-Za-z][A-Za-z0-9_.\-]*): ?(.*)$")
+
+
+def parse_pct_pending(lines: list[str]) -> dict[str, tuple[str, str]] | None:
+    """The keys of ``pct pending`` with a change waiting for a restart: ``{key: (action,
+    value)}``, action ``new`` (the value to come) or ``del`` (the value going). pct prints
+    every key with pve-guest-common's ``format_pending``: ``cur KEY: VALUE`` for one in force,
+    ``new KEY: VALUE`` for a pending value, ``del KEY: VALUE`` for a pending deletion. The
+    missing-config error -> None."""
+    if _is_missing(lines):
+        return None
+    pending: dict[str, tuple[str, str]] = {}
+    for line in lines:
+        match = _PENDING_LINE.match(line.rstrip("\n"))
+        if match and match.group(1) != "cur":
+            pending[match.group(2)] = (match.group(1), match.group(3).strip())
+    return pending
+
+
+class PctPending(FactBase["dict[str, tuple[str, str]] | None"]):
+    """
+    Returns the changes of Proxmox container VMID's config still waiting for a restart, from
+    ``pct pending``: ``{"dev0": ("del", "/dev/nvidia1,mode=0666")}`` (``pct config`` shows
+    them as done), ``{}`` when none, or ``None`` when no container VMID exists on this node.
+    """
+
+    @override
+    def command(self, vmid: int | str) -> str:
+        return _missing_ok(f"pct pending {_vmid(vmid)}")
+
+    @override
+    def process(self, output: list[str]) -> dict[str, tuple[str, str]] | None:
+        return parse_pct_pending(output)
+
+
 def parse_pveam_list(lines: list[str]) -> list[str]:
     """``pveam list STORAGE``: a ``NAME SIZE`` header, then ``local:vztmpl/FILE  SIZE`` rows."""
     volids = []

@@ -11,7 +11,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
 from pve_sglang.runtime.pyinfra_private import joined
-from pve_sglang.facts.pve import PctConfig, PctStatus, PveamTemplates
+from pve_sglang.facts.pve import PctConfig, PctPending, PctStatus, PveamTemplates
 from pve_sglang.facts.system import DebianArchitecture
 from pve_sglang.pve_releases import ARCHES, DeviceChange, template_arch
 
@@ -276,6 +276,22 @@ def device_change(vmid: int, devices: list[str]) -> DeviceChange:
         edited=tuple(sorted((k for k in sets if k in current), key=_version_key)),
         removed=tuple(deletes),
     )
+
+
+def pending_restart_keys(pending: dict[str, tuple[str, str]]) -> list[str]:
+    """The keys of PENDING (``PctPending``) that the deploy restarts the container for and
+    that still wait for it: its features, mount points and ``/dev/nvidia*`` devices. A run
+    killed between ``pct set`` and ``pct reboot`` leaves them so, while ``pct config`` shows
+    them as done; the user's other pending keys are theirs."""
+    ours = [key for key, (_, value) in pending.items()
+            if key == "features" or re.fullmatch(r"mp\d+", key)
+            or (re.fullmatch(r"dev\d+", key) and _first(value).startswith("/dev/nvidia"))]
+    return sorted(ours, key=_version_key)
+
+
+def pending_restart(vmid: int) -> list[str]:
+    """``pending_restart_keys`` of container VMID (none when it does not exist)."""
+    return pending_restart_keys(host.get_fact(PctPending, vmid=vmid) or {})
 
 
 @operation()

@@ -206,6 +206,15 @@ HINTS: list[Hint] = [
           "toolkit older than the GPU (SM120 needs 12.8 or newer), or the kernel exists only for "
           "other architectures (SM90/SM100): use the toolkit of the set's CUDA major, or choose "
           "another attention_backend / moe_runner_backend"),
+    # CUDA's cudaErrorNoKernelImageForDevice, as torch and sgl-kernel print it: a wheel built
+    # before the GPU existed (RTX 50 / SM120 on a set of CUDA 12.6 or older).
+    _hint("kernel-arch", r"no kernel image is available for execution on the device",
+          "a kernel of the installed set has no code for these GPUs' architecture (compute "
+          "capability, nvidia-smi --query-gpu=compute_cap): its wheels predate the GPU. Choose "
+          "a sglang_version whose set is built for it (Blackwell, SM100/SM120: a set of CUDA "
+          "12.8 or later, such as the default CUDA 13 set; torch.cuda.get_arch_list() in the "
+          "venv lists what its torch has); a kernel built from source needs "
+          "TORCH_CUDA_ARCH_LIST to name the GPU's capability (e.g. 12.0)"),
     _hint("nvcc-missing", r"Could not find nvcc|No such file or directory: '[^']*/nvcc'|"
           r"/nvcc: not found",
           "FlashInfer's JIT found no nvcc (CUDA_HOME, PATH, /usr/local/cuda): the CUDA toolkit "
