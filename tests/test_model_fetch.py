@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from pve_sglang.remote import source
+from pve_sglang.remote import stage
 from pve_sglang.model_store.model_fetch import MARKER, partial_bytes
 from standin_hub import StandinHub, serving, synthetic_files
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = str(source("model_fetch.py"))
 NAME = "standin-org/Standin-7B"
 TOKEN = "hf_standin_token_Zq9"
 SHARD = 4 * 1024 * 1024
@@ -33,6 +32,12 @@ def shards(tmp_path_factory) -> dict[str, Path]:
     return synthetic_files(tmp_path_factory.mktemp("hubfiles"), 4, SHARD)
 
 
+@pytest.fixture(scope="module")
+def script(tmp_path_factory) -> str:
+    """The fetcher beside its companions, as the deploy uploads it."""
+    return str(stage("model_fetch.py", tmp_path_factory.mktemp("tools")))
+
+
 @pytest.fixture
 def hub(shards):
     with serving(NAME, "1" * 40, shards, {TOKEN}) as hub:
@@ -40,14 +45,15 @@ def hub(shards):
 
 
 class Runner:
-    def __init__(self, python: str, hub: StandinHub, root: Path, env_file: Path | None = None):
-        self.python, self.hub, self.root, self.env_file = python, hub, root, env_file
+    def __init__(self, python: str, script: str, hub: StandinHub, root: Path,
+                 env_file: Path | None = None):
+        self.python, self.script, self.hub, self.root, self.env_file = python, script, hub, root, env_file
 
     def env(self) -> dict:
         return {**os.environ, "HF_ENDPOINT": self.hub.url, "HF_HOME": str(self.root.parent / "hf-home")}
 
     def argv(self, command: str, *extra: str) -> list[str]:
-        argv = [self.python, SCRIPT, command, "--repo", NAME, "--root", str(self.root), *extra]
+        argv = [self.python, self.script, command, "--repo", NAME, "--root", str(self.root), *extra]
         return argv + (["--env-file", str(self.env_file)] if self.env_file else [])
 
     def run(self, command: str, *extra: str) -> list[dict]:
@@ -64,15 +70,15 @@ class Runner:
 
 
 @pytest.fixture
-def runner(hf_python, hub, tmp_path) -> Runner:
-    return Runner(hf_python, hub, tmp_path / "store" / "standin-org--Standin-7B")
+def runner(hf_python, script, hub, tmp_path) -> Runner:
+    return Runner(hf_python, script, hub, tmp_path / "store" / "standin-org--Standin-7B")
 
 
-def client_resumes(python: str) -> bool:
+def client_resumes(python: str, script: str) -> bool:
     """model_fetch.client_resumes() under PYTHON (its huggingface_hub)."""
     done = subprocess.run([python, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
                            "import model_fetch; print(model_fetch.client_resumes())",
-                           str(Path(SCRIPT).parent)], capture_output=True, text=True, check=True)
+                           str(Path(script).parent)], capture_output=True, text=True, check=True)
     return done.stdout.strip() == "True"
 
 
@@ -146,7 +152,7 @@ def test_killed_mid_shard_resumes_without_fetching_a_complete_file_again(runner,
     assert "done" in result
     after = gets(hub)[fetched_before:]
     assert not {name for name, _ in after} & whole  # a complete file is not fetched again
-    if client_resumes(runner.python):
+    if client_resumes(runner.python, runner.script):
         assert any(start > 0 for _, start in after)  # the interrupted shard resumed from its bytes
     else:
         # huggingface_hub 1.33 starts a cut file again: the killed run's part is not left behind.
@@ -205,7 +211,7 @@ def test_gated_model_needs_a_token_from_the_env_file(runner, hub, tmp_path):
 
 def test_missing_repository_and_revision_are_named(runner):
     assert runner.plan("--revision", "no-such-branch")["error"]["kind"] == "revision-not-found"
-    runner_other = Runner(runner.python, runner.hub, runner.root)
+    runner_other = Runner(runner.python, runner.script, runner.hub, runner.root)
     argv = runner_other.argv("plan")
     argv[argv.index("--repo") + 1] = "standin-org/Nothing-Here"
     out = subprocess.run(argv, env=runner.env(), capture_output=True, text=True).stdout
@@ -213,8 +219,8 @@ def test_missing_repository_and_revision_are_named(runner):
     assert error["kind"] == "not-found" and "standin-org/Nothing-Here" in error["message"]
 
 
-def test_flat_layout_keeps_its_state_out_of_the_way(hf_python, hub, tmp_path, shards):
-    flat = Runner(hf_python, hub, tmp_path / "models" / "model")
+def test_flat_layout_keeps_its_state_out_of_the_way(hf_python, script, hub, tmp_path, shards):
+    flat = Runner(hf_python, script, hub, tmp_path / "models" / "model")
     plan = flat.plan("--flat")
     assert plan["dir"] == str(flat.root)
     assert "done" in flat.fetch(plan["commit"], "--flat")

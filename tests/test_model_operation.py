@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pve_sglang.model_store.rules import entry, serving_link
-from pve_sglang.remote import source
+from pve_sglang.remote import stage
 from pve_sglang.model_store.model_fetch import MARKER
 from standin_hub import StandinHub, serving, synthetic_files
 
@@ -45,7 +45,7 @@ class Site:
         self.store = tmp / "store"
         self.env_file = tmp / "hf.env"
         self.write_env()
-        self.data = {"fetch": True, "python": python, "script": str(source("model_fetch.py")),
+        self.data = {"fetch": True, "python": python, "script": str(stage("model_fetch.py", tmp / "tools")),
                      "repo": NAME, "root": entry(str(self.store), NAME),
                      "link": serving_link(str(self.store), NAME, None),
                      "env_file": str(self.env_file), "interval_s": 0.2,
