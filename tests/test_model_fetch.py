@@ -227,3 +227,42 @@ def test_flat_layout_keeps_its_state_out_of_the_way(hf_python, script, hub, tmp_
     assert flat.plan("--flat")["complete"]
     assert (flat.root / ".cache" / "pve-sglang" / "revisions.json").exists()
     assert {p.name for p in flat.root.iterdir()} == {*shards, ".cache", MARKER}
+
+
+# --- what the hub answers is not trusted (issue 33) ----------------------------------------
+
+
+def test_a_file_name_leaving_the_model_folder_is_refused_and_nothing_outside_touched(runner, hub, shards, tmp_path):
+    commit = runner.plan()["commit"]
+    runner.fetch(commit)
+    victim = runner.root.parent.parent / "victim.txt"  # ROOT/<commit>/../../victim.txt
+    victim.write_text("not the model's")
+    hostile = dict(shards, **{"../../victim.txt": shards["config.json"]})
+    hub.repos[NAME].commits[commit] = hostile
+    plan = runner.plan()
+    assert plan["error"]["kind"] == "untrusted", plan
+    assert "file name '../../victim.txt' has an empty, '.' or '..' part" in plan["error"]["message"]
+    assert hub.url in plan["error"]["message"]
+    assert runner.fetch(commit)["error"]["kind"] == "untrusted"
+    assert victim.read_text() == "not the model's"
+
+
+def test_a_commit_that_is_no_commit_is_refused_from_the_hub_and_the_command_line(runner, hub):
+    hub.repos[NAME].claimed = "../../victim"
+    plan = runner.plan()
+    assert plan["error"]["kind"] == "untrusted" and "commit '../../victim'" in plan["error"]["message"]
+    hub.repos[NAME].claimed = None
+    done = subprocess.run(runner.argv("fetch", "--commit", "../../victim"), env=runner.env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "argument --commit: '../../victim' is not a commit: 40 lowercase hex digits" in done.stderr
+    assert not (runner.root.parent.parent / "victim.log").exists()
+    assert not list(runner.root.parent.parent.glob("victim*"))
+
+
+def test_an_invalid_repository_id_is_named_invalid(runner):
+    argv = runner.argv("plan")
+    argv[argv.index("--repo") + 1] = "standin-org/bad name"
+    done = subprocess.run(argv, env=runner.env(), capture_output=True, text=True, timeout=60)
+    error = json.loads(done.stdout.splitlines()[-1])["error"]
+    assert error["kind"] == "invalid" and "repository id 'standin-org/bad name' is invalid" in error["message"]

@@ -67,7 +67,7 @@ TOKEN_VAR = "HF_TOKEN"
 ENDPOINT_VAR = "HF_ENDPOINT"
 #: The key of the default branch (no revision) in revisions.json.
 DEFAULT_LABEL = "_default"
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 HASH_CHUNK = 8 * 1024 * 1024
 
 
@@ -152,22 +152,93 @@ def hub_error(error: Exception, repo: str, revision: str | None) -> HubError:
     if isinstance(error, errors.RepositoryNotFoundError):
         return HubError("not-found", f"repository {repo} does not exist, or is private and "
                                      "hf_token cannot read it (model_download)")
+    if type(error).__name__ == "HFValidationError":  # not in .errors of every release
+        return HubError("invalid", f"{where}: {str(error).splitlines()[0][:300]}")
     status = getattr(getattr(error, "response", None), "status_code", None)
     if status in (401, 403):
         return HubError("unauthorized", f"{where}: HTTP {status}: the token (hf_token) is refused")
     return HubError("network", f"{where}: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
 
 
+def endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+
+
+#: A repository id as the hub takes it (huggingface_hub's validate_repo_id): NAME or ORG/NAME.
+REPO_RE = re.compile(r"(?:[\w.-]+/)?[\w.-]{1,96}", re.ASCII)
+
+
+def repo_problem(repo: str) -> str | None:
+    """Why REPO is no repository id (None: it is one), before the hub is asked."""
+    if not REPO_RE.fullmatch(repo) or "--" in repo or ".." in repo or repo.endswith(".git") \
+            or any(part[:1] in "-." or part[-1:] in "-." for part in repo.split("/")):
+        return (f"repository id {repo!r} is invalid: ORG/NAME (or NAME) of letters, digits, "
+                "'-', '_' and '.', at most 96 characters each, no '--' or '..', neither part "
+                "beginning or ending with '-' or '.' (model_download)")
+    return None
+
+
+def name_problem(name: object) -> str | None:
+    """Why NAME, a file name the hub answered, cannot be written under the commit's folder
+    (None: it can): a mirror is not trusted to keep its names inside it."""
+    if not isinstance(name, str) or not name:
+        return "is empty"
+    if name.startswith("/"):
+        return "is absolute"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "holds a control character"
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "has an empty, '.' or '..' part"
+    if parts[0] == ".cache" or name == MARKER:
+        return "is where the fetcher keeps its own state"
+    return None
+
+
+def commit_problem(commit: object) -> str | None:
+    return None if isinstance(commit, str) and COMMIT_RE.fullmatch(commit) else "is not 40 lowercase hex digits"
+
+
+def entry_problem(entry: dict) -> str | None:
+    """Why a file of the hub's answer is refused (None: it is taken)."""
+    name = entry["name"]
+    problem = name_problem(name)
+    if problem:
+        return f"file name {name!r} {problem}"
+    if entry["size"] is not None and not (isinstance(entry["size"], int) and entry["size"] >= 0):
+        return f"file {name!r} has size {entry['size']!r}"
+    for key, pattern in (("sha256", r"[0-9a-f]{64}"), ("blob", r"[0-9a-f]{40}")):
+        if entry[key] is not None and not (isinstance(entry[key], str) and re.fullmatch(pattern, entry[key])):
+            return f"file {name!r} has {key} {entry[key]!r}"
+    return None
+
+
+def untrusted(repo: str, what: str) -> HubError:
+    return HubError("untrusted", f"the hub {endpoint()} answered {repo} with {what}: refused, "
+                                 "nothing written (a commit is 40 hex digits, a file name a "
+                                 "relative path inside the commit's folder)")
+
+
 def model_files(repo: str, revision: str | None, token: str | None) -> tuple[str, list[dict], object]:
-    """(commit, [{"name", "size", "sha256" | None, "blob"}], gated) of REPO at REVISION."""
+    """(commit, [{"name", "size", "sha256" | None, "blob"}], gated) of REPO at REVISION, each
+    checked before it names anything on disk."""
+    problem = repo_problem(repo)
+    if problem:
+        raise HubError("invalid", problem)
     api = client().HfApi(token=token or False)
     try:
         info = api.model_info(repo, revision=revision, files_metadata=True)
     except Exception as error:  # noqa: BLE001 - each is named by hub_error
         raise hub_error(error, repo, revision) from None
+    if commit_problem(info.sha):
+        raise untrusted(repo, f"commit {info.sha!r}")
     files = [{"name": s.rfilename, "size": s.lfs.size if s.lfs else s.size,
               "sha256": s.lfs.sha256 if s.lfs else None, "blob": s.blob_id}
              for s in info.siblings or ()]
+    for entry in files:
+        problem = entry_problem(entry)
+        if problem:
+            raise untrusted(repo, problem)
     return info.sha, files, info.gated
 
 
@@ -224,9 +295,18 @@ def verify_file(folder: str, entry: dict, records: dict) -> bool:
     return True
 
 
+def inside(folder: str, path: str) -> bool:
+    """Whether PATH's folder, links followed, is FOLDER or under it."""
+    base = os.path.realpath(folder)
+    return os.path.commonpath([base, os.path.realpath(os.path.dirname(path))]) == base
+
+
 def forget_file(folder: str, name: str) -> None:
     """Remove a file that is not the hub's, and huggingface_hub's note of it (which would
-    otherwise call it downloaded)."""
+    otherwise call it downloaded); never one outside FOLDER (NAME was checked, a link in the
+    way is not followed out)."""
+    if name_problem(name) or not inside(folder, os.path.join(folder, name)):
+        raise HubError("untrusted", f"{name!r} is not inside {folder}: not removed")
     for path in (os.path.join(folder, name),
                  os.path.join(folder, ".cache", "huggingface", "download", f"{name}.metadata")):
         try:
@@ -301,19 +381,19 @@ def check(folder: str, commit: str, files: list[dict], verified_path: str,
 def pinned(layout: Layout, repo: str, revision: str | None, hub_commit: str) -> tuple[str, str | None]:
     """(the commit to serve, the commit recorded before, if any) for REVISION: a commit is
     itself; a branch or tag keeps the commit recorded the first time it was fetched."""
-    if revision and COMMIT_RE.match(revision):
+    if revision and COMMIT_RE.fullmatch(revision):
         return revision, None
     known = read_json(layout.revisions(), {})
     known = known if isinstance(known, dict) else {}
     recorded = (known.get(repo) or {}).get(revision or DEFAULT_LABEL)
-    if recorded:
+    if isinstance(recorded, dict) and not commit_problem(recorded.get("commit")):
         return recorded["commit"], recorded["commit"]
     return hub_commit, None
 
 
 def record(layout: Layout, repo: str, revision: str | None, commit: str) -> None:
     """Record the commit a branch or tag resolved to (a commit needs no record)."""
-    if revision and COMMIT_RE.match(revision):
+    if revision and COMMIT_RE.fullmatch(revision):
         return
     known = read_json(layout.revisions(), {})
     known = known if isinstance(known, dict) else {}
@@ -368,7 +448,7 @@ def plan(args) -> dict:
         "missing_files": len(missing), "missing_bytes": sum(e["size"] or 0 for e in missing),
         "partial_bytes": partial_bytes(folder), "free_bytes": shutil.disk_usage(probe).free,
         "complete": not missing and marker is not None and marker.get("commit") == commit,
-        "settled": (recorded is not None or bool(args.revision and COMMIT_RE.match(args.revision)))
+        "settled": (recorded is not None or bool(args.revision and COMMIT_RE.fullmatch(args.revision)))
                    and link_ok(args.link, folder),
         "gated": bool(gated),
     }
@@ -449,6 +529,8 @@ def fetch_locked(args, layout: Layout, out) -> dict:
     hf_hub_download = client().hf_hub_download
     token = env_value(args.env_file, TOKEN_VAR)
     commit, files, _gated = model_files(args.repo, args.commit, token)
+    if commit != args.commit:
+        raise untrusted(args.repo, f"commit {commit!r} for commit {args.commit}")
     folder = layout.files(commit)
     os.makedirs(folder, exist_ok=True)
     marker = os.path.join(folder, MARKER)
@@ -535,6 +617,13 @@ def watch(args) -> int:
         time.sleep(0.2)
 
 
+def commit_arg(value: str) -> str:
+    """--commit: a commit names folders and files on disk, so it is checked before any."""
+    if commit_problem(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a commit: 40 lowercase hex digits")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="model_fetch.py")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -547,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--revision")
         sub.add_argument("--link")
         if name == "fetch":
-            sub.add_argument("--commit", required=True)
+            sub.add_argument("--commit", required=True, type=commit_arg)
             sub.add_argument("--interval", type=float, default=10.0)
             sub.add_argument("--workers", type=int, default=8)
             sub.add_argument("--background", action="store_true")
