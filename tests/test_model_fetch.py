@@ -7,6 +7,7 @@ that fetches nothing. Each case reads the hub's request log: what was fetched, f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -266,3 +267,128 @@ def test_an_invalid_repository_id_is_named_invalid(runner):
     done = subprocess.run(argv, env=runner.env(), capture_output=True, text=True, timeout=60)
     error = json.loads(done.stdout.splitlines()[-1])["error"]
     assert error["kind"] == "invalid" and "repository id 'standin-org/bad name' is invalid" in error["message"]
+    assert done.returncode == 1  # a plan with an error fails
+
+
+def test_flat_commit_that_only_deletes_a_file_is_complete(hf_python, script, hub, tmp_path, shards):
+    flat = Runner(hf_python, script, hub, tmp_path / "models" / "model")
+    first = flat.plan("--flat")["commit"]
+    assert "done" in flat.fetch(first, "--flat")
+    fewer = "6" * 40
+    hub.repos[NAME].commits[fewer] = {n: p for n, p in shards.items() if n != "generation_config.json"}
+    plan = flat.plan("--flat", "--revision", fewer)
+    assert (plan["missing_files"], plan["complete"]) == (0, False)  # the marker is the old commit's
+    assert "done" in flat.fetch(fewer, "--flat", "--revision", fewer)
+    assert json.loads((flat.root / MARKER).read_text())["commit"] == fewer
+    assert flat.plan("--flat", "--revision", fewer)["complete"]
+
+
+def start_slow_fetch(runner: Runner, commit: str, *extra: str) -> subprocess.Popen:
+    """A fetch of COMMIT, one file at a time, stopped by the caller once a shard is whole."""
+    runner.hub.rate = BIG_SHARD // 2
+    process = subprocess.Popen(runner.argv("fetch", "--commit", commit, "--workers", "1",
+                                           "--interval", "0.1", *extra),
+                               env=runner.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    folder, deadline = runner.root / commit, time.monotonic() + 60
+    while time.monotonic() < deadline:
+        names = os.listdir(folder) if folder.is_dir() else []
+        if any(n.endswith(".safetensors") for n in names) and partial_bytes(str(folder)) > 0:
+            return process
+        time.sleep(0.02)
+    process.kill()
+    pytest.fail("no whole shard and a partial one within 60s")
+
+
+def test_a_branch_moved_during_the_first_fetch_stays_pinned(runner, hub, big_shards, tmp_path):
+    hub.repos[NAME].commits[hub.repos[NAME].refs["main"]] = big_shards
+    first = runner.plan()["commit"]
+    process = start_slow_fetch(runner, first)
+    process.kill()
+    process.wait()
+    hub.rate = None
+    moved = "2" * 40
+    hub.repos[NAME].commits[moved] = dict(big_shards)
+    hub.repos[NAME].refs["main"] = moved
+    plan = runner.plan()
+    assert (plan["commit"], plan["recorded"], plan["hub_commit"]) == (first, first, moved)
+    assert "done" in runner.fetch(first)
+
+
+def test_a_changed_pin_removes_what_it_left_half_fetched(runner, hub, big_shards):
+    hub.repos[NAME].commits[hub.repos[NAME].refs["main"]] = big_shards
+    first = runner.plan()["commit"]
+    process = start_slow_fetch(runner, first)
+    process.kill()
+    process.wait()
+    hub.rate = None
+    other = "2" * 40
+    hub.repos[NAME].commits[other] = dict(big_shards)
+    assert (runner.root / first).is_dir()
+    # The pin of main moves to another commit (as a fetch given it pins it): the old one's
+    # half-fetched folder is the deploy's own, and nothing serves it.
+    assert "done" in runner.fetch(other)
+    assert not (runner.root / first).exists() and not (runner.root / f"{first}.log").exists()
+    assert runner.plan()["commit"] == other
+
+
+def test_ctrl_c_on_a_foreground_fetch_ends_in_one_line(runner, hub, big_shards):
+    hub.repos[NAME].commits[hub.repos[NAME].refs["main"]] = big_shards
+    commit = runner.plan()["commit"]
+    process = start_slow_fetch(runner, commit)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    last = json.loads(out.splitlines()[-1])
+    assert last["error"]["kind"] == "interrupted" and "the next run resumes" in last["error"]["message"]
+
+
+def test_each_file_is_verified_as_it_completes(runner, hub, big_shards):
+    hub.repos[NAME].commits[hub.repos[NAME].refs["main"]] = big_shards
+    commit = runner.plan()["commit"]
+    process = start_slow_fetch(runner, commit)
+    process.communicate(timeout=60)
+    lines = [json.loads(line) for line in (runner.root / f"{commit}.log").read_text().splitlines()]
+    progress = [line["p"] for line in lines if "p" in line]
+    assert any(0 < p["verified"] < p["files"] for p in progress)  # before the downloads ended
+    assert progress[-1]["verified"] == progress[-1]["files"] == 6
+    assert "done" in lines[-1]
+
+
+@pytest.fixture
+def small_disk(as_root, tmp_path):
+    """A 6 MiB filesystem (tmpfs), unmounted after."""
+    disk = tmp_path / "small"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)], check=True)
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_is_named_in_plan_and_fetch(hf_python, script, hub, shards, small_disk):
+    small = Runner(hf_python, script, hub, small_disk / "standin-org--Standin-7B")
+    commit = small.plan()["commit"]
+    # fetch by itself checks the space before any byte (16 MiB of shards into 6 MiB)
+    done = subprocess.run(small.argv("fetch", "--commit", commit), env=small.env(),
+                          capture_output=True, text=True, timeout=60)
+    error = json.loads(done.stdout.splitlines()[-1])["error"]
+    assert done.returncode == 1 and error["kind"] == "disk-full", error
+    assert f"the filesystem of {small.root / commit} is full" in error["message"]
+    assert not gets(hub)
+    # a hub whose sizes are too small: the disk fills during the download
+    hub.repos[NAME].declared = {name: 1 for name in shards if name.endswith(".safetensors")}
+    error = small.fetch(commit)["error"]
+    assert error["kind"] == "disk-full" and "bytes free" in error["message"], error
+    # plan on the full disk: its cache cannot be written
+    (small_disk / "filler").write_bytes(b"")
+    with (small_disk / "filler").open("ab") as handle, contextlib.suppress(OSError):
+        while True:
+            handle.write(b"\0" * 65536)
+            handle.flush()
+    done = subprocess.run(small.argv("plan"), env=small.env(), capture_output=True, text=True,
+                          timeout=60)
+    assert "Traceback" not in done.stderr, done.stderr
+    error = json.loads(done.stdout.splitlines()[-1])["error"]
+    assert done.returncode == 1 and error["kind"] == "disk-full", error
+    assert not [p for p in small.root.rglob("*.tmp*")]  # no empty temp file left

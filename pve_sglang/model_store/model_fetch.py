@@ -46,6 +46,8 @@ command line, never printed. ``HF_ENDPOINT`` in the env file names a hub mirror.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -112,11 +114,16 @@ def write_json(path: str, value) -> None:
     """Written whole or not at all (a rename)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(value, handle, indent=1, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(value, handle, indent=1, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # a full disk leaves no empty temp file behind
+        raise
 
 
 # --- the hub ------------------------------------------------------------------------------
@@ -126,6 +133,25 @@ class HubError(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
+
+
+def disk_full(error: BaseException | None) -> bool:
+    """Whether ERROR, or one it was raised from, is a full disk (or quota)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def no_space(folder: str, need: int) -> HubError:
+    probe = folder
+    while not os.path.isdir(probe):
+        probe = os.path.dirname(probe)
+    free = shutil.disk_usage(probe).free
+    return HubError("disk-full", f"the filesystem of {folder} is full: {free} bytes free, "
+                                 f"{need} bytes still to fetch: free space there, or set "
+                                 "model_store to a folder on a larger filesystem")
 
 
 def client():
@@ -273,7 +299,8 @@ def stat_key(path: str) -> list[int] | None:
         st = os.stat(path)
     except OSError:
         return None
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+    # ctime too: an edit of the same size with its mtime put back (touch -r) moves it.
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
 def verify_file(folder: str, entry: dict, records: dict) -> bool:
@@ -307,6 +334,8 @@ def forget_file(folder: str, name: str) -> None:
     way is not followed out)."""
     if name_problem(name) or not inside(folder, os.path.join(folder, name)):
         raise HubError("untrusted", f"{name!r} is not inside {folder}: not removed")
+    if os.path.isdir(os.path.join(folder, name)) and not os.path.islink(os.path.join(folder, name)):
+        shutil.rmtree(os.path.join(folder, name))  # the deploy's folder: a directory where a file goes
     for path in (os.path.join(folder, name),
                  os.path.join(folder, ".cache", "huggingface", "download", f"{name}.metadata")):
         try:
@@ -358,21 +387,63 @@ def partial_bytes(folder: str) -> int:
     return total
 
 
-def check(folder: str, commit: str, files: list[dict], verified_path: str,
-          remove: bool = True) -> tuple[list[dict], dict]:
-    """(the files that are missing or not the hub's, removed when REMOVE; the verified
-    records)."""
+def each(function, items: list, workers: int) -> list:
+    """FUNCTION of each item on WORKERS threads (hashlib and the downloads release the GIL),
+    in order. On an error the items not begun are cancelled; on Ctrl-C nothing is waited for."""
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
+        results = [future.result() for future in [pool.submit(function, item) for item in items]]
+    except Exception:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return results
+
+
+def load_records(verified_path: str, commit: str) -> dict:
+    """The verified files' records ({name: {"stat", "hash"}}) of COMMIT."""
     records = read_json(verified_path, {})
-    records = records if isinstance(records, dict) and records.get("commit") == commit else {}
-    per_file = records.get("files") or {}
-    missing = []
-    for entry in files:
-        if not verify_file(folder, entry, per_file):
-            per_file.pop(entry["name"], None)
-            if remove and os.path.lexists(os.path.join(folder, entry["name"])):
-                forget_file(folder, entry["name"])
-            missing.append(entry)
-    return missing, {"commit": commit, "files": per_file}
+    ok = isinstance(records, dict) and records.get("commit") == commit and isinstance(records.get("files"), dict)
+    return records["files"] if ok else {}
+
+
+def check(folder: str, files: list[dict], records: dict, workers: int = 4) -> list[dict]:
+    """The files that are missing or not the hub's (RECORDS updated in place); removes
+    nothing (``invalidate`` does, the marker first)."""
+    verdicts = each(lambda entry: verify_file(folder, entry, records), files, workers)
+    missing = [entry for entry, ok in zip(files, verdicts) if not ok]
+    for entry in missing:
+        records.pop(entry["name"], None)
+    return missing
+
+
+def marker_of(repo: str, commit: str, files: list[dict]) -> dict:
+    """What the marker says of a verified commit: each file with its size, so that a reader
+    can tell a file gone since without hashing."""
+    return {"repo": repo, "commit": commit, "files": len(files),
+            "bytes": sum(e["size"] or 0 for e in files),
+            "sizes": {e["name"]: e["size"] for e in files}}
+
+
+def marker_current(marker: object, repo: str, commit: str, files: list[dict]) -> bool:
+    """Whether MARKER is the one a verified COMMIT of REPO writes (its time aside): in the flat
+    layout an older commit's marker, or one from before the sizes were recorded, is not."""
+    if not isinstance(marker, dict):
+        return False
+    return {k: marker.get(k) for k in ("repo", "commit", "files", "bytes", "sizes")} == marker_of(repo, commit, files)
+
+
+def invalidate(folder: str, marker: str, missing: list[dict]) -> None:
+    """The marker removed first, then the files that are not the hub's: a kill between two
+    steps never leaves a marker over a removed file."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(marker)
+    for entry in missing:
+        if os.path.lexists(os.path.join(folder, entry["name"])):
+            forget_file(folder, entry["name"])
 
 
 # --- revisions ----------------------------------------------------------------------------
@@ -392,15 +463,53 @@ def pinned(layout: Layout, repo: str, revision: str | None, hub_commit: str) -> 
 
 
 def record(layout: Layout, repo: str, revision: str | None, commit: str) -> None:
-    """Record the commit a branch or tag resolved to (a commit needs no record)."""
-    if revision and COMMIT_RE.fullmatch(revision):
-        return
+    """Pin REVISION to COMMIT (a commit is pinned to itself: a record that its folder is in
+    use, see ``leftovers``)."""
     known = read_json(layout.revisions(), {})
     known = known if isinstance(known, dict) else {}
     label = revision or DEFAULT_LABEL
     if (known.get(repo) or {}).get(label, {}).get("commit") != commit:
         known.setdefault(repo, {})[label] = {"commit": commit, "resolved_at": int(time.time())}
         write_json(layout.revisions(), known)
+
+
+def pins(layout: Layout) -> set[str]:
+    """Every commit revisions.json pins, of any repository and revision."""
+    known = read_json(layout.revisions(), {})
+    return {entry.get("commit") for labels in (known.values() if isinstance(known, dict) else ())
+            if isinstance(labels, dict) for entry in labels.values() if isinstance(entry, dict)}
+
+
+def leftovers(folders: dict[str, bool], pinned_commits: set[str], current: str) -> list[str]:
+    """The commit folders (FOLDERS: commit -> complete) that a changed pin left half-fetched:
+    never complete, pinned by no revision, not the one being fetched. The deploy made them and
+    nothing serves them (a serving link names a complete commit only)."""
+    return sorted(c for c, complete in folders.items()
+                  if not complete and c not in pinned_commits and c != current)
+
+
+def remove_leftovers(layout: Layout, current: str, link: str | None) -> None:
+    """Remove ``leftovers`` in the store (the flat layout has one folder), each under its own
+    lock (a fetch of it running keeps it)."""
+    if layout.flat:
+        return
+    folders = {}
+    for name in os.listdir(layout.root):
+        path = os.path.join(layout.root, name)
+        if COMMIT_RE.fullmatch(name) and os.path.isdir(path) and not os.path.islink(path):
+            folders[name] = read_json(os.path.join(path, MARKER), {}).get("commit") == name
+    served = {os.path.basename(os.path.realpath(os.path.join(os.path.dirname(link), n)))
+              for n in (os.listdir(os.path.dirname(link)) if link and os.path.isdir(os.path.dirname(link)) else ())}
+    for commit in leftovers(folders, pins(layout) | served, current):
+        with open(layout.lock(commit), "a+") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue
+            shutil.rmtree(layout.files(commit), ignore_errors=True)
+            for path in (layout.log(commit), layout.lock(commit)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
 
 
 def link_ok(link: str | None, folder: str) -> bool:
@@ -435,9 +544,16 @@ def plan(args) -> dict:
         return {"error": {"kind": error.kind, "message": str(error)}}
     folder = layout.files(commit)
     marker = read_json(os.path.join(folder, MARKER), None)
-    missing, records = check(folder, commit, files, layout.verified(commit), remove=False)
+    records = load_records(layout.verified(commit), commit)
+    missing = check(folder, files, records, args.workers)
     if os.path.isdir(folder):
-        write_json(layout.verified(commit), records)
+        try:
+            write_json(layout.verified(commit), {"commit": commit, "files": records})
+        except OSError as error:
+            if not disk_full(error):
+                raise
+            need = sum(e["size"] or 0 for e in missing) - partial_bytes(folder)
+            return {"error": {"kind": "disk-full", "message": str(no_space(folder, max(0, need)))}}
     total = sum(entry["size"] or 0 for entry in files)
     probe = folder
     while not os.path.isdir(probe):
@@ -447,7 +563,7 @@ def plan(args) -> dict:
         "hub_commit": hub_commit, "files": len(files), "bytes": total, "dir": folder,
         "missing_files": len(missing), "missing_bytes": sum(e["size"] or 0 for e in missing),
         "partial_bytes": partial_bytes(folder), "free_bytes": shutil.disk_usage(probe).free,
-        "complete": not missing and marker is not None and marker.get("commit") == commit,
+        "complete": not missing and marker_current(marker, args.repo, commit, files),
         "settled": (recorded is not None or bool(args.revision and COMMIT_RE.fullmatch(args.revision)))
                    and link_ok(args.link, folder),
         "gated": bool(gated),
@@ -466,6 +582,7 @@ class Meter:
         self.base_files = self.files - len(missing)
         self.missing = missing
         self.finished: set[str] = set()
+        self.verified: set[str] = set()
         self.samples: list[tuple[float, int]] = []
         self.stop = threading.Event()
 
@@ -485,7 +602,8 @@ class Meter:
         rate = (done - d0) / (now - t0) if now > t0 else 0.0
         eta = (self.total - done) / rate if rate > 0 else None
         return {"p": {"done": done, "total": self.total, "rate": rate, "eta": eta,
-                      "files_done": self.base_files + len(self.finished), "files": self.files}}
+                      "files_done": self.base_files + len(self.finished), "files": self.files,
+                      "verified": self.base_files + len(self.verified)}}
 
     def run(self) -> None:
         while not self.stop.wait(self.interval):
@@ -515,11 +633,20 @@ def fetch(args) -> int:
     with out:
         try:
             result = fetch_locked(args, layout, out)
+        except KeyboardInterrupt:
+            result = {"error": {"kind": "interrupted", "message": "interrupted (Ctrl-C): the "
+                                "files fetched are kept, the next run resumes"}}
+            emit(result, out)
+            emit(result)
+            os._exit(130)  # the downloads' threads are not waited for
         except HubError as error:
             result = {"error": {"kind": error.kind, "message": str(error)}}
         except Exception as error:  # noqa: BLE001 - reported, the next run resumes
-            result = {"error": {"kind": "download", "message": f"{type(error).__name__}: "
-                                f"{str(error).splitlines()[0][:300] if str(error) else ''}"}}
+            if disk_full(error):
+                result = {"error": {"kind": "disk-full", "message": str(no_space(layout.files(args.commit), 0))}}
+            else:
+                result = {"error": {"kind": "download", "message": f"{type(error).__name__}: "
+                                    f"{str(error).splitlines()[0][:300] if str(error) else ''}"}}
         emit(result, out)
         emit(result)
     return 0 if "done" in result else 1
@@ -533,13 +660,22 @@ def fetch_locked(args, layout: Layout, out) -> dict:
         raise untrusted(args.repo, f"commit {commit!r} for commit {args.commit}")
     folder = layout.files(commit)
     os.makedirs(folder, exist_ok=True)
+    # Pinned before the first byte: a branch that moves before this fetch ends is not followed
+    # by the next run; what an older pin of it left half-fetched goes.
+    record(layout, args.repo, args.revision, commit)
+    remove_leftovers(layout, commit, args.link)
     marker = os.path.join(folder, MARKER)
-    missing, records = check(folder, commit, files, layout.verified(commit))
-    if missing and os.path.exists(marker):
-        os.unlink(marker)  # not complete any more
+    records = load_records(layout.verified(commit), commit)
+    missing = check(folder, files, records, args.workers)
+    current = marker_current(read_json(marker, None), args.repo, commit, files)
+    if missing or not current:
+        invalidate(folder, marker, missing)
     if not client_resumes():
         remove_partials(folder)  # a killed run's: this client would only leave more beside them
     resumed = partial_bytes(folder)
+    need = sum(e["size"] or 0 for e in missing) - resumed
+    if need > shutil.disk_usage(folder).free:
+        raise no_space(folder, need)
     meter = Meter(folder, files, missing, out, args.interval)
     emit(meter.line(), out)
     ticker = threading.Thread(target=meter.run, daemon=True)
@@ -550,26 +686,29 @@ def fetch_locked(args, layout: Layout, out) -> dict:
         hf_hub_download(args.repo, entry["name"], revision=commit, local_dir=folder,
                         token=token or False)
         meter.finished.add(entry["name"])
+        # Hashed as it completes, on this worker: the check after the downloads only stats it.
+        if verify_file(folder, entry, records):
+            meter.verified.add(entry["name"])
 
     try:
-        with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
-            for future in [pool.submit(one, entry) for entry in missing]:
-                future.result()
+        each(one, missing, args.workers)
     except Exception as error:  # noqa: BLE001
+        if disk_full(error):
+            raise no_space(folder, need) from None
         raise hub_error(error, args.repo, commit) from None
     finally:
         meter.stop.set()
         ticker.join()
-    still, records = check(folder, commit, files, layout.verified(commit))
-    write_json(layout.verified(commit), records)
+    still = check(folder, files, records, args.workers)
+    if still:
+        invalidate(folder, marker, still)
+    write_json(layout.verified(commit), {"commit": commit, "files": records})
     if still:
         return {"error": {"kind": "verify", "message": f"{len(still)} files differ from the hub "
                           f"after download, e.g. {still[0]['name']}: removed, fetched again next run"}}
     final = meter.line()["p"]
-    if missing or not os.path.exists(marker):
-        write_json(marker, {"repo": args.repo, "commit": commit, "files": len(files),
-                            "bytes": meter.total, "verified_at": int(time.time())})
-    record(layout, args.repo, args.revision, commit)
+    if missing or not current:
+        write_json(marker, {**marker_of(args.repo, commit, files), "verified_at": int(time.time())})
     set_link(args.link, folder)
     emit({"p": final}, out)
     return {"done": {"commit": commit, "files": len(files), "bytes": meter.total,
@@ -629,6 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     for name in ("plan", "fetch"):
         sub = commands.add_parser(name)
+        sub.add_argument("--workers", type=int, default=8)
         sub.add_argument("--repo", required=True)
         sub.add_argument("--root", required=True)
         sub.add_argument("--flat", action="store_true")
@@ -638,7 +778,6 @@ def main(argv: list[str] | None = None) -> int:
         if name == "fetch":
             sub.add_argument("--commit", required=True, type=commit_arg)
             sub.add_argument("--interval", type=float, default=10.0)
-            sub.add_argument("--workers", type=int, default=8)
             sub.add_argument("--background", action="store_true")
     sub = commands.add_parser("watch")
     sub.add_argument("--log", required=True)
@@ -653,8 +792,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if args.command == "plan":
-        emit(plan(args))
-        return 0
+        answer = plan(args)
+        emit(answer)
+        return 1 if "error" in answer else 0
     if args.command == "fetch":
         return fetch(args)
     return watch(args)
