@@ -300,15 +300,22 @@ def start_slow_fetch(runner: Runner, commit: str, *extra: str) -> subprocess.Pop
     pytest.fail("no whole shard and a partial one within 60s")
 
 
-def test_a_branch_moved_during_the_first_fetch_stays_pinned(runner, hub, big_shards, tmp_path):
-    hub.repos[NAME].commits[hub.repos[NAME].refs["main"]] = big_shards
+def killed_first_fetch(runner: Runner, hub: StandinHub, shards: dict[str, Path]) -> tuple[str, str]:
+    """(the commit main resolved to, whose first fetch was killed half way; another commit of
+    the same files the hub also has)."""
+    hub.repos[NAME].commits[hub.repos[NAME].refs["main"]] = shards
     first = runner.plan()["commit"]
     process = start_slow_fetch(runner, first)
     process.kill()
     process.wait()
     hub.rate = None
-    moved = "2" * 40
-    hub.repos[NAME].commits[moved] = dict(big_shards)
+    other = "2" * 40
+    hub.repos[NAME].commits[other] = dict(shards)
+    return first, other
+
+
+def test_a_branch_moved_during_the_first_fetch_stays_pinned(runner, hub, big_shards):
+    first, moved = killed_first_fetch(runner, hub, big_shards)
     hub.repos[NAME].refs["main"] = moved
     plan = runner.plan()
     assert (plan["commit"], plan["recorded"], plan["hub_commit"]) == (first, first, moved)
@@ -316,14 +323,7 @@ def test_a_branch_moved_during_the_first_fetch_stays_pinned(runner, hub, big_sha
 
 
 def test_a_changed_pin_removes_what_it_left_half_fetched(runner, hub, big_shards):
-    hub.repos[NAME].commits[hub.repos[NAME].refs["main"]] = big_shards
-    first = runner.plan()["commit"]
-    process = start_slow_fetch(runner, first)
-    process.kill()
-    process.wait()
-    hub.rate = None
-    other = "2" * 40
-    hub.repos[NAME].commits[other] = dict(big_shards)
+    first, other = killed_first_fetch(runner, hub, big_shards)
     assert (runner.root / first).is_dir()
     # The pin of main moves to another commit (as a fetch given it pins it): the old one's
     # half-fetched folder is the deploy's own, and nothing serves it.

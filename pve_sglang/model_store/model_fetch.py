@@ -18,26 +18,35 @@ Commands:
     fetched before keeps the commit recorded in revisions.json, and a hub that moved it since
     is reported (``recorded`` differs from ``hub_commit``), never followed. Checks every file
     present at the hub's size, LFS files at their sha256 and the others at their git blob id
-    (a file whose size, mtime and inode are those it was verified at is not hashed again).
+    (a file whose size, mtime, inode and ctime are those it was verified at is not hashed again).
     Prints ``{"repo", "commit", "revision", "recorded", "hub_commit", "files", "bytes",
     "missing_files", "missing_bytes", "partial_bytes", "free_bytes", "complete", "settled",
     "gated", "dir"}`` (``settled``: the revision is recorded and the link L names the commit)
-    or ``{"error": {"kind", "message"}}`` (kinds: not-found, revision-not-found, gated,
-    unauthorized, network).
+    or ``{"error": {"kind", "message"}}`` and exit 1 (kinds: invalid, not-found,
+    revision-not-found, gated, unauthorized, network, untrusted, disk-full). ``complete``: no
+    file missing and the marker is this commit's.
 ``fetch --repo R --commit C [--revision REV] --root ROOT [--flat] [--link L] [--env-file F]
 [--interval S] [--workers N] [--background]``
-    Removes each file that is not the hub's, downloads what is missing (huggingface_hub
-    resumes a ``.incomplete`` file), verifies each file, writes the marker (MARKER in the
-    commit's folder) last, then records REV's commit and points the link L (the path the
-    containers mount) at the commit's folder. Writes ``{"p": {"done", "total", "files_done",
-    "files", "rate", "eta"}}`` every S seconds and at the end ``{"done": {...}}`` or ``{"error":
+    Pins REV to C (revisions.json) and removes the commit folders a changed pin left
+    half-fetched; removes the marker (MARKER in the commit's folder) before anything else
+    changes, then each file that is not the hub's; refuses when what is missing does not fit
+    the free space; downloads what is missing (huggingface_hub resumes a ``.incomplete``
+    file), hashing each file as it completes; writes the marker (each file with its size)
+    last, then points the link L (the path the containers mount) at the commit's folder.
+    Writes ``{"p": {"done", "total", "files_done", "files", "verified", "rate", "eta"}}``
+    every S seconds and at the end ``{"done": {...}}`` or ``{"error":
     {...}}`` to ROOT's ``<commit>.log`` (and the last line to stdout). One fetch of a commit
-    runs at a time (a lock file): another prints ``{"busy": true}`` and returns.
+    runs at a time (a lock file): another prints ``{"busy": true}`` and returns. Ctrl-C: the
+    last line ``{"error": {"kind": "interrupted", ...}}``, exit 130.
     ``--background``: returns once the lock is held and the log is fresh (``{"started":
     true}``), the fetch going on in its own session.
 ``watch --log L --offset N --max-wait S``
     The fetch log L's lines after byte N as they come, for up to S seconds, returning at
     once on the fetch's last line; then ``{"offset": M, "running": bool}``.
+
+What the hub answers is not trusted (``HF_ENDPOINT`` may name any mirror): every commit must
+be 40 hex digits and every file name a relative path inside the commit's folder, or nothing is
+written and the error (kind ``untrusted``) names what it sent.
 
 The token is read from the env file (``HF_TOKEN="..."``) by this process: never on a
 command line, never printed. ``HF_ENDPOINT`` in the env file names a hub mirror.
