@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from pve_sglang.model_store.rules import entry, serving_link  # noqa: E402
-from pve_sglang.remote import source  # noqa: E402
+from pve_sglang.remote import stage  # noqa: E402
 from pve_sglang.model_store.model_fetch import partial_bytes  # noqa: E402
 from standin_hub import Repo, StandinHub, synthetic_files  # noqa: E402
 
@@ -92,7 +92,7 @@ class Bench:
         return time.monotonic() - started
 
     def store_data(self, store: Path, interval_s: float = 30.0) -> dict:
-        return {"fetch": True, "python": self.python, "script": str(source("model_fetch.py")),
+        return {"fetch": True, "python": self.python, "script": str(stage("model_fetch.py", self.work / "tools")),
                 "repo": NAME, "root": entry(str(store), NAME),
                 "link": serving_link(str(store), NAME, None), "env_file": str(self.env_file),
                 "interval_s": interval_s, "space_of": f"the store {store}"}

@@ -10,6 +10,8 @@ Spoken as huggingface_hub 0.36 asks it (``hf_api.py`` ``model_info``, ``file_dow
 + ``HEAD``/``GET /{repo}/resolve/{rev}/{file}``: ``X-Repo-Commit``, ``ETag`` (the git blob id, or
   the sha256 for LFS files, with ``X-Linked-Etag`` and ``X-Linked-Size``), ``Content-Length``,
   ``Accept-Ranges`` and ``Range: bytes=N-`` answered 206 with ``Content-Range``
++ what a hostile mirror could answer: any file name (``commits``' keys) and any ``sha``
+  (``claimed``)
 + errors as the hub gives them: an unknown repository 401 ``X-Error-Code: RepoNotFound``, an
   unknown revision 404 ``RevisionNotFound``, a file of a gated repository without a granted
   token 401 ``GatedRepo``
@@ -50,6 +52,9 @@ class Repo:
     default: str = "main"
     #: Sizes the metadata claims instead of the files' (a model too large for the disk).
     declared: dict[str, int] = field(default_factory=dict)
+    #: The commit the metadata claims instead of the real one (a hostile mirror; a file name
+    #: of its own, such as ``../../victim.txt``, is a key of ``commits``).
+    claimed: str | None = None
 
 
 def digests(path: Path) -> tuple[str, str]:
@@ -176,7 +181,7 @@ class StandinHub:
         commit = self.commit_of(repo, rev or repo.default)
         if commit is None:
             return self.error(request, 404, "RevisionNotFound", "Invalid rev id: " + rev)
-        body = json.dumps({"id": name, "modelId": name, "sha": commit, "private": False,
+        body = json.dumps({"id": name, "modelId": name, "sha": repo.claimed or commit, "private": False,
                            "gated": "manual" if repo.gated else False, "disabled": False,
                            "tags": [], "siblings": self.siblings(repo.commits[commit], repo.declared)}).encode()
         request.send_response(200)

@@ -7,6 +7,7 @@ that fetches nothing. Each case reads the hub's request log: what was fetched, f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from pve_sglang.remote import source
+from pve_sglang.remote import stage
 from pve_sglang.model_store.model_fetch import MARKER, partial_bytes
 from standin_hub import StandinHub, serving, synthetic_files
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = str(source("model_fetch.py"))
 NAME = "standin-org/Standin-7B"
 TOKEN = "hf_standin_token_Zq9"
 SHARD = 4 * 1024 * 1024
@@ -33,6 +33,12 @@ def shards(tmp_path_factory) -> dict[str, Path]:
     return synthetic_files(tmp_path_factory.mktemp("hubfiles"), 4, SHARD)
 
 
+@pytest.fixture(scope="module")
+def script(tmp_path_factory) -> str:
+    """The fetcher beside its companions, as the deploy uploads it."""
+    return str(stage("model_fetch.py", tmp_path_factory.mktemp("tools")))
+
+
 @pytest.fixture
 def hub(shards):
     with serving(NAME, "1" * 40, shards, {TOKEN}) as hub:
@@ -40,14 +46,15 @@ def hub(shards):
 
 
 class Runner:
-    def __init__(self, python: str, hub: StandinHub, root: Path, env_file: Path | None = None):
-        self.python, self.hub, self.root, self.env_file = python, hub, root, env_file
+    def __init__(self, python: str, script: str, hub: StandinHub, root: Path,
+                 env_file: Path | None = None):
+        self.python, self.script, self.hub, self.root, self.env_file = python, script, hub, root, env_file
 
     def env(self) -> dict:
         return {**os.environ, "HF_ENDPOINT": self.hub.url, "HF_HOME": str(self.root.parent / "hf-home")}
 
     def argv(self, command: str, *extra: str) -> list[str]:
-        argv = [self.python, SCRIPT, command, "--repo", NAME, "--root", str(self.root), *extra]
+        argv = [self.python, self.script, command, "--repo", NAME, "--root", str(self.root), *extra]
         return argv + (["--env-file", str(self.env_file)] if self.env_file else [])
 
     def run(self, command: str, *extra: str) -> list[dict]:
@@ -64,15 +71,15 @@ class Runner:
 
 
 @pytest.fixture
-def runner(hf_python, hub, tmp_path) -> Runner:
-    return Runner(hf_python, hub, tmp_path / "store" / "standin-org--Standin-7B")
+def runner(hf_python, script, hub, tmp_path) -> Runner:
+    return Runner(hf_python, script, hub, tmp_path / "store" / "standin-org--Standin-7B")
 
 
-def client_resumes(python: str) -> bool:
+def client_resumes(python: str, script: str) -> bool:
     """model_fetch.client_resumes() under PYTHON (its huggingface_hub)."""
     done = subprocess.run([python, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
                            "import model_fetch; print(model_fetch.client_resumes())",
-                           str(Path(SCRIPT).parent)], capture_output=True, text=True, check=True)
+                           str(Path(script).parent)], capture_output=True, text=True, check=True)
     return done.stdout.strip() == "True"
 
 
@@ -146,7 +153,7 @@ def test_killed_mid_shard_resumes_without_fetching_a_complete_file_again(runner,
     assert "done" in result
     after = gets(hub)[fetched_before:]
     assert not {name for name, _ in after} & whole  # a complete file is not fetched again
-    if client_resumes(runner.python):
+    if client_resumes(runner.python, runner.script):
         assert any(start > 0 for _, start in after)  # the interrupted shard resumed from its bytes
     else:
         # huggingface_hub 1.33 starts a cut file again: the killed run's part is not left behind.
@@ -205,7 +212,7 @@ def test_gated_model_needs_a_token_from_the_env_file(runner, hub, tmp_path):
 
 def test_missing_repository_and_revision_are_named(runner):
     assert runner.plan("--revision", "no-such-branch")["error"]["kind"] == "revision-not-found"
-    runner_other = Runner(runner.python, runner.hub, runner.root)
+    runner_other = Runner(runner.python, runner.script, runner.hub, runner.root)
     argv = runner_other.argv("plan")
     argv[argv.index("--repo") + 1] = "standin-org/Nothing-Here"
     out = subprocess.run(argv, env=runner.env(), capture_output=True, text=True).stdout
@@ -213,11 +220,175 @@ def test_missing_repository_and_revision_are_named(runner):
     assert error["kind"] == "not-found" and "standin-org/Nothing-Here" in error["message"]
 
 
-def test_flat_layout_keeps_its_state_out_of_the_way(hf_python, hub, tmp_path, shards):
-    flat = Runner(hf_python, hub, tmp_path / "models" / "model")
+def test_flat_layout_keeps_its_state_out_of_the_way(hf_python, script, hub, tmp_path, shards):
+    flat = Runner(hf_python, script, hub, tmp_path / "models" / "model")
     plan = flat.plan("--flat")
     assert plan["dir"] == str(flat.root)
     assert "done" in flat.fetch(plan["commit"], "--flat")
     assert flat.plan("--flat")["complete"]
     assert (flat.root / ".cache" / "pve-sglang" / "revisions.json").exists()
     assert {p.name for p in flat.root.iterdir()} == {*shards, ".cache", MARKER}
+
+
+# --- what the hub answers is not trusted (issue 33) ----------------------------------------
+
+
+def test_a_file_name_leaving_the_model_folder_is_refused_and_nothing_outside_touched(runner, hub, shards, tmp_path):
+    commit = runner.plan()["commit"]
+    runner.fetch(commit)
+    victim = runner.root.parent.parent / "victim.txt"  # ROOT/<commit>/../../victim.txt
+    victim.write_text("not the model's")
+    hostile = dict(shards, **{"../../victim.txt": shards["config.json"]})
+    hub.repos[NAME].commits[commit] = hostile
+    plan = runner.plan()
+    assert plan["error"]["kind"] == "untrusted", plan
+    assert "file name '../../victim.txt' has an empty, '.' or '..' part" in plan["error"]["message"]
+    assert hub.url in plan["error"]["message"]
+    assert runner.fetch(commit)["error"]["kind"] == "untrusted"
+    assert victim.read_text() == "not the model's"
+
+
+def test_a_commit_that_is_no_commit_is_refused_from_the_hub_and_the_command_line(runner, hub):
+    hub.repos[NAME].claimed = "../../victim"
+    plan = runner.plan()
+    assert plan["error"]["kind"] == "untrusted" and "commit '../../victim'" in plan["error"]["message"]
+    hub.repos[NAME].claimed = None
+    done = subprocess.run(runner.argv("fetch", "--commit", "../../victim"), env=runner.env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "argument --commit: '../../victim' is not a commit: 40 lowercase hex digits" in done.stderr
+    assert not (runner.root.parent.parent / "victim.log").exists()
+    assert not list(runner.root.parent.parent.glob("victim*"))
+
+
+def test_an_invalid_repository_id_is_named_invalid(runner):
+    argv = runner.argv("plan")
+    argv[argv.index("--repo") + 1] = "standin-org/bad name"
+    done = subprocess.run(argv, env=runner.env(), capture_output=True, text=True, timeout=60)
+    error = json.loads(done.stdout.splitlines()[-1])["error"]
+    assert error["kind"] == "invalid" and "repository id 'standin-org/bad name' is invalid" in error["message"]
+    assert done.returncode == 1  # a plan with an error fails
+
+
+def test_flat_commit_that_only_deletes_a_file_is_complete(hf_python, script, hub, tmp_path, shards):
+    flat = Runner(hf_python, script, hub, tmp_path / "models" / "model")
+    first = flat.plan("--flat")["commit"]
+    assert "done" in flat.fetch(first, "--flat")
+    fewer = "6" * 40
+    hub.repos[NAME].commits[fewer] = {n: p for n, p in shards.items() if n != "generation_config.json"}
+    plan = flat.plan("--flat", "--revision", fewer)
+    assert (plan["missing_files"], plan["complete"]) == (0, False)  # the marker is the old commit's
+    assert "done" in flat.fetch(fewer, "--flat", "--revision", fewer)
+    assert json.loads((flat.root / MARKER).read_text())["commit"] == fewer
+    assert flat.plan("--flat", "--revision", fewer)["complete"]
+
+
+def start_slow_fetch(runner: Runner, commit: str, *extra: str) -> subprocess.Popen:
+    """A fetch of COMMIT, one file at a time, stopped by the caller once a shard is whole."""
+    runner.hub.rate = BIG_SHARD // 2
+    process = subprocess.Popen(runner.argv("fetch", "--commit", commit, "--workers", "1",
+                                           "--interval", "0.1", *extra),
+                               env=runner.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    folder, deadline = runner.root / commit, time.monotonic() + 60
+    while time.monotonic() < deadline:
+        names = os.listdir(folder) if folder.is_dir() else []
+        if any(n.endswith(".safetensors") for n in names) and partial_bytes(str(folder)) > 0:
+            return process
+        time.sleep(0.02)
+    process.kill()
+    pytest.fail("no whole shard and a partial one within 60s")
+
+
+def killed_first_fetch(runner: Runner, hub: StandinHub, shards: dict[str, Path]) -> tuple[str, str]:
+    """(the commit main resolved to, whose first fetch was killed half way; another commit of
+    the same files the hub also has)."""
+    hub.repos[NAME].commits[hub.repos[NAME].refs["main"]] = shards
+    first = runner.plan()["commit"]
+    process = start_slow_fetch(runner, first)
+    process.kill()
+    process.wait()
+    hub.rate = None
+    other = "2" * 40
+    hub.repos[NAME].commits[other] = dict(shards)
+    return first, other
+
+
+def test_a_branch_moved_during_the_first_fetch_stays_pinned(runner, hub, big_shards):
+    first, moved = killed_first_fetch(runner, hub, big_shards)
+    hub.repos[NAME].refs["main"] = moved
+    plan = runner.plan()
+    assert (plan["commit"], plan["recorded"], plan["hub_commit"]) == (first, first, moved)
+    assert "done" in runner.fetch(first)
+
+
+def test_a_changed_pin_removes_what_it_left_half_fetched(runner, hub, big_shards):
+    first, other = killed_first_fetch(runner, hub, big_shards)
+    assert (runner.root / first).is_dir()
+    # The pin of main moves to another commit (as a fetch given it pins it): the old one's
+    # half-fetched folder is the deploy's own, and nothing serves it.
+    assert "done" in runner.fetch(other)
+    assert not (runner.root / first).exists() and not (runner.root / f"{first}.log").exists()
+    assert runner.plan()["commit"] == other
+
+
+def test_ctrl_c_on_a_foreground_fetch_ends_in_one_line(runner, hub, big_shards):
+    hub.repos[NAME].commits[hub.repos[NAME].refs["main"]] = big_shards
+    commit = runner.plan()["commit"]
+    process = start_slow_fetch(runner, commit)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    last = json.loads(out.splitlines()[-1])
+    assert last["error"]["kind"] == "interrupted" and "the next run resumes" in last["error"]["message"]
+
+
+def test_each_file_is_verified_as_it_completes(runner, hub, big_shards):
+    hub.repos[NAME].commits[hub.repos[NAME].refs["main"]] = big_shards
+    commit = runner.plan()["commit"]
+    process = start_slow_fetch(runner, commit)
+    process.communicate(timeout=60)
+    lines = [json.loads(line) for line in (runner.root / f"{commit}.log").read_text().splitlines()]
+    progress = [line["p"] for line in lines if "p" in line]
+    assert any(0 < p["verified"] < p["files"] for p in progress)  # before the downloads ended
+    assert progress[-1]["verified"] == progress[-1]["files"] == 6
+    assert "done" in lines[-1]
+
+
+@pytest.fixture
+def small_disk(as_root, tmp_path):
+    """A 6 MiB filesystem (tmpfs), unmounted after."""
+    disk = tmp_path / "small"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)], check=True)
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_is_named_in_plan_and_fetch(hf_python, script, hub, shards, small_disk):
+    small = Runner(hf_python, script, hub, small_disk / "standin-org--Standin-7B")
+    commit = small.plan()["commit"]
+    # fetch by itself checks the space before any byte (16 MiB of shards into 6 MiB)
+    done = subprocess.run(small.argv("fetch", "--commit", commit), env=small.env(),
+                          capture_output=True, text=True, timeout=60)
+    error = json.loads(done.stdout.splitlines()[-1])["error"]
+    assert done.returncode == 1 and error["kind"] == "disk-full", error
+    assert f"the filesystem of {small.root / commit} is full" in error["message"]
+    assert not gets(hub)
+    # a hub whose sizes are too small: the disk fills during the download
+    hub.repos[NAME].declared = {name: 1 for name in shards if name.endswith(".safetensors")}
+    error = small.fetch(commit)["error"]
+    assert error["kind"] == "disk-full" and "bytes free" in error["message"], error
+    # plan on the full disk: its cache cannot be written
+    (small_disk / "filler").write_bytes(b"")
+    with (small_disk / "filler").open("ab") as handle, contextlib.suppress(OSError):
+        while True:
+            handle.write(b"\0" * 65536)
+            handle.flush()
+    done = subprocess.run(small.argv("plan"), env=small.env(), capture_output=True, text=True,
+                          timeout=60)
+    assert "Traceback" not in done.stderr, done.stderr
+    error = json.loads(done.stdout.splitlines()[-1])["error"]
+    assert done.returncode == 1 and error["kind"] == "disk-full", error
+    assert not [p for p in small.root.rglob("*.tmp*")]  # no empty temp file left

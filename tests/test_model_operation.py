@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pve_sglang.model_store.rules import entry, serving_link
-from pve_sglang.remote import source
+from pve_sglang.remote import stage
 from pve_sglang.model_store.model_fetch import MARKER
 from standin_hub import StandinHub, serving, synthetic_files
 
@@ -45,7 +45,7 @@ class Site:
         self.store = tmp / "store"
         self.env_file = tmp / "hf.env"
         self.write_env()
-        self.data = {"fetch": True, "python": python, "script": str(source("model_fetch.py")),
+        self.data = {"fetch": True, "python": python, "script": str(stage("model_fetch.py", tmp / "tools")),
                      "repo": NAME, "root": entry(str(self.store), NAME),
                      "link": serving_link(str(self.store), NAME, None),
                      "env_file": str(self.env_file), "interval_s": 0.2,
@@ -181,3 +181,16 @@ def test_dry_run_lists_the_fetch_then_nothing_once_verified(site, hub):
     ok, changed, output = site.deploy(dry=True)
     assert ok and changed == [], output[-3000:]
     assert f"host @local: model {NAME}: commit {'3' * 40}, 6 files" in output
+
+
+def test_served_needs_each_file_of_the_marker_not_the_marker_alone(site, hub, shards):
+    ok, _, output = site.deploy()
+    assert ok, output[-3000:]
+    link = Path(site.data["link"])
+    ok, changed, output = site.deploy(fetch=False, serves=str(link))
+    assert ok and changed == [] and f"serves {NAME} at commit {'3' * 40}: 6 files" in output
+    shard = sorted(name for name in shards if name.endswith(".safetensors"))[0]
+    (link / shard).unlink()  # the marker stays: it alone would call the model verified
+    ok, _, output = site.deploy(fetch=False, serves=str(link))
+    assert not ok
+    assert f"{link}: {shard} of {NAME} at commit {'3' * 40} is missing: the next deploy fetches it again" in output

@@ -65,3 +65,48 @@ def test_preflight(answer, token_pending, verdict, words):
     assert result.verdict is verdict
     for word in words:
         assert word in result.text
+
+
+# --- the served check, the plan's answer, the progress line (issue 33) ---------------------
+
+from pve_sglang.model_store.facts import FILES_FOLLOW, ModelMarker, ModelPlan  # noqa: E402
+from pve_sglang.model_store.rules import progress_text, served_problem  # noqa: E402
+
+MARKER = {"repo": REPO, "commit": COMMIT, "files": 2, "bytes": 30,
+          "sizes": {"config.json": 10, "model.safetensors": 20}}
+
+
+@pytest.mark.parametrize(("marker", "sizes", "words"), [
+    (MARKER, {"config.json": 10, "model.safetensors": 20}, None),
+    (MARKER, {"config.json": 10, "model.safetensors": 20, "extra": 1}, None),
+    (MARKER, {"config.json": 10}, "model.safetensors of org/Model-405B at commit " + COMMIT + " is missing"),
+    (MARKER, {"config.json": 10, "model.safetensors": 7}, "model.safetensors of org/Model-405B at commit "
+     + COMMIT + " has 7 bytes, the hub's 20"),
+    (None, {}, "/m holds no verified org/Model-405B"),
+    ({**MARKER, "repo": "org/Other"}, {}, "/m holds no verified org/Model-405B"),
+    ({k: v for k, v in MARKER.items() if k != "sizes"}, {}, "its marker predates the list of files"),
+])
+def test_served_problem(marker, sizes, words):
+    problem = served_problem(marker, sizes, REPO, "/m")
+    assert (problem is None) if words is None else words in problem
+
+
+def test_the_served_fact_reads_the_marker_and_each_file_size():
+    output = ['{"repo": "org/Model-405B",', ' "commit": "x"}', "", FILES_FOLLOW, "10 config.json",
+              "20 sub/model.safetensors"]
+    assert ModelMarker().process(output) == {
+        "marker": {"repo": REPO, "commit": "x"}, "sizes": {"config.json": 10, "sub/model.safetensors": 20}}
+    assert ModelMarker().process(["", FILES_FOLLOW]) == {"marker": None, "sizes": {}}
+
+
+def test_a_plan_that_fails_is_its_error_not_unavailable():
+    # The plan exits 1 with its error; the command then prints "unavailable".
+    error = '{"error": {"kind": "disk-full", "message": "the filesystem of /s is full"}}'
+    assert ModelPlan().process([error, '{"unavailable": "script"}'])["error"]["kind"] == "disk-full"
+    assert ModelPlan().process(["Traceback ...", '{"unavailable": "script"}']) == {"unavailable": "script"}
+
+
+def test_progress_says_how_many_files_are_verified():
+    line = progress_text({"done": 5, "total": 10, "rate": 1, "eta": 5, "files_done": 3, "files": 7,
+                          "verified": 2})
+    assert line.endswith("3 of 7 files, 2 verified")

@@ -74,7 +74,7 @@ def test_store_fetched_once_per_host_and_mounted_read_only_in_each_container(
     env_file.write_text(f'HF_ENDPOINT="{hub.url}"\n')
     env_file.chmod(0o600)
     link = serving_link(str(store), NAME, None)
-    local = ("@local", {"fetch": True, "python": hf_python, "script": str(source("model_fetch.py")),
+    local = ("@local", {"fetch": True, "python": hf_python, "script": str(remote.stage(remote.MODEL_FETCH, tmp_path / "tools")),
                         "repo": NAME, "root": entry(str(store), NAME), "link": link,
                         "env_file": str(env_file), "interval_s": 0.5})
     changed, output = deploy(tmp_path, [local])

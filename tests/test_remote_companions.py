@@ -5,7 +5,6 @@ must run from a folder that holds it and its companions alone, as the deploy lea
 from __future__ import annotations
 
 import ast
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,8 +36,7 @@ def test_every_module_a_script_imports_is_uploaded_beside_it(script):
 
 @pytest.mark.parametrize("script", sorted(remote.COMPANIONS))
 def test_a_script_runs_beside_its_companions_alone(script, tmp_path):
-    for name in (script, *remote.COMPANIONS[script]):
-        shutil.copy(remote.source(name), tmp_path / name)
+    remote.stage(script, tmp_path)
     # -E -s: no PYTHONPATH, no user site: pve_sglang cannot be imported, only what was uploaded.
     done = subprocess.run([sys.executable, "-E", "-s", str(tmp_path / script), "--help"],
                           capture_output=True, text=True, cwd=tmp_path)

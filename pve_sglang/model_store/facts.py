@@ -61,7 +61,10 @@ class ModelPlan(FactBase["dict | None"]):
     @override
     def process(self, output: list[str]) -> dict | None:
         objects = json_objects(output)
-        return objects[-1] if objects else None
+        # The script's own answer first: a plan that exits 1 with its error is followed by
+        # the command's "unavailable" line, which must not hide it.
+        answers = [value for value in objects if "unavailable" not in value] or objects
+        return answers[-1] if answers else None
 
 
 class ModelFetchLog(FactBase[dict]):
@@ -88,21 +91,37 @@ class ModelFetchLog(FactBase[dict]):
         return result
 
 
-class ModelMarker(FactBase["dict | None"]):
-    """Returns the marker ``model_fetch.py`` writes last into a verified model folder (``repo``,
-    ``commit``, ``files``, ``bytes``, ``verified_at``), or None when PATH has none."""
+#: Between the marker and the file list in ``ModelMarker``'s output.
+FILES_FOLLOW = "--- pve-sglang: files ---"
+
+
+class ModelMarker(FactBase[dict]):
+    """Returns ``{"marker": dict | None, "sizes": {name: bytes}}``: the marker ``model_fetch.py``
+    writes last into a verified model folder (``repo``, ``commit``, ``files``, ``bytes``,
+    ``sizes``, ``verified_at``; None when PATH has none) and the size of each file under PATH
+    (but the fetcher's ``.cache``), so that a file gone since the marker is seen."""
 
     @override
     def command(self, path: str, marker: str) -> StringCommand:
-        return StringCommand("cat", QuoteString(f"{path.rstrip('/')}/{marker}"), "2>/dev/null || true")
+        root = QuoteString(path.rstrip("/") or "/")
+        return StringCommand("cat", QuoteString(f"{path.rstrip('/')}/{marker}"), "2>/dev/null;",
+                             "echo; echo", QuoteString(FILES_FOLLOW), "; cd", root,
+                             "2>/dev/null && find . -path ./.cache -prune -o -type f -printf",
+                             QuoteString("%s %P\\n"), "2>/dev/null || true")
 
     @override
-    def process(self, output: list[str]) -> dict | None:
+    def process(self, output: list[str]) -> dict:
+        cut = output.index(FILES_FOLLOW) if FILES_FOLLOW in output else len(output)
         try:
-            value = json.loads("\n".join(output))
+            marker = json.loads("\n".join(output[:cut]))
         except ValueError:
-            return None
-        return value if isinstance(value, dict) else None
+            marker = None
+        sizes = {}
+        for line in output[cut + 1:]:
+            size, _, name = line.partition(" ")
+            if size.isdigit() and name:
+                sizes[name] = int(size)
+        return {"marker": marker if isinstance(marker, dict) else None, "sizes": sizes}
 
 
 class HubClientVersion(FactBase["str | None"]):

@@ -18,26 +18,35 @@ Commands:
     fetched before keeps the commit recorded in revisions.json, and a hub that moved it since
     is reported (``recorded`` differs from ``hub_commit``), never followed. Checks every file
     present at the hub's size, LFS files at their sha256 and the others at their git blob id
-    (a file whose size, mtime and inode are those it was verified at is not hashed again).
+    (a file whose size, mtime, inode and ctime are those it was verified at is not hashed again).
     Prints ``{"repo", "commit", "revision", "recorded", "hub_commit", "files", "bytes",
     "missing_files", "missing_bytes", "partial_bytes", "free_bytes", "complete", "settled",
     "gated", "dir"}`` (``settled``: the revision is recorded and the link L names the commit)
-    or ``{"error": {"kind", "message"}}`` (kinds: not-found, revision-not-found, gated,
-    unauthorized, network).
+    or ``{"error": {"kind", "message"}}`` and exit 1 (kinds: invalid, not-found,
+    revision-not-found, gated, unauthorized, network, untrusted, disk-full). ``complete``: no
+    file missing and the marker is this commit's.
 ``fetch --repo R --commit C [--revision REV] --root ROOT [--flat] [--link L] [--env-file F]
 [--interval S] [--workers N] [--background]``
-    Removes each file that is not the hub's, downloads what is missing (huggingface_hub
-    resumes a ``.incomplete`` file), verifies each file, writes the marker (MARKER in the
-    commit's folder) last, then records REV's commit and points the link L (the path the
-    containers mount) at the commit's folder. Writes ``{"p": {"done", "total", "files_done",
-    "files", "rate", "eta"}}`` every S seconds and at the end ``{"done": {...}}`` or ``{"error":
+    Pins REV to C (revisions.json) and removes the commit folders a changed pin left
+    half-fetched; removes the marker (MARKER in the commit's folder) before anything else
+    changes, then each file that is not the hub's; refuses when what is missing does not fit
+    the free space; downloads what is missing (huggingface_hub resumes a ``.incomplete``
+    file), hashing each file as it completes; writes the marker (each file with its size)
+    last, then points the link L (the path the containers mount) at the commit's folder.
+    Writes ``{"p": {"done", "total", "files_done", "files", "verified", "rate", "eta"}}``
+    every S seconds and at the end ``{"done": {...}}`` or ``{"error":
     {...}}`` to ROOT's ``<commit>.log`` (and the last line to stdout). One fetch of a commit
-    runs at a time (a lock file): another prints ``{"busy": true}`` and returns.
+    runs at a time (a lock file): another prints ``{"busy": true}`` and returns. Ctrl-C: the
+    last line ``{"error": {"kind": "interrupted", ...}}``, exit 130.
     ``--background``: returns once the lock is held and the log is fresh (``{"started":
     true}``), the fetch going on in its own session.
 ``watch --log L --offset N --max-wait S``
     The fetch log L's lines after byte N as they come, for up to S seconds, returning at
     once on the fetch's last line; then ``{"offset": M, "running": bool}``.
+
+What the hub answers is not trusted (``HF_ENDPOINT`` may name any mirror): every commit must
+be 40 hex digits and every file name a relative path inside the commit's folder, or nothing is
+written and the error (kind ``untrusted``) names what it sent.
 
 The token is read from the env file (``HF_TOKEN="..."``) by this process: never on a
 command line, never printed. ``HF_ENDPOINT`` in the env file names a hub mirror.
@@ -46,6 +55,8 @@ command line, never printed. ``HF_ENDPOINT`` in the env file names a hub mirror.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -67,7 +78,7 @@ TOKEN_VAR = "HF_TOKEN"
 ENDPOINT_VAR = "HF_ENDPOINT"
 #: The key of the default branch (no revision) in revisions.json.
 DEFAULT_LABEL = "_default"
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 HASH_CHUNK = 8 * 1024 * 1024
 
 
@@ -112,11 +123,16 @@ def write_json(path: str, value) -> None:
     """Written whole or not at all (a rename)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(value, handle, indent=1, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(value, handle, indent=1, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # a full disk leaves no empty temp file behind
+        raise
 
 
 # --- the hub ------------------------------------------------------------------------------
@@ -126,6 +142,25 @@ class HubError(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
+
+
+def disk_full(error: BaseException | None) -> bool:
+    """Whether ERROR, or one it was raised from, is a full disk (or quota)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def no_space(folder: str, need: int) -> HubError:
+    probe = folder
+    while not os.path.isdir(probe):
+        probe = os.path.dirname(probe)
+    free = shutil.disk_usage(probe).free
+    return HubError("disk-full", f"the filesystem of {folder} is full: {free} bytes free, "
+                                 f"{need} bytes still to fetch: free space there, or set "
+                                 "model_store to a folder on a larger filesystem")
 
 
 def client():
@@ -152,22 +187,93 @@ def hub_error(error: Exception, repo: str, revision: str | None) -> HubError:
     if isinstance(error, errors.RepositoryNotFoundError):
         return HubError("not-found", f"repository {repo} does not exist, or is private and "
                                      "hf_token cannot read it (model_download)")
+    if type(error).__name__ == "HFValidationError":  # not in .errors of every release
+        return HubError("invalid", f"{where}: {str(error).splitlines()[0][:300]}")
     status = getattr(getattr(error, "response", None), "status_code", None)
     if status in (401, 403):
         return HubError("unauthorized", f"{where}: HTTP {status}: the token (hf_token) is refused")
     return HubError("network", f"{where}: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
 
 
+def endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+
+
+#: A repository id as the hub takes it (huggingface_hub's validate_repo_id): NAME or ORG/NAME.
+REPO_RE = re.compile(r"(?:[\w.-]+/)?[\w.-]{1,96}", re.ASCII)
+
+
+def repo_problem(repo: str) -> str | None:
+    """Why REPO is no repository id (None: it is one), before the hub is asked."""
+    if not REPO_RE.fullmatch(repo) or "--" in repo or ".." in repo or repo.endswith(".git") \
+            or any(part[:1] in "-." or part[-1:] in "-." for part in repo.split("/")):
+        return (f"repository id {repo!r} is invalid: ORG/NAME (or NAME) of letters, digits, "
+                "'-', '_' and '.', at most 96 characters each, no '--' or '..', neither part "
+                "beginning or ending with '-' or '.' (model_download)")
+    return None
+
+
+def name_problem(name: object) -> str | None:
+    """Why NAME, a file name the hub answered, cannot be written under the commit's folder
+    (None: it can): a mirror is not trusted to keep its names inside it."""
+    if not isinstance(name, str) or not name:
+        return "is empty"
+    if name.startswith("/"):
+        return "is absolute"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "holds a control character"
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "has an empty, '.' or '..' part"
+    if parts[0] == ".cache" or name == MARKER:
+        return "is where the fetcher keeps its own state"
+    return None
+
+
+def commit_problem(commit: object) -> str | None:
+    return None if isinstance(commit, str) and COMMIT_RE.fullmatch(commit) else "is not 40 lowercase hex digits"
+
+
+def entry_problem(entry: dict) -> str | None:
+    """Why a file of the hub's answer is refused (None: it is taken)."""
+    name = entry["name"]
+    problem = name_problem(name)
+    if problem:
+        return f"file name {name!r} {problem}"
+    if entry["size"] is not None and not (isinstance(entry["size"], int) and entry["size"] >= 0):
+        return f"file {name!r} has size {entry['size']!r}"
+    for key, pattern in (("sha256", r"[0-9a-f]{64}"), ("blob", r"[0-9a-f]{40}")):
+        if entry[key] is not None and not (isinstance(entry[key], str) and re.fullmatch(pattern, entry[key])):
+            return f"file {name!r} has {key} {entry[key]!r}"
+    return None
+
+
+def untrusted(repo: str, what: str) -> HubError:
+    return HubError("untrusted", f"the hub {endpoint()} answered {repo} with {what}: refused, "
+                                 "nothing written (a commit is 40 hex digits, a file name a "
+                                 "relative path inside the commit's folder)")
+
+
 def model_files(repo: str, revision: str | None, token: str | None) -> tuple[str, list[dict], object]:
-    """(commit, [{"name", "size", "sha256" | None, "blob"}], gated) of REPO at REVISION."""
+    """(commit, [{"name", "size", "sha256" | None, "blob"}], gated) of REPO at REVISION, each
+    checked before it names anything on disk."""
+    problem = repo_problem(repo)
+    if problem:
+        raise HubError("invalid", problem)
     api = client().HfApi(token=token or False)
     try:
         info = api.model_info(repo, revision=revision, files_metadata=True)
     except Exception as error:  # noqa: BLE001 - each is named by hub_error
         raise hub_error(error, repo, revision) from None
+    if commit_problem(info.sha):
+        raise untrusted(repo, f"commit {info.sha!r}")
     files = [{"name": s.rfilename, "size": s.lfs.size if s.lfs else s.size,
               "sha256": s.lfs.sha256 if s.lfs else None, "blob": s.blob_id}
              for s in info.siblings or ()]
+    for entry in files:
+        problem = entry_problem(entry)
+        if problem:
+            raise untrusted(repo, problem)
     return info.sha, files, info.gated
 
 
@@ -202,7 +308,8 @@ def stat_key(path: str) -> list[int] | None:
         st = os.stat(path)
     except OSError:
         return None
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+    # ctime too: an edit of the same size with its mtime put back (touch -r) moves it.
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
 def verify_file(folder: str, entry: dict, records: dict) -> bool:
@@ -224,9 +331,20 @@ def verify_file(folder: str, entry: dict, records: dict) -> bool:
     return True
 
 
+def inside(folder: str, path: str) -> bool:
+    """Whether PATH's folder, links followed, is FOLDER or under it."""
+    base = os.path.realpath(folder)
+    return os.path.commonpath([base, os.path.realpath(os.path.dirname(path))]) == base
+
+
 def forget_file(folder: str, name: str) -> None:
     """Remove a file that is not the hub's, and huggingface_hub's note of it (which would
-    otherwise call it downloaded)."""
+    otherwise call it downloaded); never one outside FOLDER (NAME was checked, a link in the
+    way is not followed out)."""
+    if name_problem(name) or not inside(folder, os.path.join(folder, name)):
+        raise HubError("untrusted", f"{name!r} is not inside {folder}: not removed")
+    if os.path.isdir(os.path.join(folder, name)) and not os.path.islink(os.path.join(folder, name)):
+        shutil.rmtree(os.path.join(folder, name))  # the deploy's folder: a directory where a file goes
     for path in (os.path.join(folder, name),
                  os.path.join(folder, ".cache", "huggingface", "download", f"{name}.metadata")):
         try:
@@ -278,21 +396,63 @@ def partial_bytes(folder: str) -> int:
     return total
 
 
-def check(folder: str, commit: str, files: list[dict], verified_path: str,
-          remove: bool = True) -> tuple[list[dict], dict]:
-    """(the files that are missing or not the hub's, removed when REMOVE; the verified
-    records)."""
+def each(function, items: list, workers: int) -> list:
+    """FUNCTION of each item on WORKERS threads (hashlib and the downloads release the GIL),
+    in order. On an error the items not begun are cancelled; on Ctrl-C nothing is waited for."""
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
+        results = [future.result() for future in [pool.submit(function, item) for item in items]]
+    except Exception:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return results
+
+
+def load_records(verified_path: str, commit: str) -> dict:
+    """The verified files' records ({name: {"stat", "hash"}}) of COMMIT."""
     records = read_json(verified_path, {})
-    records = records if isinstance(records, dict) and records.get("commit") == commit else {}
-    per_file = records.get("files") or {}
-    missing = []
-    for entry in files:
-        if not verify_file(folder, entry, per_file):
-            per_file.pop(entry["name"], None)
-            if remove and os.path.lexists(os.path.join(folder, entry["name"])):
-                forget_file(folder, entry["name"])
-            missing.append(entry)
-    return missing, {"commit": commit, "files": per_file}
+    ok = isinstance(records, dict) and records.get("commit") == commit and isinstance(records.get("files"), dict)
+    return records["files"] if ok else {}
+
+
+def check(folder: str, files: list[dict], records: dict, workers: int = 4) -> list[dict]:
+    """The files that are missing or not the hub's (RECORDS updated in place); removes
+    nothing (``invalidate`` does, the marker first)."""
+    verdicts = each(lambda entry: verify_file(folder, entry, records), files, workers)
+    missing = [entry for entry, ok in zip(files, verdicts) if not ok]
+    for entry in missing:
+        records.pop(entry["name"], None)
+    return missing
+
+
+def marker_of(repo: str, commit: str, files: list[dict]) -> dict:
+    """What the marker says of a verified commit: each file with its size, so that a reader
+    can tell a file gone since without hashing."""
+    return {"repo": repo, "commit": commit, "files": len(files),
+            "bytes": sum(e["size"] or 0 for e in files),
+            "sizes": {e["name"]: e["size"] for e in files}}
+
+
+def marker_current(marker: object, repo: str, commit: str, files: list[dict]) -> bool:
+    """Whether MARKER is the one a verified COMMIT of REPO writes (its time aside): in the flat
+    layout an older commit's marker, or one from before the sizes were recorded, is not."""
+    if not isinstance(marker, dict):
+        return False
+    return {k: marker.get(k) for k in ("repo", "commit", "files", "bytes", "sizes")} == marker_of(repo, commit, files)
+
+
+def invalidate(folder: str, marker: str, missing: list[dict]) -> None:
+    """The marker removed first, then the files that are not the hub's: a kill between two
+    steps never leaves a marker over a removed file."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(marker)
+    for entry in missing:
+        if os.path.lexists(os.path.join(folder, entry["name"])):
+            forget_file(folder, entry["name"])
 
 
 # --- revisions ----------------------------------------------------------------------------
@@ -301,26 +461,64 @@ def check(folder: str, commit: str, files: list[dict], verified_path: str,
 def pinned(layout: Layout, repo: str, revision: str | None, hub_commit: str) -> tuple[str, str | None]:
     """(the commit to serve, the commit recorded before, if any) for REVISION: a commit is
     itself; a branch or tag keeps the commit recorded the first time it was fetched."""
-    if revision and COMMIT_RE.match(revision):
+    if revision and COMMIT_RE.fullmatch(revision):
         return revision, None
     known = read_json(layout.revisions(), {})
     known = known if isinstance(known, dict) else {}
     recorded = (known.get(repo) or {}).get(revision or DEFAULT_LABEL)
-    if recorded:
+    if isinstance(recorded, dict) and not commit_problem(recorded.get("commit")):
         return recorded["commit"], recorded["commit"]
     return hub_commit, None
 
 
 def record(layout: Layout, repo: str, revision: str | None, commit: str) -> None:
-    """Record the commit a branch or tag resolved to (a commit needs no record)."""
-    if revision and COMMIT_RE.match(revision):
-        return
+    """Pin REVISION to COMMIT (a commit is pinned to itself: a record that its folder is in
+    use, see ``leftovers``)."""
     known = read_json(layout.revisions(), {})
     known = known if isinstance(known, dict) else {}
     label = revision or DEFAULT_LABEL
     if (known.get(repo) or {}).get(label, {}).get("commit") != commit:
         known.setdefault(repo, {})[label] = {"commit": commit, "resolved_at": int(time.time())}
         write_json(layout.revisions(), known)
+
+
+def pins(layout: Layout) -> set[str]:
+    """Every commit revisions.json pins, of any repository and revision."""
+    known = read_json(layout.revisions(), {})
+    return {entry.get("commit") for labels in (known.values() if isinstance(known, dict) else ())
+            if isinstance(labels, dict) for entry in labels.values() if isinstance(entry, dict)}
+
+
+def leftovers(folders: dict[str, bool], pinned_commits: set[str], current: str) -> list[str]:
+    """The commit folders (FOLDERS: commit -> complete) that a changed pin left half-fetched:
+    never complete, pinned by no revision, not the one being fetched. The deploy made them and
+    nothing serves them (a serving link names a complete commit only)."""
+    return sorted(c for c, complete in folders.items()
+                  if not complete and c not in pinned_commits and c != current)
+
+
+def remove_leftovers(layout: Layout, current: str, link: str | None) -> None:
+    """Remove ``leftovers`` in the store (the flat layout has one folder), each under its own
+    lock (a fetch of it running keeps it)."""
+    if layout.flat:
+        return
+    folders = {}
+    for name in os.listdir(layout.root):
+        path = os.path.join(layout.root, name)
+        if COMMIT_RE.fullmatch(name) and os.path.isdir(path) and not os.path.islink(path):
+            folders[name] = read_json(os.path.join(path, MARKER), {}).get("commit") == name
+    served = {os.path.basename(os.path.realpath(os.path.join(os.path.dirname(link), n)))
+              for n in (os.listdir(os.path.dirname(link)) if link and os.path.isdir(os.path.dirname(link)) else ())}
+    for commit in leftovers(folders, pins(layout) | served, current):
+        with open(layout.lock(commit), "a+") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue
+            shutil.rmtree(layout.files(commit), ignore_errors=True)
+            for path in (layout.log(commit), layout.lock(commit)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
 
 
 def link_ok(link: str | None, folder: str) -> bool:
@@ -355,9 +553,16 @@ def plan(args) -> dict:
         return {"error": {"kind": error.kind, "message": str(error)}}
     folder = layout.files(commit)
     marker = read_json(os.path.join(folder, MARKER), None)
-    missing, records = check(folder, commit, files, layout.verified(commit), remove=False)
+    records = load_records(layout.verified(commit), commit)
+    missing = check(folder, files, records, args.workers)
     if os.path.isdir(folder):
-        write_json(layout.verified(commit), records)
+        try:
+            write_json(layout.verified(commit), {"commit": commit, "files": records})
+        except OSError as error:
+            if not disk_full(error):
+                raise
+            need = sum(e["size"] or 0 for e in missing) - partial_bytes(folder)
+            return {"error": {"kind": "disk-full", "message": str(no_space(folder, max(0, need)))}}
     total = sum(entry["size"] or 0 for entry in files)
     probe = folder
     while not os.path.isdir(probe):
@@ -367,8 +572,8 @@ def plan(args) -> dict:
         "hub_commit": hub_commit, "files": len(files), "bytes": total, "dir": folder,
         "missing_files": len(missing), "missing_bytes": sum(e["size"] or 0 for e in missing),
         "partial_bytes": partial_bytes(folder), "free_bytes": shutil.disk_usage(probe).free,
-        "complete": not missing and marker is not None and marker.get("commit") == commit,
-        "settled": (recorded is not None or bool(args.revision and COMMIT_RE.match(args.revision)))
+        "complete": not missing and marker_current(marker, args.repo, commit, files),
+        "settled": (recorded is not None or bool(args.revision and COMMIT_RE.fullmatch(args.revision)))
                    and link_ok(args.link, folder),
         "gated": bool(gated),
     }
@@ -386,6 +591,7 @@ class Meter:
         self.base_files = self.files - len(missing)
         self.missing = missing
         self.finished: set[str] = set()
+        self.verified: set[str] = set()
         self.samples: list[tuple[float, int]] = []
         self.stop = threading.Event()
 
@@ -405,7 +611,8 @@ class Meter:
         rate = (done - d0) / (now - t0) if now > t0 else 0.0
         eta = (self.total - done) / rate if rate > 0 else None
         return {"p": {"done": done, "total": self.total, "rate": rate, "eta": eta,
-                      "files_done": self.base_files + len(self.finished), "files": self.files}}
+                      "files_done": self.base_files + len(self.finished), "files": self.files,
+                      "verified": self.base_files + len(self.verified)}}
 
     def run(self) -> None:
         while not self.stop.wait(self.interval):
@@ -435,11 +642,20 @@ def fetch(args) -> int:
     with out:
         try:
             result = fetch_locked(args, layout, out)
+        except KeyboardInterrupt:
+            result = {"error": {"kind": "interrupted", "message": "interrupted (Ctrl-C): the "
+                                "files fetched are kept, the next run resumes"}}
+            emit(result, out)
+            emit(result)
+            os._exit(130)  # the downloads' threads are not waited for
         except HubError as error:
             result = {"error": {"kind": error.kind, "message": str(error)}}
         except Exception as error:  # noqa: BLE001 - reported, the next run resumes
-            result = {"error": {"kind": "download", "message": f"{type(error).__name__}: "
-                                f"{str(error).splitlines()[0][:300] if str(error) else ''}"}}
+            if disk_full(error):
+                result = {"error": {"kind": "disk-full", "message": str(no_space(layout.files(args.commit), 0))}}
+            else:
+                result = {"error": {"kind": "download", "message": f"{type(error).__name__}: "
+                                    f"{str(error).splitlines()[0][:300] if str(error) else ''}"}}
         emit(result, out)
         emit(result)
     return 0 if "done" in result else 1
@@ -449,15 +665,26 @@ def fetch_locked(args, layout: Layout, out) -> dict:
     hf_hub_download = client().hf_hub_download
     token = env_value(args.env_file, TOKEN_VAR)
     commit, files, _gated = model_files(args.repo, args.commit, token)
+    if commit != args.commit:
+        raise untrusted(args.repo, f"commit {commit!r} for commit {args.commit}")
     folder = layout.files(commit)
     os.makedirs(folder, exist_ok=True)
+    # Pinned before the first byte: a branch that moves before this fetch ends is not followed
+    # by the next run; what an older pin of it left half-fetched goes.
+    record(layout, args.repo, args.revision, commit)
+    remove_leftovers(layout, commit, args.link)
     marker = os.path.join(folder, MARKER)
-    missing, records = check(folder, commit, files, layout.verified(commit))
-    if missing and os.path.exists(marker):
-        os.unlink(marker)  # not complete any more
+    records = load_records(layout.verified(commit), commit)
+    missing = check(folder, files, records, args.workers)
+    current = marker_current(read_json(marker, None), args.repo, commit, files)
+    if missing or not current:
+        invalidate(folder, marker, missing)
     if not client_resumes():
         remove_partials(folder)  # a killed run's: this client would only leave more beside them
     resumed = partial_bytes(folder)
+    need = sum(e["size"] or 0 for e in missing) - resumed
+    if need > shutil.disk_usage(folder).free:
+        raise no_space(folder, need)
     meter = Meter(folder, files, missing, out, args.interval)
     emit(meter.line(), out)
     ticker = threading.Thread(target=meter.run, daemon=True)
@@ -468,26 +695,29 @@ def fetch_locked(args, layout: Layout, out) -> dict:
         hf_hub_download(args.repo, entry["name"], revision=commit, local_dir=folder,
                         token=token or False)
         meter.finished.add(entry["name"])
+        # Hashed as it completes, on this worker: the check after the downloads only stats it.
+        if verify_file(folder, entry, records):
+            meter.verified.add(entry["name"])
 
     try:
-        with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
-            for future in [pool.submit(one, entry) for entry in missing]:
-                future.result()
+        each(one, missing, args.workers)
     except Exception as error:  # noqa: BLE001
+        if disk_full(error):
+            raise no_space(folder, need) from None
         raise hub_error(error, args.repo, commit) from None
     finally:
         meter.stop.set()
         ticker.join()
-    still, records = check(folder, commit, files, layout.verified(commit))
-    write_json(layout.verified(commit), records)
+    still = check(folder, files, records, args.workers)
+    if still:
+        invalidate(folder, marker, still)
+    write_json(layout.verified(commit), {"commit": commit, "files": records})
     if still:
         return {"error": {"kind": "verify", "message": f"{len(still)} files differ from the hub "
                           f"after download, e.g. {still[0]['name']}: removed, fetched again next run"}}
     final = meter.line()["p"]
-    if missing or not os.path.exists(marker):
-        write_json(marker, {"repo": args.repo, "commit": commit, "files": len(files),
-                            "bytes": meter.total, "verified_at": int(time.time())})
-    record(layout, args.repo, args.revision, commit)
+    if missing or not current:
+        write_json(marker, {**marker_of(args.repo, commit, files), "verified_at": int(time.time())})
     set_link(args.link, folder)
     emit({"p": final}, out)
     return {"done": {"commit": commit, "files": len(files), "bytes": meter.total,
@@ -535,11 +765,19 @@ def watch(args) -> int:
         time.sleep(0.2)
 
 
+def commit_arg(value: str) -> str:
+    """--commit: a commit names folders and files on disk, so it is checked before any."""
+    if commit_problem(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a commit: 40 lowercase hex digits")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="model_fetch.py")
     commands = parser.add_subparsers(dest="command", required=True)
     for name in ("plan", "fetch"):
         sub = commands.add_parser(name)
+        sub.add_argument("--workers", type=int, default=8)
         sub.add_argument("--repo", required=True)
         sub.add_argument("--root", required=True)
         sub.add_argument("--flat", action="store_true")
@@ -547,9 +785,8 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--revision")
         sub.add_argument("--link")
         if name == "fetch":
-            sub.add_argument("--commit", required=True)
+            sub.add_argument("--commit", required=True, type=commit_arg)
             sub.add_argument("--interval", type=float, default=10.0)
-            sub.add_argument("--workers", type=int, default=8)
             sub.add_argument("--background", action="store_true")
     sub = commands.add_parser("watch")
     sub.add_argument("--log", required=True)
@@ -564,8 +801,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if args.command == "plan":
-        emit(plan(args))
-        return 0
+        answer = plan(args)
+        emit(answer)
+        return 1 if "error" in answer else 0
     if args.command == "fetch":
         return fetch(args)
     return watch(args)

@@ -22,6 +22,7 @@ from pve_sglang.model_store.rules import (
     moved_warning,
     preflight,
     progress_text,
+    served_problem,
     size_text,
     space_error,
 )
@@ -176,7 +177,8 @@ def fetched(python: str, script: str, repo: str, revision: str | None, root: str
 def served(path: str, repo: str):
     """
     Say which commit of REPO the model at PATH is (the marker the fetch writes last, once
-    every file is verified); fail when PATH holds no verified model. Checked once the deploy
+    every file is verified); fail when PATH holds no verified model, or a file the marker
+    lists is gone or of another size since (a stat of each, no hash). Checked once the deploy
     has run.
 
     + path: the model folder the server loads (``model_path``)
@@ -193,10 +195,11 @@ def served(path: str, repo: str):
     if not state.is_executing:
         host.noop(f"model in {path}: checked after the run")
         return
-    marker = host.get_fact(ModelMarker, path=path, marker=MARKER)
-    if not marker or marker.get("repo") != repo:
-        raise OperationError(f"{host.name}: {path} holds no verified {repo} (no {MARKER} of it): "
-                             "the model's fetch did not end")
+    found = host.get_fact(ModelMarker, path=path, marker=MARKER)
+    problem = served_problem(found["marker"], found["sizes"], repo, path)
+    if problem:
+        raise OperationError(f"{host.name}: {problem}")
+    marker = found["marker"]
     logger.info(f"{host.name}: serves {repo} at commit {marker['commit']}: {marker['files']} "
                 f"files, {size_text(marker['bytes'])}, from {path}")
     host.noop(f"serves {repo} at commit {marker['commit'][:12]}")

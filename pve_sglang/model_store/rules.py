@@ -58,12 +58,15 @@ def duration_text(seconds: float | None) -> str:
 
 
 def progress_text(p: dict) -> str:
-    """One progress line: bytes done of total, rate, ETA, files done of total."""
+    """One progress line: bytes done of total, rate, ETA, files done of total, and of those
+    verified (each is hashed as it completes)."""
     total = p.get("total") or 0
     done = p.get("done") or 0
     pct = f" ({100 * done / total:.0f}%)" if total else ""
+    verified = f", {p['verified']} verified" if "verified" in p else ""
     return (f"{size_text(done)} of {size_text(total)}{pct}, {size_text(p.get('rate') or 0)}/s, "
-            f"ETA {duration_text(p.get('eta'))}, {p.get('files_done', 0)} of {p.get('files', 0)} files")
+            f"ETA {duration_text(p.get('eta'))}, {p.get('files_done', 0)} of {p.get('files', 0)} "
+            f"files{verified}")
 
 
 def space_error(plan: dict, where: str, what: str) -> str | None:
@@ -95,6 +98,25 @@ def log_path(root: str, flat: bool, commit: str) -> str:
     """Where ``model_fetch.py fetch`` writes its lines (its ``Layout.log``)."""
     state = posixpath.join(root.rstrip("/") or "/", ".cache", "pve-sglang") if flat else root.rstrip("/")
     return posixpath.join(state, f"{commit}.log")
+
+
+def served_problem(marker: dict | None, sizes: dict[str, int], repo: str, path: str) -> str | None:
+    """Why the model at PATH is not a verified REPO (None: it is): its marker (written last
+    by the fetch) must name REPO, and each file the marker lists must be on disk (SIZES: name
+    -> bytes) at its size. A stat, not a hash: the fetch's plan hashes."""
+    if not marker or marker.get("repo") != repo:
+        return f"{path} holds no verified {repo} (no marker of it): the model's fetch did not end"
+    listed = marker.get("sizes")
+    if not isinstance(listed, dict):
+        return (f"{path}: its marker predates the list of files it verified: the next deploy's "
+                "fetch checks the files and writes it again")
+    for name, size in sorted(listed.items()):
+        if name not in sizes:
+            return f"{path}: {name} of {repo} at commit {marker.get('commit')} is missing: the next deploy fetches it again"
+        if size is not None and sizes[name] != size:
+            return (f"{path}: {name} of {repo} at commit {marker.get('commit')} has {sizes[name]} "
+                    f"bytes, the hub's {size}: the next deploy fetches it again")
+    return None
 
 
 class Verdict(Enum):

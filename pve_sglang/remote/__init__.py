@@ -73,6 +73,16 @@ def source(script: str) -> Path:
     return path
 
 
+def stage(script: str, folder: Path) -> Path:
+    """SCRIPT and its companions copied into FOLDER, as the deploy leaves them where they run
+    (the tests and the bench run a script from there: its companions are not beside it in the
+    package); returns the script's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in (script, *COMPANIONS.get(script, ())):
+        (folder / name).write_bytes(source(name).read_bytes())
+    return folder / script
+
+
 def path(script: str, tools: str = TOOLS) -> str:
     """Where the deploy puts SCRIPT in the container (under TOOLS)."""
     return f"{tools.rstrip('/')}/{script}"
