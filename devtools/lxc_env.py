@@ -416,25 +416,61 @@ def taken_on_bridge() -> set[str]:
     return taken
 
 
-#: The turn of tests that share this machine's LXC and network (``machine_turn``).
-MACHINE_TURN = ADDRESS_LOCKS / "machine.lock"
-MACHINE_TURNSTILE = ADDRESS_LOCKS / "machine.turnstile"
+#: The turn of tests that share this machine's LXC and network (``machine_turn``): its files.
+MACHINE_TURN, MACHINE_TURNSTILE = "machine.lock", "machine.turnstile"
+
+
+#: How long a test waits for its turn before the run stops, naming who holds it (another
+#: pytest on this machine whose test hangs, say).
+MACHINE_TURN_WAIT_S = 1800
+
+
+def lock_holders(path: Path) -> list[str]:
+    """``pid command`` of each process holding a flock on PATH (from /proc/locks)."""
+    inode = f":{path.stat().st_ino} "
+    holders = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if inode in line and "->" not in fields[:2]:
+            pid = fields[4]
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                command = "?"
+            holders.append(f"{pid} {command.strip()[:160]}")
+    return holders
+
+
+def _flock_within(handle, path: Path, mode: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(handle, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise LxcError(f"the machine's test turn ({path}) was not had in {seconds:.0f} s; "
+                               f"held by: {'; '.join(lock_holders(path)) or 'nobody now'}") from None
+            time.sleep(0.2)
 
 
 @contextmanager
-def machine_turn(exclusive: bool) -> Iterator[None]:
+def machine_turn(exclusive: bool, wait_s: float = MACHINE_TURN_WAIT_S,
+                 folder: Path = ADDRESS_LOCKS) -> Iterator[None]:
     """Hold this machine's shared resources (lxc-net's bridge, /var/lib/lxc) for one test:
     shared with other tests (other pytest workers run theirs meanwhile), or EXCLUSIVE (a test
     that restarts lxc-net runs alone). A reader-writer lock across processes: an exclusive turn
-    first closes the turnstile, which every shared turn passes, so that it is not starved."""
-    ADDRESS_LOCKS.mkdir(parents=True, exist_ok=True)
-    with open(MACHINE_TURNSTILE, "a") as turnstile, open(MACHINE_TURN, "a") as turn:
+    first closes the turnstile, which every shared turn passes, so that it is not starved.
+    Waiting longer than WAIT_S raises, naming the processes that hold the turn."""
+    folder.mkdir(parents=True, exist_ok=True)
+    gate, main = folder / MACHINE_TURNSTILE, folder / MACHINE_TURN
+    with open(gate, "a") as turnstile, open(main, "a") as turn:
         if exclusive:
-            fcntl.flock(turnstile, fcntl.LOCK_EX)
-            fcntl.flock(turn, fcntl.LOCK_EX)
+            _flock_within(turnstile, gate, fcntl.LOCK_EX, wait_s)
+            _flock_within(turn, main, fcntl.LOCK_EX, wait_s)
         else:
-            fcntl.flock(turnstile, fcntl.LOCK_SH)
-            fcntl.flock(turn, fcntl.LOCK_SH)
+            _flock_within(turnstile, gate, fcntl.LOCK_SH, wait_s)
+            _flock_within(turn, main, fcntl.LOCK_SH, wait_s)
             fcntl.flock(turnstile, fcntl.LOCK_UN)
         yield  # closing the files gives both back
 
