@@ -106,11 +106,13 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
         f"the server starts (progress from its journal, stuck after {cs.startup_stall_s}s of "
         f"silence) and answers /health within {cs.health_timeout_s}s", started)]
     if cs.generation_check:
-        checks.append(("one chat completion is not degenerate (TTFT, tok/s)",
+        checks.append((f"one chat completion is not degenerate (TTFT, tok/s) and answers "
+                       f"within {cs.generation_timeout_s}s",
                        lambda: verify.generation_works(
                            name="One chat completion is not degenerate", url=url,
                            env_file=env_file, script=watch, on_failure=judged,
-                           skip=lambda: stack_switch.node_failure(host.name) is not None)))
+                           skip=lambda: stack_switch.node_failure(host.name) is not None,
+                           timeout_s=cs.generation_timeout_s)))
     if cs.nodes:
         checks.append((f"the nodes {', '.join(cs.nodes)} are judged together (one failed: "
                        "all roll back)", lambda: stack_switch.group_judged(
