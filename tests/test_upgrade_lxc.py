@@ -1,7 +1,7 @@
 """Upgrades of the stack in a real LXC container (systemd, journald) through pyinfra's CLI: the
 new stack built beside the serving one, one switch and one restart, a failed upgrade rolled
 back until the old release serves again, the failed set remembered, retention, and deploys
-killed during the build and the switch.
+killed during the build, the switch and the rollback.
 
 The deploy is ``tests/deploys/upgrade.py``: the container phase's own stack and server steps
 and the verify phase's own server checks, on ``devtools/upgrade_site.py``'s container: each
@@ -21,8 +21,8 @@ import time
 
 import pytest
 
-from devtools.upgrade_site import REPO, VENV, make_site, stack_of
-from pve_sglang.operations.stack_switch import link_command, record_command
+from devtools.upgrade_site import REPO, UNIT, VENV, make_site, stack_of
+from pve_sglang.operations.stack_switch import link_command, record_command, rollback_commands
 from pve_sglang.project import load_defaults
 from pve_sglang.stack import switch_rules as stacks
 
@@ -203,3 +203,33 @@ def test_restart_pending_builds_and_waits_then_a_killed_switch_converges(site):
     assert site.serves() == "0.5.7"
     assert site.record()["trial"] is None and site.record()["failed"] == {}
 
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_a_rollback_killed_at_each_step_converges_on_the_previous_release(site, steps):
+    """A run killed inside its rollback: the rollback's own commands (``rollback_commands``)
+    up to the kill, after the switch to 0.5.7, which crash-loops. The next run (asking for the
+    failed set again) finishes the rollback: 0.5.10 serves, the record holds no trial, and the
+    failed set is refused, truly rolled back."""
+    site.cases(**{"0_5_7": "crash-load"})
+    old, new = stack_of("0.5.10"), stack_of("0.5.7")
+    on_trial = {"previous": old, "trial": new, "failed": {}}
+    site.sh(record_command("sglang", on_trial).get_raw_value())
+    site.sh(link_command(VENV, new).get_raw_value())
+    site.sh(f"systemctl reset-failed {UNIT}; systemctl restart {UNIT}")
+    failed = {**on_trial, "failed": {new: {"sglang": "0.5.7", "when": "2026-12-04 06:00:00 UTC",
+                                           "why": f"killed at step {steps}"}}}
+    for command in rollback_commands(VENV, "sglang", UNIT, failed, old)[:steps]:
+        site.sh(command.get_raw_value())
+    done = site.deploy("0.5.7")
+    assert done.returncode != 0
+    assert f"the set sglang 0.5.7 (stack {new}) failed as an upgrade" in done.log, done.log[-3000:]
+    assert ("was cut short: switching back" in done.log) == (steps == 1), done.log[-3000:]
+    assert site.link() == f"venv.stacks/{old}"
+    record = site.record()
+    assert record["trial"] is None and set(record["failed"]) == {new}
+    deadline = time.monotonic() + 60
+    while site.serves() != "0.5.10" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert site.serves() == "0.5.10"
+    # Back on trial for the next step's case: 0.5.7 serving, as the switch leaves it.
+    site.cases(**{"0_5_7": "normal"})

@@ -173,6 +173,32 @@ def judge(failed: bool, trial: str | None, current: str | None, previous: str | 
     return Verdict.ROLL_BACK
 
 
+class Unfinished(Enum):
+    """A rollback cut short (``unfinished_rollback``): what is left of it."""
+
+    SWITCH_BACK = "switch_back"  # the failed set is recorded; the link still names it
+    FORGET_TRIAL = "forget_trial"  # the link went back; the record still holds the trial
+
+
+def unfinished_rollback(found: Found, failed: tuple[str, ...]) -> Unfinished | None:
+    """
+    What a run finishes of a rollback killed midway, before anything else. The rollback
+    (``stack_switch.rollback_commands``) records the failed set with the trial and its target
+    still in the record, then renames the link back, restarts, and clears the trial last: so a
+    trial recorded as failed (in FAILED) while the link names it is a rollback to finish (the
+    failed record is never read as "rolled back" while the link names it), and one the link no
+    longer names is a finished rollback whose record was not cleared. None: nothing cut short.
+    """
+    if found.trial is None or found.trial not in failed:
+        return None
+    if found.current != found.trial:
+        return Unfinished.FORGET_TRIAL
+    if found.previous is None or found.previous == found.current or \
+            found.previous not in found.stacks:
+        return None  # no target: the failed release stays, as judge's NO_TARGET says
+    return Unfinished.SWITCH_BACK
+
+
 # --- several nodes (``nodes``): one model, one TP group, switched and judged together --------
 
 
