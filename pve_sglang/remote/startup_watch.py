@@ -49,6 +49,9 @@ STATE_PROPS = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus
 # server that answers is never called stuck for a silent log (startup_stall_s may be seconds).
 STATE_EVERY_S = 1.0
 HEALTH_EVERY_S = 1.0
+# Seconds the journal is read on after /health answered 200: the lines logged before it
+# (the ready line) reach journalctl a moment later.
+JOURNAL_LAG_S = 0.5
 
 
 def emit(obj: dict) -> None:
@@ -123,14 +126,17 @@ def watch(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.max_wait
     state, health = unit_state(args.unit), None
     next_state, next_health = time.monotonic() + STATE_EVERY_S, time.monotonic()
-    done = False
+    done, answered = False, None
     try:
         while not done:
             now = time.monotonic()
             if now >= next_health and args.health_url:
                 health = http(args.health_url, args.env_file, timeout=4.0)[0]
                 next_health = time.monotonic() + HEALTH_EVERY_S
-                done = health == 200
+                if health == 200 and answered is None:
+                    answered = time.monotonic()
+            # /health 200 ends the call once the journal's lines so far are read (its lag).
+            done = done or (answered is not None and now - answered >= JOURNAL_LAG_S)
             if now >= next_state:
                 state = unit_state(args.unit)
                 next_state = now + STATE_EVERY_S
