@@ -14,6 +14,7 @@ from pyinfra.context import state as pyinfra_state
 from pve_sglang import remote
 from pve_sglang.facts.one_read import Part
 from pve_sglang.operations import container_reads
+from pve_sglang.operations.verify import host_fails
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
 from pve_sglang.server import unit_action
@@ -419,9 +420,8 @@ def group_judged(venv_path: str, lock_file: str, service: str, unit: str, rollba
     found = found_of(venv_path, raw)
     verdict = switch_rules.judge(True, found.trial, found.current, found.previous, found.stacks,
                                  rollback)
-    raise _concluded(verdict, failure, why[:300], raw, found, venv_path, service, unit, watch,
-                     group=(nodes, failed))
-    yield from ()
+    yield from host_fails(_concluded(verdict, failure, why[:300], raw, found, venv_path,
+                                     service, unit, watch, group=(nodes, failed)))
 
 
 def _first_line(failure: OperationError) -> str:

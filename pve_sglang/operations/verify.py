@@ -10,7 +10,7 @@ from collections.abc import Callable
 import gevent
 
 from pyinfra import host, logger
-from pyinfra.api import OperationError, operation
+from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.context import state
 from pyinfra.facts.server import Command
 
@@ -288,12 +288,25 @@ def startup_failure(unit: str, what: str, since: int | None, progress: Progress 
 OnFailure = Callable[[OperationError], OperationError | None]
 
 
-def _failed(failure: OperationError, on_failure: OnFailure | None) -> None:
-    """Raise what ON_FAILURE makes of FAILURE, unless it judges it later (None)."""
+def _failed(failure: OperationError, on_failure: OnFailure | None):
+    """Fail the host with what ON_FAILURE makes of FAILURE, unless it judges it later (None)."""
     raised = on_failure(failure) if on_failure else failure
     if raised is not None:
-        raise raised from None
+        yield from host_fails(raised)
+        return
     host.noop(f"failed, judged later: {str(failure).splitlines()[0][:200]}")
+
+
+def _fails(state, host) -> bool:  # pyinfra passes both to a FunctionCommand naming them
+    return False
+
+
+def host_fails(error: OperationError):
+    """At execution, fail this host alone with ERROR's words (the journal tail, the hint) as
+    its error line: an exception raised out of an operation here would end the run of every
+    host, after a gevent greenlet's traceback that buries the message."""
+    host.log_styled(str(error), fg="red", log_func=logger.error)
+    yield FunctionCommand(_fails, (), {})
 
 
 @operation()
@@ -339,7 +352,7 @@ def server_started(unit: str, health_url: str, env_file: str, script: str, timeo
         try:
             watch_start(unit, health_url, env_file, script, timeout_s, stall_s)
         except OperationError as failure:
-            _failed(failure, on_failure)
+            yield from _failed(failure, on_failure)
             return
         host.noop("the server started and answers /health")
     yield from ()
@@ -436,7 +449,7 @@ def generation_works(url: str, env_file: str, script: str, max_tokens: int = 48,
         try:
             generation_answers(url, env_file, script, max_tokens, timeout_s)
         except OperationError as failure:
-            _failed(failure, on_failure)
+            yield from _failed(failure, on_failure)
             return
         host.noop("one chat completion is not degenerate")
     yield from ()
