@@ -176,6 +176,10 @@ retry_failed_stack = False
 stack_retention = 2
 # After the server is ready, check one short chat completion (HTTP 200, not degenerate).
 generation_check = True
+# Seconds the chat completion of generation_check may take in all (1..3600): the headers and
+# every chunk of its stream. A server that answers nothing in that time fails the check (a new
+# stack on trial is rolled back).
+generation_timeout_s = 60
 # Containers serving one model together (inventory names, rank 0 first); [] for one node.
 nodes = []
 # Rank 0's address for --dist-init-addr; null: rank 0's container hostname.

@@ -109,6 +109,10 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
         return []
 
     def not_failed(_: list) -> list:
+        # A rollback a kill cut short is finished first: the previous release serves again.
+        stack_switch.rollback_finished(
+            name="A rollback cut short by a kill is finished", venv_path=cs.venv_path,
+            lock_file=LOCK_FILE, service=cs.service_name, unit=unit_name(cs))
         stack_switch.not_failed(
             name=f"The set sglang {cs.sglang_version} did not fail here before",
             venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
@@ -122,7 +126,8 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
         return []
 
     steps: list[Step] = [
-        ("stop if this set failed as an upgrade before (retry_failed_stack)", not_failed)]
+        ("finish a rollback cut short; stop if this set failed as an upgrade before "
+         "(retry_failed_stack)", not_failed)]
     if host.data.get("platform") == "lxc":
         # Proxmox keeps /etc/hostname itself; on plain LXC systemd would set the old name from
         # it at every boot, whatever lxc.uts.name says.

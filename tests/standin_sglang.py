@@ -15,6 +15,10 @@ record; this one holds a few of those fields, with the key from ``SGLANG_API_KEY
 + ``stall-autotune``: the start up to the autotune, two failed-tactic lines, then silence
 + ``oom``: the start up to the CUDA graph capture, then CUDA out of memory; exit 1
 + ``degenerate``: the whole start, then serve a run of ``!`` with null (NaN) logprobs
++ ``headers-then-silence``: the whole start, then a chat completion's status and headers,
+  then nothing (the stream stalls; /health stays 200)
++ ``no-ready-line``: the whole start without its ready line (a release that words it
+  otherwise), then serve
 
 ``--case-by-release FILE`` takes CASE from FILE (JSON, ``{"0.5.9": "normal", ...}``) for the
 sglang release installed beside the Python that runs it (a stand-in release: the venv the
@@ -110,6 +114,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         if self.path != "/v1/chat/completions" or not STATE["ready"]:
             self._send(404 if STATE["ready"] else 503)
+            return
+        if self.case == "headers-then-silence":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.flush()
+            mark(self.event_file)
+            time.sleep(3600)
             return
         if self.case == "degenerate":
             tokens, logprob = ["!"] * min(24, request.get("max_tokens", 24)), None
@@ -209,6 +221,9 @@ def main() -> int:
             mark(args.event_file)
             return 1
         time.sleep(pause(line))
+        if args.case == "no-ready-line" and READY in line:
+            mark(args.event_file)
+            continue
         say(line)
     STATE["ready"] = True
     while True:

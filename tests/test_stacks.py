@@ -12,7 +12,7 @@ from harness import sh
 from pve_sglang.facts.installed_stacks import Stacks
 from pve_sglang.operations.stack_switch import found_of, link_command, record_command
 from pve_sglang.stack import switch_rules as stacks
-from pve_sglang.stack.switch_rules import Found, Move, SwitchPlan, Verdict, decide_switch, judge
+from pve_sglang.stack.switch_rules import Found, Move, SwitchPlan, Unfinished, Verdict, decide_switch, judge
 
 A, B, C, D = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "cccccccccccccccc", "dddddddddddddddd"
 
@@ -70,6 +70,22 @@ def test_what_cannot_be_named_is_not_moved_nor_switched(found):
 def test_judgement_after_the_verify_phase(failed, trial, current, previous, stacks_, rollback,
                                           verdict):
     assert judge(failed, trial, current, previous, stacks_, rollback) is verdict
+
+
+@pytest.mark.parametrize("found, failed, step", [
+    # No trial, or a trial not recorded as failed (a switch, the judgement to come): nothing.
+    (Found("link", current=B, stacks=(A, B), previous=A), (B,), None),
+    (Found("link", current=B, stacks=(A, B), previous=A, trial=B), (), None),
+    # Killed after the failed set was recorded, before the link went back: switch back.
+    (Found("link", current=B, stacks=(A, B), previous=A, trial=B), (B,), Unfinished.SWITCH_BACK),
+    # Killed after the link went back (before or after the restart), before the record's end.
+    (Found("link", current=A, stacks=(A, B), previous=A, trial=B), (B,), Unfinished.FORGET_TRIAL),
+    # The target is gone: the failed release stays (judge says NO_TARGET).
+    (Found("link", current=B, stacks=(B,), previous=A, trial=B), (B,), None),
+    (Found("link", current=B, stacks=(A, B), previous=None, trial=B), (B,), None),
+])
+def test_a_rollback_cut_short_is_finished(found, failed, step):
+    assert stacks.unfinished_rollback(found, failed) is step
 
 
 N1, N2, N3 = "ct101", "ct102", "ct103"
@@ -158,6 +174,28 @@ def test_serving_and_rollback_after_the_switch(current, previous, wanted, restar
 ])
 def test_retention(mtimes, keep, serving, rollback, wanted, gone):
     assert stacks.to_remove(mtimes, keep, serving, rollback, wanted) == gone
+
+
+@pytest.mark.parametrize("mtimes, keep, serving, rollback, wanted, failed, gone", [
+    # B serves again after C failed and was rolled back: the good A stays, the failed C goes.
+    ({A: 1, B: 2, C: 3}, 2, B, None, B, (C,), [C]),
+    # The failed set asked again (retry_failed_stack) is the wanted one: kept.
+    ({A: 1, B: 2, C: 3}, 2, C, B, C, (C,), [A]),
+    # Nothing failed: the newest count, as before.
+    ({A: 1, B: 2, C: 3}, 2, B, None, B, (), [A]),
+])
+def test_retention_never_keeps_a_failed_set_over_a_good_one(mtimes, keep, serving, rollback,
+                                                            wanted, failed, gone):
+    assert stacks.to_remove(mtimes, keep, serving, rollback, wanted, failed) == gone
+
+
+@pytest.mark.parametrize("trial, current, serving, waits", [
+    (None, B, B, False),  # nothing on trial, no switch: remove now
+    (None, B, C, True),   # this run switches to C: after its verdict
+    (C, C, C, True),      # C on trial (a run killed before its verdict): after it
+])
+def test_retention_waits_for_the_verdict(trial, current, serving, waits):
+    assert stacks.retention_waits(trial, current, serving) is waits
 
 
 @pytest.mark.parametrize("target, named", [
@@ -317,9 +355,10 @@ def test_retention_plans_the_removal_of_the_oldest():
                            wanted=wanted, keep=2, restart_on_change=restart_on_change,
                            facts={Stacks: raw})
 
-    # The third upgrade (C over B over A), planned before its switch: A goes.
-    assert plan(read_of(B, {A: 1, B: 2, C: 3}, {"previous": A}), C) == [
-        f"rm -rf /opt/sglang/venv.stacks/{A}"]
+    # The third upgrade (C over B over A), planned before its switch: nothing before the
+    # verdict; A goes after it (C serves, its trial ended).
+    assert plan(read_of(B, {A: 1, B: 2, C: 3}, {"previous": A}), C) == []
+    assert plan(read_of(C, {A: 1, B: 2, C: 3}, {"previous": B, "trial": C}), C) == []
     assert plan(read_of(C, {A: 1, B: 2, C: 3}, {"previous": B}), C) == [
         f"rm -rf /opt/sglang/venv.stacks/{A}"]
     # Switch pending: the serving one, its rollback target and the new one stay.
@@ -339,3 +378,32 @@ def test_a_failed_set_stops_the_run_before_any_change():
                        r"on 2026-12-04 06:00:00 UTC and was rolled back: sglang.service stopped"):
         check(False)
     assert check(True) == []
+
+
+def test_the_rollback_records_first_and_clears_the_trial_last():
+    """Each prefix of the rollback's commands is a state the next run finishes
+    (``unfinished_rollback``); the record names the trial until the link went back."""
+    record = {"previous": A, "trial": B, "failed": {B: {"sglang": "0.5.10"}}}
+    commands = [c.get_raw_value() for c in stack_ops.rollback_commands(
+        VENV, "sglang", "sglang.service", record, A)]
+    assert [c.split()[0] for c in commands] == ["mkdir", "ln", "systemctl", "mkdir"]
+    assert '"trial": "bbbbbbbbbbbbbbbb"' in commands[0] and '"trial": null' in commands[3]
+    assert f"venv.stacks/{A}" in commands[1]
+
+
+def test_a_rollback_cut_short_is_planned_back_then_cleared():
+    record = {"previous": A, "trial": B, "failed": {B: {"sglang": "0.5.10"}}}
+
+    def plan(current):
+        return op_commands(stack_ops.rollback_finished, venv_path=VENV, lock_file="/x",
+                           service="sglang", unit="sglang.service",
+                           facts={Stacks: read_of(current, {A: 1, B: 2}, record)})
+
+    back = plan(B)
+    assert len(back) == 3 and f"venv.stacks/{A}" in back[0] and "systemctl restart" in back[1]
+    assert '"trial": null' in back[2] and '"previous": null' in back[2] and B in back[2]
+    cleared = plan(A)
+    assert len(cleared) == 2 and "systemctl restart" in cleared[0] and '"trial": null' in cleared[1]
+    assert plan(A) and op_commands(
+        stack_ops.rollback_finished, venv_path=VENV, lock_file="/x", service="sglang",
+        unit="sglang.service", facts={Stacks: read_of(A, {A: 1}, {"failed": {}})}) == []

@@ -1,7 +1,7 @@
 """Upgrades of the stack in a real LXC container (systemd, journald) through pyinfra's CLI: the
 new stack built beside the serving one, one switch and one restart, a failed upgrade rolled
 back until the old release serves again, the failed set remembered, retention, and deploys
-killed during the build and the switch.
+killed during the build, the switch and the rollback.
 
 The deploy is ``tests/deploys/upgrade.py``: the container phase's own stack and server steps
 and the verify phase's own server checks, on ``devtools/upgrade_site.py``'s container: each
@@ -21,8 +21,8 @@ import time
 
 import pytest
 
-from devtools.upgrade_site import REPO, VENV, make_site, stack_of
-from pve_sglang.operations.stack_switch import link_command, record_command
+from devtools.upgrade_site import REPO, UNIT, VENV, make_site, stack_of
+from pve_sglang.operations.stack_switch import link_command, record_command, rollback_commands
 from pve_sglang.project import load_defaults
 from pve_sglang.stack import switch_rules as stacks
 
@@ -127,6 +127,8 @@ def test_crash_at_load_rolls_back_and_the_old_release_serves(site):
     assert "HeaderTooLarge" in done.log  # the journal lines of the failed start
     assert site.link() == f"venv.stacks/{stack_of('0.5.10')}"
     assert site.serves() == "0.5.10"
+    # Retention waits for the verdict: the good 0.5.9 is kept, not traded for the failed set.
+    assert stack_of("0.5.9") in site.stacks()
     assert site.starts() == starts + 2  # the new release once, the old one again
     failed = site.record()["failed"]
     assert set(failed) == {stack_of("0.5.7")} and failed[stack_of("0.5.7")]["sglang"] == "0.5.7"
@@ -147,14 +149,37 @@ def test_the_failed_set_is_not_retried_silently(site):
 @pytest.mark.parametrize("case, seen", [
     ("stall-autotune", "is stuck: no log line for"),
     ("degenerate", "chat completion is degenerate"),
+    # Status and headers, then nothing, /health 200 all along: bounded by
+    # generation_timeout_s (5 s here), judged failed and rolled back, not a dead deploy.
+    ("headers-then-silence", "chat completion timed out after 5s (generation_timeout_s): "
+                             "no complete answer within 5s (status and headers came"),
 ])
 def test_a_stall_or_a_degenerate_answer_rolls_back_when_retried(site, case, seen):
     site.cases(**{"0_5_7": case})
+    started = time.monotonic()
     done = site.deploy("0.5.7", "--data", "retry_failed_stack=true")
     assert done.returncode != 0
     assert "tried again (retry_failed_stack)" in done.log
     assert seen in done.log and "rolled back to sglang 0.5.10" in done.log, done.log[-5000:]
     assert site.link() == f"venv.stacks/{stack_of('0.5.10')}"
+    assert site.serves() == "0.5.10"
+    assert seen[:30] in site.record()["failed"][stack_of("0.5.7")]["why"]
+    assert time.monotonic() - started < 120
+
+
+def test_a_release_without_the_ready_line_serving_health_is_judged_good(site):
+    """The verdict rests on what the server answers: /health 200 and a good completion pass,
+    whatever the log says; the log's lines are progress and hints only."""
+    site.cases(**{"0_5_7": "no-ready-line"})
+    done = site.deploy("0.5.7", "--data", "retry_failed_stack=true")
+    assert done.returncode == 0, done.log[-5000:]
+    assert "is stuck" not in done.log
+    assert site.link() == f"venv.stacks/{stack_of('0.5.7')}"
+    assert site.serves() == "0.5.7"
+    assert site.record()["trial"] is None and stack_of("0.5.7") not in site.record()["failed"]
+    # Back to the release the later cases start from: 0.5.10 serving, 0.5.7 built beside.
+    back = site.deploy("0.5.10")
+    assert back.returncode == 0, back.log[-5000:]
     assert site.serves() == "0.5.10"
 
 
@@ -179,3 +204,34 @@ def test_restart_pending_builds_and_waits_then_a_killed_switch_converges(site):
     assert site.starts() == starts + 1
     assert site.serves() == "0.5.7"
     assert site.record()["trial"] is None and site.record()["failed"] == {}
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_a_rollback_killed_at_each_step_converges_on_the_previous_release(site, steps):
+    """A run killed inside its rollback: the rollback's own commands (``rollback_commands``)
+    up to the kill, after the switch to 0.5.7, which crash-loops. The next run (asking for the
+    failed set again) finishes the rollback: 0.5.10 serves, the record holds no trial, and the
+    failed set is refused, truly rolled back."""
+    site.cases(**{"0_5_7": "crash-load"})
+    old, new = stack_of("0.5.10"), stack_of("0.5.7")
+    on_trial = {"previous": old, "trial": new, "failed": {}}
+    site.sh(record_command("sglang", on_trial).get_raw_value())
+    site.sh(link_command(VENV, new).get_raw_value())
+    site.sh(f"systemctl reset-failed {UNIT}; systemctl restart {UNIT}")
+    failed = {**on_trial, "failed": {new: {"sglang": "0.5.7", "when": "2026-12-04 06:00:00 UTC",
+                                           "why": f"killed at step {steps}"}}}
+    for command in rollback_commands(VENV, "sglang", UNIT, failed, old)[:steps]:
+        site.sh(command.get_raw_value())
+    done = site.deploy("0.5.7")
+    assert done.returncode != 0
+    assert f"the set sglang 0.5.7 (stack {new}) failed as an upgrade" in done.log, done.log[-3000:]
+    assert ("was cut short: switching back" in done.log) == (steps == 1), done.log[-3000:]
+    assert site.link() == f"venv.stacks/{old}"
+    record = site.record()
+    assert record["trial"] is None and set(record["failed"]) == {new}
+    deadline = time.monotonic() + 60
+    while site.serves() != "0.5.10" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert site.serves() == "0.5.10"
+    # Back on trial for the next step's case: 0.5.7 serving, as the switch leaves it.
+    site.cases(**{"0_5_7": "normal"})

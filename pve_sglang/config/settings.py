@@ -516,6 +516,8 @@ class ContainerSettings(_Strict):
     retry_failed_stack: bool
     stack_retention: Int = Field(ge=1, le=100)
     generation_check: bool
+    # One short completion answers in seconds; up to an hour for a slow first compile.
+    generation_timeout_s: Int = Field(ge=1, le=3600)
     nodes: list[Annotated[str, Field(min_length=1)]]
     dist_init_addr: Annotated[str, AfterValidator(address)] | None
     dist_init_port: Port

@@ -110,13 +110,16 @@ class JournalTail(FactBase[list[str]]):
 
 class GenerationCheck(FactBase["dict | None"]):
     """Returns one streamed chat completion from the server at URL, asked by
-    ``remote/startup_watch.py generate`` (SCRIPT) with the key from ENV_FILE: ``{"status",
-    "text", "tokens", "ttft_s", "elapsed_s", "logprobs", "model", "error"}``."""
+    ``remote/startup_watch.py generate`` (SCRIPT) with the key from ENV_FILE, the whole answer
+    within TIMEOUT_S: ``{"status", "text", "tokens", "ttft_s", "elapsed_s", "logprobs", "model",
+    "error", "timed_out"}``."""
 
     @override
-    def command(self, script: str, url: str, env_file: str, max_tokens: int = 48) -> StringCommand:
+    def command(self, script: str, url: str, env_file: str, max_tokens: int = 48,
+                timeout_s: int = 60) -> StringCommand:
         return StringCommand("python3", QuoteString(script), "generate", "--url", QuoteString(url),
-                             "--env-file", QuoteString(env_file), "--max-tokens", str(int(max_tokens)))
+                             "--env-file", QuoteString(env_file), "--max-tokens", str(int(max_tokens)),
+                             "--timeout", str(int(timeout_s)))
 
     @override
     def process(self, output: list[str]) -> dict | None:

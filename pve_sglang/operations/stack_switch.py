@@ -14,11 +14,12 @@ from pyinfra.context import state as pyinfra_state
 from pve_sglang import remote
 from pve_sglang.facts.one_read import Part
 from pve_sglang.operations import container_reads
+from pve_sglang.operations.verify import host_fails
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
 from pve_sglang.server import unit_action
 from pve_sglang.stack import switch_rules
-from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE, Found, Move, Verdict, read_args
+from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE, Found, Move, Unfinished, Verdict, read_args
 
 
 def cannot_name(venv_path: str, error: ValueError) -> str:
@@ -98,13 +99,18 @@ def not_failed(venv_path: str, lock_file: str, service: str, wanted: str, releas
                                 lock_file="/opt/sglang/stack.lock", service="sglang",
                                 wanted="68a87c7696509d54", release="sglang 0.5.10", retry=False)
     """
-    record = (read(venv_path, lock_file, service).get("state") or {}).get("failed") or {}
+    raw = read(venv_path, lock_file, service)
+    record = (raw.get("state") or {}).get("failed") or {}
     failed = switch_rules.refused(record, wanted, retry)
     if failed is not None:
+        # Never "rolled back" while the link still names it (a plan before rollback_finished).
+        linked = found_of(venv_path, raw).current == wanted
+        back, kept = (("its rollback was cut short (the run switches back to the previous "
+                       "stack first)", "nothing else is changed") if linked else
+                      ("was rolled back", "nothing was changed"))
         raise OperationError(
             f"{host.name}: the set {release} (stack {wanted}) failed as an upgrade on "
-            f"{failed.get('when')} and was rolled back: {failed.get('why')}; nothing was "
-            "changed. Pin another release, or set retry_failed_stack: true (or --data "
+            f"{failed.get('when')} and {back}: {failed.get('why')}; {kept}. Pin another release, or set retry_failed_stack: true (or --data "
             "retry_failed_stack=true) to try it again")
     if wanted in record:
         logger.warning(f"{host.name}: the set {release} (stack {wanted}) failed before "
@@ -239,8 +245,11 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
               restart_on_change: bool):
     """
     Remove the stacks beyond the KEEP newest, never the serving one, the rollback target or
-    WANTED; only folders named by a lock id in the deploy's stacks folder, each a stack
-    (its release file). Planned, and shown by ``--dry``, as any change.
+    WANTED; a set recorded as failed never counts among the newest. Only folders named by a
+    lock id in the deploy's stacks folder, each a stack (its release file). Nothing is removed
+    while a stack is on trial or this run switches: the verify phase removes them after the
+    verdict (the same operation, once the trial ended). Planned, and shown by ``--dry``, as any
+    change.
 
     + venv_path: the ``venv_path`` setting
     + lock_file: the lock file of a venv made before stacks (to name it)
@@ -265,8 +274,12 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
     found = found_of(venv_path, raw)
     current = found.current if found.kind == "link" else found.plain_lock
     serving, rollback = switch_rules.after_switch(current, found.previous, wanted, restart_on_change)
+    if switch_rules.retention_waits(found.trial, current, serving):
+        host.noop(f"stacks beyond {keep} are removed after the verdict on stack {serving}")
+        return
     mtimes = {name: info.get("mtime", 0.0) for name, info in (raw.get("stacks") or {}).items()}
-    gone = switch_rules.to_remove(mtimes, keep, serving, rollback, wanted)
+    failed = tuple((raw.get("state") or {}).get("failed") or {})
+    gone = switch_rules.to_remove(mtimes, keep, serving, rollback, wanted, failed)
     if not gone:
         host.noop(f"{len(mtimes)} stacks, {keep} kept")
         return
@@ -407,9 +420,8 @@ def group_judged(venv_path: str, lock_file: str, service: str, unit: str, rollba
     found = found_of(venv_path, raw)
     verdict = switch_rules.judge(True, found.trial, found.current, found.previous, found.stacks,
                                  rollback)
-    raise _concluded(verdict, failure, why[:300], raw, found, venv_path, service, unit, watch,
-                     group=(nodes, failed))
-    yield from ()
+    yield from host_fails(_concluded(verdict, failure, why[:300], raw, found, venv_path,
+                                     service, unit, watch, group=(nodes, failed)))
 
 
 def _first_line(failure: OperationError) -> str:
@@ -451,11 +463,8 @@ def _concluded(verdict: Verdict, failure: OperationError, why: str, raw: dict, f
                               f"{reason}{back}{details}")
     logger.warning(f"{host.name}: upgrade to {new} failed{on} ({why}): rolling back to {old}"
                    f"{every}")
-    record.update(previous=None, trial=None)
-    _run(record_command(service, record))
-    _run(link_command(venv_path, found.previous))
-    _run(StringCommand("systemctl reset-failed", QuoteString(unit), "; systemctl restart",
-                       QuoteString(unit)))
+    for command in rollback_commands(venv_path, service, unit, record, found.previous):
+        _run(command)
     forget()
     try:
         watch()
@@ -466,6 +475,82 @@ def _concluded(verdict: Verdict, failure: OperationError, why: str, raw: dict, f
     return _told(f"upgrade from {old} to {new} failed{on}; rolled back to {old}{every}, which "
                  f"serves again. {new} is recorded as failed: the next run with it stops before "
                  "any change unless retry_failed_stack is true.", details, group)
+
+
+def restart_command(unit: str) -> StringCommand:
+    """Start UNIT afresh: its start limit reset (a crash loop may have used it up)."""
+    return StringCommand("systemctl reset-failed", QuoteString(unit), "; systemctl restart",
+                         QuoteString(unit))
+
+
+def restart_unless_newer(unit: str, venv_path: str) -> StringCommand:
+    """Restart UNIT unless it runs a process started after the ``venv_path`` link last changed
+    (a rollback killed before its restart, or a crash loop that used up its start limit)."""
+    quoted = QuoteString(unit)
+    return StringCommand(
+        "started=$(systemctl show -p ExecMainStartTimestamp --value", quoted, ");",
+        "{ [ \"$(systemctl is-active", quoted, ")\" = active ] && [ -n \"$started\" ] &&",
+        "[ \"$(date -d \"$started\" +%s)\" -gt \"$(stat -c %Y", QuoteString(venv_path.rstrip("/")),
+        ")\" ]; } || {", restart_command(unit), "; }")
+
+
+def rollback_commands(venv_path: str, service: str, unit: str, record: dict,
+                      previous: str) -> list[StringCommand]:
+    """
+    The rollback, in an order a kill at any point of leaves for the next run to finish
+    (``switch_rules.unfinished_rollback``, ``rollback_finished``): RECORD with the failed set,
+    the trial and its target kept; the link back to PREVIOUS in one rename; the restart; the
+    trial cleared last.
+    """
+    cleared = {**record, "trial": None, "previous": None}
+    return [record_command(service, record), link_command(venv_path, previous),
+            restart_command(unit), record_command(service, cleared)]
+
+
+@operation()
+def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str):
+    """
+    Finish a rollback a kill cut short, before anything else: the failed set is recorded and
+    the link still names it (switch back to the previous stack and restart it), or the link
+    went back and the record still holds the trial (clear it; the restart follows from the
+    link's change, ``since``). The model serves the previous release again, and the next check
+    (``not_failed``) reads a failed set that was rolled back, truly.
+
+    + venv_path: the ``venv_path`` setting (the link to the serving stack)
+    + lock_file: the lock file of a venv made before stacks (to name it)
+    + service: the server's service name (the state record is named by it)
+    + unit: the server's systemd unit
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import stack_switch
+
+        stack_switch.rollback_finished(name="A rollback cut short is finished",
+                                       venv_path="/opt/sglang/venv",
+                                       lock_file="/opt/sglang/stack.lock", service="sglang",
+                                       unit="sglang.service")
+    """
+    raw = read(venv_path, lock_file, service)
+    found = found_of(venv_path, raw)
+    record = dict(raw.get("state") or {})
+    step = switch_rules.unfinished_rollback(found, tuple(record.get("failed") or {}))
+    if step is None:
+        host.noop("no rollback cut short")
+        return
+    failed, old = release_words(raw, found.trial), release_words(raw, found.previous)
+    if step is Unfinished.SWITCH_BACK:
+        logger.warning(f"{host.name}: the rollback of the failed upgrade to {failed} was cut "
+                       f"short: switching back to {old} and restarting it")
+        yield link_command(venv_path, found.previous)
+        yield restart_command(unit)
+    else:
+        logger.warning(f"{host.name}: the rollback from {failed} to {old} ended before its "
+                       "record did: its trial is cleared")
+        yield restart_unless_newer(unit, venv_path)
+    yield record_command(service, {**record, "trial": None, "previous": None})
+    forget()
 
 
 def _told(summary: str, details: str, group: object) -> OperationError:

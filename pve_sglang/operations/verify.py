@@ -10,7 +10,7 @@ from collections.abc import Callable
 import gevent
 
 from pyinfra import host, logger
-from pyinfra.api import OperationError, operation
+from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.context import state
 from pyinfra.facts.server import Command
 
@@ -288,31 +288,47 @@ def startup_failure(unit: str, what: str, since: int | None, progress: Progress 
 OnFailure = Callable[[OperationError], OperationError | None]
 
 
-def _failed(failure: OperationError, on_failure: OnFailure | None) -> None:
-    """Raise what ON_FAILURE makes of FAILURE, unless it judges it later (None)."""
+def _failed(failure: OperationError, on_failure: OnFailure | None):
+    """Fail the host with what ON_FAILURE makes of FAILURE, unless it judges it later (None)."""
     raised = on_failure(failure) if on_failure else failure
     if raised is not None:
-        raise raised from None
+        yield from host_fails(raised)
+        return
     host.noop(f"failed, judged later: {str(failure).splitlines()[0][:200]}")
+
+
+def _fails(state, host) -> bool:  # pyinfra passes both to a FunctionCommand naming them
+    return False
+
+
+def host_fails(error: OperationError):
+    """At execution, fail this host alone with ERROR's words (the journal tail, the hint) as
+    its error line: an exception raised out of an operation here would end the run of every
+    host, after a gevent greenlet's traceback that buries the message."""
+    host.log_styled(str(error), fg="red", log_func=logger.error)
+    yield FunctionCommand(_fails, (), {})
 
 
 @operation()
 def server_started(unit: str, health_url: str, env_file: str, script: str, timeout_s: int,
                    stall_s: int, on_failure: OnFailure | None = None):
     """
-    Follow the server's start in its journal until it is ready: each phase with its time
-    (weights with shards done, rate and ETA, KV cache, autotune, CUDA graphs), then the time
-    per phase. Fails at once, with the last journal lines and a hint for known causes
-    (``startup_log.HINTS``), when the unit fails or restarts, when its log is silent for
-    STALL_S seconds, or after TIMEOUT_S. A server already answering /health is reported as
-    serving. Other hosts go on meanwhile. Checked once the deploy has run.
+    Follow the server's start in its journal until /health answers 200: each phase with its
+    time (weights with shards done, rate and ETA, KV cache, autotune, CUDA graphs), then the
+    time per phase. The verdict rests on the server's answer; the log gives progress and
+    hints. Fails at once, with the last journal lines and a hint for known causes
+    (``startup_log.HINTS``), when the unit fails or restarts, when its log is silent and
+    /health does not answer 200 for STALL_S seconds, or after TIMEOUT_S. A server already
+    answering /health is reported as serving. Other hosts go on meanwhile. Checked once the
+    deploy has run.
 
     + unit: the server's systemd unit, e.g. ``sglang.service``
     + health_url: its /health URL, asked from inside the container
     + env_file: the server's env file; its API key (if any) is read by SCRIPT, never on argv
     + script: the uploaded ``remote/startup_watch.py``
     + timeout_s: seconds from the unit's start to ready at most
-    + stall_s: seconds the log may stay silent before the start is called stuck
+    + stall_s: seconds the log may stay silent (and /health not 200) before the start is
+      called stuck
     + on_failure: called with the failure before the host fails (a failed upgrade's rollback),
       returns the error raised; None raises the failure
 
@@ -336,7 +352,7 @@ def server_started(unit: str, health_url: str, env_file: str, script: str, timeo
         try:
             watch_start(unit, health_url, env_file, script, timeout_s, stall_s)
         except OperationError as failure:
-            _failed(failure, on_failure)
+            yield from _failed(failure, on_failure)
             return
         host.noop("the server started and answers /health")
     yield from ()
@@ -375,15 +391,19 @@ def watch_start(unit: str, health_url: str, env_file: str, script: str, timeout_
         if state_now.get("ActiveState") != "active" or state_now.get("started") != started:
             raise OperationError(startup_failure(
                 unit, f"stopped running: {_unit_words(state_now)}", started, progress, now))
-        if watch["health"] == 200 and progress.ready:
-            logger.info(f"{host.name}: {unit} ready in {duration(now - progress.start)}: "
+        # The server's own answer decides: /health 200 is ready, whether or not the log printed
+        # the ready line this release is known for (the completion judges it next).
+        if watch["health"] == 200:
+            seen = "" if progress.ready else " (by /health: no ready line in its log)"
+            logger.info(f"{host.name}: {unit} ready in {duration(now - progress.start)}{seen}: "
                         f"{progress.summary(now)}")
             break
+        # A stall is silence of both: no log line, and no 200 from /health (asked every second).
         if progress.silent_for(now) >= stall_s:
             raise OperationError(startup_failure(
-                unit, f"is stuck: no log line for {duration(progress.silent_for(now))} "
-                f"(startup_stall_s {stall_s}); it still runs: `systemctl stop {unit}` ends it",
-                started, progress, now))
+                unit, f"is stuck: no log line for {duration(progress.silent_for(now))} and "
+                f"/health not 200 (last: {watch['health']}; startup_stall_s {stall_s}); it "
+                f"still runs: `systemctl stop {unit}` ends it", started, progress, now))
         if now - progress.start >= timeout_s:
             raise OperationError(startup_failure(
                 unit, f"not ready within {timeout_s}s (health_timeout_s; last /health: "
@@ -393,7 +413,7 @@ def watch_start(unit: str, health_url: str, env_file: str, script: str, timeout_
 @operation()
 def generation_works(url: str, env_file: str, script: str, max_tokens: int = 48,
                      on_failure: OnFailure | None = None,
-                     skip: Callable[[], bool] | None = None):
+                     skip: Callable[[], bool] | None = None, timeout_s: int = 60):
     """
     Ask the server for one short chat completion (``/v1/chat/completions``, streamed, with
     logprobs) and fail unless it answers 200 with text that is not degenerate (one character,
@@ -407,6 +427,7 @@ def generation_works(url: str, env_file: str, script: str, max_tokens: int = 48,
     + max_tokens: tokens to generate
     + on_failure: as ``server_started``'s
     + skip: true when the server's start already failed, judged later (no completion asked)
+    + timeout_s: seconds the whole answer may take (``generation_timeout_s``); longer fails
 
     **Example:**
 
@@ -426,19 +447,25 @@ def generation_works(url: str, env_file: str, script: str, max_tokens: int = 48,
             host.noop("not asked: the server's start failed")
             return
         try:
-            generation_answers(url, env_file, script, max_tokens)
+            generation_answers(url, env_file, script, max_tokens, timeout_s)
         except OperationError as failure:
-            _failed(failure, on_failure)
+            yield from _failed(failure, on_failure)
             return
         host.noop("one chat completion is not degenerate")
     yield from ()
 
 
-def generation_answers(url: str, env_file: str, script: str, max_tokens: int) -> None:
+def generation_answers(url: str, env_file: str, script: str, max_tokens: int,
+                       timeout_s: int = 60) -> None:
     """At execution: one chat completion, judged (``generation_works``); raises
-    ``OperationError`` when it fails or is degenerate."""
+    ``OperationError`` when it fails, is degenerate or takes longer than TIMEOUT_S."""
     result = host.get_fact(GenerationCheck, script=script, url=url, env_file=env_file,
-                           max_tokens=max_tokens)
+                           max_tokens=max_tokens, timeout_s=timeout_s)
+    if result and result.get("timed_out"):
+        raise OperationError(f"chat completion timed out after {timeout_s}s "
+                             f"(generation_timeout_s): {result.get('error')}")
+    if result and result.get("status") == 200 and result.get("error"):
+        raise OperationError(f"chat completion: HTTP 200, then {result['error']}")
     if not result or result.get("status") != 200:
         status = (result or {}).get("status")
         error = str((result or {}).get("error") or "no result")[:500]

@@ -12,9 +12,11 @@ Stand-alone (stdlib only), uploaded by the verify phase and run with the contain
     again, or when /health answers 200. The last line is ``{"state": {...}, "cursor": C,
     "health": CODE, "now": US}``: what to ask next time, and the container's clock. The
     deploy decides what the lines mean (``pve_sglang/server/startup_log.py``).
-``generate --url BASE [--env-file F] [--max-tokens N] [--prompt TEXT]``
+``generate --url BASE [--env-file F] [--max-tokens N] [--prompt TEXT] [--timeout S]``
     One streamed chat completion (``/v1/chat/completions``, temperature 0, logprobs on):
-    ``{"status", "text", "tokens", "ttft_s", "elapsed_s", "logprobs", "model", "error"}``.
+    ``{"status", "text", "tokens", "ttft_s", "elapsed_s", "logprobs", "model", "error",
+    "timed_out"}``. S bounds the whole answer (the models list, the headers, every chunk): a
+    stream that stalls after its headers ends there, ``timed_out`` true.
 
 The API key (``SGLANG_API_KEY`` of the env file) is read from the file by this process and
 sent as a header: it is never on a command line, and never printed.
@@ -27,6 +29,7 @@ import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -42,9 +45,13 @@ except ImportError:  # imported as part of pve_sglang (the deploy's side, the te
 API_KEY_VAR = "SGLANG_API_KEY"
 STATE_PROPS = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus",
                "ExecMainCode", "ExecMainStartTimestamp")
-# Seconds between two reads of the unit's state, and of /health.
+# Seconds between two reads of the unit's state, and of /health: each second, so that a
+# server that answers is never called stuck for a silent log (startup_stall_s may be seconds).
 STATE_EVERY_S = 1.0
-HEALTH_EVERY_S = 5.0
+HEALTH_EVERY_S = 1.0
+# Seconds the journal is read on after /health answered 200: the lines logged before it
+# (the ready line) reach journalctl a moment later.
+JOURNAL_LAG_S = 0.5
 
 
 def emit(obj: dict) -> None:
@@ -119,14 +126,17 @@ def watch(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.max_wait
     state, health = unit_state(args.unit), None
     next_state, next_health = time.monotonic() + STATE_EVERY_S, time.monotonic()
-    done = False
+    done, answered = False, None
     try:
         while not done:
             now = time.monotonic()
             if now >= next_health and args.health_url:
                 health = http(args.health_url, args.env_file, timeout=4.0)[0]
                 next_health = time.monotonic() + HEALTH_EVERY_S
-                done = health == 200
+                if health == 200 and answered is None:
+                    answered = time.monotonic()
+            # /health 200 ends the call once the journal's lines so far are read (its lag).
+            done = done or (answered is not None and now - answered >= JOURNAL_LAG_S)
             if now >= next_state:
                 state = unit_state(args.unit)
                 next_state = now + STATE_EVERY_S
@@ -160,12 +170,43 @@ def watch(args: argparse.Namespace) -> int:
     return 0
 
 
+class AnswerTimeout(Exception):
+    """The whole answer took longer than ``--timeout``."""
+
+
+def _timed_out(signum, frame) -> None:
+    raise AnswerTimeout
+
+
 def generate(args: argparse.Namespace) -> int:
-    """The ``generate`` command (see the module's docstring)."""
-    base = args.url.rstrip("/")
+    """The ``generate`` command (see the module's docstring): one deadline for the whole
+    answer, an alarm, since a socket timeout bounds each read and not the sum of them."""
     result = {"status": None, "text": "", "tokens": 0, "ttft_s": None, "elapsed_s": None,
-              "logprobs": [], "model": None, "error": None}
-    status, response = http(f"{base}/v1/models", args.env_file)
+              "logprobs": [], "model": None, "error": None, "timed_out": False}
+    start = time.monotonic()
+    signal.signal(signal.SIGALRM, _timed_out)
+    signal.setitimer(signal.ITIMER_REAL, args.timeout)
+    try:
+        _answer(args, result)
+    except AnswerTimeout:
+        result["timed_out"] = True
+        result["error"] = (f"no complete answer within {args.timeout:g}s ("
+                           + ("status and headers came, then silence" if result["status"]
+                              else "no status line") + f", {len(result['text'])} characters)")
+    except OSError as error:  # the connection broke off mid-stream
+        result["error"] = f"the answer broke off after {len(result['text'])} characters: {error}"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    if result["elapsed_s"] is None:
+        result["elapsed_s"] = time.monotonic() - start
+    emit(result)
+    return 0
+
+
+def _answer(args: argparse.Namespace, result: dict) -> None:
+    """Ask for the completion and fill RESULT as the stream comes (times from the request)."""
+    base = args.url.rstrip("/")
+    status, response = http(f"{base}/v1/models", args.env_file, timeout=args.timeout)
     if status == 200:
         try:
             result["model"] = json.load(response)["data"][0]["id"]
@@ -176,13 +217,13 @@ def generate(args: argparse.Namespace) -> int:
             "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": args.prompt}]}
     start = time.monotonic()
-    status, response = http(f"{base}/v1/chat/completions", args.env_file, body, timeout=300.0)
+    status, response = http(f"{base}/v1/chat/completions", args.env_file, body,
+                            timeout=args.timeout)
     result["status"] = status
     if status != 200:
         result["error"] = (response.read(2000).decode("utf-8", "replace") if response else
-                           "no answer")
-        emit(result)
-        return 0
+                           "no answer (connection refused, reset or timed out)")
+        return
     chunks, usage = 0, None
     for raw in response:
         line = raw.decode("utf-8", "replace").strip()
@@ -205,8 +246,6 @@ def generate(args: argparse.Namespace) -> int:
                 result["logprobs"].append(repr(item.get("logprob")))
     result["elapsed_s"] = time.monotonic() - start
     result["tokens"] = (usage or {}).get("completion_tokens") or chunks
-    emit(result)
-    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -225,6 +264,7 @@ def main(argv: list[str]) -> int:
     gen.add_argument("--env-file", default="")
     gen.add_argument("--max-tokens", type=int, default=48)
     gen.add_argument("--prompt", default="Name three primary colours, separated by commas.")
+    gen.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
     return watch(args) if args.command == "watch" else generate(args)
 

@@ -173,6 +173,32 @@ def judge(failed: bool, trial: str | None, current: str | None, previous: str | 
     return Verdict.ROLL_BACK
 
 
+class Unfinished(Enum):
+    """A rollback cut short (``unfinished_rollback``): what is left of it."""
+
+    SWITCH_BACK = "switch_back"  # the failed set is recorded; the link still names it
+    FORGET_TRIAL = "forget_trial"  # the link went back; the record still holds the trial
+
+
+def unfinished_rollback(found: Found, failed: tuple[str, ...]) -> Unfinished | None:
+    """
+    What a run finishes of a rollback killed midway, before anything else. The rollback
+    (``stack_switch.rollback_commands``) records the failed set with the trial and its target
+    still in the record, then renames the link back, restarts, and clears the trial last: so a
+    trial recorded as failed (in FAILED) while the link names it is a rollback to finish (the
+    failed record is never read as "rolled back" while the link names it), and one the link no
+    longer names is a finished rollback whose record was not cleared. None: nothing cut short.
+    """
+    if found.trial is None or found.trial not in failed:
+        return None
+    if found.current != found.trial:
+        return Unfinished.FORGET_TRIAL
+    if found.previous is None or found.previous == found.current or \
+            found.previous not in found.stacks:
+        return None  # no target: the failed release stays, as judge's NO_TARGET says
+    return Unfinished.SWITCH_BACK
+
+
 # --- several nodes (``nodes``): one model, one TP group, switched and judged together --------
 
 
@@ -221,19 +247,28 @@ def after_switch(current: str | None, previous: str | None, wanted: str,
     return wanted, current
 
 
+def retention_waits(trial: str | None, current: str | None, serving: str | None) -> bool:
+    """Whether the removal of stacks waits for the verdict: a stack is on trial (TRIAL), or
+    this run switches (CURRENT, the link now, is not SERVING, the stack after the switch). A
+    failed upgrade must find its rollback target, and a good previous stack must not be gone
+    for a set that then fails."""
+    return trial is not None or current != serving
+
+
 def to_remove(stacks: dict[str, float], keep: int, serving: str | None,
-              rollback: str | None, wanted: str) -> list[str]:
+              rollback: str | None, wanted: str, failed: tuple[str, ...] = ()) -> list[str]:
     """
     The stacks to remove: all but the KEEP newest (STACKS: ``{id: mtime}``), where the serving
     one, the rollback target and the WANTED one (being built, or on trial) always count among
-    the kept, first. Only names of ours (``STACK_NAME``) are ever listed.
+    the kept, first. A set that FAILED as an upgrade never counts among the newest: a good
+    older stack is kept in its place. Only names of ours (``STACK_NAME``) are ever listed.
     """
     ours = {name: mtime for name, mtime in stacks.items() if STACK_NAME.match(name)}
     kept = [name for name in dict.fromkeys((serving, rollback, wanted)) if name in ours]
     for name in sorted(ours, key=lambda name: ours[name], reverse=True):
         if len(kept) >= keep:
             break
-        if name not in kept:
+        if name not in kept and name not in failed:
             kept.append(name)
     return sorted(name for name in ours if name not in kept)
 

@@ -1,6 +1,6 @@
-"""Test deploy: the container phase's stack and server steps (``tasks/container.py``: the
-failed-set check, a node of several switched only with its whole group, the stack built beside
-the serving one, the autotune patch and its release file, the env file and unit, the switch,
+"""Test deploy: the container phase's stack and server steps (``tasks/container.py``: a
+rollback cut short finished, the failed-set check, a node of several switched only with its
+whole group, the stack built beside the serving one, the autotune patch and its release file, the env file and unit, the switch,
 the one restart, retention) with the server started though the container has no GPU, then the
 verify phase's server checks (``server_checks``: the startup watch, the chat completion, a
 failed upgrade's rollback, a group's judgement, the end of a trial).
@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pve_sglang.config.settings import ContainerSettings  # noqa: E402
 from pve_sglang.operations import stack_switch as stacks  # noqa: E402
+from pve_sglang.server.command import unit_name  # noqa: E402
 from pve_sglang.server.render import server_files  # noqa: E402
 from pve_sglang.project import load_defaults  # noqa: E402
 from tasks.container import LOCK_FILE, group_in_run, patched_stack, python_stack, server_unit, stack_dir, stack_id  # noqa: E402
@@ -32,6 +33,9 @@ for key in ("retry_failed_stack", "restart_on_change", "upgrade_rollback"):
 cs = ContainerSettings.model_validate({**defaults, **overrides})
 py = f"{stack_dir(cs)}/bin/python"
 
+stacks.rollback_finished(name="A rollback cut short by a kill is finished",
+                         venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
+                         unit=unit_name(cs))
 stacks.not_failed(name=f"The set sglang {cs.sglang_version} did not fail here before",
                   venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
                   wanted=stack_id(cs), release=f"sglang {cs.sglang_version}",
