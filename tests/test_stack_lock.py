@@ -178,3 +178,38 @@ def test_a_set_without_a_wheel_for_every_package_is_refused_at_lock_time(tmp_pat
         stack_lock.compile_lock(key, tmp_path / key.name)
     assert missing in str(caught.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lock_for_a_python_this_machine_lacks_downloads_no_interpreter(tmp_path, monkeypatch):
+    """uv resolves a lock for the key's Python from metadata alone; asked for a Python this
+    machine does not have, it would fetch one from outside the package index (on a closed
+    network: minutes of retries). A stand-in download mirror on loopback sees no request."""
+    import http.server
+    import threading
+
+    asked: list[str] = []
+
+    class Mirror(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            asked.append(self.path)
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Mirror)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("UV_PYTHON_INSTALL_MIRROR", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("UV_HTTP_RETRIES", "0")
+    # An index with no package at all: the resolution fails at once, after the interpreter.
+    index = tmp_path / "index"
+    index.mkdir()
+    key = stack_lock.key_of({"sglang_version": "0.5.23", "torch_version": None,
+                             "flashinfer_version": None, "stack_python": "3.13",
+                             "pip_index_url": index.as_uri(), "torch_index_url": None})
+    try:
+        with pytest.raises(stack_lock.LockError):
+            stack_lock.compile_lock(key, tmp_path / key.name)
+    finally:
+        server.shutdown()
+    assert asked == []

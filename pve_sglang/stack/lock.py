@@ -195,7 +195,10 @@ def compile_lock(key: LockKey, dest: Path) -> Lock:
          "--only-binary", ":all:",
          "--python-version", key.python, "--python-platform", key.platform, "-"],
         input=requirements, capture_output=True, text=True, timeout=900,
-        env={**os.environ, **index_env(key)},
+        # The lock is resolved for KEY's Python from metadata alone: uv needs no interpreter of
+        # that version, and would otherwise try to download one (from outside the package
+        # index, where a closed network makes it retry for minutes).
+        env={**os.environ, **index_env(key), "UV_PYTHON_DOWNLOADS": "never"},
     )
     if done.returncode != 0:
         raise LockError(
