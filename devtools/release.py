@@ -221,9 +221,12 @@ def _fail(report: Advance, name: str, started: float, problems: list[str]) -> No
 
 
 def advance(version: str, repo: Path = ROOT, overrides: dict | None = None,
-            work: Path | None = None, proof: bool = True) -> Advance:
+            work: Path | None = None, proof: bool = True, site=None) -> Advance:
     """Prove sglang VERSION's set and make it REPO's default; NotProven, with REPO as it was,
-    on the first check it fails. OVERRIDES: settings beside the defaults (``--with``)."""
+    on the first check it fails. OVERRIDES: settings beside the defaults (``--with``). SITE: a
+    ``release_proof.ReleaseDeploy`` that has deployed another set already, to prove this one
+    in its container and wheel store (an upgrade there; the caller keeps and destroys it),
+    instead of a new container and store of its own."""
     from devtools import release_proof
 
     report = Advance(version)
@@ -284,17 +287,23 @@ def advance(version: str, repo: Path = ROOT, overrides: dict | None = None,
         # 6. the proof in a real container.
         if proof:
             started = time.monotonic()
-            short = release_proof.disk_shortfall(work)
+            short = release_proof.disk_shortfall(work) if site is None else \
+                release_proof.disk_shortfall(site.root, release_proof.UPGRADE_BYTES)
             if short:
                 _fail(report, "deploy", started, [short])
-            deploy = release_proof.ReleaseDeploy(
-                work / "proof", version, _uv_wheel(work, defaults["uv_version"]), cache_dir(),
-                stack_lock=str(staged))
-            deploy.container.update(overrides or {})
+            deploy = site or release_proof.ReleaseDeploy(
+                work / "proof", version, _uv_wheel(work, defaults["uv_version"]), cache_dir())
+            before = dict(deploy.container)
+            deploy.container.update({"sglang_version": version, "stack_lock": str(staged),
+                                     **(overrides or {})})
             try:
                 problems = prove(deploy, version)
             finally:
-                deploy.destroy()
+                if site is None:
+                    deploy.destroy()
+                else:  # the staged lock goes with WORK: the site keeps its own settings
+                    deploy.container.clear()
+                    deploy.container.update(before)
             if problems:
                 _fail(report, "deploy", started, problems)
             report.step("deploy", started, "deployed, flags parsed by the release's parser, "

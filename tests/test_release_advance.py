@@ -1,5 +1,7 @@
 """``make release VERSION=X`` (devtools/release.py ``advance``): the default moves only on
-proof, and a release that fails a check leaves the repository as it was.
+proof, and a release that fails a check leaves the repository as it was. Its proof end to end
+(the whole deploy into a real container) is in tests/test_release_stack_lxc.py, in the default
+set's proof container and wheel store: one whole-set deploy's container for both.
 
 Each test runs on a copy of the repository's ``group_data/`` and ``docs/settings.md``: what
 ``advance`` writes, it writes there. The wheels of a set come from
@@ -72,25 +74,3 @@ def test_the_watch_lines_are_found_in_the_sources_and_a_line_that_is_not_is_name
     monkeypatch.setattr(startup_log, "PHASES", [
         *startup_log.PHASES, ("never", re.compile(r"No release prints \d+ of this"))])
     assert release.missing_log_lines(wheel) == [r"phase 'never' (No release prints \d+ of this)"]
-
-
-def test_a_release_proven_end_to_end_becomes_the_default(repo, lxc_host, package_index):
-    """0.5.17 (recorded already): its lock, its wheels, the watch's lines, the flags, the whole
-    deploy into a real container with the real parser on the unit, a second run changing
-    nothing; then the copy's default is 0.5.17, with its lock beside the tuned preset's."""
-    from devtools.release_proof import disk_shortfall
-
-    short = disk_shortfall(Path("/var/tmp"))  # advance's work folder
-    if short:
-        pytest.skip(short)
-    report = release.advance("0.5.17", repo=repo)
-    steps = [name for name, _, _ in report.steps]
-    assert steps == ["requirements", "settings", "lock", "log lines", "flags", "deploy", "repository"]
-    print("[release 0.5.17] steps:", report.steps)
-    assert load_defaults(repo / "group_data" / "all.py")["sglang_version"] == "0.5.17"
-    assert {p.name for p in (repo / "group_data" / "locks").glob("*.txt")} == {
-        "sglang-0.5.17-torch-2.11.0-flashinfer-0.6.15.post1-py3.11.txt",
-        "sglang-0.5.9-torch-2.9.1-flashinfer-0.6.3-py3.11.txt"}
-    recorded = "group_data/releases/sglang-0.5.17.txt"
-    assert (repo / recorded).read_text() == (REPO / recorded).read_text()  # the same METADATA
-    assert '| `sglang_version` | container | `"0.5.17"` |' in (repo / "docs" / "settings.md").read_text()

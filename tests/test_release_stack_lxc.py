@@ -7,7 +7,9 @@ filled, the shared layer built) and a second one of the same host (the layer fou
 alone installed). The same proof of 0.5.17, a release the issue does not name (torch 2.11.0,
 flashinfer 0.6.15.post1, sglang-kernel 0.4.5, CUDA 13), is ``make release``'s, in
 tests/test_release_advance.py; ``PVE_SGLANG_PROVE_RELEASES="0.5.17"`` runs this file's for it
-too. The deploy is ``devtools/release_proof.py``, through pyinfra's CLI, with this machine as
+too. ``make release``'s own proof end to end (0.5.17) runs last, as an upgrade in the default
+set's container and store: one whole-set deploy's container and store for both proofs. The
+deploy is ``devtools/release_proof.py``, through pyinfra's CLI, with this machine as
 the plain LXC host. Run with ``-s``: each deploy's time, disk peak, and the times of its store,
 layer and venv steps.
 
@@ -36,10 +38,13 @@ import pytest
 from cache_dir import TEST_CACHE
 
 from devtools import lxc_env
-from devtools.release_proof import DiskPeak, ReleaseDeploy, changed, disk_shortfall, failed
+from devtools import release
+from devtools.release_proof import (UPGRADE_BYTES, DiskPeak, ReleaseDeploy, changed,
+                                     disk_shortfall, failed)
 from devtools.wheel_store_site import installed
 from pve_sglang.project import load_defaults
 from pve_sglang.stack import lock as stack_lock
+from test_release_advance import repo  # noqa: F401 - the fixture: a copy of group_data/
 from wheels import OLDER_TARGETS, pip_download
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,6 +167,39 @@ def test_a_second_container_of_the_host_installs_sglang_alone(proof, tmp_path_fa
     finally:
         second.destroy()
         shutil.rmtree(second.root, ignore_errors=True)
+
+
+# --- make release, in the same container and store ---------------------------------------------
+
+def test_make_release_proves_a_release_end_to_end_in_the_same_container_and_store(proof, repo):
+    """``make release VERSION=0.5.17`` (devtools/release.py ``advance``; 0.5.17 recorded
+    already): its lock, its wheels, the watch's lines, the flags, the whole deploy with the real
+    parser on the unit and a second run changing nothing, here as an upgrade in the default
+    set's proof container and wheel store (one whole-set deploy's container for both proofs);
+    then the copy's default is 0.5.17, with its lock beside the tuned preset's. Last of the
+    proof's tests: the container serves 0.5.17 after it."""
+    deploy, done = proof
+    assert done.returncode == 0
+    if deploy.container["sglang_version"] != RELEASES[0]:
+        pytest.skip("make release is proven once, in the default set's proof")
+    short = disk_shortfall(deploy.root, UPGRADE_BYTES)
+    if short:
+        pytest.skip(short)
+    report = release.advance("0.5.17", repo=repo, site=deploy)
+    steps = [name for name, _, _ in report.steps]
+    assert steps == ["requirements", "settings", "lock", "log lines", "flags", "deploy", "repository"]
+    print("[release 0.5.17] steps:", report.steps)
+    assert load_defaults(repo / "group_data" / "all.py")["sglang_version"] == "0.5.17"
+    assert {p.name for p in (repo / "group_data" / "locks").glob("*.txt")} == {
+        "sglang-0.5.17-torch-2.11.0-flashinfer-0.6.15.post1-py3.11.txt",
+        "sglang-0.5.9-torch-2.9.1-flashinfer-0.6.3-py3.11.txt"}
+    recorded = "group_data/releases/sglang-0.5.17.txt"
+    assert (repo / recorded).read_text() == (REPO / recorded).read_text()  # the same METADATA
+    assert '| `sglang_version` | container | `"0.5.17"` |' in (repo / "docs" / "settings.md").read_text()
+    # The proof ran in this container: it serves 0.5.17's set now, beside the default's stack.
+    lock = stack_lock.parse(Path(TOOLS_LOCK), deploy.attach(f"cat {TOOLS_LOCK}").stdout)
+    assert lock.packages["sglang"] == "0.5.17"
+    assert installed(deploy, "/opt/sglang/venv/bin/python") == lock.packages
 
 
 # --- Debian 13 --------------------------------------------------------------------------------
