@@ -49,7 +49,8 @@ def test_every_container_operation_comes_from_a_step_with_words(monkeypatch, dat
     mine = [(words, n) for name, words, n in counts if name == "@fake/ct105"]
     words = [words for words, _ in mine]
     assert len(words) == 7 + bool(data.get("ca_certificates"))
-    assert words[0] == "stop if this set failed as an upgrade before (retry_failed_stack)"
+    assert words[0] == ("finish a rollback cut short; stop if this set failed as an upgrade before "
+                        "(retry_failed_stack)")
     assert words[-3].startswith("build the stack /opt/sglang/venv.stacks/")
     assert words[-1].endswith(", enable it and (re)start it once, keep the 2 newest stacks")
     assert all(n > 0 for _, n in mine), mine
