@@ -60,6 +60,7 @@ from pve_sglang.facts import pve as pve_facts
 from pve_sglang.facts import system as system_facts
 from pve_sglang.facts import verify as verify_facts
 from pve_sglang.model_store import facts as model_facts
+from pve_sglang.model_store.facts import FILES_FOLLOW
 from pve_sglang.facts import installed_stacks as stacks_facts
 from pve_sglang.facts import store as store_facts
 from pve_sglang.facts.container import UnitState
@@ -276,8 +277,11 @@ def _responses(platform: str) -> dict:
                                                      "fetched_files": 2, "fetched_bytes": 10,
                                                      "seconds": 1}})
         + "\n" + json.dumps({"offset": 100, "running": False}),
+        # The marker, then the model folder's files at the sizes it lists (model_store.facts).
         ".pve-sglang-model.json": json.dumps({"repo": "org/model", "commit": "c" * 40,
-                                              "files": 2, "bytes": 10}),
+                                              "files": 2, "bytes": 10,
+                                              "sizes": {"config.json": 4, "model.safetensors": 6}})
+        + f"\n{FILES_FOLLOW}\n4 config.json\n6 model.safetensors",
     }
     # No shared layer yet: the container builds it (its marker's test fails).
     answers[re.compile(r"^test -f .*\.layer'?$")] = {"success": False}
