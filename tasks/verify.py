@@ -14,7 +14,7 @@ from pve_sglang.model_store import operations as model
 from pve_sglang.operations import stack_switch, verify
 from tasks.common import expect_container_reads, host_gpus, run_when_container_exists, upload_script
 from pve_sglang.gpu.passthrough import select_gpus
-from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
+from pve_sglang.stack.identity import settings_stack_path, stack_lock_of
 from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from pve_sglang.server.command import env_file_path, unit_name, venv_python
 from pve_sglang.config.settings import ContainerSettings, base_url, client_address, host_settings
@@ -124,13 +124,6 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                    lambda: stack_switch.trial_passed(
                        name="An upgraded stack serves: its trial ends", venv_path=cs.venv_path,
                        lock_file=LEGACY_LOCK_FILE, service=cs.service_name)))
-    # After the verdict: the container phase removes none while a stack is on trial.
-    checks.append((f"the stacks beyond stack_retention {cs.stack_retention} removed after the "
-                   "verdict", lambda: stack_switch.retention(
-                       name=f"Keep the {cs.stack_retention} newest stacks, after the verdict",
-                       venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE,
-                       service=cs.service_name, wanted=settings_stack_id(host.name, cs),
-                       keep=cs.stack_retention, restart_on_change=cs.restart_on_change)))
     return checks
 
 
