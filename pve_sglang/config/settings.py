@@ -504,6 +504,7 @@ class ContainerSettings(_Strict):
     max_running_requests: Int | None = Field(ge=1)
     disable_cuda_graph: bool
     enable_flashinfer_allreduce_fusion: bool
+    enable_metrics: bool
     extra_server_args: list[Annotated[str, AfterValidator(server_argument)]]
     sglang_cache_dir: ContainerPath
     hf_token: SecretStr | None
