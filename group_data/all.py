@@ -214,6 +214,8 @@ bench_history_dir = "bench-history"
 bench_regression_pct = 10
 # Milliseconds between two nvidia-smi samples of each GPU while a level runs.
 bench_gpu_sample_ms = 500
+# Milliseconds between two reads of the server's /metrics while a level runs (enable_metrics).
+bench_metrics_sample_ms = 1000
 # Warn (with tuning hints) when GPUs draw on average under this share of their power limit, in
 # percent, at the highest concurrency.
 bench_low_power_pct = 60
