@@ -21,8 +21,9 @@ largest (token usage, hit rate: shares).
 SGLang serves ``/metrics`` without the API key (``sglang/srt/utils/auth.py``), so no key is read
 here. What the URL answers is untrusted input: at most ``MAX_BYTES`` are read, the text must be
 UTF-8 in Prometheus' text format (parsed by ``prometheus_client``'s parser, which the sglang venv
-holds: sglang requires it), a malformed line is named by its number, a non-finite value is
-dropped, and nothing of it is run; the summary holds numbers and short messages only.
+holds: sglang requires it) for the lines about ``FIGURES`` only (``relevant``: the rest is not
+read), a malformed one is named by its number, a non-finite value is dropped, and nothing of it
+is run; the summary holds numbers and short messages only.
 
 Standard library and ``prometheus_client`` only: the deploy uploads this file as it is and runs
 it with the sglang venv's Python; the deploy's side imports ``parse_summary`` from it.
@@ -83,25 +84,49 @@ def _bad_line(text: str) -> str:
     return "the text as a whole"
 
 
+def relevant(text: str) -> str:
+    """The lines of TEXT about ``FIGURES`` (their samples, ``# HELP`` and ``# TYPE``), blank
+    lines for the others, so that line numbers stay. prometheus_client's parser is pure Python
+    (about 0.25 ms a line): a TP-8 server's histograms (thousands of lines) would cost more
+    than the scrape interval; the figures are a few lines."""
+    kept = []
+    for line in text.split("\n"):
+        if line.startswith("#"):
+            words = line.split(None, 3)
+            keep = len(words) >= 3 and words[2] in FIGURES
+        else:
+            keep = line.startswith(_PREFIXES) and line.split("{", 1)[0].split(None, 1)[0] in FIGURES
+        kept.append(line if keep else "")
+    return "\n".join(kept)
+
+
+_PREFIXES = tuple(FIGURES)
+
+
 def figures(text: str) -> dict[str, float]:
     """The ``FIGURES`` of one /metrics answer (Prometheus text format), each series joined as
-    ``FIGURES`` says; a name the answer lacks is left out. Raises MetricsError naming a
-    malformed line, or a known name of another type than a gauge."""
+    ``FIGURES`` says; a name the answer lacks is left out; lines about other metrics are not
+    read (``relevant``). Raises MetricsError naming a malformed line, or a known name of
+    another type than a gauge."""
     if text_string_to_metric_families is None:
         raise MetricsError("prometheus_client is not importable by this Python")
+    text = relevant(text)
     try:
         families = list(text_string_to_metric_families(text))
     except ValueError:
         raise MetricsError(f"malformed /metrics answer: {_short(_bad_line(text))}") from None
-    out: dict[str, float] = {}
+    found: dict[str, list[float]] = {}
     for family in families:
         if family.name not in FIGURES:
             continue
         if family.type != TYPE:
             raise MetricsError(f"{family.name} is a {_short(family.type)}, not a {TYPE}")
-        key, join = FIGURES[family.name]
-        values = [float(s.value) for s in family.samples
-                  if s.name == family.name and math.isfinite(float(s.value))]
+        found.setdefault(family.name, []).extend(
+            float(s.value) for s in family.samples
+            if s.name == family.name and math.isfinite(float(s.value)))
+    out: dict[str, float] = {}
+    for name, values in found.items():
+        key, join = FIGURES[name]
         if values:
             out[key] = sum(values) if join == "sum" else max(values)
     return out
