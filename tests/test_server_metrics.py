@@ -269,6 +269,9 @@ url, key, concurrency, duration = sys.argv[1], sys.argv[2], int(sys.argv[3]), fl
 print("Warmup completed with 1 sequences. {MAIN_RUN_MARKER}...", flush=True)
 end = time.monotonic() + duration
 
+done = []
+began = time.monotonic()
+
 def client():
     body = json.dumps({{"input_ids": list(range(64)), "sampling_params": {{"max_new_tokens": 64}},
                        "stream": True}}).encode()
@@ -277,6 +280,7 @@ def client():
             "Authorization": "Bearer " + key, "Content-Type": "application/json"}})
         with urllib.request.urlopen(request, timeout=60) as answer:
             answer.read()
+        done.append(1)
 
 threads = [threading.Thread(target=client) for _ in range(concurrency)]
 for thread in threads:
@@ -284,6 +288,7 @@ for thread in threads:
 for thread in threads:
     thread.join()
 print("{RESULT_HEADER.center(50, '=')}", flush=True)
+print(f"OUTPUT_TOK_S {{64 * len(done) / (time.monotonic() - began):.2f}}", flush=True)
 """
 
 
