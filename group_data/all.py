@@ -145,6 +145,9 @@ disable_cuda_graph = True
 # FlashInfer allreduce fusion (never on compute capability 12.x):
 # --enable-flashinfer-allreduce-fusion, from 0.5.14 --flashinfer-allreduce-fusion-backend auto.
 enable_flashinfer_allreduce_fusion = False
+# Prometheus metrics at the server's /metrics (--enable-metrics), read during each benchmark
+# level; served without the API key: set false to hide them where server_host is reachable.
+enable_metrics = True
 # More server flags, appended as given, e.g. ["--disable-shared-experts-fusion"].
 extra_server_args = []
 # Persistent cache of sglang and the FlashInfer autotune (SGLANG_CACHE_DIR).
@@ -211,6 +214,8 @@ bench_history_dir = "bench-history"
 bench_regression_pct = 10
 # Milliseconds between two nvidia-smi samples of each GPU while a level runs.
 bench_gpu_sample_ms = 500
+# Milliseconds between two reads of the server's /metrics while a level runs (enable_metrics).
+bench_metrics_sample_ms = 1000
 # Warn (with tuning hints) when GPUs draw on average under this share of their power limit, in
 # percent, at the highest concurrency.
 bench_low_power_pct = 60

@@ -129,11 +129,16 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
 
 def benchmark_check(cs: ContainerSettings, address: str) -> None:
     """The serving benchmark at each level of the preset against the server at ADDRESS, under
-    the GPU sampler and the record wrapper (its record, the key inside, in a private file)."""
+    the GPU sampler, the server metrics sampler (``enable_metrics``) and the record wrapper (its
+    record, the key inside, in a private file)."""
     upload_script(remote.GPU_SAMPLER, "Upload the GPU sampler")
     upload_script(remote.BENCH_RECORD, "Upload the benchmark record wrapper")
+    scraper = None
+    if cs.enable_metrics:
+        upload_script(remote.SERVER_METRICS, "Upload the server metrics sampler")
+        scraper = remote.path(remote.SERVER_METRICS)
     runs = bench_runs(cs, venv_python(cs), address, cs.sglang_version,
-                      remote.path(remote.GPU_SAMPLER), remote.path(remote.BENCH_RECORD))
+                      remote.path(remote.GPU_SAMPLER), remote.path(remote.BENCH_RECORD), scraper)
     verify.benchmark(name=f"Benchmark at concurrency {bench_levels(cs)}",
                      runs=runs, env_file=env_file_path(cs), history_dir=cs.bench_history_dir,
                      meta=run_meta(cs), regression_pct=cs.bench_regression_pct,

@@ -25,6 +25,15 @@ sglang release installed beside the Python that runs it (a stand-in release: the
 unit's ``venv_path`` link names decides how the server behaves); ``--pause-scale`` shortens
 the pauses (0.1: a start of about 3 s).
 
+With ``--enable-metrics`` it serves ``/metrics`` as SGLang does: without the API key
+(``sglang/srt/utils/auth.py`` lets ``/metrics`` through), in Prometheus' text format, with
+SGLang's real metric names, types, help texts and scheduler labels (``METRICS``, taken from
+0.5.23's ``sglang/srt/observability/metrics_collector.py``; the same names and types as 0.5.9's
+``sglang/srt/metrics/collector.py``; tests/test_server_metrics.py checks them against both
+wheels). The figures are the stand-in's own load: ``/generate`` requests are admitted up to
+``--max-running`` at once (0: no cap) and while their tokens (prompt and ``max_new_tokens``)
+fit in ``--kv-tokens``; the others wait in the queue, as a capped or full server's do.
+
 EVENT-FILE gets the wall time (seconds since the epoch) of the case's event: the exit, the last
 line before the silence, or the degenerate answer. Not a mock of the deploy: a server process
 the deploy's own unit runs, whose output reaches the journal as SGLang's does.
@@ -45,6 +54,90 @@ from pathlib import Path
 READY = "The server is fired up and ready to roll!"
 STATE = {"ready": False}
 SCALE = {"pause": 1.0}
+
+#: SGLang's scheduler metrics the stand-in serves: name -> (type, help), as 0.5.23 declares
+#: them (``SchedulerMetricsCollector``: ``Gauge(name=..., documentation=...)``, ``Counter``).
+METRICS = {
+    "sglang:num_running_reqs": ("gauge", "The number of running requests."),
+    "sglang:num_queue_reqs": ("gauge", "The number of requests in the waiting queue."),
+    "sglang:gen_throughput": ("gauge", "The generation throughput (token/s)."),
+    "sglang:cache_hit_rate": ("gauge", "The prefix cache hit rate."),
+    "sglang:token_usage": ("gauge", "The token usage."),
+    "sglang:num_used_tokens": ("gauge", "The number of used tokens."),
+    "sglang:max_total_num_tokens": ("gauge", "Maximum total number of tokens in the KV cache pool."),
+    "sglang:prompt_tokens_total": ("counter", "Number of prefill tokens processed."),
+    "sglang:generation_tokens_total": ("counter", "Number of generation tokens processed."),
+    "sglang:num_requests_total": ("counter", "Number of requests processed."),
+}
+#: The scheduler's labels (0.5.23 ``metrics_collector.py``: model_name, engine_type, tp_rank,
+#: pp_rank, moe_ep_rank); counters add ``is_streaming``.
+LABELS = {"model_name": "standin-model", "engine_type": "unified", "tp_rank": "0",
+          "pp_rank": "0", "moe_ep_rank": "0"}
+
+
+class Load:
+    """The requests the stand-in runs and queues, and the KV cache tokens they hold."""
+
+    def __init__(self, max_running: int = 0, kv_tokens: int = 1_000_000):
+        self.max_running, self.kv_tokens = max_running, kv_tokens
+        self.running = self.queued = self.used = 0
+        self.prompt_total = self.generated_total = self.requests_total = 0
+        self.started = time.monotonic()
+        self._cond = threading.Condition()
+
+    def _fits(self, tokens: int) -> bool:
+        if self.running == 0:  # one request too large for the pool still runs alone
+            return True
+        capped = self.max_running and self.running >= self.max_running
+        return not capped and self.used + tokens <= self.kv_tokens
+
+    def admit(self, tokens: int) -> None:
+        """Wait in the queue until a request holding TOKENS fits."""
+        with self._cond:
+            self.queued += 1
+            self._cond.wait_for(lambda: self._fits(tokens))
+            self.queued -= 1
+            self.running += 1
+            self.used += tokens
+
+    def done(self, tokens: int, prompt: int, generated: int) -> None:
+        with self._cond:
+            self.running -= 1
+            self.used -= tokens
+            self.prompt_total += prompt
+            self.generated_total += generated
+            self.requests_total += 1
+            self._cond.notify_all()
+
+    def exposition(self) -> str:
+        """The metrics in Prometheus' text format (version 0.0.4), as prometheus_client
+        renders SGLang's: HELP, TYPE, one sample per label set, counters with ``_total``."""
+        with self._cond:
+            elapsed = max(time.monotonic() - self.started, 1e-6)
+            values = {
+                "sglang:num_running_reqs": self.running,
+                "sglang:num_queue_reqs": self.queued,
+                "sglang:gen_throughput": self.generated_total / elapsed,
+                "sglang:cache_hit_rate": 0.0,
+                "sglang:token_usage": self.used / self.kv_tokens,
+                "sglang:num_used_tokens": self.used,
+                "sglang:max_total_num_tokens": self.kv_tokens,
+                "sglang:prompt_tokens_total": self.prompt_total,
+                "sglang:generation_tokens_total": self.generated_total,
+                "sglang:num_requests_total": self.requests_total,
+            }
+        out = []
+        for name, (kind, doc) in METRICS.items():
+            family = name[:-len("_total")] if kind == "counter" else name
+            labels = {**LABELS, **({"is_streaming": "true"} if kind == "counter" else {})}
+            text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+            out += [f"# HELP {family} {doc}", f"# TYPE {family} {kind}",
+                    f"{name}{{{text}}} {float(values[name])}"]
+        return "\n".join(out) + "\n"
+
+
+LOAD = Load()
+METRICS_ON = {"on": False}
 
 
 def lines(logs: Path, name: str) -> list[str]:
@@ -92,6 +185,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return True
 
     def do_GET(self) -> None:
+        if self.path == "/metrics":  # no key asked, as SGLang's; no route without the flag
+            if not METRICS_ON["on"]:
+                self._send(404, b'{"detail": "Not Found"}')
+                return
+            self._send(200, LOAD.exposition().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            return
         if not self._authorised():
             return
         if self.path == "/health":
@@ -151,6 +250,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         prompt = request.get("text", request.get("input_ids")) or ""
         # Whitespace words: the test's tokenizer is a word-level one.
         prompt_tokens = len(prompt.split()) if isinstance(prompt, str) else len(prompt)
+        held = prompt_tokens + count
+        LOAD.admit(held)
+        try:
+            self._stream(count, prompt_tokens)
+        finally:
+            LOAD.done(held, prompt_tokens, count)
+
+    def _stream(self, count: int, prompt_tokens: int) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
@@ -163,7 +270,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                                                  "prompt_tokens": prompt_tokens, "cached_tokens": 0}}
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
             self.wfile.flush()
-            time.sleep(0.005)
+            time.sleep(SCALE.get("token", 0.005))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True
@@ -187,8 +294,15 @@ def main() -> int:
     parser.add_argument("--event-file", required=True)
     parser.add_argument("--case-by-release", type=Path)
     parser.add_argument("--pause-scale", type=float, default=1.0)
+    parser.add_argument("--enable-metrics", action="store_true")
+    parser.add_argument("--max-running", type=int, default=0)
+    parser.add_argument("--kv-tokens", type=int, default=1_000_000)
+    parser.add_argument("--token-delay", type=float, default=0.005)
     args = parser.parse_args()
     SCALE["pause"] = args.pause_scale
+    SCALE["token"] = args.token_delay
+    METRICS_ON["on"] = args.enable_metrics
+    LOAD.max_running, LOAD.kv_tokens = args.max_running, args.kv_tokens
     if args.case_by_release:
         import importlib.metadata
 

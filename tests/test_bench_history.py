@@ -147,9 +147,9 @@ DEPLOY = '''
 import os, sys
 from pyinfra import host
 from pve_sglang.server.bench_history import run_meta
-from pve_sglang.server.bench import recorded_argv, sampled_argv
+from pve_sglang.server.bench import metrics_argv, recorded_argv, sampled_argv
 from pve_sglang.operations import verify
-from pve_sglang.remote import BENCH_RECORD, GPU_SAMPLER, source
+from pve_sglang.remote import BENCH_RECORD, GPU_SAMPLER, SERVER_METRICS, source
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
 
@@ -164,8 +164,10 @@ code = (
     "open(record, 'a').write(open(sys.argv[1][:-4] + '.json').read())\\n"
     "open(os.environ['PHASE'], 'w').write('idle')\\n"
 )
-runs = {int(level): sampled_argv(sys.executable, str(source(GPU_SAMPLER)), 50, recorded_argv(
-            sys.executable, str(source(BENCH_RECORD)), [sys.executable, "-c", code, path]))
+runs = {int(level): sampled_argv(sys.executable, str(source(GPU_SAMPLER)), 50, metrics_argv(
+            sys.executable, str(source(SERVER_METRICS)), os.environ["METRICS_URL"], 100,
+            recorded_argv(sys.executable, str(source(BENCH_RECORD)),
+                          [sys.executable, "-c", code, path])))
         for level, path in (item.split("=") for item in os.environ["BLOCKS"].split(","))}
 verify.benchmark(name="Benchmark", runs=runs, env_file=os.environ["ENV_FILE"],
                  history_dir="bench-history", meta={**run_meta(cs), "model_path": "kimi"},
@@ -175,7 +177,16 @@ verify.benchmark(name="Benchmark", runs=runs, env_file=os.environ["ENV_FILE"],
 
 def test_benchmark_operation_through_the_pyinfra_cli(tmp_path):
     """Two deploys on @local: each saves its table and redraws the plot; the second, from the
-    slower recorded run, warns on the drop; GPUs at 90% of their limit are under 95%."""
+    slower recorded run, warns on the drop; GPUs at 90% of their limit are under 95%. Each level
+    also reads the stand-in server's /metrics (SGLang's names and types; idle: no request runs)
+    through the metrics sampler, and the history keeps its figures."""
+    from test_server_metrics import standin
+
+    with standin(tmp_path, "--enable-metrics", key="sk-secret") as url:
+        _benchmark_operation(tmp_path, url + "/metrics")
+
+
+def _benchmark_operation(tmp_path, metrics_url):
     from test_bench_gpu_sampler import FAKE_NVIDIA_SMI
 
     bin_dir = tmp_path / "bin"
@@ -194,7 +205,7 @@ def test_benchmark_operation_through_the_pyinfra_cli(tmp_path):
     outputs = []
     for blocks_env in ("1=b0.txt,16=b1.txt,100=b2.txt", "1=b3.txt,16=b4.txt"):
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PHASE": str(tmp_path / "phase"),
-               "ENV_FILE": str(env_file), "BLOCKS": blocks_env,
+               "ENV_FILE": str(env_file), "BLOCKS": blocks_env, "METRICS_URL": metrics_url,
                "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
         done = subprocess.run([str(pyinfra), "@local", "deploy_bench.py", "-y"], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=300)
@@ -209,6 +220,9 @@ def test_benchmark_operation_through_the_pyinfra_cli(tmp_path):
     run = json.loads(saved[-1].read_text())
     assert [r["concurrency"] for r in run["rows"]] == [1, 16]
     assert run["rows"][0]["gpu_count"] == 2 and run["rows"][0]["gpu_power_pct"] > 60
+    assert run["rows"][0]["metrics_scrapes"] >= 2
+    assert run["rows"][0]["running_reqs_max"] == 0 and run["rows"][0]["queue_reqs_max"] == 0
+    assert "KV use" in first and "cache hit" in first and "tuning hint" not in first
     assert "output tok/s fell more than 10% against the run of" in second
     old, new = rows(H200)[1]["output_token_throughput"], rows(MI350X)[1]["output_token_throughput"]
     assert f"concurrency 16: {old:.2f} -> {new:.2f} tok/s (" in second

@@ -109,6 +109,8 @@ def cases(release: str) -> dict[str, list[str]]:
         "default": server_argv(settings(release), 8, H100, None, 1, None, PY),
         "old cuda graph": [*launch, "--disable-cuda-graph"],
         "dsa": [*launch, "--attention-backend", "dsa"],
+        "metrics off": server_argv(settings(release, enable_metrics=False), 8, H100, None, 1,
+                                   None, PY),
     }
 
 
@@ -233,6 +235,7 @@ def test_rendered_command_parses_without_deprecation(release, parsed):
     assert values["api_key"] == "sk-test"
     assert values["moe_runner_backend"] == "flashinfer_cutlass"
     assert values["mem_fraction_static"] == 0.92
+    assert values["enable_metrics"] is True  # enable_metrics: on by default
     if Version(release) >= NEW_SPELLINGS:
         assert values["cuda_graph_backend_decode"] == "disabled"
         assert values["cuda_graph_backend_prefill"] == "disabled"
@@ -252,6 +255,14 @@ def test_default_command_parses_without_deprecation(release, parsed):
     parsed = parsed[release]["default"]
     assert parsed["status"] == 0, parsed["stderr"]
     assert deprecations(parsed) == []
+    assert parsed["values"]["enable_metrics"] is True
+
+
+@pytest.mark.parametrize("release", PARSED_RELEASES)
+def test_metrics_off_by_the_setting(release, parsed):
+    parsed = parsed[release]["metrics off"]
+    assert parsed["status"] == 0, parsed["stderr"]
+    assert parsed["values"]["enable_metrics"] is False
 
 
 @pytest.mark.parametrize("release", [r for r in PARSED_RELEASES if Version(r) >= NEW_SPELLINGS])

@@ -89,6 +89,7 @@ def test_default_argv_is_the_tuned_set():
         "--moe-runner-backend", "flashinfer_cutlass",
         "--attention-backend", "flashinfer",
         "--mem-fraction-static", "0.92",
+        "--enable-metrics",
         "--disable-cuda-graph",
     ]
     assert argv.warnings == []
@@ -104,6 +105,11 @@ def test_default_argv_of_0_5_23_in_its_spelling():
 
 def test_running_request_cap_when_set():
     assert pairs(argv_for(settings(max_running_requests=64)))["--max-running-requests"] == "64"
+
+
+def test_metrics_on_by_default_and_off_by_the_setting():
+    assert "--enable-metrics" in argv_for()
+    assert "--enable-metrics" not in argv_for(settings(enable_metrics=False))
 
 
 def test_cuda_graph_kept_when_not_disabled():

@@ -504,6 +504,7 @@ class ContainerSettings(_Strict):
     max_running_requests: Int | None = Field(ge=1)
     disable_cuda_graph: bool
     enable_flashinfer_allreduce_fusion: bool
+    enable_metrics: bool
     extra_server_args: list[Annotated[str, AfterValidator(server_argument)]]
     sglang_cache_dir: ContainerPath
     hf_token: SecretStr | None
@@ -533,6 +534,7 @@ class ContainerSettings(_Strict):
     bench_history_dir: LocalPath
     bench_regression_pct: float = Field(gt=0, lt=100)
     bench_gpu_sample_ms: Int = Field(ge=50, le=60000)
+    bench_metrics_sample_ms: Int = Field(ge=100, le=60000)
     bench_low_power_pct: float = Field(ge=0, le=100)
 
     @field_validator("gpus", "nodes", "bench_concurrencies", "bench_quick_concurrencies")

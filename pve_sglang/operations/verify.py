@@ -15,7 +15,15 @@ from pyinfra.context import state
 from pyinfra.facts.server import Command
 
 from pve_sglang.server import bench_history
-from pve_sglang.server.bench import bench_exit_status, bench_shell, gpu_columns, record_row, summary_table
+from pve_sglang.server.bench import (
+    bench_exit_status,
+    bench_shell,
+    gpu_columns,
+    metric_columns,
+    metrics_problem,
+    record_row,
+    summary_table,
+)
 from pve_sglang.facts.nvidia import GpuCheck, NvidiaP2pMatrix, NvidiaTopoMatrix
 from pve_sglang.facts.system import IommuAcs, VirtualMachineType
 from pve_sglang.facts.container import UnitState
@@ -26,6 +34,7 @@ from pve_sglang.stack.lock import Lock
 from pve_sglang.operations.venv import lock_differences, venv_state
 from pve_sglang.remote.bench_record import parse_record
 from pve_sglang.remote.gpu_sampler import parse_summary
+from pve_sglang.remote.server_metrics import parse_summary as parse_metrics
 from pve_sglang.remote.sglang_launch import mask_text
 from pve_sglang.server.startup_log import READY_LINE, Progress, bad_logprobs, degenerate, diagnose, duration
 
@@ -538,13 +547,18 @@ def benchmark(runs: dict[int, list[str]], env_file: str, history_dir: str | None
                 status = bench_exit_status(output)
                 if status != 0:
                     raise ValueError(f"the benchmark exited with status {status}")
+                metrics = parse_metrics(output)
                 rows.append({"concurrency": concurrency, **record_row(parse_record(output)),
-                             **gpu_columns(parse_summary(output))})
+                             **gpu_columns(parse_summary(output)), **metric_columns(metrics)})
             except ValueError as error:
                 # The benchmark holds the key (OPENAI_API_KEY): none of its output is trusted.
                 secrets = host_settings(ContainerSettings).secrets
                 raise OperationError(f"benchmark at concurrency {concurrency}: {error}:\n"
                                      + mask_text(output, secrets)[-2000:]) from None
+            problem = metrics_problem(metrics)
+            if problem:
+                logger.warning(f"{host.name}: benchmark at concurrency {concurrency}: the "
+                               f"server's /metrics gave no figures: {problem}")
         logger.info(f"{host.name}: benchmark summary\n" + summary_table(rows))
         if history_dir:
             info, warnings = bench_history.after_run(

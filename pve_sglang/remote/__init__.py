@@ -2,7 +2,8 @@
 
 Each script here imports nothing from ``pve_sglang`` (but its companions: the modules uploaded
 beside it, ``COMPANIONS``) and, but for ``gpu_checks.py`` (which imports the venv's torch when
-it runs) and ``model_fetch.py`` (huggingface_hub), only the standard library: the deploy uploads
+it runs), ``server_metrics.py`` (the venv's prometheus_client) and ``model_fetch.py``
+(huggingface_hub), only the standard library: the deploy uploads
 the file as it is (``tasks.common.upload_script``) to ``path(NAME)`` and runs it with the
 container's Python. ``model_fetch.py`` lives with the rest of the model store
 (``pve_sglang/model_store/``, ``ELSEWHERE``); ``source`` finds it there. This ``__init__`` is the local side only, and stays stdlib too, so that
@@ -25,6 +26,9 @@ container's Python. ``model_fetch.py`` lives with the rest of the model store
 ``gpu_sampler.py``            runs the benchmark while nvidia-smi samples each GPU's power,
                               utilisation and memory; prints their averages, the mean power
                               from NVML's energy counter where pynvml can read it
+``server_metrics.py``         runs the benchmark while the server's /metrics (no key) is read:
+                              running and queued requests, token usage, cache hit rate
+                              (``prometheus_client``'s parser, from the sglang venv)
 ``bench_record.py``           runs the benchmark with its record (the server's API key inside)
                               in a private file, removed after; prints the record's numbers
 ``model_fetch.py``            in ``model_store/``: the model, its revision pinned to a commit,
@@ -52,6 +56,7 @@ GPU_CHECKS = "gpu_checks.py"
 STARTUP_WATCH = "startup_watch.py"
 GPU_SAMPLER = "gpu_sampler.py"
 BENCH_RECORD = "bench_record.py"
+SERVER_METRICS = "server_metrics.py"
 MODEL_FETCH = "model_fetch.py"
 REMOTE_ENV = "remote_env.py"
 

@@ -161,15 +161,30 @@ def sampled_argv(python: str, sampler: str, interval_ms: int, argv: list[str]) -
             "--start-marker", MAIN_RUN_MARKER, "--stop-marker", RESULT_HEADER.strip(), "--", *argv]
 
 
+def metrics_argv(python: str, scraper: str, url: str, interval_ms: int,
+                 argv: list[str]) -> list[str]:
+    """ARGV run under the uploaded server metrics sampler (``remote/server_metrics.py`` at
+    SCRAPER), which reads the server's /metrics at URL (no key: SGLang serves it without) over
+    the measured run and prints the running and queued requests, token usage and cache hit
+    rate after it."""
+    return [python, scraper, "--url", url, "--interval-ms", str(interval_ms),
+            "--start-marker", MAIN_RUN_MARKER, "--stop-marker", RESULT_HEADER.strip(), "--", *argv]
+
+
 def bench_runs(settings: ContainerSettings, python: str, host: str, release: str,
-               sampler: str, recorder: str) -> dict[int, list[str]]:
+               sampler: str, recorder: str, scraper: str | None = None) -> dict[int, list[str]]:
     """The argv of each level of the preset: the benchmark under the record wrapper at RECORDER,
+    under the server metrics sampler at SCRAPER (when given and ``enable_metrics`` is on),
     under the GPU sampler at SAMPLER."""
-    return {
-        c: sampled_argv(python, sampler, settings.bench_gpu_sample_ms, recorded_argv(
-            python, recorder, bench_argv(settings, python, c, host, settings.server_port, release)))
-        for c in bench_levels(settings)
-    }
+    runs = {}
+    for c in bench_levels(settings):
+        argv = recorded_argv(python, recorder,
+                             bench_argv(settings, python, c, host, settings.server_port, release))
+        if scraper and settings.enable_metrics:
+            url = base_url(host, settings.server_port) + "/metrics"
+            argv = metrics_argv(python, scraper, url, settings.bench_metrics_sample_ms, argv)
+        runs[c] = sampled_argv(python, sampler, settings.bench_gpu_sample_ms, argv)
+    return runs
 
 
 #: The last line of ``bench_shell``'s output: the benchmark's exit status.
@@ -237,6 +252,14 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
         ("median TTFT ms", "median_ttft_ms", "{:.2f}"),
         ("median ITL ms", "median_itl_ms", "{:.2f}"),
     ]
+    if any("running_reqs_mean" in row for row in rows):
+        columns += [
+            ("running", "running_reqs_mean", "{:.0f}"),
+            ("max running", "running_reqs_max", "{:.0f}"),
+            ("queued", "queue_reqs_mean", "{:.0f}"),
+            ("KV use", "token_usage_mean", "{:.2f}"),
+            ("cache hit", "cache_hit_rate_mean", "{:.2f}"),
+        ]
     if any("gpu_power_pct" in row for row in rows):
         columns += [
             ("GPU W", "gpu_power_w", "{:.0f}"),
@@ -283,3 +306,46 @@ def gpu_columns(sampled: dict[str, Any] | None) -> dict[str, Any]:
         "gpu_util_pct": mean("util_pct"),
         "gpu_memory_gib": round(max(memory) / 1024, 2) if memory else None,
     }
+
+
+#: The server metrics sampler's figures (``server_metrics.summarise``) -> their statistics kept
+#: in a row, as ``<figure>_<statistic>``.
+METRIC_COLUMNS = {
+    "running_reqs": ("mean", "max"),
+    "queue_reqs": ("mean", "max"),
+    "token_usage": ("mean", "max"),
+    "cache_hit_rate": ("mean",),
+    "gen_throughput": ("mean",),
+}
+
+
+def metric_columns(sampled: dict[str, Any] | None) -> dict[str, Any]:
+    """The server metrics sampler's summary (``server_metrics.parse_summary``) as row values:
+    the mean (and max) running and queued requests, KV cache token usage (0 to 1), prefix cache
+    hit rate and generation throughput over the measured run, with the number of scrapes.
+    Empty without a scrape. Only finite numbers are taken: the summary came from the container."""
+    if not isinstance(sampled, dict):
+        return {}
+    found = sampled.get("figures")
+    if not isinstance(found, dict) or not sampled.get("scrapes"):
+        return {}
+    row: dict[str, Any] = {"metrics_scrapes": sampled["scrapes"]}
+    for figure, stats in METRIC_COLUMNS.items():
+        values = found.get(figure)
+        if not isinstance(values, dict):
+            continue
+        for stat in stats:
+            value = values.get(stat)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                row[f"{figure}_{stat}"] = round(float(value), 4)
+    return row
+
+
+def metrics_problem(sampled: dict[str, Any] | None) -> str | None:
+    """Why the summary holds no figures (its ``error``), as printable ASCII of bounded length;
+    None when it has them or there is no summary."""
+    error = sampled.get("error") if isinstance(sampled, dict) else None
+    if not error:
+        return None
+    text = str(error)[:300]
+    return "".join(c if c.isprintable() and c.isascii() else "?" for c in text)

@@ -10,7 +10,13 @@ letters, digits, ``.``, ``_`` and ``-`` replaced by ``_``; ``@lxc/c1`` -> ``_lxc
      "meta": {"model_path": ..., "served_model_name": ..., "sglang_version": ...,
               "input_len": ..., "output_len": ..., "preset": ..., "tp_size": ...},
      "rows": [{"concurrency": 1, "output_token_throughput": ..., "median_ttft_ms": ...,
-               "median_itl_ms": ..., "gpu_power_pct": ..., ...}, ...]}
+               "median_itl_ms": ..., "gpu_power_pct": ..., "running_reqs_mean": ...,
+               "queue_reqs_mean": ..., "token_usage_max": ..., "cache_hit_rate_mean": ...,
+               ...}, ...]}
+
+The server's figures (``bench.metric_columns``: running and queued requests, KV cache token
+usage, cache hit rate, from its ``/metrics``) are kept per level as they came, and drawn in the
+plot's third panel; ``bench_hints`` turns them into tuning hints.
 
 Runs compare only when model, input and output lengths match (``comparable``): a run with other
 lengths is plotted but never called a regression.
@@ -26,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pve_sglang.config.settings import ContainerSettings
+from pve_sglang.server import bench_hints
 
 PLOT_NAME = "output_tok_s.png"
 #: Runs the plot overlays: the newest and the ones before it.
@@ -53,6 +60,8 @@ def run_meta(cs: ContainerSettings) -> dict[str, Any]:
         "max_running_requests": cs.max_running_requests,
         "disable_cuda_graph": cs.disable_cuda_graph,
         "moe_runner_backend": cs.moe_runner_backend,
+        "mem_fraction_static": cs.mem_fraction_static,
+        "enable_metrics": cs.enable_metrics,
     }
 
 
@@ -183,7 +192,9 @@ def plot(runs: list[dict[str, Any]], path: str | Path, regression_pct: float | N
 
     shown = runs[-PLOT_RUNS:]
     sampled = any(row.get("gpu_power_pct") is not None for run in shown for row in run["rows"])
-    fig, axes = plt.subplots(1, 2 if sampled else 1, figsize=(13 if sampled else 8, 4.8),
+    served = any(row.get("running_reqs_mean") is not None for run in shown for row in run["rows"])
+    panels = 1 + sampled + served
+    fig, axes = plt.subplots(1, panels, figsize=(5 + 6 * (panels - 1) if panels > 1 else 8, 4.8),
                              squeeze=False)
     ax = axes[0][0]
     levels = sorted({row["concurrency"] for run in shown for row in run["rows"]})
@@ -238,6 +249,8 @@ def plot(runs: list[dict[str, Any]], path: str | Path, regression_pct: float | N
         ax2.set_title("GPU power during the measured run")
         ax2.grid(True, alpha=0.3)
         ax2.legend(fontsize=8)
+    if served:
+        _server_panel(axes[0][panels - 1], shown, levels)
     fig.tight_layout()
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -246,6 +259,42 @@ def plot(runs: list[dict[str, Any]], path: str | Path, regression_pct: float | N
     plt.close(fig)
     os.replace(partial, target)
     return target
+
+
+def _server_panel(ax, shown: list[dict[str, Any]], levels: list[int]) -> None:
+    """The server's own figures per level: mean running requests (solid) and queued (dashed)
+    of each run, the newest bold, and the newest run's peak KV cache use on a second axis."""
+    for i, run in enumerate(shown):
+        newest = i == len(shown) - 1
+        for key, style in (("running_reqs_mean", "-"), ("queue_reqs_mean", "--")):
+            points = sorted((row["concurrency"], row[key]) for row in run["rows"]
+                            if isinstance(row.get(key), (int, float)))
+            if not points:
+                continue
+            xs, ys = zip(*points)
+            what = "running" if key.startswith("running") else "queued"
+            ax.plot(xs, ys, style, marker="o", lw=2.4 if newest else 1.2,
+                    alpha=1 if newest else 0.55,
+                    color=("#2f855a" if what == "running" else "#b7791f") if newest else None,
+                    label=f"{what}: {_label(run)}" if newest or what == "running" else None)
+    ax.plot(levels, levels, ":", color="grey", lw=1, label="concurrency asked")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("symlog", base=2)
+    ax.set_xticks(levels, [str(level) for level in levels])
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("requests in the server (mean)")
+    ax.set_title("server /metrics: running and queued requests")
+    ax.grid(True, alpha=0.3)
+    usage = sorted((row["concurrency"], row["token_usage_max"]) for row in shown[-1]["rows"]
+                   if isinstance(row.get("token_usage_max"), (int, float)))
+    if usage:
+        twin = ax.twinx()
+        xs, ys = zip(*usage)
+        twin.plot(xs, ys, marker="^", color="#805ad5", lw=1.6, label="KV cache use (peak)")
+        twin.set_ylim(0, 1.05)
+        twin.set_ylabel("KV cache token usage (peak)")
+        twin.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left")
 
 
 def after_run(directory: str | Path, host: str, rows: list[dict[str, Any]],
@@ -264,4 +313,5 @@ def after_run(directory: str | Path, host: str, rows: list[dict[str, Any]],
         warnings.append(regression_warning(runs, regression_pct))
     if low_power_pct is not None:
         warnings.append(low_power_warning(current, low_power_pct))
+    warnings += [f"tuning hint: {hint}" for hint in bench_hints.run_hints(current, low_power_pct)]
     return info, [w for w in warnings if w]

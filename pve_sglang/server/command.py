@@ -114,6 +114,9 @@ def server_argv(
     argv += ["--mem-fraction-static", repr(float(settings.mem_fraction_static))]
     if settings.max_running_requests is not None:
         argv += ["--max-running-requests", str(settings.max_running_requests)]
+    if settings.enable_metrics:
+        # The same spelling in every release from 0.5.9 to 0.5.23 (a plain store_true).
+        argv += ["--enable-metrics"]
     if settings.disable_cuda_graph:
         argv += spelling.flag("disable_cuda_graph", release)
     if settings.enable_flashinfer_allreduce_fusion:
