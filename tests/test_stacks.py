@@ -176,6 +176,28 @@ def test_retention(mtimes, keep, serving, rollback, wanted, gone):
     assert stacks.to_remove(mtimes, keep, serving, rollback, wanted) == gone
 
 
+@pytest.mark.parametrize("mtimes, keep, serving, rollback, wanted, failed, gone", [
+    # B serves again after C failed and was rolled back: the good A stays, the failed C goes.
+    ({A: 1, B: 2, C: 3}, 2, B, None, B, (C,), [C]),
+    # The failed set asked again (retry_failed_stack) is the wanted one: kept.
+    ({A: 1, B: 2, C: 3}, 2, C, B, C, (C,), [A]),
+    # Nothing failed: the newest count, as before.
+    ({A: 1, B: 2, C: 3}, 2, B, None, B, (), [A]),
+])
+def test_retention_never_keeps_a_failed_set_over_a_good_one(mtimes, keep, serving, rollback,
+                                                            wanted, failed, gone):
+    assert stacks.to_remove(mtimes, keep, serving, rollback, wanted, failed) == gone
+
+
+@pytest.mark.parametrize("trial, current, serving, waits", [
+    (None, B, B, False),  # nothing on trial, no switch: remove now
+    (None, B, C, True),   # this run switches to C: after its verdict
+    (C, C, C, True),      # C on trial (a run killed before its verdict): after it
+])
+def test_retention_waits_for_the_verdict(trial, current, serving, waits):
+    assert stacks.retention_waits(trial, current, serving) is waits
+
+
 @pytest.mark.parametrize("target, named", [
     (f"venv.stacks/{A}", A), (f"/opt/sglang/venv.stacks/{A}", A), (f"venv.stacks/{A}/", A),
     ("other/aaaaaaaaaaaaaaaa", None), ("venv.stacks/not-a-lock", None), (None, None),
@@ -333,9 +355,10 @@ def test_retention_plans_the_removal_of_the_oldest():
                            wanted=wanted, keep=2, restart_on_change=restart_on_change,
                            facts={Stacks: raw})
 
-    # The third upgrade (C over B over A), planned before its switch: A goes.
-    assert plan(read_of(B, {A: 1, B: 2, C: 3}, {"previous": A}), C) == [
-        f"rm -rf /opt/sglang/venv.stacks/{A}"]
+    # The third upgrade (C over B over A), planned before its switch: nothing before the
+    # verdict; A goes after it (C serves, its trial ended).
+    assert plan(read_of(B, {A: 1, B: 2, C: 3}, {"previous": A}), C) == []
+    assert plan(read_of(C, {A: 1, B: 2, C: 3}, {"previous": B, "trial": C}), C) == []
     assert plan(read_of(C, {A: 1, B: 2, C: 3}, {"previous": B}), C) == [
         f"rm -rf /opt/sglang/venv.stacks/{A}"]
     # Switch pending: the serving one, its rollback target and the new one stay.

@@ -127,6 +127,8 @@ def test_crash_at_load_rolls_back_and_the_old_release_serves(site):
     assert "HeaderTooLarge" in done.log  # the journal lines of the failed start
     assert site.link() == f"venv.stacks/{stack_of('0.5.10')}"
     assert site.serves() == "0.5.10"
+    # Retention waits for the verdict: the good 0.5.9 is kept, not traded for the failed set.
+    assert stack_of("0.5.9") in site.stacks()
     assert site.starts() == starts + 2  # the new release once, the old one again
     failed = site.record()["failed"]
     assert set(failed) == {stack_of("0.5.7")} and failed[stack_of("0.5.7")]["sglang"] == "0.5.7"

@@ -245,8 +245,11 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
               restart_on_change: bool):
     """
     Remove the stacks beyond the KEEP newest, never the serving one, the rollback target or
-    WANTED; only folders named by a lock id in the deploy's stacks folder, each a stack
-    (its release file). Planned, and shown by ``--dry``, as any change.
+    WANTED; a set recorded as failed never counts among the newest. Only folders named by a
+    lock id in the deploy's stacks folder, each a stack (its release file). Nothing is removed
+    while a stack is on trial or this run switches: the verify phase removes them after the
+    verdict (the same operation, once the trial ended). Planned, and shown by ``--dry``, as any
+    change.
 
     + venv_path: the ``venv_path`` setting
     + lock_file: the lock file of a venv made before stacks (to name it)
@@ -271,8 +274,12 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
     found = found_of(venv_path, raw)
     current = found.current if found.kind == "link" else found.plain_lock
     serving, rollback = switch_rules.after_switch(current, found.previous, wanted, restart_on_change)
+    if switch_rules.retention_waits(found.trial, current, serving):
+        host.noop(f"stacks beyond {keep} are removed after the verdict on stack {serving}")
+        return
     mtimes = {name: info.get("mtime", 0.0) for name, info in (raw.get("stacks") or {}).items()}
-    gone = switch_rules.to_remove(mtimes, keep, serving, rollback, wanted)
+    failed = tuple((raw.get("state") or {}).get("failed") or {})
+    gone = switch_rules.to_remove(mtimes, keep, serving, rollback, wanted, failed)
     if not gone:
         host.noop(f"{len(mtimes)} stacks, {keep} kept")
         return

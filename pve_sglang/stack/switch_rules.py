@@ -247,19 +247,28 @@ def after_switch(current: str | None, previous: str | None, wanted: str,
     return wanted, current
 
 
+def retention_waits(trial: str | None, current: str | None, serving: str | None) -> bool:
+    """Whether the removal of stacks waits for the verdict: a stack is on trial (TRIAL), or
+    this run switches (CURRENT, the link now, is not SERVING, the stack after the switch). A
+    failed upgrade must find its rollback target, and a good previous stack must not be gone
+    for a set that then fails."""
+    return trial is not None or current != serving
+
+
 def to_remove(stacks: dict[str, float], keep: int, serving: str | None,
-              rollback: str | None, wanted: str) -> list[str]:
+              rollback: str | None, wanted: str, failed: tuple[str, ...] = ()) -> list[str]:
     """
     The stacks to remove: all but the KEEP newest (STACKS: ``{id: mtime}``), where the serving
     one, the rollback target and the WANTED one (being built, or on trial) always count among
-    the kept, first. Only names of ours (``STACK_NAME``) are ever listed.
+    the kept, first. A set that FAILED as an upgrade never counts among the newest: a good
+    older stack is kept in its place. Only names of ours (``STACK_NAME``) are ever listed.
     """
     ours = {name: mtime for name, mtime in stacks.items() if STACK_NAME.match(name)}
     kept = [name for name in dict.fromkeys((serving, rollback, wanted)) if name in ours]
     for name in sorted(ours, key=lambda name: ours[name], reverse=True):
         if len(kept) >= keep:
             break
-        if name not in kept:
+        if name not in kept and name not in failed:
             kept.append(name)
     return sorted(name for name in ours if name not in kept)
 
