@@ -120,10 +120,12 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                            "together", venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE,
                            service=cs.service_name, unit=unit, rollback=cs.upgrade_rollback,
                            nodes=cs.nodes, watch=follow)))
-    checks.append(("a new stack that serves ends its trial (a failed one was rolled back)",
+    checks.append((f"a new stack that serves ends its trial after upgrade_probation_s "
+                   f"{cs.upgrade_probation_s} (a failed one was rolled back)",
                    lambda: stack_switch.trial_passed(
                        name="An upgraded stack serves: its trial ends", venv_path=cs.venv_path,
-                       lock_file=LEGACY_LOCK_FILE, service=cs.service_name)))
+                       lock_file=LEGACY_LOCK_FILE, service=cs.service_name,
+                       probation_s=cs.upgrade_probation_s)))
     # After the verdict: the container phase removes none while a stack is on trial.
     checks.append((f"the stacks beyond stack_retention {cs.stack_retention} removed after the "
                    "verdict" + (f", then the wheel store {cs.wheel_store} told which locks the "
