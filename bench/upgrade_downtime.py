@@ -1,6 +1,8 @@
 """How long the server does not answer during an upgrade (issue 22): a good upgrade (the new
 stack built beside, one switch, one restart), a failed one (rolled back), and the old way (stop,
-reinstall in place, start).
+reinstall in place, start); and a release that crashes after it was judged good (issue 34),
+without and with ``upgrade_probation_s`` (systemd switches back by itself: the unit's
+``OnFailure=``), with no deploy run for ``--window-s`` after its deploy.
 
     .venv/bin/python bench/upgrade_downtime.py [--pause-scale 1.0]
 
@@ -59,7 +61,8 @@ while True:
 
 def gaps(lines: list[str], start: float) -> list[float]:
     """Each span without a 200, from the last 200 before it (or START, the case's start, when
-    the first answers are not 200) to the first 200 after it."""
+    the first answers are not 200) to the first 200 after it; a span still open at the last
+    answer ends there (``down_at_end``)."""
     found, last_ok, down = [], start, False
     for line in lines:
         when, status = line.split()
@@ -69,7 +72,13 @@ def gaps(lines: list[str], start: float) -> list[float]:
             last_ok, down = float(when), False
         else:
             down = True
+    if down and lines:
+        found.append(float(lines[-1].split()[0]) - last_ok)
     return found
+
+
+def down_at_end(lines: list[str]) -> bool:
+    return bool(lines) and lines[-1].split()[1] != "200"
 
 
 def measured(site: Site, what: str, action) -> dict:
@@ -86,10 +95,11 @@ def measured(site: Site, what: str, action) -> dict:
         statuses[line.split()[1]] = statuses.get(line.split()[1], 0) + 1
     row = {"case": what, "downtime_s": round(max(spans, default=0.0), 2),
            "gaps_s": [round(g, 2) for g in spans], "deploy_s": round(wall, 1), "ok": ok,
-           "polls": statuses}
+           "polls": statuses, "down_at_end": down_at_end(lines)}
     if not lines:
         raise SystemExit(f"{what}: the poller wrote nothing: {site.sh('systemctl status pvs-poll', check=False)}")
-    print(f"{what:<40} down {row['downtime_s']:>6.2f}s  (deploy {wall:.1f}s, gaps "
+    still = " and still down: until the next deploy run" if row["down_at_end"] else ""
+    print(f"{what:<40} down {row['downtime_s']:>6.2f}s{still}  (run {wall:.1f}s, gaps "
           f"{row['gaps_s']}, answers {statuses})", flush=True)
     return row
 
@@ -107,9 +117,30 @@ def old_way(site: Site, release: str) -> bool:
     return site.health() == "200"
 
 
+def crash_after_ready(site: Site, probation_s: int, back: str, window_s: float) -> bool:
+    """A release that is judged good, then crashes 6 s after it is ready, each restart the
+    same (``crash-after-ready``): its deploy run, then no run for WINDOW_S (or until BACK, the
+    previous release, serves again and has for 5 s). PROBATION_S 0 is the time before
+    ``upgrade_probation_s``: the trial ended at the verdict, nothing switches back."""
+    done = site.deploy("0.5.7", "--data", "retry_failed_stack=true", "--data",
+                       f"upgrade_probation_s={probation_s}")
+    if done.returncode != 0:
+        raise SystemExit(f"the crash-after-ready deploy failed: {done.log[-3000:]}")
+    deadline, served = time.monotonic() + window_s, None
+    while time.monotonic() < deadline:
+        if site.link().endswith(stack_of(back)) and site.serves() == back:
+            served = served or time.monotonic()
+            if time.monotonic() - served >= 5:
+                return True
+        time.sleep(0.5)
+    return served is not None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pause-scale", type=float, default=1.0)
+    parser.add_argument("--window-s", type=float, default=240.0,
+                        help="how long a crash-after-ready case waits without a deploy run")
     args = parser.parse_args()
     import wheels
 
@@ -131,6 +162,16 @@ def main() -> int:
                              and site.link().endswith(stack_of("0.5.9"))))
         rows.append(measured(site, "old way: stop, reinstall 0.5.8, start",
                              lambda: old_way(site, "0.5.8")))
+        # A release that crashes after it was judged good (issue 34): before, the trial ended
+        # at the verdict and the model stayed down once the start limit stopped the unit; now
+        # it stays on trial (upgrade_probation_s) and the unit's OnFailure= switches back.
+        assert site.deploy("0.5.9").returncode == 0
+        site.cases(**{"0_5_7": "crash-after-ready"})
+        rows.append(measured(site, "crash after ready 0.5.9 -> 0.5.7, no probation (before)",
+                             lambda: not crash_after_ready(site, 0, "0.5.9", args.window_s)))
+        assert site.deploy("0.5.9").returncode == 0
+        rows.append(measured(site, "crash after ready 0.5.9 -> 0.5.7, probation (OnFailure)",
+                             lambda: crash_after_ready(site, 600, "0.5.9", args.window_s)))
     finally:
         env.close()
         shutil.rmtree(root, ignore_errors=True)

@@ -35,7 +35,8 @@ UNIT = "sglang.service"
 PORT = 39900 + os.getpid() % 90
 API_KEY = "sk-upgrade-secret-Zq4"
 SETTINGS = {"api_key": API_KEY, "server_port": PORT, "startup_stall_s": 3,
-            "health_timeout_s": 120, "generation_timeout_s": 5, "model_path": "/models/standin",
+            "health_timeout_s": 120, "generation_timeout_s": 5,
+            "upgrade_probation_s": 0, "model_path": "/models/standin",
             "stack_install": "sglang-no-deps", "wheelhouse": WHEELHOUSE, "wheel_store": None}
 
 

@@ -169,6 +169,11 @@ restart_on_change = True
 # stack, restart it and wait until it serves, then fail the host naming both releases; false:
 # keep the failed release running for debugging (said loudly).
 upgrade_rollback = True
+# Seconds a new stack stays on trial after its verdict (0..604800; 0: the trial ends at the
+# verdict): a crash loop within them makes systemd switch back to the previous stack and start it
+# (the unit's OnFailure=), and a run that finds the server restarted on its own since the switch
+# rolls it back; both record the set as failed. The previous stack is kept until then.
+upgrade_probation_s = 1800
 # Try again a set whose upgrade failed and was rolled back here before (recorded in the
 # container); false: a run that asks for it stops before any change, saying when and why it failed.
 retry_failed_stack = False

@@ -23,7 +23,8 @@ from tasks.common import expect_container_reads, host_gpus, run_when_container_e
 from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.server.render import ServerFiles, server_files
 from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
-from pve_sglang.server.command import LAUNCHER, env_file_path, unit_name, unit_path
+from pve_sglang.server.command import (LAUNCHER, env_file_path, fallback_unit_name, fallback_unit_path,
+                                       unit_name, unit_path)
 from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
 from pve_sglang.stack import switch_rules
 from pve_sglang.stack import store_retention
@@ -112,7 +113,8 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
         # A rollback a kill cut short is finished first: the previous release serves again.
         stack_switch.rollback_finished(
             name="A rollback cut short by a kill is finished", venv_path=cs.venv_path,
-            lock_file=LOCK_FILE, service=cs.service_name, unit=unit_name(cs))
+            lock_file=LOCK_FILE, service=cs.service_name, unit=unit_name(cs),
+            rollback=cs.upgrade_rollback)
         stack_switch.not_failed(
             name=f"The set sglang {cs.sglang_version} did not fail here before",
             venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
@@ -482,7 +484,13 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
     launcher = upload_script(remote.LAUNCHER, "Upload the server launcher")
     unit_file = paths.put(name=f"systemd unit {unit}", src=StringIO(unit_text),
                            dest=unit_path(cs), mode="644")
-    systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
+    # The unit's OnFailure=: a stack on trial that fails for good is switched back by systemd.
+    upload_script(remote.STACK_FALLBACK, "Upload the stack fallback (the unit's OnFailure=)")
+    fallback = paths.put(name=f"systemd unit {fallback_unit_name(cs)} (switches a stack on "
+                         "trial back when the server fails for good)",
+                         src=StringIO(server.fallback), dest=fallback_unit_path(cs), mode="644")
+    systemd.daemon_reload(name="Reload systemd units",
+                          _if=lambda: unit_file.did_change() or fallback.did_change())
     switched = stack_switch.switch(
         name=f"{cs.venv_path} -> stack {stack_id(cs)} (sglang {cs.sglang_version}), in one "
         "rename, when it is not the serving one", venv_path=cs.venv_path, lock_file=LOCK_FILE,

@@ -11,10 +11,10 @@ from pve_sglang import remote
 from pve_sglang.server.bench_history import run_meta
 from pve_sglang.server.bench import bench_levels, bench_runs
 from pve_sglang.model_store import operations as model
-from pve_sglang.operations import stack_switch, verify
+from pve_sglang.operations import stack_switch, store, verify
 from tasks.common import expect_container_reads, host_gpus, run_when_container_exists, upload_script
 from pve_sglang.gpu.passthrough import select_gpus
-from pve_sglang.stack.identity import settings_stack_path, stack_lock_of
+from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
 from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from pve_sglang.server.command import env_file_path, unit_name, venv_python
 from pve_sglang.config.settings import ContainerSettings, base_url, client_address, host_settings
@@ -120,11 +120,37 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                            "together", venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE,
                            service=cs.service_name, unit=unit, rollback=cs.upgrade_rollback,
                            nodes=cs.nodes, watch=follow)))
-    checks.append(("a new stack that serves ends its trial (a failed one was rolled back)",
+    checks.append((f"a new stack that serves ends its trial after upgrade_probation_s "
+                   f"{cs.upgrade_probation_s} (a failed one was rolled back)",
                    lambda: stack_switch.trial_passed(
                        name="An upgraded stack serves: its trial ends", venv_path=cs.venv_path,
-                       lock_file=LEGACY_LOCK_FILE, service=cs.service_name)))
+                       lock_file=LEGACY_LOCK_FILE, service=cs.service_name,
+                       probation_s=cs.upgrade_probation_s)))
+    # After the verdict: the container phase removes none while a stack is on trial.
+    checks.append((f"the stacks beyond stack_retention {cs.stack_retention} removed after the "
+                   "verdict" + (f", then the wheel store {cs.wheel_store} told which locks the "
+                                "container holds" if cs.uses_wheel_store else ""),
+                   lambda: retention_after_verdict(cs)))
     return checks
+
+
+def retention_after_verdict(cs: ContainerSettings) -> None:
+    """The stacks beyond ``stack_retention`` removed once the verdict came (the trial ended,
+    or a failed set was rolled back: the container phase removes none while a stack is on
+    trial), then the container's record in its host's wheel store written from what is left:
+    the host's store retention, after this phase, prunes by it in the same run."""
+    wanted = settings_stack_id(host.name, cs)
+    stack_switch.retention(
+        name=f"Keep the {cs.stack_retention} newest stacks, after the verdict",
+        venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE, service=cs.service_name,
+        wanted=wanted, keep=cs.stack_retention, restart_on_change=cs.restart_on_change)
+    if cs.uses_wheel_store:
+        from tasks.container import store_user_key
+
+        store.holds(name=f"The wheel store {cs.wheel_store} knows the locks this container "
+                    "holds, after the verdict", store=cs.wheel_store, key=store_user_key(),
+                    venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE,
+                    service=cs.service_name, wanted=wanted)
 
 
 def benchmark_check(cs: ContainerSettings, address: str) -> None:

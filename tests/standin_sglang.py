@@ -19,6 +19,9 @@ record; this one holds a few of those fields, with the key from ``SGLANG_API_KEY
   then nothing (the stream stalls; /health stays 200)
 + ``no-ready-line``: the whole start without its ready line (a release that words it
   otherwise), then serve
++ ``crash-after-ready``: the whole start, serve for ``CRASH_AFTER_S`` (6 s: long enough for the
+  deploy's verdict), then exit 1 (a release that fails after it was judged good; each restart
+  the same)
 
 ``--case-by-release FILE`` takes CASE from FILE (JSON, ``{"0.5.9": "normal", ...}``) for the
 sglang release installed beside the Python that runs it (a stand-in release: the venv the
@@ -54,6 +57,8 @@ from pathlib import Path
 READY = "The server is fired up and ready to roll!"
 STATE = {"ready": False}
 SCALE = {"pause": 1.0}
+#: How long ``crash-after-ready`` serves before it exits.
+CRASH_AFTER_S = 6.0
 
 #: SGLang's scheduler metrics the stand-in serves: name -> (type, help), as 0.5.23 declares
 #: them (``SchedulerMetricsCollector``: ``Gauge(name=..., documentation=...)``, ``Counter``).
@@ -340,6 +345,13 @@ def main() -> int:
             continue
         say(line)
     STATE["ready"] = True
+    if args.case == "crash-after-ready":
+        time.sleep(CRASH_AFTER_S)
+        say("Scheduler hit an exception: Traceback (most recent call last): RuntimeError: "
+            "CUDA error: an illegal memory access was encountered")
+        mark(args.event_file)
+        sys.stdout.flush()
+        os._exit(1)
     while True:
         time.sleep(3600)
 

@@ -28,7 +28,9 @@ def plan(**container):
 
 
 def unit(ops):
-    [upload] = [c for _, cmds in ops for c in cmds if c.startswith("upload /etc/systemd/system/")]
+    # The server's unit, not its OnFailure= unit (``-stack-fallback.service``).
+    [upload] = [c for _, cmds in ops for c in cmds if c.startswith("upload /etc/systemd/system/")
+                and "-stack-fallback.service" not in c.split("\n", 1)[0]]
     return upload
 
 

@@ -176,6 +176,28 @@ def test_retention(mtimes, keep, serving, rollback, wanted, gone):
     assert stacks.to_remove(mtimes, keep, serving, rollback, wanted) == gone
 
 
+@pytest.mark.parametrize("mtimes, keep, serving, rollback, wanted, failed, gone", [
+    # B serves again after C failed and was rolled back: the good A stays, the failed C goes.
+    ({A: 1, B: 2, C: 3}, 2, B, None, B, (C,), [C]),
+    # The failed set asked again (retry_failed_stack) is the wanted one: kept.
+    ({A: 1, B: 2, C: 3}, 2, C, B, C, (C,), [A]),
+    # Nothing failed: the newest count, as before.
+    ({A: 1, B: 2, C: 3}, 2, B, None, B, (), [A]),
+])
+def test_retention_never_keeps_a_failed_set_over_a_good_one(mtimes, keep, serving, rollback,
+                                                            wanted, failed, gone):
+    assert stacks.to_remove(mtimes, keep, serving, rollback, wanted, failed) == gone
+
+
+@pytest.mark.parametrize("trial, current, serving, waits", [
+    (None, B, B, False),  # nothing on trial, no switch: remove now
+    (None, B, C, True),   # this run switches to C: after its verdict
+    (C, C, C, True),      # C on trial (a run killed before its verdict): after it
+])
+def test_retention_waits_for_the_verdict(trial, current, serving, waits):
+    assert stacks.retention_waits(trial, current, serving) is waits
+
+
 @pytest.mark.parametrize("target, named", [
     (f"venv.stacks/{A}", A), (f"/opt/sglang/venv.stacks/{A}", A), (f"venv.stacks/{A}/", A),
     ("other/aaaaaaaaaaaaaaaa", None), ("venv.stacks/not-a-lock", None), (None, None),
@@ -333,9 +355,10 @@ def test_retention_plans_the_removal_of_the_oldest():
                            wanted=wanted, keep=2, restart_on_change=restart_on_change,
                            facts={Stacks: raw})
 
-    # The third upgrade (C over B over A), planned before its switch: A goes.
-    assert plan(read_of(B, {A: 1, B: 2, C: 3}, {"previous": A}), C) == [
-        f"rm -rf /opt/sglang/venv.stacks/{A}"]
+    # The third upgrade (C over B over A), planned before its switch: nothing before the
+    # verdict; A goes after it (C serves, its trial ended).
+    assert plan(read_of(B, {A: 1, B: 2, C: 3}, {"previous": A}), C) == []
+    assert plan(read_of(C, {A: 1, B: 2, C: 3}, {"previous": B, "trial": C}), C) == []
     assert plan(read_of(C, {A: 1, B: 2, C: 3}, {"previous": B}), C) == [
         f"rm -rf /opt/sglang/venv.stacks/{A}"]
     # Switch pending: the serving one, its rollback target and the new one stay.
@@ -384,3 +407,52 @@ def test_a_rollback_cut_short_is_planned_back_then_cleared():
     assert plan(A) and op_commands(
         stack_ops.rollback_finished, venv_path=VENV, lock_file="/x", service="sglang",
         unit="sglang.service", facts={Stacks: read_of(A, {A: 1}, {"failed": {}})}) == []
+
+
+NOW = 1_000_000.0
+
+
+@pytest.mark.parametrize("trial, current, until, probation_s, step", [
+    (None, B, None, 600, stacks.Probation.NONE),  # nothing on trial
+    (C, B, None, 600, stacks.Probation.NONE),  # the link names another stack
+    (B, B, None, 600, stacks.Probation.START),  # the first good verdict: on probation
+    (B, B, None, 0, stacks.Probation.PASSED),  # no probation: the trial ends at the verdict
+    (B, B, NOW + 1, 600, stacks.Probation.WAIT),  # its window still runs
+    (B, B, NOW, 600, stacks.Probation.PASSED),  # served the whole window
+    (B, B, NOW - 5, 0, stacks.Probation.PASSED),
+])
+def test_probation(trial, current, until, probation_s, step):
+    assert stacks.probation(trial, current, until, NOW, probation_s) is step
+
+
+@pytest.mark.parametrize("trial, current, until, restarts, active, failed", [
+    (B, B, NOW + 60, 1, "active", "restarted on its own 1 time since the switch"),
+    (B, B, NOW + 60, 3, "activating", "restarted on its own 3 times"),
+    (B, B, NOW + 60, 2, "failed", "failed for good on its own"),
+    (B, B, None, 1, "active", "restarted on its own"),  # not judged yet: still on trial
+    (B, B, NOW + 60, 0, "active", None),  # serving, no restart
+    (B, B, NOW - 1, 4, "active", None),  # after the window: not the upgrade's failure
+    (B, A, NOW + 60, 4, "failed", None),  # the link names another stack
+    (None, B, None, 4, "failed", None),  # nothing on trial
+])
+def test_failed_on_probation(trial, current, until, restarts, active, failed):
+    why = stacks.failed_on_probation(trial, current, until, NOW, restarts, active)
+    assert (why is None) is (failed is None)
+    assert failed is None or failed in why
+
+
+@pytest.mark.parametrize("record, current, present, back", [
+    ({"trial": B, "previous": A}, B, {A, B}, A),  # never judged: a crash loop goes back
+    ({"trial": B, "previous": A, "trial_until": NOW + 60}, B, {A, B}, A),  # on probation
+    ({"trial": B, "previous": A, "trial_until": NOW}, B, {A, B}, None),  # probation over
+    ({"trial": B, "previous": A}, A, {A, B}, None),  # the link went back already
+    ({"trial": B, "previous": A}, B, {B}, None),  # the previous stack is gone
+    ({"trial": None, "previous": None}, B, {A, B}, None),  # nothing on trial
+    ({"trial": B, "previous": B}, B, {B}, None),
+    # A rollback cut short (the failed set recorded, the link still on it): back too.
+    ({"trial": B, "previous": A, "failed": {B: {}}}, B, {A, B}, A),
+])
+def test_the_units_fallback_switches_back_only_a_stack_on_trial(record, current, present, back):
+    from pve_sglang.remote.stack_fallback import fall_back
+
+    assert fall_back(record, current, present, NOW) == back

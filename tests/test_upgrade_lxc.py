@@ -127,6 +127,8 @@ def test_crash_at_load_rolls_back_and_the_old_release_serves(site):
     assert "HeaderTooLarge" in done.log  # the journal lines of the failed start
     assert site.link() == f"venv.stacks/{stack_of('0.5.10')}"
     assert site.serves() == "0.5.10"
+    # Retention waits for the verdict: the good 0.5.9 is kept, not traded for the failed set.
+    assert stack_of("0.5.9") in site.stacks()
     assert site.starts() == starts + 2  # the new release once, the old one again
     failed = site.record()["failed"]
     assert set(failed) == {stack_of("0.5.7")} and failed[stack_of("0.5.7")]["sglang"] == "0.5.7"
@@ -233,3 +235,70 @@ def test_a_rollback_killed_at_each_step_converges_on_the_previous_release(site, 
     assert site.serves() == "0.5.10"
     # Back on trial for the next step's case: 0.5.7 serving, as the switch leaves it.
     site.cases(**{"0_5_7": "normal"})
+
+
+PROBATION = ("--data", "upgrade_probation_s=600")
+
+
+def test_a_crash_after_ready_on_probation_switches_back_without_a_deploy_run(site):
+    """A release judged good (ready, a good chat completion) that crashes 6 s later, each
+    restart the same: within upgrade_probation_s systemd itself, once the unit's start limit
+    stopped it, switches the link back to the previous stack and starts it (the unit's
+    OnFailure=, remote/stack_fallback.py). No deploy runs meanwhile; the next one reports it."""
+    site.cases(**{"0_5_7": "crash-after-ready"})
+    done = site.deploy("0.5.7", "--data", "retry_failed_stack=true", *PROBATION)
+    assert done.returncode == 0, done.log[-5000:]
+    assert "on trial until" in done.log, done.log[-3000:]
+    record = site.record()
+    assert record["trial"] == stack_of("0.5.7") and record["trial_until"] > time.time()
+    assert record["failed"] == {}  # the retried set judged good; on probation
+    started = time.monotonic()
+    deadline = started + 180
+    back = f"venv.stacks/{stack_of('0.5.10')}"
+    while time.monotonic() < deadline and not (site.link() == back and site.serves() == "0.5.10"):
+        time.sleep(1)
+    print(f"\ncrash after ready, on probation: 0.5.10 serves again {time.monotonic() - started:.1f}s "
+          "after the deploy's verdict, no deploy run")
+    assert site.link() == back
+    assert site.serves() == "0.5.10"
+    record = site.record()
+    assert record["trial"] is None and record["previous"] is None and "trial_until" not in record
+    why = record["failed"][stack_of("0.5.7")]["why"]
+    assert "failed for good while on trial" in why and "OnFailure=" in why, why
+    assert record["fell_back"]["from"] == stack_of("0.5.7")
+    assert record["fell_back"]["to"] == stack_of("0.5.10")
+    # The next run reports the switch back, and forgets the note (the failed set stays).
+    done = site.deploy("0.5.10")
+    assert done.returncode == 0, done.log[-5000:]
+    assert f"systemd switched back to sglang 0.5.10 (stack {stack_of('0.5.10')})" in done.log, \
+        done.log[-3000:]
+    assert "fell_back" not in site.record() and stack_of("0.5.7") in site.record()["failed"]
+    assert site.serves() == "0.5.10"
+
+
+def test_a_restart_on_probation_seen_by_the_next_run_is_a_failed_upgrade(site):
+    """The same release, one crash and systemd's automatic restart (serving again, before its
+    start limit), then a deploy run: it reads the restart since the switch (NRestarts), records
+    the set as failed, rolls back, and refuses the set."""
+    site.cases(**{"0_5_7": "crash-after-ready"})
+    done = site.deploy("0.5.7", "--data", "retry_failed_stack=true", *PROBATION)
+    assert done.returncode == 0, done.log[-5000:]
+    assert site.record()["trial"] == stack_of("0.5.7")
+    deadline = time.monotonic() + 60
+    while int(site.sh(f"systemctl show -p NRestarts --value {UNIT}") or 0) < 1 and \
+            time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert site.link() == f"venv.stacks/{stack_of('0.5.7')}"
+    done = site.deploy("0.5.7", *PROBATION)
+    assert done.returncode != 0
+    assert "failed after its verdict: the server restarted on its own 1 time since the switch" \
+        in done.log, done.log[-3000:]
+    assert f"the set sglang 0.5.7 (stack {stack_of('0.5.7')}) failed as an upgrade" in done.log
+    assert site.link() == f"venv.stacks/{stack_of('0.5.10')}"
+    record = site.record()
+    assert record["trial"] is None
+    assert "restarted on its own" in record["failed"][stack_of("0.5.7")]["why"]
+    deadline = time.monotonic() + 60
+    while site.serves() != "0.5.10" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert site.serves() == "0.5.10"

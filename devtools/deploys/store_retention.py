@@ -5,7 +5,9 @@ On ``@local``: the wheel store (``wheels.store``), and last, once the containers
 retention (``store.pruned``). In each container, as the deploy's container phase does for a
 stack: its venv beside the others (``<venv>.stacks/<lock id>``), the host's shared layer of its
 lock (``layer.shared``), its release file, the switch of the link (``stack_switch.switch``), the
-container's retention (``stack_switch.retention``) and its record in the store (``store.holds``).
+container's retention (``stack_switch.retention``: none while a stack is on trial), then as the
+verify phase ends, the verdict (taken as good: no server runs here), the retention that waited
+for it and the container's record in the store (``store.holds``).
 
 Host data: ``lock_file`` (on this machine), ``pins``, ``python``, ``store``, ``uv`` (in the
 containers), ``keep`` (``stack_retention``), ``lxc_path`` (the host's containers), and on
@@ -44,10 +46,20 @@ if host.name != "@local":
                         service=SERVICE, unit="sglang.service", wanted=lock.id, restart_on_change=True)
     stack_switch.retention(name="Stack retention", venv_path=VENV, lock_file=LOCK_FILE,
                            service=SERVICE, wanted=lock.id, keep=data.keep, restart_on_change=True)
+phase.done(name="Containers done", phase="container")
+if host.name != "@local":
+    # The verify phase's end (``tasks.verify.retention_after_verdict``): no server runs here
+    # (its judgement is tests/test_upgrade_lxc.py's), so the verdict is good: the trial ends,
+    # then retention removes what waited for it, then the record is written from what is left.
+    stack_switch.trial_passed(name="The verdict: the stack serves", venv_path=VENV,
+                              lock_file=LOCK_FILE, service=SERVICE)
+    stack_switch.retention(name="Stack retention, after the verdict", venv_path=VENV,
+                           lock_file=LOCK_FILE, service=SERVICE, wanted=lock.id, keep=data.keep,
+                           restart_on_change=True)
     store.holds(name="The store knows this container's locks", store=data.store,
                 key=user_key("lxc", data.lxc_name), venv_path=VENV, lock_file=LOCK_FILE,
                 service=SERVICE, wanted=lock.id)
-phase.done(name="Containers done", phase="container")
+phase.done(name="Verify done", phase="verify")
 if host.name == "@local":
     from pyinfra.context import state
 

@@ -514,6 +514,8 @@ class ContainerSettings(_Strict):
     startup_stall_s: Int = Field(ge=1, le=86400)
     restart_on_change: bool
     upgrade_rollback: bool
+    # Minutes to days; up to a week (a longer trial keeps the previous stack forever).
+    upgrade_probation_s: Int = Field(ge=0, le=604800)
     retry_failed_stack: bool
     stack_retention: Int = Field(ge=1, le=100)
     generation_check: bool

@@ -182,6 +182,7 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
                                     "the serving stack is unchanged, the new one built beside"))
     # The record first: a run killed after it and before the rename switches again.
     record.update(previous=plan.previous, trial=wanted if plan.previous else None)
+    record.pop("trial_until", None)  # a new trial: not judged yet
     yield record_command(service, record)
     yield link_command(venv_path, wanted)
     forget()
@@ -245,8 +246,11 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
               restart_on_change: bool):
     """
     Remove the stacks beyond the KEEP newest, never the serving one, the rollback target or
-    WANTED; only folders named by a lock id in the deploy's stacks folder, each a stack
-    (its release file). Planned, and shown by ``--dry``, as any change.
+    WANTED; a set recorded as failed never counts among the newest. Only folders named by a
+    lock id in the deploy's stacks folder, each a stack (its release file). Nothing is removed
+    while a stack is on trial or this run switches: the verify phase removes them after the
+    verdict (the same operation, once the trial ended). Planned, and shown by ``--dry``, as any
+    change.
 
     + venv_path: the ``venv_path`` setting
     + lock_file: the lock file of a venv made before stacks (to name it)
@@ -271,8 +275,12 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
     found = found_of(venv_path, raw)
     current = found.current if found.kind == "link" else found.plain_lock
     serving, rollback = switch_rules.after_switch(current, found.previous, wanted, restart_on_change)
+    if switch_rules.retention_waits(found.trial, current, serving):
+        host.noop(f"stacks beyond {keep} are removed after the verdict on stack {serving}")
+        return
     mtimes = {name: info.get("mtime", 0.0) for name, info in (raw.get("stacks") or {}).items()}
-    gone = switch_rules.to_remove(mtimes, keep, serving, rollback, wanted)
+    failed = tuple((raw.get("state") or {}).get("failed") or {})
+    gone = switch_rules.to_remove(mtimes, keep, serving, rollback, wanted, failed)
     if not gone:
         host.noop(f"{len(mtimes)} stacks, {keep} kept")
         return
@@ -495,24 +503,31 @@ def rollback_commands(venv_path: str, service: str, unit: str, record: dict,
     the trial and its target kept; the link back to PREVIOUS in one rename; the restart; the
     trial cleared last.
     """
-    cleared = {**record, "trial": None, "previous": None}
+    cleared = {key: value for key, value in record.items() if key != "trial_until"}
+    cleared.update(trial=None, previous=None)
     return [record_command(service, record), link_command(venv_path, previous),
             restart_command(unit), record_command(service, cleared)]
 
 
 @operation()
-def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str):
+def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str,
+                      rollback: bool = True):
     """
     Finish a rollback a kill cut short, before anything else: the failed set is recorded and
     the link still names it (switch back to the previous stack and restart it), or the link
     went back and the record still holds the trial (clear it; the restart follows from the
     link's change, ``since``). The model serves the previous release again, and the next check
-    (``not_failed``) reads a failed set that was rolled back, truly.
+    (``not_failed``) reads a failed set that was rolled back, truly. Then: a switch back that
+    systemd made on its own (``remote/stack_fallback.py``, the unit's ``OnFailure=``) is
+    reported, and a stack on trial whose server restarted on its own since the switch, or
+    failed for good, within its probation (``switch_rules.failed_on_probation``) is a failed
+    upgrade: recorded and rolled back here, as the verify phase would.
 
     + venv_path: the ``venv_path`` setting (the link to the serving stack)
     + lock_file: the lock file of a venv made before stacks (to name it)
     + service: the server's service name (the state record is named by it)
     + unit: the server's systemd unit
+    + rollback: ``upgrade_rollback`` (false: a failure on probation is recorded, not rolled back)
 
     **Example:**
 
@@ -530,7 +545,7 @@ def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str):
     record = dict(raw.get("state") or {})
     step = switch_rules.unfinished_rollback(found, tuple(record.get("failed") or {}))
     if step is None:
-        host.noop("no rollback cut short")
+        yield from _after_trial(venv_path, service, unit, rollback, raw, found, record)
         return
     failed, old = release_words(raw, found.trial), release_words(raw, found.previous)
     if step is Unfinished.SWITCH_BACK:
@@ -543,6 +558,54 @@ def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str):
                        "record did: its trial is cleared")
         yield restart_unless_newer(unit, venv_path)
     yield record_command(service, {**record, "trial": None, "previous": None})
+    forget()
+
+
+def _after_trial(venv_path: str, service: str, unit: str, rollback: bool, raw: dict,
+                 found: Found, record: dict):
+    """``rollback_finished``'s other part: systemd's own switch back reported (and its note
+    cleared), or a stack on trial that failed since its switch rolled back."""
+    fell = record.get("fell_back")
+    if fell:
+        logger.warning(
+            f"{host.name}: {unit} of {release_words(raw, fell.get('from'))} failed on trial; "
+            f"systemd switched back to {release_words(raw, fell.get('to'))} on "
+            f"{fell.get('when')} without a deploy run: {fell.get('why')}")
+        record = {key: value for key, value in record.items() if key != "fell_back"}
+        yield record_command(service, record)
+        forget()
+        return
+    if found.trial is None or found.trial != found.current:
+        host.noop("no rollback cut short, no stack on trial")
+        return
+    unit_state = container_reads.read(Part.UNIT, unit)
+    try:
+        restarts = int(unit_state.get("restarts") or 0)
+    except ValueError:
+        restarts = 0
+    why = switch_rules.failed_on_probation(found.trial, found.current, record.get("trial_until"),
+                                           time.time(), restarts, unit_state.get("active"))
+    if why is None:
+        host.noop("no rollback cut short")
+        return
+    verdict = switch_rules.judge(True, found.trial, found.current, found.previous, found.stacks,
+                                 rollback)
+    new, old = release_words(raw, found.current), release_words(raw, found.previous)
+    failed = dict(record.get("failed") or {})
+    failed[found.current] = {"sglang": (raw["stacks"].get(found.current) or {}).get("sglang"),
+                             "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                             "why": why}
+    record = {**record, "failed": failed}
+    if verdict is not Verdict.ROLL_BACK:
+        logger.error(f"{host.name}: UPGRADE FAILED, NOT ROLLED BACK: {new}: {why} ("
+                     + ("upgrade_rollback is false" if verdict is Verdict.KEEP_FAILED
+                        else "no previous stack to go back to") + ")")
+        yield record_command(service, record)
+        forget()
+        return
+    logger.warning(f"{host.name}: the upgrade to {new} failed after its verdict: {why}; rolling "
+                   f"back to {old}")
+    yield from rollback_commands(venv_path, service, unit, record, found.previous)
     forget()
 
 
@@ -561,15 +624,19 @@ def _run(command: StringCommand) -> None:
 
 
 @operation()
-def trial_passed(venv_path: str, lock_file: str, service: str):
+def trial_passed(venv_path: str, lock_file: str, service: str, probation_s: int = 0):
     """
     End the trial of the stack the server runs once the verify phase found it serving and
-    answering: it is no longer rolled back, and its set is no longer recorded as failed.
+    answering, and it served PROBATION_S since its first good verdict: it is no longer rolled
+    back, and its set is no longer recorded as failed. Until then it stays on trial
+    (``trial_until`` in the record): a crash loop switches it back (the unit's ``OnFailure=``),
+    and a run that finds it restarted on its own rolls it back (``rollback_finished``).
     Checked once the deploy has run.
 
     + venv_path: the ``venv_path`` setting
     + lock_file: the lock file of a venv made before stacks (to name it)
     + service: the server's service name
+    + probation_s: ``upgrade_probation_s`` (0: the trial ends at the verdict)
 
     **Example:**
 
@@ -591,9 +658,32 @@ def trial_passed(venv_path: str, lock_file: str, service: str):
     if found.trial is None and found.current not in failed:
         host.noop("no stack on trial")
         return
+    now = time.time()
+    until = record.get("trial_until")
+    step = switch_rules.probation(found.trial, found.current, until, now, probation_s)
+    if step is switch_rules.Probation.START:
+        until = now + probation_s
+        logger.info(f"{host.name}: the upgrade to {release_words(raw, found.current)} serves; on "
+                    f"trial until {_utc(until)} (upgrade_probation_s {probation_s}): a crash loop "
+                    f"before then switches back to {release_words(raw, found.previous)}")
+        # A set retried (retry_failed_stack) and judged good is no longer recorded as failed:
+        # a failure on probation records it again (and a later run must not read a trial in
+        # the failed sets as a rollback cut short).
+        failed.pop(found.current, None)
+        yield record_command(service, {**record, "failed": failed, "trial_until": until})
+        forget()
+        return
+    if step is switch_rules.Probation.WAIT:
+        host.noop(f"{release_words(raw, found.current)} serves, on trial until {_utc(until)}")
+        return
+    record.pop("trial_until", None)
     logger.info(f"{host.name}: the upgrade to {release_words(raw, found.current)} serves; "
                 f"{release_words(raw, found.previous)} stays as the rollback target")
     failed.pop(found.current, None)
     record.update(trial=None, failed=failed)
     yield record_command(service, record)
     forget()
+
+
+def _utc(epoch: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch or 0))

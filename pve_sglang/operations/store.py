@@ -34,13 +34,15 @@ def held(raw: dict, wanted: str) -> set[str]:
 def held_after_retention(venv_path: str, raw: dict, wanted: str, keep: int,
                          restart_on_change: bool) -> set[str]:
     """What ``held`` reads after this run's switch and retention (``operations.stack_switch.retention``,
-    the same rule), for a plan made before either ran. RAW: the container's ``Stacks`` read."""
+    the same rule), for a plan made before either ran: the verdict taken as good (retention
+    waits for it). RAW: the container's ``Stacks`` read."""
     found = stack_switch.found_of(venv_path, raw)
     current = found.current if found.kind == "link" else found.plain_lock
     serving, rollback = switch_rules.after_switch(current, found.previous, wanted, restart_on_change)
     mtimes = {name: info.get("mtime", 0.0) for name, info in (raw.get("stacks") or {}).items()}
     mtimes.setdefault(wanted, time.time())
-    gone = set(switch_rules.to_remove(mtimes, keep, serving, rollback, wanted))
+    failed = tuple((raw.get("state") or {}).get("failed") or {})
+    gone = set(switch_rules.to_remove(mtimes, keep, serving, rollback, wanted, failed))
     kept = {i for i in mtimes if i not in gone} | {serving, rollback, wanted}
     return {i for i in kept if i and switch_rules.STACK_NAME.match(i)}
 

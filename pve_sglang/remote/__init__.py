@@ -34,6 +34,8 @@ container's Python. ``model_fetch.py`` lives with the rest of the model store
 ``model_fetch.py``            in ``model_store/``: the model, its revision pinned to a commit,
                               its files checked against the hub's sizes and hashes, the rest
                               downloaded (resumed), with progress lines (``huggingface_hub``)
+``stack_fallback.py``         the server unit's ``OnFailure=``: a stack on trial that failed
+                              for good is switched back to the previous one and started
 ``remote_env.py``             a value of the deploy's env file (a secret read by the script,
                               never on a command line): uploaded beside ``model_fetch.py``
                               and ``startup_watch.py``, which import it
@@ -59,6 +61,7 @@ BENCH_RECORD = "bench_record.py"
 SERVER_METRICS = "server_metrics.py"
 MODEL_FETCH = "model_fetch.py"
 REMOTE_ENV = "remote_env.py"
+STACK_FALLBACK = "stack_fallback.py"
 
 #: The modules a script imports from beside it: uploaded with it, to the same folder.
 COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV,), STARTUP_WATCH: (REMOTE_ENV,)}

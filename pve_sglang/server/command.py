@@ -31,16 +31,20 @@ import jinja2
 from pve_sglang import remote
 from pve_sglang.remote import sglang_launch
 from pve_sglang.server import spelling
+from pve_sglang.stack import switch_rules
 from pve_sglang.remote.sglang_flags import release_flags
 from pve_sglang.project import TEMPLATES, project_file
 from pve_sglang.config.settings import ContainerSettings, host_port, tensor_parallel_size
 
 UNIT_TEMPLATE = "sglang.service.j2"
+FALLBACK_TEMPLATE = "sglang-stack-fallback.service.j2"
 ENV_TEMPLATE = "sglang.env.j2"
 ENV_DIR = "/etc/sglang"
 API_KEY_VAR = "SGLANG_API_KEY"
 # Where the deploy uploads remote/sglang_launch.py: the unit's ExecStart runs it.
 LAUNCHER = remote.path(remote.LAUNCHER)
+# Where the deploy uploads remote/stack_fallback.py: the fallback unit runs it.
+FALLBACK = remote.path(remote.STACK_FALLBACK)
 # Restart=on-failure waits RESTART_SEC between tries, and gives up after START_LIMIT_BURST
 # starts within START_LIMIT_BURST model loads (start_limit_interval_s).
 RESTART_SEC = 10
@@ -400,7 +404,27 @@ def render_unit(
         restart_sec=RESTART_SEC,
         start_limit_burst=START_LIMIT_BURST,
         start_limit_interval_s=start_limit_interval_s(settings),
+        on_failure=fallback_unit_name(settings),
     )
+
+
+def fallback_unit_name(settings: ContainerSettings) -> str:
+    """The server unit's ``OnFailure=``: it switches a stack on trial back (``remote/
+    stack_fallback.py``)."""
+    return f"{settings.service_name}-stack-fallback.service"
+
+
+def fallback_unit_path(settings: ContainerSettings) -> str:
+    return f"/etc/systemd/system/{fallback_unit_name(settings)}"
+
+
+def render_fallback_unit(settings: ContainerSettings, script: str = FALLBACK) -> str:
+    """The oneshot unit the server's unit names in ``OnFailure=``: the container's Python runs
+    SCRIPT (``remote/stack_fallback.py``) on the server's unit, link and stack record."""
+    argv = ["/usr/bin/python3", script, "--unit", unit_name(settings), "--venv-path",
+            settings.venv_path, "--state", switch_rules.state_path(settings.service_name)]
+    return _templates().get_template(FALLBACK_TEMPLATE).render(
+        server_unit=unit_name(settings), exec_start=systemd_command(argv))
 
 
 def start_limit_interval_s(settings: ContainerSettings) -> int:

@@ -17,6 +17,7 @@ from pve_sglang.server.command import (
     dist_init_addr,
     node_rank_for,
     render_env,
+    render_fallback_unit,
     render_unit,
     server_argv,
     venv_python,
@@ -30,6 +31,8 @@ class ServerFiles:
     argv: ServerArgv
     unit: str
     env: str
+    #: The unit the server's names in ``OnFailure=`` (a stack on trial switched back).
+    fallback: str = ""
 
 
 def server_files(
@@ -51,4 +54,5 @@ def server_files(
         dist_init_addr=dist_init_addr(address, settings.dist_init_port) if nnodes > 1 else None,
         python=venv_python(settings),
     )
-    return ServerFiles(argv, render_unit(settings, argv), render_env(settings))
+    return ServerFiles(argv, render_unit(settings, argv), render_env(settings),
+                       render_fallback_unit(settings))

@@ -247,19 +247,28 @@ def after_switch(current: str | None, previous: str | None, wanted: str,
     return wanted, current
 
 
+def retention_waits(trial: str | None, current: str | None, serving: str | None) -> bool:
+    """Whether the removal of stacks waits for the verdict: a stack is on trial (TRIAL), or
+    this run switches (CURRENT, the link now, is not SERVING, the stack after the switch). A
+    failed upgrade must find its rollback target, and a good previous stack must not be gone
+    for a set that then fails."""
+    return trial is not None or current != serving
+
+
 def to_remove(stacks: dict[str, float], keep: int, serving: str | None,
-              rollback: str | None, wanted: str) -> list[str]:
+              rollback: str | None, wanted: str, failed: tuple[str, ...] = ()) -> list[str]:
     """
     The stacks to remove: all but the KEEP newest (STACKS: ``{id: mtime}``), where the serving
     one, the rollback target and the WANTED one (being built, or on trial) always count among
-    the kept, first. Only names of ours (``STACK_NAME``) are ever listed.
+    the kept, first. A set that FAILED as an upgrade never counts among the newest: a good
+    older stack is kept in its place. Only names of ours (``STACK_NAME``) are ever listed.
     """
     ours = {name: mtime for name, mtime in stacks.items() if STACK_NAME.match(name)}
     kept = [name for name in dict.fromkeys((serving, rollback, wanted)) if name in ours]
     for name in sorted(ours, key=lambda name: ours[name], reverse=True):
         if len(kept) >= keep:
             break
-        if name not in kept:
+        if name not in kept and name not in failed:
             kept.append(name)
     return sorted(name for name in ours if name not in kept)
 
@@ -267,3 +276,50 @@ def to_remove(stacks: dict[str, float], keep: int, serving: str | None,
 def read_args(venv_path: str, service: str, lock_file: str = LEGACY_LOCK_FILE) -> tuple:
     """The ``Stacks`` read's arguments (the container's one read folds it)."""
     return (venv_path, lock_file, state_path(service))
+
+
+# --- probation (``upgrade_probation_s``): a new stack stays on trial after its verdict --------
+
+
+class Probation(Enum):
+    """What the verify phase does with a stack on trial that served and answered
+    (``probation``)."""
+
+    NONE = "none"  # no stack on trial (or the link names another one)
+    START = "start"  # judged good now: on trial until upgrade_probation_s from now
+    WAIT = "wait"  # judged good before, its probation still runs: stays on trial
+    PASSED = "passed"  # served the whole window without a crash or restart: the trial ends
+
+
+def probation(trial: str | None, current: str | None, until: float | None, now: float,
+              probation_s: int) -> Probation:
+    """
+    The trial of stack TRIAL (the link names CURRENT) after a good verdict at NOW: UNTIL is the
+    end of its probation (the record's ``trial_until``, set at its first good verdict; None:
+    never judged good). PROBATION_S: ``upgrade_probation_s`` (0: the trial ends at the verdict).
+    """
+    if trial is None or trial != current:
+        return Probation.NONE
+    if until is None:
+        return Probation.START if probation_s > 0 else Probation.PASSED
+    return Probation.WAIT if now < until else Probation.PASSED
+
+
+def failed_on_probation(trial: str | None, current: str | None, until: float | None, now: float,
+                        restarts: int, active: str | None) -> str | None:
+    """
+    Why the stack on trial failed since its switch, as a later run sees it (before it changes
+    anything), or None: the link names TRIAL, its probation runs (UNTIL, the record's
+    ``trial_until``, is None or after NOW), and its unit restarted on its own (RESTARTS:
+    ``NRestarts``, counted since the last start the deploy made: the switch's) or failed for good
+    (ACTIVE: ``failed``). A failure after the probation is not an upgrade's.
+    """
+    if trial is None or trial != current or (until is not None and now >= until):
+        return None
+    if active == "failed":
+        return (f"the server failed for good on its own (its start limit, after {restarts} "
+                "automatic restarts) while on trial (upgrade_probation_s)")
+    if restarts > 0:
+        return (f"the server restarted on its own {restarts} time{'s' if restarts > 1 else ''} "
+                "since the switch, while on trial (upgrade_probation_s)")
+    return None

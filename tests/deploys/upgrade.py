@@ -30,12 +30,15 @@ for key in ("retry_failed_stack", "restart_on_change", "upgrade_rollback"):
     if host.data.get(key) is not None:
         value = host.data.get(key)
         overrides[key] = value if isinstance(value, bool) else str(value).lower() == "true"
+# Only from --data (host.data falls back to group_data's default, over the site's settings).
+if state.inventory.override_data.get("upgrade_probation_s") is not None:
+    overrides["upgrade_probation_s"] = int(state.inventory.override_data["upgrade_probation_s"])
 cs = ContainerSettings.model_validate({**defaults, **overrides})
 py = f"{stack_dir(cs)}/bin/python"
 
 stacks.rollback_finished(name="A rollback cut short by a kill is finished",
                          venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
-                         unit=unit_name(cs))
+                         unit=unit_name(cs), rollback=cs.upgrade_rollback)
 stacks.not_failed(name=f"The set sglang {cs.sglang_version} did not fail here before",
                   venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
                   wanted=stack_id(cs), release=f"sglang {cs.sglang_version}",
