@@ -61,7 +61,6 @@ import pytest
 from devtools import lxc_env as lxc_env_module
 from pve_sglang.hosts_file import EMBEDDED_HOSTS_FILE, build_groups, read_hosts_file
 
-import provisioned as provisioned_module
 import wheels
 from cache_dir import TEST_CACHE, building
 
@@ -152,14 +151,10 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """The run's deployed template goes (its copies went with their modules); the whole run's
-    module times are kept for the next run's order (not a worker's part, nor a run of a few
-    files: those would forget the other modules)."""
-    if hasattr(session.config, "workerinput"):
-        return
-    if session.config.option.basetemp:
-        provisioned_module.destroy_template(Path(session.config.option.basetemp))
-    if session.config.args != ["tests"] and session.config.args:
+    """The whole run's module times, for the next run's order (not a worker's part, nor a
+    run of a few files: those would forget the other modules)."""
+    if hasattr(session.config, "workerinput") or session.config.args != ["tests"] \
+            and session.config.args:
         return
     try:
         recorded = json.loads(MODULE_SECONDS.read_text())
@@ -246,22 +241,6 @@ def lxc_container(lxc_env):
     container = lxc_env.create(lxc_env.new_name("main"))
     yield container
     container.destroy()
-
-
-@pytest.fixture(scope="session")
-def provisioned(tmp_path_factory, lxc_host, sglang_wheel, pypi_wheel):
-    """``provisioned(name) -> Deploy``: a running copy, named NAME, of the one container the
-    run deploys (tests/provisioned.py); ``provisioned.template``: that template, whose
-    ``results`` and ``log`` are its first run's. The caller destroys its copy."""
-    template = provisioned_module.template(
-        provisioned_module.run_folder(tmp_path_factory.getbasetemp()), sglang_wheel, pypi_wheel)
-
-    def copy(name: str):
-        return provisioned_module.copy_of(template, tmp_path_factory.mktemp(name), name,
-                                          sglang_wheel, pypi_wheel)
-
-    copy.template = template
-    return copy
 
 
 @pytest.fixture

@@ -26,9 +26,10 @@ ENV = "/etc/sglang/sglang.env"
 
 
 @pytest.fixture(scope="module")
-def deploy(provisioned):
-    """A copy of the run's deployed container (tests/provisioned.py), this module's to change."""
-    deploy = provisioned(NAME)
+def deploy(tmp_path_factory, lxc_host, sglang_wheel, pypi_wheel):
+    deploy = Deploy(tmp_path_factory.mktemp("state"), sglang_wheel, pypi_wheel, name=NAME)
+    results, _ = deploy.run()
+    assert failed(results) == []
     yield deploy
     deploy.destroy()
 

@@ -30,6 +30,7 @@ from pve_sglang.project import load_defaults
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 NAME = "pvs-deploy"
+TEST_ADDRESS = "10.0.3.201"  # above what lxc-net's dnsmasq hands out first
 UNIT = "/etc/systemd/system/sglang.service"
 # Lets the test run the unit without a GPU: only ExecStart is replaced, in a drop-in, so the
 # unit file under test stays the deploy's own.
@@ -43,30 +44,24 @@ class Deploy:
     """A hosts file for one local LXC container, and the pyinfra CLI run against it.
     SGLANG_WHEEL and PYPI_WHEEL: the fixtures of those names (tests/conftest.py)."""
 
-    def __init__(self, root: Path, sglang_wheel, pypi_wheel, name: str = NAME,
-                 files_of: Path | None = None):
+    def __init__(self, root: Path, sglang_wheel, pypi_wheel, name: str = NAME):
         self.root = root
         self.name = name
         self.lxc_path = root / "lxc"
-        # A copy of another Deploy's container (tests/provisioned.py) mounts that one's files:
-        # the same lxc_config lines, so its first run changes nothing.
-        files = files_of or root
-        self.wheelhouse = files / "wheelhouse"
-        self.pip_wheels = files / "pip-wheels"
-        self.pip_conf = files / "pip.conf"
+        self.wheelhouse = root / "wheelhouse"
+        self.pip_wheels = root / "pip-wheels"
+        self.pip_conf = root / "pip.conf"
         self.lxc_path.mkdir(parents=True)
-        lxc_env.reachable_by_container_root(self.lxc_path)
-        # An address of its own on the bridge (the test rootfs has no DHCP client): deploys of
-        # other modules run beside this one on the other pytest worker.
-        bridge = lxc_env.bridge_interface()
-        self.address, self._address_lock = lxc_env.reserve_address(bridge)
-        self.gateway = bridge.ip
-        if files_of is None:
-            self.wheelhouse.mkdir()
-            shutil.copy(sglang_wheel("0.5.9"), self.wheelhouse)
-            self.pip_wheels.mkdir()
-            shutil.copy(pypi_wheel("uv", load_defaults()["uv_version"]), self.pip_wheels)
-            self.pip_conf.write_text(PIP_CONF)
+        # The unprivileged container's root (host uid 100000) walks down to its rootfs:
+        # pytest's own folders are 0700.
+        for folder in [self.lxc_path, *self.lxc_path.parents]:
+            if folder.stat().st_mode & 0o001 == 0:
+                folder.chmod(folder.stat().st_mode | 0o011)
+        self.wheelhouse.mkdir()
+        shutil.copy(sglang_wheel("0.5.9"), self.wheelhouse)
+        self.pip_wheels.mkdir()
+        shutil.copy(pypi_wheel("uv", load_defaults()["uv_version"]), self.pip_wheels)
+        self.pip_conf.write_text(PIP_CONF)
         self.container: dict = {
             "name": name,
             # The wheelhouse's release: the one whose autotune patch these tests watch (the
@@ -88,7 +83,7 @@ class Deploy:
                 "lxc_rootfs_tarball": str(lxc_env.ensure_rootfs_tarball()),
                 # Unprivileged (the default) on LXC's NAT bridge, a static address (the test
                 # rootfs has no DHCP client); the wheelhouse is a user line of lxc_config.
-                "net0": f"name=eth0,bridge={lxc_env.BRIDGE},ip={self.address},gw={self.gateway}",
+                "net0": f"name=eth0,bridge=lxcbr0,ip={TEST_ADDRESS}/24,gw=10.0.3.1",
                 "lxc_config": [
                     f"lxc.mount.entry = {self.wheelhouse} opt/wheelhouse none bind,ro,create=dir 0 0",
                     f"lxc.mount.entry = {self.pip_wheels} {PIP_WHEELS.lstrip('/')} none "
@@ -133,7 +128,6 @@ class Deploy:
                        capture_output=True)
         subprocess.run(["lxc-destroy", "-P", str(self.lxc_path), "-n", self.name],
                        capture_output=True)
-        self._address_lock.close()
 
 
 def changed(results: dict) -> list[str]:
@@ -146,17 +140,15 @@ def failed(results: dict) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def deploy(provisioned):
-    """A copy of the run's deployed container (tests/provisioned.py), this module's to change."""
-    deploy = provisioned(NAME)
+def deploy(tmp_path_factory, lxc_host, sglang_wheel, pypi_wheel):
+    deploy = Deploy(tmp_path_factory.mktemp("deploy"), sglang_wheel, pypi_wheel)
     yield deploy
     deploy.destroy()
 
 
 @pytest.fixture(scope="module")
-def first_run(provisioned):
-    """The first run that deployed it: pyinfra's JSON results and its log."""
-    return provisioned.template.results, provisioned.template.log
+def first_run(deploy):
+    return deploy.run()
 
 
 def test_first_run_creates_and_installs_and_says_what_needs_a_gpu(deploy, first_run):
