@@ -226,7 +226,7 @@ def debootstrap(rootfs: Path, pauses_s: Sequence[float] = DEBOOTSTRAP_PAUSES_S,
                                f"{attempt + 1} tries:\n{output}")
         log(f"debootstrap failed ({result.returncode}); again in {pauses_s[attempt]}s:\n"
             f"{output[-800:]}")
-        shutil.rmtree(rootfs, ignore_errors=True)
+        remove_tree(rootfs)
         time.sleep(pauses_s[attempt])
 
 
@@ -277,7 +277,7 @@ def build_rootfs_tarball(dest: Path, suite: str = SUITE) -> None:
             f"{total:.1f}s (debootstrap {debootstrap_s:.1f}s, pack {pack_s:.1f}s)",
         )
     finally:
-        shutil.rmtree(build_dir, ignore_errors=True)
+        remove_tree(build_dir)
 
 
 def ensure_rootfs_tarball(suite: str = SUITE) -> Path:
@@ -354,6 +354,16 @@ def shift_ids(root: Path, offset: int) -> None:
             os.lchown(path, st.st_uid + offset, st.st_gid + offset)
             if not os.path.islink(path) and st.st_mode & 0o6000:
                 os.chmod(path, st.st_mode & 0o7777)  # chown cleared them
+
+
+
+def remove_tree(path: Path | str) -> None:
+    """``rm -rf`` PATH in a child process, not crossing into another filesystem (a mount left
+    in a rootfs). Not ``shutil.rmtree``: in a pytest-xdist worker (gevent patched) removing
+    a container's tree left thousands of its directories open (EMFILE in that worker's later
+    tests); a child's descriptors end with it. Errors are ignored, as ``ignore_errors``."""
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def reachable_by_container_root(folder: Path) -> None:
@@ -605,7 +615,7 @@ class LxcContainer:
 
     def _fresh_rootfs(self) -> None:
         for sub in ("delta", "work"):
-            shutil.rmtree(self.dir / sub, ignore_errors=True)
+            remove_tree(self.dir / sub)
         etc = self.dir / "delta" / "etc"
         etc.mkdir(parents=True)
         (etc / "hostname").write_text(f"{self.name}\n")
@@ -701,7 +711,7 @@ class LxcContainer:
 
     def destroy(self) -> None:
         self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_tree(self.dir)
         self.env.containers.pop(self.name, None)
         if self._address_lock is not None:
             self._address_lock.close()
@@ -779,7 +789,7 @@ def remove_stale_envs(parent: Path | None = None, lxc_path: Path = DEFAULT_LXC_P
         log(f"removing stale test container {container} (owner {owner} is gone)")
         _run(["lxc-stop", "-P", str(lxc_path), "-n", container.name, "-k"], check=False,
              capture_output=True)
-        shutil.rmtree(container, ignore_errors=True)
+        remove_tree(container)
     parent = parent or Path(tempfile.gettempdir())
     for env_dir in parent.glob(f"{ENV_PREFIX}*"):
         try:
@@ -795,7 +805,7 @@ def remove_stale_envs(parent: Path | None = None, lxc_path: Path = DEFAULT_LXC_P
                 check=False,
                 capture_output=True,
             )
-        shutil.rmtree(env_dir, ignore_errors=True)
+        remove_tree(env_dir)
 
 
 class LxcEnv:
@@ -892,4 +902,4 @@ class LxcEnv:
             except Exception as e:  # keep cleaning the others
                 log(f"could not destroy {container.name}: {e}")
         if self.lxc_path.exists():
-            shutil.rmtree(self.lxc_path, ignore_errors=True)
+            remove_tree(self.lxc_path)

@@ -76,7 +76,7 @@ def proof(request, tmp_path_factory, lxc_host, pypi_wheel, package_index):
         yield deploy, done
     finally:
         deploy.destroy()
-        shutil.rmtree(deploy.root, ignore_errors=True)  # the store and the layer: 15 GB
+        lxc_env.remove_tree(deploy.root)  # the store and the layer: 15 GB
 
 
 def show_log(deploy: ReleaseDeploy) -> None:
@@ -166,7 +166,7 @@ def test_a_second_container_of_the_host_installs_sglang_alone(proof, tmp_path_fa
         assert second.real_parser().error is None
     finally:
         second.destroy()
-        shutil.rmtree(second.root, ignore_errors=True)
+        lxc_env.remove_tree(second.root)
 
 
 # --- make release, in the same container and store ---------------------------------------------
