@@ -276,10 +276,15 @@ def test_lxc_container_built_in_staging_and_moved_into_place_config_last():
                        facts={(LxcContainerStatus, ("c1", "/var/lib/lxc")): "RUNNING"}) == []
 
 
+#: After RUNNING, the wait for systemd's boot (its cleaning of /tmp raced the first commands).
+BOOTED = (" && { timeout 120 lxc-attach -P /l -n c1 -- systemctl is-system-running --wait "
+          ">/dev/null 2>&1 || true; }")
+
+
 @pytest.mark.parametrize("status, restart, expected", [
-    ("STOPPED", False, ["lxc-start -P /l -n c1 && lxc-wait -P /l -n c1 -s RUNNING -t 60"]),
+    ("STOPPED", False, ["lxc-start -P /l -n c1 && lxc-wait -P /l -n c1 -s RUNNING -t 60" + BOOTED]),
     ("RUNNING", True, ["lxc-stop -P /l -n c1 -t 120 && lxc-start -P /l -n c1 && "
-                       "lxc-wait -P /l -n c1 -s RUNNING -t 60"]),
+                       "lxc-wait -P /l -n c1 -s RUNNING -t 60" + BOOTED]),
     ("RUNNING", False, []),
 ])
 def test_lxc_power(status, restart, expected):

@@ -326,8 +326,8 @@ def bridge(bridge: str):
 @operation()
 def power(container: str, lxc_path: str, restart: Callable[[], bool]):
     """
-    Start container CONTAINER when it is not running (``lxc-start``, then ``lxc-wait`` for
-    RUNNING); restart it once when RESTART says so.
+    Start container CONTAINER when it is not running (``lxc-start``, ``lxc-wait`` for RUNNING,
+    then systemd's boot at most 120 s); restart it once when RESTART says so.
 
     + container: the container's name (``-n``)
     + lxc_path: where the host's containers live (``-P``), e.g. ``/var/lib/lxc``
@@ -352,7 +352,12 @@ def power(container: str, lxc_path: str, restart: Callable[[], bool]):
     name = container
     state = status(name, lxc_path)
     where = ["-P", QuoteString(lxc_path), "-n", QuoteString(name)]
-    start = StringCommand("lxc-start", *where, "&& lxc-wait", *where, "-s RUNNING -t 60")
+    # RUNNING is init started, not booted: the container's boot cleans /tmp (tmpfiles' D /tmp)
+    # under the next commands' feet (python3 -m venv's ensurepip failed so, now and then). Wait
+    # for systemd to finish booting (degraded counts; no systemd: no wait), at most 120 s.
+    start = StringCommand("lxc-start", *where, "&& lxc-wait", *where, "-s RUNNING -t 60 && "
+                          "{ timeout 120 lxc-attach", *where, "-- systemctl is-system-running "
+                          "--wait >/dev/null 2>&1 || true; }")
     if state != "RUNNING":
         yield start
     elif restart():
