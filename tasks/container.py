@@ -245,7 +245,8 @@ def container_steps() -> None:
     # Every path the steps below manage, so one read answers them all.
     paths.watch(
         *(ca_dest(path) for path in ca_files(cs)), *([CA_BUNDLE] if ca_files(cs) else []),
-        *(remote.path(script) for script in (remote.AUTOTUNE_PATCH, remote.FLAG_LISTER)),
+        *(remote.path(script) for script in (remote.AUTOTUNE_PATCH, remote.FLAG_LISTER,
+                                             remote.STACK_FALLBACK)),
         *([DOWNLOADS] if driver else []), LAUNCHER, f"{stack_dir(cs)}/pyvenv.cfg",
         cs.venv_path, f"{cs.venv_path}/", stack_dir(cs),
         f"{stack_dir(cs)}/{switch_rules.RELEASE_FILE}",
@@ -254,9 +255,10 @@ def container_steps() -> None:
         *([store_retention.user_path(cs.wheel_store, store_user_key())]
           if cs.uses_wheel_store else []),
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
-        unit_path(cs), *(remote.path(script) for script in (remote.MODEL_FETCH,
-                                                            *remote.COMPANIONS[remote.MODEL_FETCH])
-                         if cs.model_download),
+        unit_path(cs), fallback_unit_path(cs),
+        *(remote.path(script) for script in (remote.MODEL_FETCH,
+                                             *remote.COMPANIONS[remote.MODEL_FETCH])
+          if cs.model_download),
         *(["/etc/hostname"] if host.data.get("platform") == "lxc" else []),
     )
 

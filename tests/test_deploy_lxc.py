@@ -30,7 +30,6 @@ from pve_sglang.project import load_defaults
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 NAME = "pvs-deploy"
-TEST_ADDRESS = "10.0.3.201"  # above what lxc-net's dnsmasq hands out first
 UNIT = "/etc/systemd/system/sglang.service"
 # Lets the test run the unit without a GPU: only ExecStart is replaced, in a drop-in, so the
 # unit file under test stays the deploy's own.
@@ -57,6 +56,11 @@ class Deploy:
         for folder in [self.lxc_path, *self.lxc_path.parents]:
             if folder.stat().st_mode & 0o001 == 0:
                 folder.chmod(folder.stat().st_mode | 0o011)
+        # An address of its own on the bridge (the test rootfs has no DHCP client): another
+        # module's Deploy may run beside this one on the other pytest worker.
+        bridge = lxc_env.bridge_interface()
+        self.address, self._address_lock = lxc_env.reserve_address(bridge)
+        self.gateway = bridge.ip
         self.wheelhouse.mkdir()
         shutil.copy(sglang_wheel("0.5.9"), self.wheelhouse)
         self.pip_wheels.mkdir()
@@ -83,7 +87,7 @@ class Deploy:
                 "lxc_rootfs_tarball": str(lxc_env.ensure_rootfs_tarball()),
                 # Unprivileged (the default) on LXC's NAT bridge, a static address (the test
                 # rootfs has no DHCP client); the wheelhouse is a user line of lxc_config.
-                "net0": f"name=eth0,bridge=lxcbr0,ip={TEST_ADDRESS}/24,gw=10.0.3.1",
+                "net0": f"name=eth0,bridge={lxc_env.BRIDGE},ip={self.address},gw={self.gateway}",
                 "lxc_config": [
                     f"lxc.mount.entry = {self.wheelhouse} opt/wheelhouse none bind,ro,create=dir 0 0",
                     f"lxc.mount.entry = {self.pip_wheels} {PIP_WHEELS.lstrip('/')} none "
@@ -128,6 +132,7 @@ class Deploy:
                        capture_output=True)
         subprocess.run(["lxc-destroy", "-P", str(self.lxc_path), "-n", self.name],
                        capture_output=True)
+        self._address_lock.close()
 
 
 def changed(results: dict) -> list[str]:

@@ -323,7 +323,9 @@ def test_a_capped_server_reads_as_capped(tmp_path):
     with standin(tmp_path, "--enable-metrics", "--max-running", "4") as url:
         row = sampled_level(url, 12)
     assert row["running_reqs_max"] == 4 and row["running_reqs_mean"] >= 3.6, row
-    assert row["queue_reqs_mean"] >= 6, row
+    # 8 wait at once at most; on a loaded machine a client sends its next request late, so
+    # the mean stays below 8 (5.2 seen under a full test run beside other work).
+    assert row["queue_reqs_max"] >= 6 and row["queue_reqs_mean"] >= 2, row
     assert row["token_usage_max"] < 0.01
     assert bench_hints.capped(row) and not bench_hints.kv_bound(row)
     [hint] = bench_hints.row_hints(row, {"max_running_requests": 4}, 60)
