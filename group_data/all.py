@@ -142,6 +142,15 @@ max_running_requests = None
 # Turn CUDA graphs off (as in the tuned run): --disable-cuda-graph, from 0.5.14
 # --cuda-graph-backend-decode/--cuda-graph-backend-prefill disabled.
 disable_cuda_graph = True
+# Largest batch replayed from a CUDA graph (--cuda-graph-max-bs, from 0.5.14
+# --cuda-graph-max-bs-decode); null: SGLang sizes it for the GPU. Only with CUDA graphs on.
+cuda_graph_max_bs = None
+# Tokens in one chunk of a chunked prefill (--chunked-prefill-size); -1 turns chunking off;
+# null: SGLang's size for the GPU.
+chunked_prefill_size = None
+# Order of the waiting requests (--schedule-policy): lpm, random, fcfs, dfs-weight, lof,
+# priority, routing-key; from 0.5.22 also hrrn, shortest-prefill-first; null: SGLang's (fcfs).
+schedule_policy = None
 # FlashInfer allreduce fusion (never on compute capability 12.x):
 # --enable-flashinfer-allreduce-fusion, from 0.5.14 --flashinfer-allreduce-fusion-backend auto.
 enable_flashinfer_allreduce_fusion = False
