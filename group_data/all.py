@@ -233,3 +233,20 @@ bench_metrics_sample_ms = 1000
 # Warn (with tuning hints) when GPUs draw on average under this share of their power limit, in
 # percent, at the highest concurrency.
 bench_low_power_pct = 60
+
+# --- Tuning (make tune) ---------------------------------------------------------------------
+# The search's space: setting -> values to try, e.g. {max_running_requests: [null, 256, 512]};
+# null: the default space (the request cap, CUDA graphs and their batch size,
+# mem_fraction_static, chunked prefill, the MoE backend where the model is MoE, the schedule
+# policy). A setting given in the container's own entry is the user's and never moved.
+tune_space = None
+# Seconds the search may spend in all (restarts and benchmarks); it stops earlier when no
+# candidate could beat the best by more than the measured noise.
+tune_budget_s = 28800
+# Concurrency whose output tok/s is the objective; null: the highest of bench_concurrencies.
+tune_concurrency = None
+# A try whose p99 time to first token (ms) at that concurrency is above this fails; null: none.
+tune_max_p99_ttft_ms = None
+# The best flags go to DIR/<host>-<container>.yml on the machine running pyinfra (relative to
+# the directory pyinfra runs in); the deploy reads it under the container's own entry.
+tune_dir = "tuned"

@@ -556,6 +556,15 @@ class ContainerSettings(_Strict):
     bench_metrics_sample_ms: Int = Field(ge=100, le=60000)
     bench_low_power_pct: float = Field(ge=0, le=100)
 
+    # Coordinates and values are checked against the tuning space when the hosts file is read
+    # (hosts_file: tuning.space.user_space), where the release is known.
+    tune_space: dict[str, list[Any]] | None
+    # From ten minutes (a restart and one benchmark) up to a week.
+    tune_budget_s: Int = Field(ge=600, le=604800)
+    tune_concurrency: Int | None = Field(ge=1)
+    tune_max_p99_ttft_ms: float | None = Field(gt=0)
+    tune_dir: LocalPath
+
     @field_validator("gpus", "nodes", "bench_concurrencies", "bench_quick_concurrencies")
     @classmethod
     def _distinct(cls, value: Any, info: ValidationInfo) -> Any:
