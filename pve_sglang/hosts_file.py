@@ -28,7 +28,7 @@ from pve_sglang.connectors.container import LOCAL_HOSTNAMES as LOCAL_NAMES
 from pve_sglang.container_config.lxc_keys import check_settings as check_lxc_settings
 from pve_sglang.project import load_defaults
 from pve_sglang.stack.platform import release_of
-from pve_sglang.tuning.space import SpaceError, user_space
+from pve_sglang.tuning.space import COORDINATES, SpaceError, user_space
 from pve_sglang.tuning.tuned_file import TunedFileError, read_tuned, tuned_path
 from pve_sglang.runtime import pyinfra_private
 from pve_sglang.config.settings import (
@@ -56,7 +56,8 @@ PLATFORMS = {"pve": ("pct", "vmid", "pct_vmid"), "lxc": ("lxc", "name", "lxc_nam
 HOST_CONNECTOR = "ssh"
 #: Keys this module writes into host data; a hosts file or ``--data`` cannot set them.
 INVENTORY_KEYS = frozenset(
-    {"pve_host", "containers", *(data_key for _, _, data_key in PLATFORMS.values())}
+    {"pve_host", "containers", "tune_pinned",
+     *(data_key for _, _, data_key in PLATFORMS.values())}
 )
 #: Keys that decide the inventory's shape (names, connectors): ``--data`` cannot change them,
 #: because pyinfra applies ``--data`` after the inventory was built from the file.
@@ -557,6 +558,8 @@ def _build_host(
             **data,
             "pve_host": inventory_name,
             "platform": platform,
+            # The search's settings the container's own entry sets: the user's, never tuned.
+            "tune_pinned": sorted(set(container) & set(COORDINATES)),
             data_key: key,
             **({"lxc_path": host_settings.lxc_path} if platform == "lxc" else {}),
         }))

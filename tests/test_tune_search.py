@@ -37,10 +37,10 @@ SEEDS = range(10)
 
 
 @pytest.mark.parametrize("release, moe, has_backend, policies", [
-    ("0.5.9", True, True, ("fcfs", "lpm")),
-    ("0.5.18", False, False, ("fcfs", "lpm")),
-    ("0.5.22", True, True, ("fcfs", "lpm", "hrrn")),
-    ("0.5.23", False, False, ("fcfs", "lpm", "hrrn")),
+    ("0.5.9", True, True, (None, "lpm")),
+    ("0.5.18", False, False, (None, "lpm")),
+    ("0.5.22", True, True, (None, "lpm", "hrrn")),
+    ("0.5.23", False, False, (None, "lpm", "hrrn")),
 ])
 def test_default_space_per_release_and_model(release, moe, has_backend, policies):
     space = default_space(release, moe)

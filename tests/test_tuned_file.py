@@ -11,6 +11,8 @@ from pve_sglang.config.settings import ContainerSettings, SettingsError
 from pve_sglang.hosts_file import build_groups
 from pve_sglang.project import load_defaults
 from pve_sglang.server.command import server_argv
+from pve_sglang.tuning.plan import is_moe, plan_lines, space_for
+from pve_sglang.tuning.space import grid
 from pve_sglang.tuning.tuned_file import (
     TunedFileError,
     read_tuned,
@@ -118,3 +120,53 @@ def test_tune_space_may_not_move_what_the_container_entry_sets(tmp_path, monkeyp
         build_groups(hosts({"tune_space": {"max_running_requests": [None, 256]},
                             "max_running_requests": 64}))
     build_groups(hosts({"tune_space": {"max_running_requests": [None, 256]}}))
+
+
+# --- the plan (make tune ARGS=--dry) ------------------------------------------------------
+
+
+def container_settings(doc: dict) -> tuple[ContainerSettings, frozenset]:
+    data = {**load_defaults(), **container_data(doc)}
+    fields = {k: v for k, v in data.items() if k in ContainerSettings.model_fields}
+    return ContainerSettings.model_validate(fields), frozenset(data["tune_pinned"])
+
+
+@pytest.mark.parametrize("config, moe", [
+    ({"num_local_experts": 8}, True), ({"n_routed_experts": 256}, True),
+    ({"moe_intermediate_size": 1536}, True), ({"text_config": {"num_experts": 128}}, True),
+    ({"num_hidden_layers": 32, "num_local_experts": 0}, False), ({}, False),
+])
+def test_a_moe_model_is_told_by_its_config(config, moe):
+    assert is_moe(config) is moe
+
+
+def test_the_plan_lists_space_budget_objective_and_first_tries(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    settings, pinned = container_settings(hosts({"max_running_requests": 64,
+                                                 "tune_max_p99_ttft_ms": 900}))
+    assert pinned == {"max_running_requests"}
+    text = "\n".join(plan_lines("@pct/pve1/105", settings, None, pinned))
+    assert "output tok/s at concurrency 1024, p99 time to first token at most 900 ms" in text
+    assert "budget: 28800 s (8.0 h)" in text
+    assert "max_running_requests:" not in text  # the container's own: kept
+    assert "kept as the container's own entry sets them: max_running_requests" in text
+    assert "mem_fraction_static: 0.8, 0.85, 0.88, 0.9, [0.92], 0.94" in text
+    assert ("moe_runner_backend: 'auto', 'triton', ['flashinfer_cutlass'], 'flashinfer_trtllm' "
+            "(only if the model is MoE") in text
+    assert "schedule_policy: [None], 'lpm', 'hrrn'" in text  # None: SGLang's own (fcfs)
+    assert "1. the server as found: chunked_prefill_size=None, " in text
+    assert "3. the server as found again (the noise, 2 of 2)" in text
+    assert "4. the best at 0.25 (mem_fraction_static first: no figures yet)" in text
+    assert "5. mem_fraction_static=0.8 at 0.25" in text
+    grid_size = len(grid(space_for(settings, None, pinned)))
+    assert f"space ({grid_size} candidates in the grid)" in text
+
+
+def test_the_plan_of_a_user_space_and_a_dense_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    settings, pinned = container_settings(hosts({"tune_space": {
+        "max_running_requests": [None, 256], "disable_cuda_graph": [True, False]}}))
+    assert space_for(settings, False, pinned) == {"max_running_requests": (None, 256),
+                                                  "disable_cuda_graph": (True, False)}
+    assert "moe_runner_backend" not in space_for(
+        settings.model_copy(update={"tune_space": None}), False, pinned)

@@ -44,7 +44,7 @@ DEFAULTS: dict[str, tuple[Any, ...]] = {
     "cuda_graph_max_bs": (None, 64, 160, 256, 512),
     "moe_runner_backend": ("auto", "triton", "flashinfer_cutlass", "flashinfer_trtllm"),
     "chunked_prefill_size": (None, 2048, 4096, 8192, 16384),
-    "schedule_policy": ("fcfs", "lpm", "hrrn"),
+    "schedule_policy": (None, "lpm", "hrrn"),  # None: SGLang's own, fcfs
 }
 #: A schedule policy newer than 0.5.9 -> the first release with it.
 POLICY_SINCE = SCHEDULE_POLICY_SINCE
