@@ -106,6 +106,10 @@ class Landscape:
                 factor *= float(rule.get(what, 1.0))
         return factor
 
+    def rate(self, candidate: dict[str, Any]) -> float:
+        """How much faster each running request goes than with the landscape's base flags."""
+        return self._effect(candidate, "rate")
+
     def failure(self, candidate: dict[str, Any]) -> str | None:
         """How CANDIDATE's start or run ends, or None when it serves."""
         for rule in self.data.get("failures", []):
