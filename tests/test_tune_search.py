@@ -17,6 +17,7 @@ import pytest
 
 import tune_sim
 from landscape import Landscape, LandscapeError
+from pve_sglang.tuning import record
 from pve_sglang.tuning import space as tuning_space
 from pve_sglang.tuning.space import SpaceError, default_space, grid, user_space, valid
 from pve_sglang.tuning.strategy import (
@@ -24,6 +25,7 @@ from pve_sglang.tuning.strategy import (
     Proposal,
     Replayed,
     Search,
+    Try,
     coordinate_order,
     keep,
     ruled_out,
@@ -218,3 +220,70 @@ def test_coordinates_of_the_space_are_those_of_the_settings():
     from pve_sglang.config.settings import ContainerSettings
 
     assert set(tuning_space.COORDINATES) <= set(ContainerSettings.model_fields)
+
+
+# --- the record of tries ------------------------------------------------------------------
+
+
+def recorded_search(landscape, path, seed, die_after=None, replay=None) -> Search:
+    """A search whose every try goes to the record at PATH as it ends; killed (KeyboardInterrupt,
+    as Ctrl-C) after DIE_AFTER tries; replaying REPLAY first."""
+    live = tune_sim.Simulated(landscape, seed=seed)
+    made = []
+
+    def measure(proposal: Proposal) -> Outcome:
+        if die_after is not None and len(made) >= die_after:
+            raise KeyboardInterrupt
+        outcome = live(proposal)
+        made.append(proposal)
+        record.add(path, Try(proposal, outcome))
+        return outcome
+
+    search = Search(landscape.space, landscape.start, budget_s=1e9)
+    if replay is None:
+        record.begin(path, landscape.start)
+        return search.run(measure)
+    return search.run(Replayed(replay.tries, measure))
+
+
+def test_a_killed_search_keeps_its_record_and_the_next_run_ends_it(tmp_path):
+    landscape = Landscape.read(LANDSCAPES[1])
+    path = record.record_path(tmp_path / "pve1-105.yml")
+    assert path.name == "pve1-105.tries.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        recorded_search(landscape, path, seed=1, die_after=25)
+    killed = record.read(path)
+    assert killed.found == landscape.start and len(killed.tries) == 25 and killed.ended is None
+    # A kill mid-line leaves a torn line: the reading stops there, the tries before it kept.
+    with open(path, "a") as handle:
+        handle.write('{"event": "try", "candidate": {"max_running')
+    torn = record.read(path)
+    assert len(torn.tries) == 25 and "line 27 not read" in torn.cut
+    path.write_text("\n".join(path.read_text().splitlines()[:26]) + "\n")
+    again = recorded_search(landscape, path, seed=1, replay=killed)
+    record.end(path, again.best, again.best_score, again.stopped)
+    done = record.read(path)
+    assert done.ended["stopped"].startswith("no candidate left") and not done.cut
+    assert [t.proposal for t in done.tries[:25]] == [t.proposal for t in killed.tries]
+    assert len(done.tries) == len(again.tries)  # each try measured once, over both runs
+    assert landscape.objective(again.best) >= 0.95 * tune_sim.best_of(landscape)[1]
+
+
+@pytest.mark.parametrize("line, why", [
+    ('{"event": "try", "candidate": {"schedule_policy": "$(touch F)"}, "length": 1, '
+     '"ended": "measured", "objective": 1, "cost_s": 1}', "schedule_policy value '$(touch F)'"),
+    ('{"event": "try", "candidate": {}, "length": 2, "ended": "measured", "cost_s": 1}',
+     "length 2"),
+    ('{"event": "try", "candidate": {}, "length": 1, "ended": "reboot", "cost_s": 1}',
+     "ended 'reboot'"),
+    ('{"event": "found", "candidate": {}}', "a 'found' line here"),
+    ('[1, 2]', "a None line here"),
+])
+def test_a_record_line_not_as_the_search_writes_it_ends_the_reading(tmp_path, line, why):
+    path = tmp_path / "r.tries.jsonl"
+    record.begin(path, {"max_running_requests": 64})
+    with open(path, "a") as handle:
+        handle.write(line + "\n")
+    read = record.read(path)
+    assert read.found == {"max_running_requests": 64} and read.tries == []
+    assert "line 2 not read" in read.cut and why in read.cut
