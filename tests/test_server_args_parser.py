@@ -29,6 +29,7 @@ from pve_sglang.config.settings import ContainerSettings
 from pve_sglang.project import load_defaults
 from pve_sglang.server import spelling
 from pve_sglang.server.command import EnvRef, check_flags, known_flags, server_argv
+from pve_sglang.tuning.space import default_space
 from server_args_venv import parser_venv
 
 PARSED_RELEASES = ["0.5.9", "0.5.10", "0.5.11", "0.5.13", "0.5.14", "0.5.18", "0.5.22", "0.5.23"]
@@ -114,7 +115,20 @@ def cases(release: str) -> dict[str, list[str]]:
         "old graph bs": [*launch, "--cuda-graph-max-bs", "8"],
         "metrics off": server_argv(settings(release, enable_metrics=False), 8, H100, None, 1,
                                    None, PY),
+        **tune_cases(release),
     }
+
+
+def tune_cases(release: str) -> dict[str, list[str]]:
+    """Each value of the tuning search's default space (MoE included), the others the
+    defaults, as the deploy renders it for RELEASE (a batch size with CUDA graphs on)."""
+    out = {}
+    for coordinate, values in default_space(release, moe=True).items():
+        for value in values:
+            graphs = {"disable_cuda_graph": False} if coordinate == "cuda_graph_max_bs" else {}
+            s = settings(release, **graphs).model_copy(update={coordinate: value})
+            out[f"tune {coordinate}={value!r}"] = server_argv(s, 8, H100, None, 1, None, PY)
+    return out
 
 
 def deprecations(parsed: dict) -> list[str]:
@@ -322,3 +336,24 @@ def test_old_cuda_graph_max_bs_deprecated_or_refused_where_the_table_leaves_it(r
         assert old["status"] == 0 and deprecations(old) == []
     else:  # deprecated (0.5.14 to 0.5.18) or ambiguous and refused (0.5.22 on)
         assert old["status"] != 0 or deprecations(old), old
+
+
+@pytest.mark.parametrize("release", PARSED_RELEASES)
+def test_every_value_of_the_tuning_space_parses_as_rendered(release, parsed):
+    """The search's candidates are settings the deploy renders: each value of the default
+    space, in the release's spelling, parses without a deprecation and means what it says."""
+    new = Version(release) >= NEW_SPELLINGS
+    graph_bs = "cuda_graph_max_bs_decode" if new else "cuda_graph_max_bs"
+    dests = {"cuda_graph_max_bs": graph_bs}
+    cases = {name: got for name, got in parsed[release].items() if name.startswith("tune ")}
+    assert len(cases) == sum(len(v) for v in default_space(release, moe=True).values())
+    for name, got in cases.items():
+        assert got["status"] == 0 and deprecations(got) == [], (name, got["stderr"][-500:])
+        coordinate, value = name.removeprefix("tune ").split("=", 1)
+        seen = got["values"][dests.get(coordinate, coordinate)]
+        if coordinate == "disable_cuda_graph" and new:
+            seen = got["values"]["cuda_graph_backend_decode"] == "disabled"
+        if coordinate == "schedule_policy" and value == "None":
+            assert seen == "fcfs", name  # SGLang's own
+            continue
+        assert repr(seen) == value, name
