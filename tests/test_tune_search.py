@@ -287,3 +287,20 @@ def test_a_record_line_not_as_the_search_writes_it_ends_the_reading(tmp_path, li
     read = record.read(path)
     assert read.found == {"max_running_requests": 64} and read.tries == []
     assert "line 2 not read" in read.cut and why in read.cut
+
+
+def test_the_table_and_the_plot_of_every_try(tmp_path):
+    from pve_sglang.tuning.report import plot, summary_table
+
+    landscape = Landscape.read(LANDSCAPES[1])
+    path = tmp_path / "pve1-105.tries.jsonl"
+    run = recorded_search(landscape, path, seed=2)
+    record.end(path, run.best, run.best_score, run.stopped)
+    read = record.read(path)
+    table = summary_table(read).splitlines()
+    assert len([line for line in table if line.startswith("| ")]) == len(run.tries) + 2
+    assert table[2].startswith("| 1 | (none) | 1 | measured | ")
+    assert any("| oom |" in line or "| start |" in line or "| stall |" in line for line in table)
+    assert table[-1].startswith("best: ") and "no candidate left" in table[-1]
+    plot(read, tmp_path / "tries.png", "graph_cap_coupled")
+    assert (tmp_path / "tries.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
