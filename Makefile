@@ -15,7 +15,7 @@ define apt_install
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null
 endef
 
-.PHONY: deploy deploy-deps test test-fast system-deps bench lock bench-stack release
+.PHONY: deploy deploy-deps tune test test-fast system-deps bench lock bench-stack release
 
 # The tests' caches (the Debian rootfs, wheels, venvs: GBs, built once) live outside the clone
 # as root, so that a fresh clone on this machine finds them (CI's .ci/run uses the same folder).
@@ -50,6 +50,11 @@ endif
 
 deploy: deploy-deps $(STAMP)
 	$(VENV)/bin/pyinfra inventory.py deploy.py $(ARGS)
+
+# The tuning search over the server's flags (pyinfra inventory.py tune.py); ARGS=--dry shows
+# its plan, ARGS="--limit NAME" picks one container.
+tune: deploy-deps $(STAMP)
+	$(VENV)/bin/pyinfra inventory.py tune.py $(ARGS)
 
 test: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(ARGS)

@@ -142,6 +142,15 @@ max_running_requests = None
 # Turn CUDA graphs off (as in the tuned run): --disable-cuda-graph, from 0.5.14
 # --cuda-graph-backend-decode/--cuda-graph-backend-prefill disabled.
 disable_cuda_graph = True
+# Largest batch replayed from a CUDA graph (--cuda-graph-max-bs, from 0.5.14
+# --cuda-graph-max-bs-decode); null: SGLang sizes it for the GPU. Only with CUDA graphs on.
+cuda_graph_max_bs = None
+# Tokens in one chunk of a chunked prefill (--chunked-prefill-size); -1 turns chunking off;
+# null: SGLang's size for the GPU.
+chunked_prefill_size = None
+# Order of the waiting requests (--schedule-policy): lpm, random, fcfs, dfs-weight, lof,
+# priority, routing-key; from 0.5.22 also hrrn, shortest-prefill-first; null: SGLang's (fcfs).
+schedule_policy = None
 # FlashInfer allreduce fusion (never on compute capability 12.x):
 # --enable-flashinfer-allreduce-fusion, from 0.5.14 --flashinfer-allreduce-fusion-backend auto.
 enable_flashinfer_allreduce_fusion = False
@@ -224,3 +233,20 @@ bench_metrics_sample_ms = 1000
 # Warn (with tuning hints) when GPUs draw on average under this share of their power limit, in
 # percent, at the highest concurrency.
 bench_low_power_pct = 60
+
+# --- Tuning (make tune) ---------------------------------------------------------------------
+# The search's space: setting -> values to try, e.g. {max_running_requests: [null, 256, 512]};
+# null: the default space (the request cap, CUDA graphs and their batch size,
+# mem_fraction_static, chunked prefill, the MoE backend where the model is MoE, the schedule
+# policy). A setting given in the container's own entry is the user's and never moved.
+tune_space = None
+# Seconds the search may spend in all (restarts and benchmarks); it stops earlier when no
+# candidate could beat the best by more than the measured noise.
+tune_budget_s = 28800
+# Concurrency whose output tok/s is the objective; null: the highest of bench_concurrencies.
+tune_concurrency = None
+# A try whose p99 time to first token (ms) at that concurrency is above this fails; null: none.
+tune_max_p99_ttft_ms = None
+# The best flags go to DIR/<host>-<container>.yml on the machine running pyinfra (relative to
+# the directory pyinfra runs in); the deploy reads it under the container's own entry.
+tune_dir = "tuned"

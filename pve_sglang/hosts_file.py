@@ -28,6 +28,8 @@ from pve_sglang.connectors.container import LOCAL_HOSTNAMES as LOCAL_NAMES
 from pve_sglang.container_config.lxc_keys import check_settings as check_lxc_settings
 from pve_sglang.project import load_defaults
 from pve_sglang.stack.platform import release_of
+from pve_sglang.tuning.space import COORDINATES, SpaceError, user_space
+from pve_sglang.tuning.tuned_file import TunedFileError, read_tuned, tuned_path
 from pve_sglang.runtime import pyinfra_private
 from pve_sglang.config.settings import (
     CONTAINER_FIELDS,
@@ -54,7 +56,8 @@ PLATFORMS = {"pve": ("pct", "vmid", "pct_vmid"), "lxc": ("lxc", "name", "lxc_nam
 HOST_CONNECTOR = "ssh"
 #: Keys this module writes into host data; a hosts file or ``--data`` cannot set them.
 INVENTORY_KEYS = frozenset(
-    {"pve_host", "containers", *(data_key for _, _, data_key in PLATFORMS.values())}
+    {"pve_host", "containers", "tune_pinned",
+     *(data_key for _, _, data_key in PLATFORMS.values())}
 )
 #: Keys that decide the inventory's shape (names, connectors): ``--data`` cannot change them,
 #: because pyinfra applies ``--data`` after the inventory was built from the file.
@@ -555,6 +558,8 @@ def _build_host(
             **data,
             "pve_host": inventory_name,
             "platform": platform,
+            # The search's settings the container's own entry sets: the user's, never tuned.
+            "tune_pinned": sorted(set(container) & set(COORDINATES)),
             data_key: key,
             **({"lxc_path": host_settings.lxc_path} if platform == "lxc" else {}),
         }))
@@ -599,6 +604,14 @@ def _validated_container(host_name: str, key: Any, container: dict[str, Any],
     host_path = (host_name,)
     platform = host_settings.platform
     data = {**container_defaults, **container}
+    try:
+        if key is not None:
+            data = {**container_defaults, **_tuned(host_name, key, data, defaults, override),
+                    **container}
+        _check_tune_space(host_name, key, container, {**defaults, **data, **override})
+    except SettingsError as error:
+        paths = (path, host_path) if path != host_path else (host_path,)
+        raise _located(error, hosts, *paths, override=override) from None
     if {**defaults, **data, **override}.get("stack_python") is None:
         # The container's python3 is its Debian release's: the template or lxc_release it is
         # created from (Proxmox VE 9's debian-13-standard, trixie: 3.13).
@@ -620,6 +633,41 @@ def _validated_container(host_name: str, key: Any, container: dict[str, Any],
         paths = (path, host_path) if path != host_path else (host_path,)
         raise _located(error, hosts, *paths, override=override) from None
     return data
+
+
+def _tuned(host_name: str, key: Any, data: dict[str, Any], defaults: dict[str, Any],
+           override: dict[str, Any]) -> dict[str, Any]:
+    """The container's tuned file (``make tune``'s best), less what its own entry or ``--data``
+    sets: those are the user's and win."""
+    tune_dir = {**defaults, **data, **override}.get("tune_dir")
+    if not isinstance(tune_dir, str):
+        return {}  # the settings' own check names a bad tune_dir
+    path = tuned_path(tune_dir, host_name, str(key))
+    try:
+        tuned = read_tuned(path)
+    except TunedFileError as error:
+        raise SettingsError(f"host {host_name}, container {key}: {error}") from None
+    return {k: v for k, v in tuned.items() if k not in override}
+
+
+def _check_tune_space(host_name: str, key: Any, container: dict[str, Any],
+                      merged: dict[str, Any]) -> None:
+    """tune_space: only the search's settings, each value allowed by its setting and the
+    container's release, none that the container's own entry sets (the user's, never moved)."""
+    given = merged.get("tune_space")
+    if not isinstance(given, dict):
+        return  # null, or the settings' own check names it
+    where = f"host {host_name}" + ("" if key is None else f", container {key}")
+    release = str(merged.get("sglang_version"))
+    try:
+        user_space({k: v if isinstance(v, list) else [v] for k, v in given.items()}, release)
+    except SpaceError as error:
+        raise SettingsError(f"{where}: field {error}") from None
+    pinned = sorted(set(given) & set(container))
+    if pinned:
+        raise SettingsError(f"{where}: field tune_space names {', '.join(pinned)}, which the "
+                            "container's own entry sets (the user's value, never moved by the "
+                            "search); allowed: remove it from one of them")
 
 
 def _check_nodes(gpu_containers: Group) -> None:

@@ -37,6 +37,17 @@ wheels). The figures are the stand-in's own load: ``/generate`` requests are adm
 ``--max-running`` at once (0: no cap) and while their tokens (prompt and ``max_new_tokens``)
 fit in ``--kv-tokens``; the others wait in the queue, as a capped or full server's do.
 
+With ``--landscape FILE`` (``tests/landscapes/*.yaml``, read by ``landscape.py`` beside it) the
+server follows from its own flags as the landscape says: SGLang's tuning flags are taken as
+SGLang spells them (``--max-running-requests``, ``--mem-fraction-static``,
+``--disable-cuda-graph`` or ``--cuda-graph-backend-decode disabled``, ``--cuda-graph-max-bs``
+or ``--cuda-graph-max-bs-decode``, ``--moe-runner-backend``, ``--chunked-prefill-size``,
+``--schedule-policy``); a candidate the landscape fails starts as the matching case (``oom``,
+``start`` -> ``crash-load``, ``stall`` -> ``stall-autotune``, ``degenerate``), another one
+admits requests up to the landscape's cap and KV tokens (``--kv-scale`` divides them, so that a
+test's few requests fill it) and streams its tokens at ``--token-delay`` over the landscape's
+rate.
+
 EVENT-FILE gets the wall time (seconds since the epoch) of the case's event: the exit, the last
 line before the silence, or the degenerate answer. Not a mock of the deploy: a server process
 the deploy's own unit runs, whose output reaches the journal as SGLang's does.
@@ -291,6 +302,50 @@ def server_info(key: str) -> dict:
             "internal_states": [{"avg_spec_accept_length": None}], "version": "standin"}
 
 
+#: A landscape's failure -> the case that shows it.
+FAILURE_CASES = {"oom": "oom", "start": "crash-load", "stall": "stall-autotune",
+                 "degenerate": "degenerate"}
+
+
+def sglang_candidate(flags: list[str]) -> dict:
+    """The tuning settings SGLang's flags FLAGS set (both spellings of each release)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--max-running-requests", type=int)
+    parser.add_argument("--mem-fraction-static", type=float)
+    parser.add_argument("--disable-cuda-graph", action="store_true")
+    parser.add_argument("--cuda-graph-backend-decode")
+    parser.add_argument("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", type=int)
+    parser.add_argument("--moe-runner-backend")
+    parser.add_argument("--chunked-prefill-size", type=int)
+    parser.add_argument("--schedule-policy")
+    known, _ = parser.parse_known_args(flags)
+    return {"max_running_requests": known.max_running_requests,
+            "mem_fraction_static": known.mem_fraction_static,
+            "disable_cuda_graph": known.disable_cuda_graph
+            or known.cuda_graph_backend_decode == "disabled",
+            "cuda_graph_max_bs": known.cuda_graph_max_bs,
+            "moe_runner_backend": known.moe_runner_backend,
+            "chunked_prefill_size": known.chunked_prefill_size,
+            "schedule_policy": known.schedule_policy}
+
+
+def landscape_server(args: argparse.Namespace, flags: list[str]) -> None:
+    """Set ARGS (case, cap, KV tokens, pace) from the landscape and the server's FLAGS."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from landscape import Landscape
+
+    landscape = Landscape.read(args.landscape)
+    candidate = sglang_candidate(flags)
+    ended = landscape.failure(candidate)
+    if ended:
+        args.case = FAILURE_CASES[ended]
+        return
+    args.max_running = (candidate["max_running_requests"]
+                        or landscape.data["sglang_defaults"]["cap"])
+    args.kv_tokens = max(1, int(landscape.kv_tokens(candidate) / args.kv_scale))
+    args.token_delay /= landscape.rate(candidate)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--logs", required=True, type=Path)
@@ -303,7 +358,13 @@ def main() -> int:
     parser.add_argument("--max-running", type=int, default=0)
     parser.add_argument("--kv-tokens", type=int, default=1_000_000)
     parser.add_argument("--token-delay", type=float, default=0.005)
-    args = parser.parse_args()
+    parser.add_argument("--landscape", type=Path)
+    parser.add_argument("--kv-scale", type=float, default=1.0)
+    args, sglang_flags = parser.parse_known_args()
+    if sglang_flags and not args.landscape:  # SGLang's own flags only mean something there
+        parser.error(f"unrecognized arguments: {' '.join(sglang_flags)}")
+    if args.landscape:
+        landscape_server(args, sglang_flags)
     SCALE["pause"] = args.pause_scale
     SCALE["token"] = args.token_delay
     METRICS_ON["on"] = args.enable_metrics

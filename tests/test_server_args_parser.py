@@ -29,6 +29,7 @@ from pve_sglang.config.settings import ContainerSettings
 from pve_sglang.project import load_defaults
 from pve_sglang.server import spelling
 from pve_sglang.server.command import EnvRef, check_flags, known_flags, server_argv
+from pve_sglang.tuning.space import default_space
 from server_args_venv import parser_venv
 
 PARSED_RELEASES = ["0.5.9", "0.5.10", "0.5.11", "0.5.13", "0.5.14", "0.5.18", "0.5.22", "0.5.23"]
@@ -84,7 +85,8 @@ def full_settings(release: str, **overrides) -> ContainerSettings:
     return settings(release, **{
         "disable_cuda_graph": True, "enable_flashinfer_allreduce_fusion": True,
         "max_running_requests": 64, "served_model_name": "glm-5", "api_key": "sk-test",
-        "nodes": ["a", "b"], **overrides})
+        "nodes": ["a", "b"], "cuda_graph_max_bs": 160, "chunked_prefill_size": 4096,
+        "schedule_policy": "lpm", **overrides})
 
 
 def full_argv(release: str, **overrides) -> list[str]:
@@ -109,9 +111,24 @@ def cases(release: str) -> dict[str, list[str]]:
         "default": server_argv(settings(release), 8, H100, None, 1, None, PY),
         "old cuda graph": [*launch, "--disable-cuda-graph"],
         "dsa": [*launch, "--attention-backend", "dsa"],
+        "hrrn": [*launch, "--schedule-policy", "hrrn"],
+        "old graph bs": [*launch, "--cuda-graph-max-bs", "8"],
         "metrics off": server_argv(settings(release, enable_metrics=False), 8, H100, None, 1,
                                    None, PY),
+        **tune_cases(release),
     }
+
+
+def tune_cases(release: str) -> dict[str, list[str]]:
+    """Each value of the tuning search's default space (MoE included), the others the
+    defaults, as the deploy renders it for RELEASE (a batch size with CUDA graphs on)."""
+    out = {}
+    for coordinate, values in default_space(release, moe=True).items():
+        for value in values:
+            graphs = {"disable_cuda_graph": False} if coordinate == "cuda_graph_max_bs" else {}
+            s = settings(release, **graphs).model_copy(update={coordinate: value})
+            out[f"tune {coordinate}={value!r}"] = server_argv(s, 8, H100, None, 1, None, PY)
+    return out
 
 
 def deprecations(parsed: dict) -> list[str]:
@@ -151,6 +168,22 @@ def test_spelling_per_release(release, cuda_graph, fusion, dsa):
     assert spelling.attention_backend("nsa", release) == dsa
     assert spelling.attention_backend("dsa", release) == dsa
     assert spelling.attention_backend("flashinfer", release) == "flashinfer"
+
+
+@pytest.mark.parametrize("release, graph_bs", [
+    ("0.5.9", "--cuda-graph-max-bs"), ("0.5.13.post1", "--cuda-graph-max-bs"),
+    ("0.5.14", "--cuda-graph-max-bs-decode"), ("0.5.23", "--cuda-graph-max-bs-decode"),
+])
+def test_cuda_graph_max_bs_per_release(release, graph_bs):
+    assert spelling.flag("cuda_graph_max_bs", release) == [graph_bs]
+
+
+@pytest.mark.parametrize("release, policy, refused", [
+    ("0.5.9", "lpm", False), ("0.5.9", "hrrn", True), ("0.5.18", "shortest-prefill-first", True),
+    ("0.5.22", "hrrn", False), ("0.5.23", "shortest-prefill-first", False), ("0.5.9", None, False),
+])
+def test_schedule_policy_per_release(release, policy, refused):
+    assert (spelling.schedule_policy_problem(policy, release) is not None) is refused
 
 
 def test_unknown_spelling_names_the_known():
@@ -236,6 +269,9 @@ def test_rendered_command_parses_without_deprecation(release, parsed):
     assert values["moe_runner_backend"] == "flashinfer_cutlass"
     assert values["mem_fraction_static"] == 0.92
     assert values["enable_metrics"] is True  # enable_metrics: on by default
+    assert values["chunked_prefill_size"] == 4096 and values["schedule_policy"] == "lpm"
+    graph_bs = "cuda_graph_max_bs_decode" if Version(release) >= NEW_SPELLINGS else "cuda_graph_max_bs"
+    assert values[graph_bs] == 160
     if Version(release) >= NEW_SPELLINGS:
         assert values["cuda_graph_backend_decode"] == "disabled"
         assert values["cuda_graph_backend_prefill"] == "disabled"
@@ -284,3 +320,40 @@ def test_dsa_is_refused_before_0_5_13(release, parsed):
         assert "invalid choice: 'dsa'" in parsed["stderr"]
     else:
         assert parsed["status"] == 0 and parsed["values"]["attention_backend"] == "dsa"
+
+
+@pytest.mark.parametrize("release", PARSED_RELEASES)
+def test_schedule_policy_table_matches_the_parser(release, parsed):
+    """hrrn parses exactly where the table lets it through."""
+    allowed = spelling.schedule_policy_problem("hrrn", release) is None
+    assert (parsed[release]["hrrn"]["status"] == 0) is allowed, parsed[release]["hrrn"]["stderr"]
+
+
+@pytest.mark.parametrize("release", PARSED_RELEASES)
+def test_old_cuda_graph_max_bs_deprecated_or_refused_where_the_table_leaves_it(release, parsed):
+    old = parsed[release]["old graph bs"]
+    if spelling.flag("cuda_graph_max_bs", release) == ["--cuda-graph-max-bs"]:
+        assert old["status"] == 0 and deprecations(old) == []
+    else:  # deprecated (0.5.14 to 0.5.18) or ambiguous and refused (0.5.22 on)
+        assert old["status"] != 0 or deprecations(old), old
+
+
+@pytest.mark.parametrize("release", PARSED_RELEASES)
+def test_every_value_of_the_tuning_space_parses_as_rendered(release, parsed):
+    """The search's candidates are settings the deploy renders: each value of the default
+    space, in the release's spelling, parses without a deprecation and means what it says."""
+    new = Version(release) >= NEW_SPELLINGS
+    graph_bs = "cuda_graph_max_bs_decode" if new else "cuda_graph_max_bs"
+    dests = {"cuda_graph_max_bs": graph_bs}
+    cases = {name: got for name, got in parsed[release].items() if name.startswith("tune ")}
+    assert len(cases) == sum(len(v) for v in default_space(release, moe=True).values())
+    for name, got in cases.items():
+        assert got["status"] == 0 and deprecations(got) == [], (name, got["stderr"][-500:])
+        coordinate, value = name.removeprefix("tune ").split("=", 1)
+        seen = got["values"][dests.get(coordinate, coordinate)]
+        if coordinate == "disable_cuda_graph" and new:
+            seen = got["values"]["cuda_graph_backend_decode"] == "disabled"
+        if coordinate == "schedule_policy" and value == "None":
+            assert seen == "fcfs", name  # SGLang's own
+            continue
+        assert repr(seen) == value, name

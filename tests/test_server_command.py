@@ -117,6 +117,33 @@ def test_cuda_graph_kept_when_not_disabled():
     assert not {"--disable-cuda-graph", "--cuda-graph-backend-decode"} & set(argv)
 
 
+def test_tuning_flags_rendered_only_when_set():
+    plain = argv_for()
+    assert not {"--cuda-graph-max-bs", "--chunked-prefill-size", "--schedule-policy"} & set(plain)
+    tuned = settings(cuda_graph_max_bs=160, chunked_prefill_size=8192, schedule_policy="lpm")
+    old = pairs(argv_for(tuned.model_copy(update={"sglang_version": "0.5.9"})))
+    assert old["--cuda-graph-max-bs"] == "160" and old["--chunked-prefill-size"] == "8192"
+    assert old["--schedule-policy"] == "lpm"
+    new = pairs(argv_for(tuned.model_copy(update={"sglang_version": "0.5.23"})))
+    assert new["--cuda-graph-max-bs-decode"] == "160" and "--cuda-graph-max-bs" not in new
+
+
+def test_schedule_policy_of_a_newer_release_refused_on_the_older():
+    s = settings(schedule_policy="hrrn").model_copy(update={"sglang_version": "0.5.9"})
+    with pytest.raises(ValueError, match="schedule_policy.*'hrrn' came in sglang 0.5.22.*0.5.9"):
+        argv_for(s)
+    assert "hrrn" in argv_for(s.model_copy(update={"sglang_version": "0.5.23"}))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("cuda_graph_max_bs", 0), ("chunked_prefill_size", 0), ("chunked_prefill_size", -2),
+    ("schedule_policy", "fifo"), ("cuda_graph_max_bs", True),
+])
+def test_bad_tuning_settings_refused(field, value):
+    with pytest.raises(ValidationError, match=field):
+        settings(**{field: value})
+
+
 def test_tp_override():
     assert pairs(argv_for(settings(tp_size=4)))["--tp-size"] == "4"
 
@@ -303,7 +330,8 @@ def test_every_flag_we_render_exists(site, version):
     check_flags(argv_for(settings().model_copy(update={"sglang_version": version})), known)
     full = settings(
         max_running_requests=64, enable_flashinfer_allreduce_fusion=True, served_model_name="m",
-        api_key="k", nodes=["a", "b"], disable_cuda_graph=True,
+        api_key="k", nodes=["a", "b"], disable_cuda_graph=True, cuda_graph_max_bs=160,
+        chunked_prefill_size=-1, schedule_policy="lpm",
     ).model_copy(update={"sglang_version": version})
     check_flags(argv_for(full, caps=H100, rank=1, nnodes=2, addr="10.0.0.1:50000"), known)
 

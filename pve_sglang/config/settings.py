@@ -51,6 +51,10 @@ MOE_RUNNER_BACKENDS = (
     "flashinfer_cutedsl",
     "cutlass",
 )
+# Every release's --schedule-policy choices (0.5.9 to 0.5.23's parsers); which release has which
+# is server/spelling.py's SCHEDULE_POLICY_SINCE, checked when the command is rendered.
+SCHEDULE_POLICIES = ("lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key",
+                     "hrrn", "shortest-prefill-first")
 ATTENTION_BACKENDS = (
     "triton",
     "torch_native",
@@ -93,6 +97,8 @@ SETTING_FLAGS = {
     "--moe-runner-backend": "moe_runner_backend", "--attention-backend": "attention_backend",
     "--mem-fraction-static": "mem_fraction_static",
     "--max-running-requests": "max_running_requests",
+    "--cuda-graph-max-bs": "cuda_graph_max_bs", "--cuda-graph-max-bs-decode": "cuda_graph_max_bs",
+    "--chunked-prefill-size": "chunked_prefill_size", "--schedule-policy": "schedule_policy",
     "--served-model-name": "served_model_name",
     "--nnodes": "nodes", "--node-rank": "nodes",
     "--dist-init-addr": "dist_init_addr", "--nccl-init-addr": "dist_init_addr",
@@ -349,6 +355,13 @@ def server_argument(value: str) -> str:
 lxc_release = word_rule(r"[a-z][a-z0-9-]*", "a Debian release name, e.g. 'bookworm'")
 
 
+def chunk_size(value: int) -> int:
+    """A chunked prefill's tokens: at least 1, or -1 for none."""
+    if value != -1 and value < 1:
+        raise ValueError("allowed: a whole number of tokens >= 1, or -1 (no chunked prefill)")
+    return value
+
+
 def check_secret(value: str) -> str:
     """A secret: not empty, no whitespace or control characters. Never echoed in a message."""
     if not value:
@@ -503,6 +516,10 @@ class ContainerSettings(_Strict):
     mem_fraction_static: float = Field(gt=0, lt=1)
     max_running_requests: Int | None = Field(ge=1)
     disable_cuda_graph: bool
+    cuda_graph_max_bs: Int | None = Field(ge=1)
+    # -1: no chunking (sglang's own meaning); 0 or below -1 mean nothing there.
+    chunked_prefill_size: Annotated[Int, AfterValidator(chunk_size)] | None
+    schedule_policy: Literal[SCHEDULE_POLICIES] | None  # type: ignore[valid-type]
     enable_flashinfer_allreduce_fusion: bool
     enable_metrics: bool
     extra_server_args: list[Annotated[str, AfterValidator(server_argument)]]
@@ -538,6 +555,15 @@ class ContainerSettings(_Strict):
     bench_gpu_sample_ms: Int = Field(ge=50, le=60000)
     bench_metrics_sample_ms: Int = Field(ge=100, le=60000)
     bench_low_power_pct: float = Field(ge=0, le=100)
+
+    # Coordinates and values are checked against the tuning space when the hosts file is read
+    # (hosts_file: tuning.space.user_space), where the release is known.
+    tune_space: dict[str, list[Any]] | None
+    # From ten minutes (a restart and one benchmark) up to a week.
+    tune_budget_s: Int = Field(ge=600, le=604800)
+    tune_concurrency: Int | None = Field(ge=1)
+    tune_max_p99_ttft_ms: float | None = Field(gt=0)
+    tune_dir: LocalPath
 
     @field_validator("gpus", "nodes", "bench_concurrencies", "bench_quick_concurrencies")
     @classmethod

@@ -118,6 +118,15 @@ def server_argv(
     argv += ["--mem-fraction-static", repr(float(settings.mem_fraction_static))]
     if settings.max_running_requests is not None:
         argv += ["--max-running-requests", str(settings.max_running_requests)]
+    if settings.cuda_graph_max_bs is not None:
+        argv += [*spelling.flag("cuda_graph_max_bs", release), str(settings.cuda_graph_max_bs)]
+    if settings.chunked_prefill_size is not None:
+        argv += ["--chunked-prefill-size", str(settings.chunked_prefill_size)]
+    if settings.schedule_policy is not None:
+        problem = spelling.schedule_policy_problem(settings.schedule_policy, release)
+        if problem:
+            raise ValueError(f"schedule_policy: {problem}")
+        argv += ["--schedule-policy", settings.schedule_policy]
     if settings.enable_metrics:
         # The same spelling in every release from 0.5.9 to 0.5.23 (a plain store_true).
         argv += ["--enable-metrics"]

@@ -18,7 +18,15 @@ then logs a warning at every start. Read from each release's ``sglang/srt/server
   Deprecated alias for "dsa"``; no warning, but a later release may drop it). Up to 0.5.12.post1
   only ``nsa`` exists.
 
-``FLAGS`` and ``ATTENTION_BACKENDS`` are the one home of these facts: each entry lists, oldest
+- ``--cuda-graph-max-bs``: a plain int flag up to 0.5.13.post1; from 0.5.14 a
+  ``DeprecatedAliasStoreAction`` (``new_flag="--cuda-graph-max-bs-decode"``) up to 0.5.18 at
+  least, and gone in 0.5.22 (there ``--cuda-graph-max-bs`` is an ambiguous prefix of
+  ``--cuda-graph-max-bs-decode`` and ``-prefill``: the parser refuses it).
+- ``--schedule-policy``: lpm, random, fcfs, dfs-weight, lof, priority, routing-key in every
+  release from 0.5.9; hrrn and shortest-prefill-first in 0.5.22 and 0.5.23 (not in 0.5.18; the
+  releases between were not read, so they count as without).
+
+``FLAGS``, ``ATTENTION_BACKENDS`` and ``SCHEDULE_POLICY_SINCE`` are the one home of these facts: each entry lists, oldest
 first, the first release of a spelling and the spelling.
 """
 
@@ -37,7 +45,13 @@ FLAGS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         ("0", ("--enable-flashinfer-allreduce-fusion",)),
         ("0.5.14", ("--flashinfer-allreduce-fusion-backend", "auto")),
     ),
+    "cuda_graph_max_bs": (
+        ("0", ("--cuda-graph-max-bs",)),
+        ("0.5.14", ("--cuda-graph-max-bs-decode",)),
+    ),
 }
+#: A schedule policy newer than 0.5.9 -> the first release known to have it.
+SCHEDULE_POLICY_SINCE = {"hrrn": "0.5.22", "shortest-prefill-first": "0.5.22"}
 #: An attention backend's names: ((first release, name), ...), oldest first.
 ATTENTION_BACKENDS: dict[str, tuple[tuple[str, str], ...]] = {
     "dsa": (("0", "nsa"), ("0.5.13", "dsa")),
@@ -67,3 +81,13 @@ def attention_backend(name: str, release: str | Version) -> str:
     key = _BACKEND_KEY.get(name)
     return name if key is None else _for_release(ATTENTION_BACKENDS[key], release)
 
+
+
+def schedule_policy_problem(policy: str | None, release: str | Version) -> str | None:
+    """Why sglang RELEASE's parser would refuse schedule policy POLICY, or None."""
+    since = SCHEDULE_POLICY_SINCE.get(policy or "")
+    if since and Version(str(release)) < Version(since):
+        return (f"schedule policy {policy!r} came in sglang {since}; this container runs "
+                f"{release}: allowed there: lpm, random, fcfs, dfs-weight, lof, priority, "
+                "routing-key")
+    return None

@@ -1,0 +1,66 @@
+"""What a search shows its user: a table of every try and a plot of them, from its record
+(``tuning.record``), beside the tuned file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pve_sglang.tuning.record import Record
+from pve_sglang.tuning.space import changed
+
+#: The record's lengths, lightest to darkest in the plot.
+COLOURS = {0.25: "#9ecae1", 0.5: "#4292c6", 1.0: "#08306b"}
+
+
+def _shown(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def summary_table(record: Record) -> str:
+    """Every try of RECORD as a Markdown table: what it changed from the flags found, its length,
+    how it ended, its objective, and why it was tried."""
+    found = record.found or {}
+    lines = ["| try | changed from the server as found | length | ended | output tok/s | why |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for number, done in enumerate(record.tries, 1):
+        moved = changed(found, done.proposal.candidate)
+        text = ", ".join(f"{k}={v!r}" for k, v in moved.items()) or "(none)"
+        lines.append(f"| {number} | {text} | {done.proposal.length:g} | {done.outcome.ended} | "
+                     f"{_shown(done.outcome.objective)} | {done.proposal.why.replace('|', '/')} |")
+    if record.ended:
+        best = record.ended.get("best") or {}
+        moved = changed(found, best)
+        lines.append("")
+        lines.append(f"best: {', '.join(f'{k}={v!r}' for k, v in moved.items()) or 'as found'} "
+                     f"({_shown(record.ended.get('score'))} tok/s); {record.ended.get('stopped')}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(record: Record, path: Path, title: str) -> None:
+    """Each try's objective by its length, the failures at 0, into the PNG at PATH."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for length, colour in COLOURS.items():
+        points = [(n, t.outcome.objective) for n, t in enumerate(record.tries, 1)
+                  if t.outcome.ok and t.proposal.length == length]
+        if points:
+            ax.scatter(*zip(*points), s=14, color=colour, label=f"{length:g} of the benchmark")
+    failed = [n for n, t in enumerate(record.tries, 1) if not t.outcome.ok]
+    if failed:
+        ax.scatter(failed, [0] * len(failed), marker="x", color="#cb181d", s=20,
+                   label="failed (no start, out of memory, stall, degenerate, a bound)")
+    score = (record.ended or {}).get("score")
+    if isinstance(score, (int, float)):
+        ax.axhline(score, color="#238b45", lw=0.8, label="the best's score")
+    ax.set_xlabel("try")
+    ax.set_ylabel("output tok/s at the target concurrency")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
