@@ -48,7 +48,11 @@ ifeq ($(EMBEDDED_DEFAULT),yes)
 	  $(call apt_install,lxc debootstrap dnsmasq-base,no hosts file: the embedded default deploys a local LXC container on lxc-net's bridge); }
 endif
 
+# pyinfra asks for Enter before it changes anything; with no terminal to ask on it would end in
+# an internal exception (EOFError) after connecting: say what to do instead, before that.
+CONFIRMED = $(filter -y --yes --dry,$(ARGS))
 deploy: deploy-deps $(STAMP)
+	@[ -t 0 ] || [ -n "$(CONFIRMED)" ] || { echo "make deploy: no terminal to confirm the changes on: run it at a terminal, or add ARGS=-y to apply them without asking (ARGS=--dry shows them)" >&2; exit 2; }
 	$(VENV)/bin/pyinfra inventory.py deploy.py $(ARGS)
 
 # The tuning search over the server's flags (pyinfra inventory.py tune.py); ARGS=--dry shows

@@ -1,7 +1,9 @@
 """The user's documents stay true: docs/settings.md's table is group_data/all.py, README's set-up
 is two commands, and every relative link between the documents resolves."""
 
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -80,3 +82,21 @@ def test_relative_links_resolve(document):
         elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
             broken.append(f"{link}: no heading #{anchor} in {path.relative_to(REPO)}")
     assert broken == []
+
+
+def test_make_deploy_without_a_terminal_says_to_add_yes_and_runs_nothing(tmp_path):
+    """pyinfra asks for Enter before it changes anything: with no terminal (a script, CI) that
+    ended in an internal exception (EOFError). The Makefile says what to do, before pyinfra
+    starts (a venv whose stamp is current, so make bootstraps nothing; a hosts file, so
+    nothing is installed)."""
+    cksum = subprocess.run(["cksum"], input=(REPO / "pyproject.toml").read_bytes(),
+                           capture_output=True, check=True).stdout.split()[0].decode()
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / f".installed-{cksum}").touch()
+    env = {**os.environ, "PVE_SGLANG_HOSTS": str(tmp_path / "hosts.yml")}
+    done = subprocess.run(["make", "-s", "deploy", f"VENV={venv}"], cwd=REPO, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "no terminal to confirm the changes on" in done.stderr and "ARGS=-y" in done.stderr
+    assert "pyinfra" not in done.stdout  # nothing ran past the check
