@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "pve_sglang" / "remote"))
 sys.path.insert(0, str(REPO / "tests"))
 
 import server_metrics  # noqa: E402
-from pve_sglang.remote import SERVER_METRICS, source  # noqa: E402
+from pve_sglang.remote import SERVER_METRICS, marked_json, source  # noqa: E402
 from pve_sglang.server import bench_history  # noqa: E402
 from pve_sglang.server.bench import metric_columns, metrics_argv, summary_table  # noqa: E402
 from test_server_metrics import LOAD, standin  # noqa: E402
@@ -88,7 +88,7 @@ def level(url: str, concurrency: int, seconds: float) -> dict:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True)
     rate = next(float(line.split()[1]) for line in done.stdout.splitlines()
                 if line.startswith("OUTPUT_TOK_S "))
-    summary = server_metrics.parse_summary(done.stdout)
+    summary = marked_json(server_metrics.SUMMARY_PREFIX, done.stdout)
     return {"concurrency": concurrency, "output_token_throughput": rate,
             **metric_columns(summary)}
 

@@ -25,7 +25,7 @@ from pve_sglang.server.bench import (
     gpu_columns,
     sampled_argv,
 )
-from pve_sglang.remote import GPU_SAMPLER, source
+from pve_sglang.remote import GPU_SAMPLER, marked_json, source
 from pve_sglang.remote import gpu_sampler
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
@@ -113,7 +113,7 @@ def test_sampler_averages_the_measured_run_only(fake_gpus, tmp_path, monkeypatch
     text = out.getvalue()
     assert rc == 3  # the command's exit status
     assert "#Input tokens: 1024" in text and "key seen: sk-test" in text  # output, env pass
-    summary = gpu_sampler.parse_summary(text)
+    summary = marked_json(gpu_sampler.SUMMARY_PREFIX, text)
     assert summary["window"] == "benchmark"
     assert 0.5 < summary["seconds"] < 5
     gpu0, gpu1 = summary["gpus"]
@@ -133,7 +133,7 @@ def test_sampler_averages_the_measured_run_only(fake_gpus, tmp_path, monkeypatch
 def test_sampler_without_markers_averages_the_whole_command(fake_gpus):
     out = io.StringIO()
     rc = gpu_sampler.run(_load_command(fake_gpus), 50, None, None, out=out)
-    summary = gpu_sampler.parse_summary(out.getvalue())
+    summary = marked_json(gpu_sampler.SUMMARY_PREFIX, out.getvalue())
     assert rc == 0
     assert summary["window"] == "whole command"
     assert 110 < summary["gpus"][0]["power_w"] < 630  # idle and load mixed
@@ -144,7 +144,7 @@ def test_sampler_without_nvidia_smi_still_runs_the_command(tmp_path, monkeypatch
     out = io.StringIO()
     rc = gpu_sampler.run([sys.executable, "-c", "print('benchmark output')"], 50, None, None,
                          out=out)
-    summary = gpu_sampler.parse_summary(out.getvalue())
+    summary = marked_json(gpu_sampler.SUMMARY_PREFIX, out.getvalue())
     assert rc == 0 and "benchmark output" in out.getvalue()
     assert summary["gpus"] == [] and summary["error"].startswith("nvidia-smi:")
     assert gpu_columns(summary) == {}
@@ -156,7 +156,7 @@ def test_sampler_as_a_script_with_its_argv(fake_gpus, tmp_path):
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "OPENAI_API_KEY": "sk-x"})
     assert done.returncode == 0, done.stderr
-    summary = gpu_sampler.parse_summary(done.stdout)
+    summary = marked_json(gpu_sampler.SUMMARY_PREFIX, done.stdout)
     assert summary["window"] == "benchmark"
     row = gpu_columns(summary)
     assert row["gpu_count"] == 2 and row["gpu_power_pct"] > 60
@@ -213,7 +213,7 @@ def run_script(fake_gpus: Path, tmp_path: Path, **env) -> dict:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60,
                           env={**os.environ, **env})
     assert done.returncode == 0, done.stderr
-    return gpu_sampler.parse_summary(done.stdout)
+    return marked_json(gpu_sampler.SUMMARY_PREFIX, done.stdout)
 
 
 def test_sampler_takes_the_mean_power_from_the_standin_nvml_energy_counter(fake_gpus, tmp_path):

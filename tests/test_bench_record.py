@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from pve_sglang.remote import BENCH_RECORD, source
-from pve_sglang.remote.bench_record import DIR_PREFIX, RECORD_PREFIX, parse_record
+from pve_sglang.remote import BENCH_RECORD, marked_json, source
+from pve_sglang.remote.bench_record import DIR_PREFIX, RECORD_PREFIX
 
 KEY = "sk-rec'o\"rd$KEY"
 # What the benchmark does at its end (argparse's --output-file), and what this test checks of
@@ -55,7 +55,7 @@ def test_record_goes_to_a_private_file_removed_after(tmp_path):
     assert (file_mode, dir_mode) == ("0o600", "0o700")
     assert Path(path).parent.parent == tmp_path and Path(path).parent.name.startswith(DIR_PREFIX)
     assert not Path(path).exists() and list(tmp_path.iterdir()) == []
-    assert parse_record(done.stdout) == {"backend": "sglang", "completed": 8,
+    assert marked_json(RECORD_PREFIX, done.stdout) == {"backend": "sglang", "completed": 8,
                                          "output_throughput": 245.66}
     assert done.stdout.splitlines()[-1].startswith(RECORD_PREFIX)
     assert "api_key" not in done.stdout + done.stderr and "sk-rec" not in done.stdout
@@ -64,9 +64,9 @@ def test_record_goes_to_a_private_file_removed_after(tmp_path):
 def test_exit_status_passes_and_no_record_no_line(tmp_path):
     done = run(tmp_path, RC="3", WRITE="0")
     assert done.returncode == 3
-    assert parse_record(done.stdout) is None and list(tmp_path.iterdir()) == []
+    assert marked_json(RECORD_PREFIX, done.stdout) is None and list(tmp_path.iterdir()) == []
     failed = run(tmp_path, RC="1")  # a record written, then a failure: still read, still removed
-    assert failed.returncode == 1 and parse_record(failed.stdout)["completed"] == 8
+    assert failed.returncode == 1 and marked_json(RECORD_PREFIX, failed.stdout)["completed"] == 8
     assert list(tmp_path.iterdir()) == []
 
 

@@ -26,7 +26,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pve_sglang.remote.bench_record import RECORD_PREFIX, kept, parse_record
+from pve_sglang.remote import marked_json
+from pve_sglang.remote.bench_record import RECORD_PREFIX, kept
 from pve_sglang.server.bench import (
     bench_argv,
     bench_module,
@@ -244,8 +245,8 @@ def test_record_row_refuses_a_missing_record_or_metric():
 def test_parse_record_takes_the_last_line():
     text = (f"{RECORD_PREFIX}{json.dumps({'completed': 1})}\nlogs\n"
             f"{RECORD_PREFIX}{json.dumps({'completed': 2})}\n")
-    assert parse_record(text) == {"completed": 2}
-    assert parse_record("Traceback (most recent call last):\n") is None
+    assert marked_json(RECORD_PREFIX, text) == {"completed": 2}
+    assert marked_json(RECORD_PREFIX, "Traceback (most recent call last):\n") is None
 
 
 def test_kept_holds_numbers_and_named_strings_only():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pve_sglang.remote import gpu_sampler
+from pve_sglang.remote import gpu_sampler, marked_json
 
 RECORDED = Path(__file__).parent / "fixtures" / "h200" / "gpu_sampler"
 RECORDED_NVML = Path(__file__).parent / "fixtures" / "h200" / "gpu_sampler_nvml"
@@ -40,7 +40,8 @@ def test_recorded_h200_power_share_of_limit(name, low, high):
 def test_recorded_h200_summary_matches_what_the_device_printed():
     recorded = json.loads((RECORDED / "summary.json").read_text())
     for name in ("light", "heavy"):
-        printed = gpu_sampler.parse_summary((RECORDED / f"{name}_output.txt").read_text())
+        printed = marked_json(gpu_sampler.SUMMARY_PREFIX,
+                              (RECORDED / f"{name}_output.txt").read_text())
         assert printed == recorded[name]["summary"]
 
 
@@ -51,7 +52,8 @@ def test_recorded_h200_energy_counter_gives_the_mean_power():
     recorded = json.loads((RECORDED_NVML / "summary.json").read_text())
     power = {}
     for name in ("light", "bursty", "heavy"):
-        printed = gpu_sampler.parse_summary((RECORDED_NVML / f"{name}_output.txt").read_text())
+        printed = marked_json(gpu_sampler.SUMMARY_PREFIX,
+                              (RECORDED_NVML / f"{name}_output.txt").read_text())
         [gpu] = printed["gpus"]
         assert printed == recorded[name]["summary"] and "energy_error" not in printed
         assert gpu["power_source"] == "nvml-energy" and gpu["samples"] == 40

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from pve_sglang.remote import SERVER_METRICS, server_metrics, source
+from pve_sglang.remote import SERVER_METRICS, marked_json, server_metrics, source
 from pve_sglang.server import bench_hints
 from pve_sglang.server.bench import MAIN_RUN_MARKER, RESULT_HEADER, metric_columns, metrics_argv, metrics_problem
 
@@ -187,7 +187,7 @@ def test_a_server_that_never_answers_well_is_an_error_in_the_summary_not_a_failu
              "--", sys.executable, "-c", "import time; print('bench'); time.sleep(0.4)"],
             capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    summary = server_metrics.parse_summary(done.stdout)
+    summary = marked_json(server_metrics.SUMMARY_PREFIX, done.stdout)
     assert summary["scrapes"] == 0 and summary["figures"] == {}
     assert summary["error"].startswith("no scrape in the window; the last said: malformed "
                                        "/metrics answer: line 1: 'sglang:token_usage{ 1'")
@@ -298,7 +298,7 @@ def sampled_level(url: str, concurrency: int, key: str = "sk-standin", seconds: 
                         [sys.executable, "-c", LOAD, url, key, str(concurrency), str(seconds)])
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    summary = server_metrics.parse_summary(done.stdout)
+    summary = marked_json(server_metrics.SUMMARY_PREFIX, done.stdout)
     assert summary["window"] == "benchmark" and "error" not in summary, summary
     return {"concurrency": concurrency, **metric_columns(summary)}
 
@@ -355,6 +355,6 @@ def test_metrics_off_is_a_clear_summary_error(tmp_path):
         argv = metrics_argv(sys.executable, str(source(SERVER_METRICS)), url + "/metrics", 100,
                             [sys.executable, "-c", LOAD, url, "sk-standin", "2", "0.5"])
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    summary = server_metrics.parse_summary(done.stdout)
+    summary = marked_json(server_metrics.SUMMARY_PREFIX, done.stdout)
     assert done.returncode == 0 and summary["scrapes"] == 0
     assert "HTTP 404" in summary["error"] and "without --enable-metrics" in summary["error"]

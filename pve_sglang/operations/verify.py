@@ -32,9 +32,7 @@ from pve_sglang.gpu.p2p import build_report, format_report
 from pve_sglang.config.settings import ContainerSettings, host_settings
 from pve_sglang.stack.lock import Lock
 from pve_sglang.operations.venv import lock_differences, venv_state
-from pve_sglang.remote.bench_record import parse_record
-from pve_sglang.remote.gpu_sampler import parse_summary
-from pve_sglang.remote.server_metrics import parse_summary as parse_metrics
+from pve_sglang.remote import bench_record, gpu_sampler, marked_json, server_metrics
 from pve_sglang.remote.sglang_launch import mask_text
 from pve_sglang.server.startup_log import READY_LINE, Progress, bad_logprobs, degenerate, diagnose, duration
 
@@ -547,9 +545,11 @@ def benchmark(runs: dict[int, list[str]], env_file: str, history_dir: str | None
                 status = bench_exit_status(output)
                 if status != 0:
                     raise ValueError(f"the benchmark exited with status {status}")
-                metrics = parse_metrics(output)
-                rows.append({"concurrency": concurrency, **record_row(parse_record(output)),
-                             **gpu_columns(parse_summary(output)), **metric_columns(metrics)})
+                record = marked_json(bench_record.RECORD_PREFIX, output)
+                gpus = marked_json(gpu_sampler.SUMMARY_PREFIX, output)
+                metrics = marked_json(server_metrics.SUMMARY_PREFIX, output)
+                rows.append({"concurrency": concurrency, **record_row(record),
+                             **gpu_columns(gpus), **metric_columns(metrics)})
             except ValueError as error:
                 # The benchmark holds the key (OPENAI_API_KEY): none of its output is trusted.
                 secrets = host_settings(ContainerSettings).secrets

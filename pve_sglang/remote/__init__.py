@@ -109,3 +109,14 @@ def json_objects(output: list[str]) -> list[dict]:
         if isinstance(value, dict):
             objects.append(value)
     return objects
+
+
+def marked_json(prefix: str, text: str) -> dict | None:
+    """The last line of TEXT that starts with PREFIX (a script's summary line: the GPU
+    sampler's ``GPU_SAMPLES_JSON``, the metrics sampler's ``SERVER_METRICS_JSON``, the
+    benchmark record's ``BENCH_RECORD_JSON``), its JSON decoded; None when there is none."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(prefix):
+            return json.loads(line[len(prefix):])
+    return None
+

@@ -18,7 +18,8 @@ COMMAND's output passes through as it is; when it has ended, one more line follo
 status is COMMAND's.
 
 Standard library only: the deploy uploads this file as it is and runs it with the container's
-Python; the deploy's side imports ``kept`` and ``parse_record`` from it.
+Python; the deploy's side imports ``kept`` from it, and reads the record line with
+``remote.marked_json``.
 """
 
 from __future__ import annotations
@@ -51,14 +52,6 @@ def kept(record: dict) -> dict:
                 key in KEPT_STRINGS and isinstance(value, str)):
             out[key] = value
     return out
-
-
-def parse_record(text: str) -> dict | None:
-    """The last ``BENCH_RECORD_JSON`` line in TEXT, decoded; None when there is none."""
-    for line in reversed(text.splitlines()):
-        if line.startswith(RECORD_PREFIX):
-            return json.loads(line[len(RECORD_PREFIX):])
-    return None
 
 
 def _alive(pid: int) -> bool:

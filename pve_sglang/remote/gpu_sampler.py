@@ -18,8 +18,8 @@ only estimate; ``power_source`` says which (``nvml-energy``, else ``nvidia-smi``
 ``energy_error`` saying why), and ``sampled_power_w`` keeps the samples' mean.
 
 Standard library only (``pynvml`` where present): the deploy uploads this file as it is and
-runs it with the container's Python; the deploy's side imports ``parse_line``, ``summarise``
-and ``parse_summary`` from it.
+runs it with the container's Python; the deploy's side imports ``parse_line`` and ``summarise``
+from it, and reads the summary line with ``remote.marked_json``.
 """
 
 from __future__ import annotations
@@ -116,14 +116,6 @@ def with_energy(gpus: list[dict], power: dict[int, float]) -> list[dict]:
             gpu["power_pct"] = round(100 * gpu["power_w"] / limit, 2) if limit else None
         out.append(gpu)
     return out
-
-
-def parse_summary(text: str) -> dict | None:
-    """The last ``GPU_SAMPLES_JSON`` line in TEXT, decoded; None when there is none."""
-    for line in reversed(text.splitlines()):
-        if line.startswith(SUMMARY_PREFIX):
-            return json.loads(line[len(SUMMARY_PREFIX):])
-    return None
 
 
 class _Sampler:

@@ -26,7 +26,8 @@ read), a malformed one is named by its number, a non-finite value is dropped, an
 is run; the summary holds numbers and short messages only.
 
 Standard library and ``prometheus_client`` only: the deploy uploads this file as it is and runs
-it with the sglang venv's Python; the deploy's side imports ``parse_summary`` from it.
+it with the sglang venv's Python; the deploy's side reads its summary line with
+``remote.marked_json``.
 """
 
 from __future__ import annotations
@@ -161,14 +162,6 @@ def summarise(scrapes: list[dict[str, float]]) -> dict[str, dict[str, float]]:
             out[key] = {"scrapes": len(values), "mean": round(sum(values) / len(values), 4),
                         "min": round(min(values), 4), "max": round(max(values), 4)}
     return out
-
-
-def parse_summary(text: str) -> dict | None:
-    """The last ``SERVER_METRICS_JSON`` line in TEXT, decoded; None when there is none."""
-    for line in reversed(text.splitlines()):
-        if line.startswith(SUMMARY_PREFIX):
-            return json.loads(line[len(SUMMARY_PREFIX):])
-    return None
 
 
 class _Scraper:

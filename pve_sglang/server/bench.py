@@ -218,7 +218,7 @@ def bench_exit_status(output: str) -> int | None:
 
 def record_row(record: dict[str, Any] | None) -> dict[str, Any]:
     """A row's values (keys of ``RECORD_KEYS``) from the benchmark's record (``bench_record``'s
-    ``parse_record``), floats rounded to 2 places as the printed summary shows them.
+    ``remote.marked_json``), floats rounded to 2 places as the printed summary shows them.
 
     Raises ValueError when there is no record or a key metric is missing.
     """
@@ -286,7 +286,7 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
 
 
 def gpu_columns(sampled: dict[str, Any] | None) -> dict[str, Any]:
-    """The GPU sampler's summary (``gpu_sampler.parse_summary``) as row values: mean power
+    """The GPU sampler's summary (``remote.marked_json``) as row values: mean power
     draw (W, per GPU), its share of the limit, SM utilisation (%), averaged over the GPUs, and
     the peak memory used (GiB, the largest GPU's). Empty without samples."""
     gpus = [g for g in (sampled or {}).get("gpus", []) if g.get("samples")]
@@ -320,7 +320,7 @@ METRIC_COLUMNS = {
 
 
 def metric_columns(sampled: dict[str, Any] | None) -> dict[str, Any]:
-    """The server metrics sampler's summary (``server_metrics.parse_summary``) as row values:
+    """The server metrics sampler's summary (``remote.marked_json``) as row values:
     the mean (and max) running and queued requests, KV cache token usage (0 to 1), prefix cache
     hit rate and generation throughput over the measured run, with the number of scrapes.
     Empty without a scrape. Only finite numbers are taken: the summary came from the container."""

@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from pve_sglang.remote import gpu_sampler  # noqa: E402  (stdlib only, as in the container)
+from pve_sglang.remote import gpu_sampler, marked_json  # noqa: E402  (stdlib only, as in the container)
 
 # The load's markers, as the benchmark's "Starting main benchmark run" and result header.
 START, STOP = "LOAD STARTS", "LOAD DONE"
@@ -106,7 +106,7 @@ def main() -> int:
         )
         (out / f"{intensity}_output.txt").write_text(text.getvalue())
         result[intensity] = {"rc": rc, "wall_s": round(time.time() - started, 1),
-                             "summary": gpu_sampler.parse_summary(text.getvalue())}
+                             "summary": marked_json(gpu_sampler.SUMMARY_PREFIX, text.getvalue())}
         print(intensity, json.dumps(result[intensity]), flush=True)
     try:
         light = result["light"]["summary"]["gpus"][0]["power_w"]
