@@ -2,7 +2,9 @@
 stack built beside, one switch, one restart), a failed one (rolled back), and the old way (stop,
 reinstall in place, start); and a release that crashes after it was judged good (issue 34),
 without and with ``upgrade_probation_s`` (systemd switches back by itself: the unit's
-``OnFailure=``), with no deploy run for ``--window-s`` after its deploy.
+``OnFailure=``), with no deploy run for ``--window-s`` after its deploy; and a rollback cut
+short after each of its steps (``rollback_commands``), then ``--cut-wait-s`` without a deploy
+run, then the next run.
 
     .venv/bin/python bench/upgrade_downtime.py [--pause-scale 1.0]
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -37,11 +40,15 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from devtools import lxc_env  # noqa: E402
-from devtools.upgrade_site import API_KEY, PORT, VENV, Site, make_site, stack_of  # noqa: E402
+from devtools.upgrade_site import API_KEY, PORT, UNIT, VENV, Site, make_site, stack_of  # noqa: E402
+from pve_sglang.operations.stack_switch import link_command, record_command, rollback_commands  # noqa: E402
 from pve_sglang.project import load_defaults  # noqa: E402
 
 RESULT = REPO / "bench" / "results" / "upgrade_downtime.json"
 POLLER = "/opt/standin/poll.py"
+#: The unit's states once its server exited with an error (waiting to restart, or given up):
+#: ExecMainStatus would still hold the exit of the process the restart stopped.
+CRASHED = ("auto-restart", "failed")
 POLL_LOG = "/run/poll.log"
 #: A client polling /health every 100 ms, one line per answer: time and status.
 POLL_SCRIPT = f"""
@@ -81,7 +88,31 @@ def down_at_end(lines: list[str]) -> bool:
     return bool(lines) and lines[-1].split()[1] != "200"
 
 
-def measured(site: Site, what: str, action) -> dict:
+def after(lines: list[str], since: float) -> dict:
+    """From SINCE (wall time) on: the first answer that is not a 200 (``first_down``), the
+    first 200 of the last run of 200s that lasts to the end (``back``, None: down at the end),
+    the seconds from one to the other (``down_to_back_s``) and the seconds without a 200 in
+    between, the new release's short spells of service left out (``unavailable_s``)."""
+    polls = [(float(when), status) for when, status in (line.split() for line in lines)
+             if float(when) >= since]
+    down = next((when for when, status in polls if status != "200"), None)
+    if down is None:
+        return {"first_down": None, "back": None, "down_to_back_s": 0.0, "unavailable_s": 0.0}
+    back = None
+    for when, status in reversed(polls):
+        if status != "200":
+            break
+        back = when
+    unavailable = sum(later - when for (when, status), (later, _) in zip(polls, polls[1:])
+                      if when >= down and status != "200")
+    end = back if back is not None else polls[-1][0]
+    return {"first_down": down, "back": back, "down_to_back_s": round(end - down, 2),
+            "unavailable_s": round(unavailable, 2)}
+
+
+def measured(site: Site, what: str, action, extra: dict | None = None) -> dict:
+    """ACTION's run under the poller: the gaps without a 200; EXTRA (filled by ACTION, with
+    ``since``: a wall time) adds ``after``'s figures from that time on."""
     site.sh(f": > {POLL_LOG}")
     # The container's clock is this machine's (a container shares the kernel).
     start, started = time.time(), time.monotonic()
@@ -96,11 +127,18 @@ def measured(site: Site, what: str, action) -> dict:
     row = {"case": what, "downtime_s": round(max(spans, default=0.0), 2),
            "gaps_s": [round(g, 2) for g in spans], "deploy_s": round(wall, 1), "ok": ok,
            "polls": statuses, "down_at_end": down_at_end(lines)}
+    if extra:
+        since = extra.pop("since", None)
+        if since is not None:
+            figures = after(lines, since)
+            row.update(down_to_back_s=figures["down_to_back_s"],
+                       unavailable_s=figures["unavailable_s"])
+        row.update(extra)
     if not lines:
         raise SystemExit(f"{what}: the poller wrote nothing: {site.sh('systemctl status pvs-poll', check=False)}")
     still = " and still down: until the next deploy run" if row["down_at_end"] else ""
     print(f"{what:<40} down {row['downtime_s']:>6.2f}s{still}  (run {wall:.1f}s, gaps "
-          f"{row['gaps_s']}, answers {statuses})", flush=True)
+          f"{row['gaps_s']}, answers {statuses}, {extra or ''})", flush=True)
     return row
 
 
@@ -117,15 +155,18 @@ def old_way(site: Site, release: str) -> bool:
     return site.health() == "200"
 
 
-def crash_after_ready(site: Site, probation_s: int, back: str, window_s: float) -> bool:
+def crash_after_ready(site: Site, probation_s: int, back: str, window_s: float,
+                      extra: dict) -> bool:
     """A release that is judged good, then crashes 6 s after it is ready, each restart the
     same (``crash-after-ready``): its deploy run, then no run for WINDOW_S (or until BACK, the
     previous release, serves again and has for 5 s). PROBATION_S 0 is the time before
-    ``upgrade_probation_s``: the trial ended at the verdict, nothing switches back."""
+    ``upgrade_probation_s``: the trial ended at the verdict, nothing switches back. EXTRA gets
+    the verdict's time (``since``: the deploy's end)."""
     done = site.deploy("0.5.7", "--data", "retry_failed_stack=true", "--data",
                        f"upgrade_probation_s={probation_s}")
     if done.returncode != 0:
         raise SystemExit(f"the crash-after-ready deploy failed: {done.log[-3000:]}")
+    extra["since"] = time.time()
     deadline, served = time.monotonic() + window_s, None
     while time.monotonic() < deadline:
         if site.link().endswith(stack_of(back)) and site.serves() == back:
@@ -136,11 +177,56 @@ def crash_after_ready(site: Site, probation_s: int, back: str, window_s: float) 
     return served is not None
 
 
+def rollback_cut(site: Site, steps: int, old: str, new: str, wait_s: float,
+                 extra: dict) -> bool:
+    """A rollback killed after its first STEPS commands (``rollback_commands``, as a deploy
+    run runs them): NEW (crashing at load) switched to and on trial, OLD the previous stack;
+    then WAIT_S without a deploy run (does OLD serve again by itself?), then the next run
+    (with NEW's settings again: it finishes the rollback and refuses NEW). EXTRA gets the
+    switch's time (``since``), the command the kill came after, whether OLD served again
+    without a run and the next run's time."""
+    on_trial = {**site.record(), "previous": stack_of(old), "trial": stack_of(new)}
+    on_trial.pop("trial_until", None)
+    extra["since"] = time.time()
+    site.sh(record_command("sglang", on_trial).get_raw_value())
+    site.sh(link_command(VENV, stack_of(new)).get_raw_value())
+    site.sh(f"systemctl reset-failed {UNIT}; systemctl restart {UNIT}")
+    deadline = time.monotonic() + 60
+    while site.sh(f"systemctl show -p SubState --value {UNIT}") not in CRASHED:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{new} did not crash at load: {site.sh('journalctl -n 20')}")
+        time.sleep(0.2)  # the crash at load: the verify phase's judgement would fail here
+    failed = {**on_trial, "failed": {**(on_trial.get("failed") or {}), stack_of(new): {
+        "sglang": new, "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "why": f"bench: rollback cut after step {steps}"}}}
+    commands = rollback_commands(VENV, "sglang", UNIT, failed, stack_of(old))
+    for command in commands[:steps]:
+        site.sh(command.get_raw_value())
+    extra["cut_after"] = ["the failed set recorded", "the link back", "the restart"][steps - 1]
+    cut, alone = time.monotonic(), None
+    while time.monotonic() - cut < wait_s:
+        if site.link().endswith(stack_of(old)) and site.serves() == old:
+            alone = round(time.monotonic() - cut, 1)
+            break
+        time.sleep(0.2)
+    extra["serves_without_a_run_after_s"] = alone
+    started = time.monotonic()
+    done = site.deploy(new)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and site.serves() != old:
+        time.sleep(0.1)
+    extra["next_run_to_serving_s"] = None if alone is not None else \
+        round(time.monotonic() - started, 1)
+    return done.returncode != 0 and site.serves() == old and site.record()["trial"] is None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pause-scale", type=float, default=1.0)
     parser.add_argument("--window-s", type=float, default=240.0,
                         help="how long a crash-after-ready case waits without a deploy run")
+    parser.add_argument("--cut-wait-s", type=float, default=45.0,
+                        help="how long a rollback cut short waits without a deploy run")
     args = parser.parse_args()
     import wheels
 
@@ -167,11 +253,23 @@ def main() -> int:
         # it stays on trial (upgrade_probation_s) and the unit's OnFailure= switches back.
         assert site.deploy("0.5.9").returncode == 0
         site.cases(**{"0_5_7": "crash-after-ready"})
+        before: dict = {}
         rows.append(measured(site, "crash after ready 0.5.9 -> 0.5.7, no probation (before)",
-                             lambda: not crash_after_ready(site, 0, "0.5.9", args.window_s)))
+                             lambda: not crash_after_ready(site, 0, "0.5.9", args.window_s,
+                                                           before), before))
         assert site.deploy("0.5.9").returncode == 0
+        now: dict = {}
         rows.append(measured(site, "crash after ready 0.5.9 -> 0.5.7, probation (OnFailure)",
-                             lambda: crash_after_ready(site, 600, "0.5.9", args.window_s)))
+                             lambda: crash_after_ready(site, 600, "0.5.9", args.window_s, now),
+                             now))
+        # A rollback killed after each of its steps (issue 34 item 4), 0.5.7 crashing at load.
+        site.cases(**{"0_5_7": "crash-load"})
+        for steps in (1, 2, 3):
+            assert site.deploy("0.5.9").returncode == 0 and site.serves() == "0.5.9"
+            cut: dict = {}
+            rows.append(measured(site, f"rollback 0.5.7 -> 0.5.9 cut after step {steps}",
+                                 lambda: rollback_cut(site, steps, "0.5.9", "0.5.7",
+                                                      args.cut_wait_s, cut), cut))
     finally:
         env.close()
         shutil.rmtree(root, ignore_errors=True)
@@ -190,6 +288,7 @@ def main() -> int:
                                          capture_output=True, text=True).stdout.strip(),
             "machine": f"{platform.machine()}, Linux {platform.release()}",
             "pause_scale": args.pause_scale, "poll_ms": 100,
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
             "recorded_real_set_install_s": stores}
     RESULT.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     print(f"written {RESULT.relative_to(REPO)}")

@@ -159,10 +159,11 @@ def _site(lxc_env, root: Path, mounts: list[str], pause_scale: float, prefix: st
 
 class Group:
     """The nodes of one model (``nodes``: SITES, each a container of its own, in rank order)
-    deployed together by one run of the test deploy; ROOT: a folder here."""
+    deployed together by one run of the test deploy; ROOT: a folder here. SOLO: containers of
+    a model of their own (no ``nodes``), deployed in the same run."""
 
-    def __init__(self, sites: list[Site], root: Path):
-        self.sites, self.root = sites, root
+    def __init__(self, sites: list[Site], root: Path, solo: list[Site] | None = None):
+        self.sites, self.root, self.solo = sites, root, solo or []
         self.times: dict[str, float] = {}
 
     @property
@@ -172,8 +173,11 @@ class Group:
     def command(self, release: str, *args: str) -> list[str]:
         inventory = self.root / "inventory.py"
         settings = {**SETTINGS, "sglang_version": release, "nodes": self.nodes}
+        alone = {**SETTINGS, "sglang_version": release}
         hosts = [(site.box.inventory_name, {**site.box.host_data(), "settings": settings})
                  for site in self.sites]
+        hosts += [(site.box.inventory_name, {**site.box.host_data(), "settings": alone})
+                  for site in self.solo]
         inventory.write_text(f"hosts = {hosts!r}\n")
         return [str(PYINFRA), str(inventory), "tests/deploys/upgrade.py", "-y", *args]
 
@@ -189,14 +193,16 @@ class Group:
         return done
 
     def destroy(self) -> None:
-        for site in self.sites:
+        for site in (*self.sites, *self.solo):
             site.box.destroy()
 
 
 def make_group(lxc_env, root: Path, sglang_wheels: list[Path], uv_wheel: Path, count: int = 2,
-               pause_scale: float = 0.1) -> Group:
-    """COUNT containers of LXC_ENV as the nodes of one model, each as ``make_site``'s, the
-    wheels shared (mounted read-only in each)."""
+               pause_scale: float = 0.1, solo: int = 0) -> Group:
+    """COUNT containers of LXC_ENV as the nodes of one model, and SOLO containers serving a
+    model alone in the same runs, each as ``make_site``'s, the wheels shared (mounted
+    read-only in each)."""
     mounts = _wheel_mounts(root, sglang_wheels, uv_wheel)
     return Group([_site(lxc_env, root, mounts, pause_scale, prefix="node")
-                  for _ in range(count)], root)
+                  for _ in range(count)], root,
+                 [_site(lxc_env, root, mounts, pause_scale, prefix="solo") for _ in range(solo)])

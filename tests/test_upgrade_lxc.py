@@ -206,6 +206,13 @@ def test_restart_pending_builds_and_waits_then_a_killed_switch_converges(site):
     assert site.record()["trial"] is None and site.record()["failed"] == {}
 
 
+def wait_serving(site, release: str, timeout_s: float = 60) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while site.serves() != release and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return site.serves() == release
+
+
 @pytest.mark.parametrize("steps", [1, 2, 3])
 def test_a_rollback_killed_at_each_step_converges_on_the_previous_release(site, steps):
     """A run killed inside its rollback: the rollback's own commands (``rollback_commands``)
@@ -222,6 +229,8 @@ def test_a_rollback_killed_at_each_step_converges_on_the_previous_release(site, 
                                            "why": f"killed at step {steps}"}}}
     for command in rollback_commands(VENV, "sglang", UNIT, failed, old)[:steps]:
         site.sh(command.get_raw_value())
+    restarted = steps == 3 and wait_serving(site, "0.5.10")  # cut after its own restart
+    starts = site.starts()
     done = site.deploy("0.5.7")
     assert done.returncode != 0
     assert f"the set sglang 0.5.7 (stack {new}) failed as an upgrade" in done.log, done.log[-3000:]
@@ -229,15 +238,67 @@ def test_a_rollback_killed_at_each_step_converges_on_the_previous_release(site, 
     assert site.link() == f"venv.stacks/{old}"
     record = site.record()
     assert record["trial"] is None and set(record["failed"]) == {new}
-    deadline = time.monotonic() + 60
-    while site.serves() != "0.5.10" and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert site.serves() == "0.5.10"
-    # Back on trial for the next step's case: 0.5.7 serving, as the switch leaves it.
+    assert wait_serving(site, "0.5.10")
+    if restarted:  # the server the rollback restarted, within its link's second, is kept
+        assert site.starts() == starts, done.log[-3000:]
     site.cases(**{"0_5_7": "normal"})
 
 
 PROBATION = ("--data", "upgrade_probation_s=600")
+FALLBACK_UNIT = "sglang-stack-fallback.service"
+#: The unit's states once its server exited with an error (waiting to restart, or given up).
+CRASHED = ("auto-restart", "failed")
+#: The fallback's first N steps, run by the container's Python from the script the deploy
+#: uploaded (the unit's own code, cut where a kill would cut it).
+FALLBACK_STEPS = ("python3 -c 'import sys; sys.path.insert(0, \"/opt/sglang\"); import "
+                  "stack_fallback as f; [step() for _, step in f.steps(f.arguments(["
+                  "\"--unit\", \"sglang.service\", \"--venv-path\", \"/opt/sglang/venv\", "
+                  "\"--state\", \"{state}\"]))[:{steps}]]'")
+
+
+@pytest.mark.parametrize("steps, then", [(1, "fallback"), (1, "deploy"), (2, "deploy"),
+                                         (3, "deploy"), (4, "deploy")])
+def test_a_fallback_killed_at_each_step_converges_on_the_previous_release(site, steps, then):
+    """systemd's own switch back (the unit's OnFailure=, remote/stack_fallback.py) killed
+    after each of its steps: 0.5.7 on probation crashed at load, and the fallback's own code
+    ran up to the kill. The next fallback (the server failing again: the unit started as
+    OnFailure= starts it) or the next deploy run (asking for 0.5.7 again) gets 0.5.10 serving,
+    the trial cleared, and the record says why 0.5.7 failed; the deploy refuses 0.5.7."""
+    site.cases(**{"0_5_7": "crash-load"})
+    old, new = stack_of("0.5.10"), stack_of("0.5.7")
+    on_trial = {"previous": old, "trial": new, "failed": {}, "trial_until": time.time() + 600}
+    site.sh(record_command("sglang", on_trial).get_raw_value())
+    site.sh(link_command(VENV, new).get_raw_value())
+    site.sh(f"systemctl reset-failed {UNIT}; systemctl restart {UNIT}")
+    deadline = time.monotonic() + 30
+    while site.sh(f"systemctl show -p SubState --value {UNIT}") not in CRASHED and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)  # its crash at load
+    site.sh(FALLBACK_STEPS.format(state=stacks.state_path("sglang"), steps=steps))
+    assert site.link() == f"venv.stacks/{new if steps == 1 else old}"
+    restarted = steps == 4 and wait_serving(site, "0.5.10")  # its start queued
+    starts = site.starts()
+    if then == "fallback":
+        site.sh(f"systemctl start {FALLBACK_UNIT}")
+    else:
+        done = site.deploy("0.5.7")
+        assert done.returncode != 0
+        assert f"the set sglang 0.5.7 (stack {new}) failed as an upgrade" in done.log, \
+            done.log[-3000:]
+        assert "systemd switched back to sglang 0.5.10" in done.log, done.log[-3000:]
+    assert site.link() == f"venv.stacks/{old}"
+    record = site.record()
+    assert record["trial"] is None and record["previous"] is None, record
+    assert "trial_until" not in record and set(record["failed"]) == {new}, record
+    assert "failed for good while on trial" in record["failed"][new]["why"], record
+    assert wait_serving(site, "0.5.10")
+    if restarted:  # the server the queued start started is kept
+        assert site.starts() == starts
+    if then == "fallback":  # the next run reports the switch back, as after a whole one
+        done = site.deploy("0.5.10")
+        assert done.returncode == 0, done.log[-5000:]
+        assert "systemd switched back to sglang 0.5.10" in done.log, done.log[-3000:]
+    assert "fell_back" not in site.record()
 
 
 def test_a_crash_after_ready_on_probation_switches_back_without_a_deploy_run(site):
@@ -288,6 +349,10 @@ def test_a_restart_on_probation_seen_by_the_next_run_is_a_failed_upgrade(site):
     while int(site.sh(f"systemctl show -p NRestarts --value {UNIT}") or 0) < 1 and \
             time.monotonic() < deadline:
         time.sleep(0.5)
+    assert int(site.sh(f"systemctl show -p NRestarts --value {UNIT}") or 0) >= 1, \
+        site.sh(f"systemctl show -p NRestarts -p ActiveState -p SubState {UNIT}; journalctl "
+                f"-u {UNIT} -u {FALLBACK_UNIT} --no-pager -n 300 -o short-precise | grep -v "
+                "-e TP -e blob") + f"\n{site.record()}"
     assert site.link() == f"venv.stacks/{stack_of('0.5.7')}"
     done = site.deploy("0.5.7", *PROBATION)
     assert done.returncode != 0

@@ -2,13 +2,15 @@
 journald) through pyinfra's CLI: the nodes switch in one run, each restarted once; a node whose
 new release crashes at load rolls the whole group back (a TP group half on each release cannot
 serve), every node serves the old release again and names the failure; the failed set is
-refused on every node; a node does not switch without its group (``--limit``).
+refused on every node; a node does not switch without its group (``--limit``); a container
+serving a model alone, in the same runs, finishes its own upgrade while the group fails.
 
 The deploy is ``tests/deploys/upgrade.py`` (the container phase's own stack and server steps,
 the verify phase's own server checks) on ``devtools/upgrade_site.py``'s group: two containers,
 each with real venvs of real sglang wheels and the stand-in server under the deploy's own unit,
-behaving as each container's ``cases.json`` says for the release its link names. One group for
-every case, in order (module scope): each case starts from what the one before left.
+behaving as each container's ``cases.json`` says for the release its link names, and a third
+such container outside the group (``group.solo``). One group for every case, in order (module
+scope): each case starts from what the one before left.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def group(lxc_env, sglang_wheel, pypi_wheel, tmp_path_factory):
     started = time.monotonic()
     made = make_group(lxc_env, tmp_path_factory.mktemp("nodes"),
                       [sglang_wheel(release) for release in RELEASES],
-                      pypi_wheel("uv", load_defaults()["uv_version"]))
+                      pypi_wheel("uv", load_defaults()["uv_version"]), solo=1)
     yield made
     print(f"\nnode upgrade tests: {time.monotonic() - started:.1f}s; deploys (s): "
           + ", ".join(f"{k} {v:.1f}" for k, v in made.times.items()))
@@ -51,7 +53,7 @@ def operation_of(log: str, name: str) -> str:
 def test_first_deploy_of_the_nodes(group):
     done = group.deploy("0.5.8")
     assert done.returncode == 0, done.log[-5000:]
-    for site in group.sites:
+    for site in (*group.sites, *group.solo):
         assert site.link() == f"venv.stacks/{stack_of('0.5.8')}"
         assert site.serves() == "0.5.8"
 
@@ -75,6 +77,8 @@ def test_one_node_crashing_at_load_rolls_back_every_node(group):
     first, second = group.sites
     second.cases(**{"0_5_9": "crash-load"})
     starts = [site.starts() for site in group.sites]
+    (solo,) = group.solo
+    solo_starts = solo.starts()
     done = group.deploy("0.5.9")
     (group.root / "rollback.log").write_text(done.log)  # shown in docs and reports
     assert done.returncode != 0
@@ -101,6 +105,14 @@ def test_one_node_crashing_at_load_rolls_back_every_node(group):
     starting = [judged.find(f"{name}: upgrade to {words('0.5.9')} {failed_on}") for name in
                 group.nodes]
     assert -1 not in starting and max(starting) < judged.find("rolled back:"), judged[:3000]
+    # The group's failure is the group's: the container serving a model alone, in the same
+    # run, switched, was judged and finished its trial (one restart).
+    assert f"{solo.box.inventory_name}: the upgrade to {words('0.5.9')} serves" in done.log, \
+        done.log[-6000:]
+    assert solo.link() == f"venv.stacks/{stack_of('0.5.9')}"
+    assert solo.serves() == "0.5.9" and solo.starts() == solo_starts + 1
+    assert solo.record()["trial"] is None and solo.record()["failed"] == {}
+    assert f"[{solo.box.inventory_name}] Skipped" in operation_of(done.log, "are judged together")
 
 
 def test_the_failed_set_is_refused_on_every_node(group):

@@ -486,13 +486,17 @@ def restart_command(unit: str) -> StringCommand:
 
 def restart_unless_newer(unit: str, venv_path: str) -> StringCommand:
     """Restart UNIT unless it runs a process started after the ``venv_path`` link last changed
-    (a rollback killed before its restart, or a crash loop that used up its start limit)."""
+    (a rollback killed before its restart, or a crash loop that used up its start limit).
+    Both times in nanoseconds: a rollback restarts within the second of its link's change,
+    and whole seconds read that start as older than the link (a second, needless restart)."""
     quoted = QuoteString(unit)
     return StringCommand(
-        "started=$(systemctl show -p ExecMainStartTimestamp --value", quoted, ");",
+        "started=$({ systemctl --timestamp=us+utc show -p ExecMainStartTimestamp --value", quoted,
+        "|| systemctl show -p ExecMainStartTimestamp --value", quoted, "; } 2>/dev/null);",
         "{ [ \"$(systemctl is-active", quoted, ")\" = active ] && [ -n \"$started\" ] &&",
-        "[ \"$(date -d \"$started\" +%s)\" -gt \"$(stat -c %Y", QuoteString(venv_path.rstrip("/")),
-        ")\" ]; } || {", restart_command(unit), "; }")
+        "[ \"$(date -d \"$started\" +%s%N)\" -gt \"$(stat -c %.9Y",
+        QuoteString(venv_path.rstrip("/")), "| tr -d .)\" ]; } || {", restart_command(unit),
+        "; }")
 
 
 def rollback_commands(venv_path: str, service: str, unit: str, record: dict,
@@ -548,16 +552,25 @@ def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str,
         yield from _after_trial(venv_path, service, unit, rollback, raw, found, record)
         return
     failed, old = release_words(raw, found.trial), release_words(raw, found.previous)
+    # systemd's own switch back (OnFailure=) cut short: its note is reported here, once.
+    fell = record.get("fell_back")
+    which = "systemd's switch back (OnFailure=)" if fell else "the rollback"
     if step is Unfinished.SWITCH_BACK:
-        logger.warning(f"{host.name}: the rollback of the failed upgrade to {failed} was cut "
+        logger.warning(f"{host.name}: {which} of the failed upgrade to {failed} was cut "
                        f"short: switching back to {old} and restarting it")
         yield link_command(venv_path, found.previous)
         yield restart_command(unit)
     else:
-        logger.warning(f"{host.name}: the rollback from {failed} to {old} ended before its "
+        logger.warning(f"{host.name}: {which} from {failed} to {old} ended before its "
                        "record did: its trial is cleared")
         yield restart_unless_newer(unit, venv_path)
-    yield record_command(service, {**record, "trial": None, "previous": None})
+    if fell:
+        logger.warning(f"{host.name}: {unit} of {failed} failed on trial; systemd switched back "
+                       f"to {old} on {fell.get('when')} without a deploy run: {fell.get('why')}")
+    # As the whole rollback leaves it: no trial, no probation's end, no note left to report.
+    cleared = {key: value for key, value in record.items()
+               if key not in ("trial_until", "fell_back")}
+    yield record_command(service, {**cleared, "trial": None, "previous": None})
     forget()
 
 

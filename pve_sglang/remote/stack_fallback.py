@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 STACK_NAME = re.compile(r"^[0-9a-f]{16}$")
 SUFFIX = ".stacks"
@@ -83,18 +84,26 @@ def _release(venv: str, stack: str) -> str | None:
         return None
 
 
-def main() -> int:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--unit", required=True)
     parser.add_argument("--venv-path", required=True)
     parser.add_argument("--state", required=True)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def steps(args: argparse.Namespace) -> list[tuple[str, Callable[[], None]]]:
+    """The switch back, one (name, step) each, in the order a kill after any one of them
+    leaves for the next deploy run (``rollback_finished``) or the next fallback to finish:
+    the record with the failed set, the trial and its target kept; the link back in one
+    rename; the start limit reset; the server's start queued; the trial cleared. Empty:
+    nothing to switch back (said why)."""
     try:
         with open(args.state) as state:
             record = json.load(state)
     except (OSError, ValueError):
         print(f"{args.unit} failed: no stack record ({args.state}): nothing to switch back")
-        return 0
+        return []
     venv = args.venv_path.rstrip("/")
     folder = venv + SUFFIX
     stacks = {name for name in (os.listdir(folder) if os.path.isdir(folder) else ())
@@ -104,29 +113,41 @@ def main() -> int:
     if previous is None:
         print(f"{args.unit} failed: no stack on trial to switch back from (link: {current}, "
               f"record: trial {record.get('trial')}, until {record.get('trial_until')})")
-        return 0
+        return []
     words = why(args.unit, _show(args.unit))
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     trial = record["trial"]
     failed = dict(record.get("failed") or {})
     failed[trial] = {"sglang": _release(venv, trial), "when": when, "why": words}
-    record = {**record, "failed": failed,
-              "fell_back": {"from": trial, "to": previous, "when": when, "why": words}}
+    recorded = {**record, "failed": failed,
+                "fell_back": {"from": trial, "to": previous, "when": when, "why": words}}
+    cleared = {key: value for key, value in recorded.items() if key != "trial_until"}
+    cleared.update(trial=None, previous=None)
     print(f"{words}: stack {trial} -> stack {previous}")
-    _write(args.state, record)  # the failed set, the trial and its target kept
-    temporary = f"{venv}.switching"
-    if os.path.lexists(temporary):
-        os.unlink(temporary)
-    os.symlink(f"{os.path.basename(venv)}{SUFFIX}/{previous}", temporary)
-    os.rename(temporary, venv)
-    subprocess.run(["systemctl", "reset-failed", args.unit], check=False)
-    # --no-block: this unit runs as the server's OnFailure=; the start is the server's job.
-    subprocess.run(["systemctl", "restart", "--no-block", args.unit], check=True)
-    record = {**record, "trial": None, "previous": None}
-    record.pop("trial_until", None)
-    _write(args.state, record)
-    return 0
 
+    def link_back() -> None:
+        temporary = f"{venv}.switching"
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+        os.symlink(f"{os.path.basename(venv)}{SUFFIX}/{previous}", temporary)
+        os.rename(temporary, venv)
+
+    return [
+        ("record the failed set", lambda: _write(args.state, recorded)),
+        ("link back", link_back),
+        ("reset the start limit",
+         lambda: subprocess.run(["systemctl", "reset-failed", args.unit], check=False)),
+        # --no-block: this unit runs as the server's OnFailure=; the start is the server's job.
+        ("queue the start",
+         lambda: subprocess.run(["systemctl", "restart", "--no-block", args.unit], check=True)),
+        ("clear the trial", lambda: _write(args.state, cleared)),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    for _name, step in steps(arguments(argv)):
+        step()
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())
