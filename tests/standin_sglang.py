@@ -196,11 +196,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return
             self._send(200, LOAD.exposition().encode(), "text/plain; version=0.0.4; charset=utf-8")
             return
+        if self.path == "/health":  # no key asked either (sglang/srt/utils/auth.py)
+            self._send(200 if STATE["ready"] else 503)
+            return
         if not self._authorised():
             return
-        if self.path == "/health":
-            self._send(200 if STATE["ready"] else 503)
-        elif self.path in ("/get_server_info", "/server_info"):
+        if self.path in ("/get_server_info", "/server_info"):
             self._send(200, json.dumps(server_info(self.key)).encode())
         elif self.path == "/v1/models":
             self._send(200, json.dumps({"object": "list", "data": [
@@ -303,6 +304,7 @@ def main() -> int:
     parser.add_argument("--max-running", type=int, default=0)
     parser.add_argument("--kv-tokens", type=int, default=1_000_000)
     parser.add_argument("--token-delay", type=float, default=0.005)
+    parser.add_argument("--host", default="127.0.0.1")
     args = parser.parse_args()
     SCALE["pause"] = args.pause_scale
     SCALE["token"] = args.token_delay
@@ -315,7 +317,7 @@ def main() -> int:
         args.case = json.loads(args.case_by_release.read_text()).get(release, "normal")
         say(f"stand-in of sglang {release}: {args.case}")
     Handler.case, Handler.event_file = args.case, args.event_file
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    server = http.server.ThreadingHTTPServer((args.host, args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
     for line in lines(args.logs, "startup_tp8.log"):
