@@ -31,7 +31,7 @@ ENV_TEMPLATE = "sglang.env.j2"
 #: The gateway container's folder for the deploy's files: scripts, lock, worker list, state.
 TOOLS = "/opt/smg"
 ENV_DIR = "/etc/smg"
-GATEWAY_KEY = "GATEWAY_API_KEY"
+GATEWAY_KEY = "SGLANG_API_KEY"
 #: The env file's variable of the Nth worker's API key.
 WORKER_KEY = "SMG_WORKER_KEY_{index}"
 
@@ -46,6 +46,12 @@ def unit_path(gs: GatewaySettings) -> str:
 
 def env_file_path(gs: GatewaySettings) -> str:
     return f"{ENV_DIR}/{gs.gateway_service_name}.env"
+
+
+def keys_path(gs: GatewaySettings) -> str:
+    """The workers' API keys (mode 0600), read by the worker script alone: a worker added with
+    a key changes this file, not the unit's env file, and restarts nothing."""
+    return f"{ENV_DIR}/{gs.gateway_service_name}-workers.env"
 
 
 def workers_path(gs: GatewaySettings) -> str:
@@ -94,19 +100,21 @@ def sync_argv(gs: GatewaySettings, command: str = "sync") -> list[str]:
     """The worker script's argv (``remote/gateway_workers.py``): no secret in it."""
     argv = ["/usr/bin/python3", remote.path(remote.GATEWAY_WORKERS, TOOLS), command,
             "--gateway", gateway_url(gs), "--workers", workers_path(gs),
-            "--env-file", env_file_path(gs)]
+            "--env-file", env_file_path(gs), "--keys-file", keys_path(gs),
+            "--state", state_path(gs)]
     if command == "sync":
-        argv += ["--state", state_path(gs), "--timeout", str(gs.gateway_register_timeout_s)]
+        argv += ["--timeout", str(gs.gateway_register_timeout_s)]
     return argv
 
 
-def secrets(gs: GatewaySettings, worker_keys: list[str | None]) -> dict[str, str]:
-    """The env file's variables: the gateway's key, each worker's key by its index."""
-    env = {GATEWAY_KEY: gs.gateway_api_key.get_secret_value()} if gs.gateway_api_key else {}
-    for index, key in enumerate(worker_keys):
-        if key:
-            env[WORKER_KEY.format(index=index)] = key
-    return env
+def secrets(gs: GatewaySettings) -> dict[str, str]:
+    """The unit's env file: the key clients send to the gateway."""
+    return {GATEWAY_KEY: gs.gateway_api_key.get_secret_value()} if gs.gateway_api_key else {}
+
+
+def worker_secrets(worker_keys: list[str | None]) -> dict[str, str]:
+    """The workers' keys file: each worker's key by its index in the worker list."""
+    return {WORKER_KEY.format(index=index): key for index, key in enumerate(worker_keys) if key}
 
 
 def render_workers(workers: list[Worker]) -> str:
@@ -117,11 +125,19 @@ def render_workers(workers: list[Worker]) -> str:
         for index, w in enumerate(workers)]}, indent=2) + "\n"
 
 
-def render_env(gs: GatewaySettings, worker_keys: list[str | None]) -> str:
-    """The env file (deploy it with mode 0600)."""
+def _env_text(unit: str, env: dict[str, str]) -> str:
     return _templates().get_template(ENV_TEMPLATE).render(
-        unit=unit_name(gs),
-        variables=[(k, env_quote(v)) for k, v in sorted(secrets(gs, worker_keys).items())])
+        unit=unit, variables=[(k, env_quote(v)) for k, v in sorted(env.items())])
+
+
+def render_env(gs: GatewaySettings) -> str:
+    """The unit's env file (deploy it with mode 0600)."""
+    return _env_text(unit_name(gs), secrets(gs))
+
+
+def render_keys(gs: GatewaySettings, worker_keys: list[str | None]) -> str:
+    """The workers' keys file (deploy it with mode 0600)."""
+    return _env_text(f"{unit_name(gs)} worker registration", worker_secrets(worker_keys))
 
 
 def render_unit(gs: GatewaySettings) -> str:
@@ -133,7 +149,8 @@ def render_unit(gs: GatewaySettings) -> str:
     return _templates().get_template(UNIT_TEMPLATE).render(
         smg_version=gs.smg_version,
         workers_file=workers_path(gs),
-        env_vars=[GATEWAY_KEY, WORKER_KEY.format(index="N")],
+        env_vars=sorted(secrets(gs)),
+        keys_file=keys_path(gs),
         env_file=_plain_path("env_file", env_file),
         description=f"SGLang model gateway (smg {gs.smg_version}) on port {gs.gateway_port}",
         exec_start=systemd_command(launch_argv(smg_argv(gs), mask, launcher)),

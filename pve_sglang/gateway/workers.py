@@ -143,3 +143,19 @@ def verdict(views: list[WorkerView]) -> tuple[list[str], list[str]]:
         else:
             lines.append(f"{view.name} {view.url}: healthy ({view.status or 'no status'})")
     return lines, problems
+
+
+def key_problem(where: str, gateway_key: str | None, worker_keys: dict[str, str | None]) -> str | None:
+    """Why the keys cannot work together, or None. smg 1.13.0 sends a worker its own key only
+    when the client sent none: a client's ``Authorization`` is passed on as it is (seen with
+    the real smg and a server that checks the key). So with a gateway key, every worker that
+    asks for a key must ask for that one."""
+    if gateway_key is None:
+        return None
+    other = sorted(name for name, key in worker_keys.items() if key is not None and key != gateway_key)
+    if not other:
+        return None
+    return (f"{where}: field 'gateway_api_key' differs from the api_key of {', '.join(other)}: "
+            "smg passes the client's key on to the worker, which would refuse every request "
+            "(401); allowed: the workers' api_key, or null (the gateway then sends each worker "
+            "its own key; keep gateway_host on loopback)")

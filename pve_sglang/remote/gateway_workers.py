@@ -2,11 +2,12 @@
 
 Usage (in the gateway's container; keys are read from ENV_FILE, never from a command line)::
 
-    python3 gateway_workers.py sync   --gateway URL --workers FILE --env-file ENV --state FILE [--timeout S]
-    python3 gateway_workers.py status --gateway URL --workers FILE --env-file ENV
+    python3 gateway_workers.py sync   --gateway URL --workers FILE --env-file ENV --keys-file KEYS --state FILE [--timeout S]
+    python3 gateway_workers.py status --gateway URL --workers FILE --env-file ENV --keys-file KEYS --state FILE
 
 WORKERS (JSON, written by the deploy, no secret): ``{"workers": [{"name", "url", "key_env"}]}``;
-``key_env`` names the env file's variable holding that worker's API key (or null).
+``key_env`` names KEYS' variable holding that worker's API key (or null); ENV holds the
+gateway's own key (``SGLANG_API_KEY``), which its control API asks for too.
 
 ``sync`` (the unit's ``ExecStartPost`` and the deploy after the list changed) waits until the
 gateway answers ``GET /workers``, registers each worker of WORKERS it does not list
@@ -16,7 +17,7 @@ added is left alone. No restart: requests in flight on the other workers go on. 
 JSON line, ``{"added": [...], "removed": [...], "listed": N}``.
 
 ``status`` prints one JSON line: ``{"workers": [the gateway's answer, each worker's url,
-is_healthy, status]}``; the deploy's verify phase judges it.
+is_healthy, status], "registered": [the URLs STATE holds]}``; the deploy judges it.
 
 Exit codes: 0 done; 2 bad usage or files; 3 the gateway did not answer in time or refused.
 """
@@ -34,7 +35,7 @@ import urllib.request
 
 from remote_env import env_value
 
-GATEWAY_KEY = "GATEWAY_API_KEY"
+GATEWAY_KEY = "SGLANG_API_KEY"
 
 
 class GatewayError(Exception):
@@ -106,7 +107,7 @@ def norm(url: str) -> str:
     return url.rstrip("/")
 
 
-def sync(gateway: str, workers: list[dict], env_file: str, state_file: str,
+def sync(gateway: str, workers: list[dict], env_file: str, keys_file: str, state_file: str,
          timeout: float) -> dict:
     """Register the missing workers, remove those this script registered that are gone."""
     key = env_value(env_file, GATEWAY_KEY)
@@ -120,7 +121,7 @@ def sync(gateway: str, workers: list[dict], env_file: str, state_file: str,
         if url in present:
             continue
         body = {"url": worker["url"]}
-        worker_key = env_value(env_file, worker["key_env"]) if worker.get("key_env") else None
+        worker_key = env_value(keys_file, worker["key_env"]) if worker.get("key_env") else None
         if worker_key:
             body["api_key"] = worker_key
         call(gateway, "POST", "/workers", key, body)
@@ -144,10 +145,12 @@ def sync(gateway: str, workers: list[dict], env_file: str, state_file: str,
     return {"added": added, "removed": removed, "listed": len(present) + len(added) - len(removed)}
 
 
-def status(gateway: str, env_file: str) -> dict:
+def status(gateway: str, env_file: str, state_file: str) -> dict:
     key = env_value(env_file, GATEWAY_KEY)
+    ours = read_json(state_file, []) if state_file else []
     return {"workers": [{"url": w["url"], "is_healthy": w.get("is_healthy"),
-                         "status": w.get("status")} for w in listed(gateway, key)]}
+                         "status": w.get("status")} for w in listed(gateway, key)],
+            "registered": [u for u in ours if isinstance(u, str)] if isinstance(ours, list) else []}
 
 
 def main(argv: list[str]) -> int:
@@ -156,6 +159,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gateway", required=True)
     parser.add_argument("--workers", required=True)
     parser.add_argument("--env-file", required=True)
+    parser.add_argument("--keys-file", required=True)
     parser.add_argument("--state", default="")
     parser.add_argument("--timeout", type=float, default=60)
     args = parser.parse_args(argv)
@@ -164,9 +168,10 @@ def main(argv: list[str]) -> int:
         if args.command == "sync":
             if not args.state:
                 raise ValueError("sync needs --state FILE")
-            result = sync(args.gateway, workers, args.env_file, args.state, args.timeout)
+            result = sync(args.gateway, workers, args.env_file, args.keys_file, args.state,
+                          args.timeout)
         else:
-            result = status(args.gateway, args.env_file)
+            result = status(args.gateway, args.env_file, args.state)
     except ValueError as error:
         print(json.dumps({"error": str(error)}))
         return 2
