@@ -256,7 +256,8 @@ gateway_health_failure_threshold = 3
 # Remove an unhealthy worker from the gateway's list instead of marking it (the next deploy adds it again).
 gateway_remove_unhealthy = False
 # API key clients must send to the gateway ("env:NAME" reads it from the environment); only in
-# its 0600 env file. The workers' own api_key is sent to them by the gateway.
+# its 0600 env file. smg passes a client's key on to the worker, so it must be the workers'
+# api_key; null: no key asked, and the gateway sends each worker its own (keep gateway_host local).
 gateway_api_key = None
 # Folder in the gateway's container holding the lock's wheels (installed offline); null: the index.
 gateway_wheelhouse = None

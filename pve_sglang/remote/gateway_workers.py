@@ -33,7 +33,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from remote_env import env_value
+try:  # uploaded beside this script (remote.COMPANIONS)
+    from remote_env import env_value
+except ImportError:  # imported as part of pve_sglang (the tests, the bench)
+    from pve_sglang.remote.remote_env import env_value
 
 GATEWAY_KEY = "SGLANG_API_KEY"
 
