@@ -249,7 +249,7 @@ def _located(
 
 def _shown(key: Any, value: Any) -> str:
     """A value for an error message: secrets masked (settings' own as ``settings.shown``)."""
-    if key in SECRET_FIELDS | SECRET_CONNECTOR_KEYS:
+    if key in SECRET_FIELDS | SECRET_CONNECTOR_KEYS | GATEWAY_SECRET_FIELDS:
         return "<secret>"
     return repr(shown(key, value) if isinstance(key, str) else value)
 

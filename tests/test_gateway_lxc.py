@@ -14,7 +14,6 @@ dropped from the inventory is removed through the worker API; then a re-run chan
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import pytest
 
 from pve_sglang.config.gateway import smg_lock_path
 from pve_sglang.gateway import render
-from tests.cache_dir import TEST_CACHE, building
+from wheels import locked_wheels
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -40,24 +39,6 @@ SETTINGS = {"gateway_api_key": KEY, "gateway_wheelhouse": "/opt/wheels",
             "gateway_health_failure_threshold": 2, "gateway_register_timeout_s": 60,
             "gateway_port": GATEWAY_PORT}
 TIMES: dict[str, float] = {}
-
-
-def smg_wheels(retried) -> Path:
-    """The lock's wheels, downloaded once into the test cache (hashes checked by pip)."""
-    lock = smg_lock_path("1.13.0", "3.11")
-    folder = TEST_CACHE / f"smg-wheels-{lock.stem}"
-    with building(folder):
-        if not (folder / ".complete").exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            retried(lambda: subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                 "--require-hashes", "--only-binary", ":all:", "--python-version", "3.11",
-                 "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64",
-                 "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_36_x86_64",
-                 "-r", str(lock), "-d", str(folder)], check=True, capture_output=True),
-                "smg's locked wheels")
-            (folder / ".complete").write_text("")
-    return folder
 
 
 def put(box, path: str, text: str, mode: str = "644") -> None:
@@ -130,7 +111,7 @@ def failed(results: dict) -> list[str]:
 @pytest.fixture(scope="module")
 def site(lxc_env, package_index, tmp_path_factory):
     began = time.monotonic()
-    wheels = smg_wheels(package_index)
+    wheels = locked_wheels(smg_lock_path("1.13.0", "3.11"))
     servers = lxc_env.create(lxc_env.new_name("gwsrv"), network="bridge")
     gateway = lxc_env.create(lxc_env.new_name("gw"), network="bridge", extra_config=[
         f"lxc.mount.entry = {wheels} opt/wheels none bind,ro,create=dir 0 0"])

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from pve_sglang.config.settings import (
+    GATEWAY_SECRET_FIELDS,
     ContainerPath,
     HttpUrl,
     Int,
@@ -114,7 +115,7 @@ class GatewaySettings(_Strict):
 
 
 GATEWAY_FIELDS = frozenset(GatewaySettings.model_fields)
-GATEWAY_SECRET_FIELDS = frozenset({"gateway_api_key"})
+assert GATEWAY_SECRET_FIELDS <= GATEWAY_FIELDS
 
 
 def validate_gateway(where: str, data: dict[str, Any], defaults: dict[str, Any]) -> GatewaySettings:

@@ -688,6 +688,8 @@ class ContainerSettings(_Strict):
         return env
 
 
+#: The gateway's secrets (``config/gateway.py``'s settings, which build on these): masked too.
+GATEWAY_SECRET_FIELDS = frozenset({"gateway_api_key"})
 HOST_FIELDS = frozenset(HostSettings.model_fields)
 CONTAINER_FIELDS = frozenset(ContainerSettings.model_fields)
 #: Settings that hold secrets (their values are never shown), from their pydantic types.
@@ -714,7 +716,7 @@ def _allowed_hint(key: str, allowed: frozenset[str]) -> str:
 def shown(top: str, value: Any) -> Any:
     """A value of field TOP as an error message may show it: secrets masked, also inside
     extra_server_args and a URL's user:password@."""
-    if top in SECRET_FIELDS:
+    if top in SECRET_FIELDS or top in GATEWAY_SECRET_FIELDS:
         return "<secret>"
     if isinstance(value, str) and top.endswith("_url"):
         # user:password@ of a URL is a secret too.
