@@ -5,7 +5,8 @@ gateway's container for the tests, beside the workers for the bench.
 [--tokens T] [--seconds S]``: N requests to SGLang's ``/generate`` (streamed, as
 ``bench_serving``'s ``sglang`` backend sends them), C at a time; each prompt is unique, and with
 ``--prefix-words`` W they all open with the same W words (a shared system prompt). With
-``--seconds`` it sends for that long instead (N ignored). The key, if any, comes from the
+``--seconds`` it sends for that long instead (N ignored). URL may list several servers,
+comma-separated: the client then sends to each in turn (balancing by hand, no gateway). The key, if any, comes from the
 ``API_KEY`` environment variable. Prints one JSON line: the count of each HTTP status (or
 ``error``), wall seconds, output tokens per second, and each request's (start, end, status).
 ``--counts URL...`` prints each server's ``sglang:num_requests_total`` from its /metrics.
@@ -46,6 +47,7 @@ def one(url: str, key: str | None, text: str, tokens: int) -> tuple[str, int]:
 
 def run(args: argparse.Namespace) -> dict:
     key = os.environ.get("API_KEY") or None
+    urls = args.url.split(",")  # several: the client spreads its requests itself, in turn
     prefix = " ".join(["shared system prompt words"] * args.prefix_words)
     counter = {"next": 0}
     lock = threading.Lock()
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> dict:
                 counter["next"] += 1
             text = f"{prefix} question {n} {time.time_ns()}".strip()
             start = time.time()
-            status, generated = one(args.url, key, text, args.tokens)
+            status, generated = one(urls[n % len(urls)], key, text, args.tokens)
             with lock:
                 log.append((start, time.time(), status))
                 tokens["total"] += generated

@@ -65,7 +65,7 @@ from pve_sglang.facts import installed_stacks as stacks_facts
 from pve_sglang.facts import store as store_facts
 from pve_sglang.facts.container import UnitState
 from pve_sglang.facts.pve import LxcContainerStatus, PctStatus
-from pve_sglang.hosts_file import build_groups, build_inventory
+from pve_sglang.hosts_file import build_inventory
 from pve_sglang.config.gateway import GatewaySettings, smg_lock_path
 from pve_sglang.facts import gateway as gateway_facts
 from pve_sglang.gateway.workers import Worker
@@ -1154,7 +1154,7 @@ def test_values_that_cannot_be_quoted_into_their_target_are_refused(platform):
     for payload in ("\nx", "x\ny", "\r"):
         for where, field, _, value in settings_cases(platform, payload):
             try:
-                build_groups(hosts_file(platform, [(where, field, value)]), DEFAULTS)
+                build_inventory(hosts_file(platform, [(where, field, value)]), DEFAULTS)
             except SettingsError:
                 continue
             accepted.append((field, value))
@@ -1162,7 +1162,7 @@ def test_values_that_cannot_be_quoted_into_their_target_are_refused(platform):
         for field in MOUNT_STRINGS:
             for value in forms(payload, MOUNT_BASE[field]):
                 try:
-                    build_groups(hosts_file(platform, [("mount", field, value)]), DEFAULTS)
+                    build_inventory(hosts_file(platform, [("mount", field, value)]), DEFAULTS)
                 except SettingsError:
                     continue
                 accepted.append((f"mounts.{field}", value))
