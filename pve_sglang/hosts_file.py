@@ -29,7 +29,12 @@ from pve_sglang.container_config.lxc_keys import check_settings as check_lxc_set
 from pve_sglang.project import load_defaults
 from pve_sglang.stack.platform import release_of
 from pve_sglang.runtime import pyinfra_private
-from pve_sglang.config.gateway import GATEWAY_FIELDS, GATEWAY_SECRET_FIELDS, validate_gateway
+from pve_sglang.config.gateway import (
+    GATEWAY_CONTAINER_FIELDS,
+    GATEWAY_FIELDS,
+    GATEWAY_SECRET_FIELDS,
+    validate_gateway,
+)
 from pve_sglang.gateway.workers import Serving, choose_workers, model_of
 from pve_sglang.config.settings import (
     CONTAINER_FIELDS,
@@ -694,6 +699,9 @@ def build_gateways(hosts: dict[str, Any], gpu_containers: Group, defaults: dict[
         connection = {k: v for k, v in entry.items()
                       if k in host_keys or k in _user_connector_keys(platform)}
         lxc_path = {**defaults, **entry, **override}.get("lxc_path")
+        host_entry = {k: v for k, v in entry.items() if k not in ("containers", "gateways")}
+        container_defaults = {k: v for k, v in host_entry.items() if k in GATEWAY_CONTAINER_FIELDS}
+        allowed = GATEWAY_FIELDS | GATEWAY_CONTAINER_FIELDS
         for index, raw in enumerate(items):
             path = (host_name, "gateways", index)
             key, gateway = _container_key(host_name, index, raw, platform, hosts, path)
@@ -701,16 +709,21 @@ def build_gateways(hosts: dict[str, Any], gpu_containers: Group, defaults: dict[
             try:
                 check_vmid(host_name, platform, key)
                 for field in gateway:
-                    if field not in GATEWAY_FIELDS and field not in _user_connector_keys(platform):
+                    if field not in allowed and field not in _user_connector_keys(platform):
                         raise SettingsError(
                             f"{where}: unknown field '{field}'"
-                            f"{did_you_mean(field, GATEWAY_FIELDS)}; allowed fields: "
-                            f"{', '.join(sorted(GATEWAY_FIELDS))}")
+                            f"{did_you_mean(field, allowed)}; allowed fields: "
+                            f"{', '.join(sorted(allowed))}")
                 gs = validate_gateway(where, {**gateway, **override}, defaults)
                 workers = choose_workers(where, gs.gateway_workers, serving)
+                hs = validate_host(host_name, {**host_entry, **override}, defaults)
             except SettingsError as error:
                 raise _with_override_note(
                     _located(error, hosts, path, override=override), override) from None
+            # Its container, as the host phase creates it: a container's settings, no GPU.
+            container = _validated_container(
+                host_name, key, {k: v for k, v in gateway.items() if k in GATEWAY_CONTAINER_FIELDS},
+                container_defaults, hs, defaults, override, hosts, path)
             name = _container_inventory_name(platform, host_name, key, inventory_name == "@local")
             if any(name == other for other, _ in gpu_containers + group):
                 raise SettingsError(f"{where}{_at(hosts, *path)}: {PLATFORMS[platform][1]} {key} "
@@ -718,6 +731,7 @@ def build_gateways(hosts: dict[str, Any], gpu_containers: Group, defaults: dict[
                                     "container of its own")
             group.append((name, _hide_secrets({
                 **connection,
+                **container,
                 **gateway,
                 "pve_host": inventory_name,
                 "platform": platform,

@@ -148,7 +148,8 @@ def test_a_hosts_files_gateway_fronts_its_containers_and_hides_its_key():
 @pytest.mark.parametrize("gateway, host, words", [
     ({"gateway_polcy": "random"}, {}, ["gateway gw", "unknown field 'gateway_polcy'",
                                        "did you mean 'gateway_policy'"]),
-    ({"cores": 2}, {}, ["unknown field 'cores'"]),
+    ({"model_path": "/m"}, {}, ["unknown field 'model_path'"]),  # a serving container's
+    ({"cores": 0}, {}, ["container gw", "field 'cores' = 0"]),  # its container's, checked too
     ({}, {"server_host": "127.0.0.1"}, ["worker @lxc/h/w1", "server_host"]),
     ({"gateway_workers": ["@lxc/h/w9"]}, {}, ["'@lxc/h/w9'", "allowed: @lxc/h/w1, @lxc/h/w2"]),
 ])
@@ -157,6 +158,13 @@ def test_bad_gateway_entries_are_named_with_their_line(gateway, host, words):
         build_inventory(hosts(gateway, **host), DEFAULTS)
     for word in words:
         assert word in str(raised.value), str(raised.value)
+
+
+def test_a_gateways_container_takes_its_own_and_its_hosts_container_settings():
+    _, _, [(_, data)] = build_inventory(hosts({"cores": 2, "hostname": "gw-1"}, memory_mib=2048),
+                                        DEFAULTS)
+    assert (data["cores"], data["hostname"], data["memory_mib"]) == (2, "gw-1", 2048)
+    assert "model_path" not in data
 
 
 def test_a_gateway_cannot_be_a_serving_container():
@@ -218,3 +226,38 @@ def test_the_command_line_parses_with_the_pinned_smg(package_index, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == (
         '["127.0.0.1", 30000, "power_of_two", 29000, 10, 5, 3, "/health", true, "secret-value"]')
+
+
+# --- its container, on recorded Proxmox and H200 answers (tests/fixtures) --------------------
+
+
+def test_the_host_phase_creates_the_gateways_container_without_gpus_recorded_h200_pve():
+    """The host phase on the recorded H200 Proxmox host: the serving container gets its GPUs,
+    the gateway's container (vmid 120) is created and started with none."""
+    from harness import plan_deploy
+    from pve_sglang.facts.pve import PctConfig, PctPending, PctStatus
+    from tasks.host import host_phase
+    from test_host_phase_recorded import container_answers, gpu_host_responses
+
+    missing = (Path(__file__).parent / "fixtures/public/pve_pct_missing_ct_pve-nas-issue6.txt").read_text()
+    responses = {**gpu_host_responses(), **container_answers(None, None),
+                 PctConfig().command(120): missing, PctStatus().command(120): missing,
+                 PctPending().command(120): missing}
+    responses = dict(sorted(responses.items(), key=lambda item: -len(str(item[0]))))
+    ct = {**DEFAULTS, "pct_vmid": 105, "pve_host": "@fake/pve1", "platform": "pve",
+          "hostname": "glm5", "cores": 64, "memory_mib": 524288}
+    gw = {**DEFAULTS, "pct_vmid": 120, "pve_host": "@fake/pve1", "platform": "pve",
+          "hostname": "gateway", "cores": 4, "memory_mib": 4096}
+    ops = plan_deploy(
+        host_phase,
+        hosts=[("pve1", {**DEFAULTS, "containers": ["@fake/ct105"], "gateways": ["@fake/gw120"]}),
+               ("ct105", ct), ("gw120", gw)],
+        responses=responses,
+        groups={"pve_hosts": ["pve1"], "gpu_containers": ["ct105"], "gateways": ["gw120"]},
+    )["pve1"]
+    every = [c for _, cmds in ops for c in cmds]
+    [create] = [c for c in every if "pct create 120" in c]
+    assert "--hostname gateway" in create and "--cores 4" in create
+    assert not [c for c in every if "pct set 120" in c and "--dev" in c]
+    assert [c for c in every if "pct set 105" in c and "--dev0 /dev/nvidia0" in c]
+    assert "pct start 120" in every

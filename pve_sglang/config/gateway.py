@@ -115,6 +115,11 @@ class GatewaySettings(_Strict):
 
 
 GATEWAY_FIELDS = frozenset(GatewaySettings.model_fields)
+#: The container settings a gateway entry (or its host entry) may set for its container, which
+#: the host phase creates as it creates a serving one, without GPUs.
+GATEWAY_CONTAINER_FIELDS = frozenset({
+    "hostname", "rootfs_storage", "rootfs_size_gib", "cores", "memory_mib", "swap_mib", "net0",
+    "unprivileged", "onboot", "nesting"})
 assert GATEWAY_SECRET_FIELDS <= GATEWAY_FIELDS
 
 
