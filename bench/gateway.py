@@ -211,6 +211,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--policies", default="cache_aware,round_robin")
     args = parser.parse_args(argv)
     levels = [int(level) for level in args.levels.split(",")]
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="pve-sglang-gateway-bench-") as folder:
         work = Path(folder)
         venv = smg_venv(work, args.wheelhouse)
@@ -256,6 +257,7 @@ def main(argv: list[str]) -> int:
     RESULTS.write_text(json.dumps({
         "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{os.cpu_count()} CPUs, shared",
+        "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "smg_version": load_defaults()["smg_version"], "workers": args.workers,
         "tokens_per_request": args.tokens, "token_delay_s": args.token_delay,
         "seconds_per_level": args.seconds, "levels": rows, "worker_death": deaths,
