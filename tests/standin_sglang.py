@@ -285,6 +285,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class Server(http.server.ThreadingHTTPServer):
+    """socketserver's listen backlog is 5: a client opening dozens of connections at once (a
+    gateway) would see SYNs dropped and retried a second later. SGLang's uvicorn listens with
+    a backlog of 2048."""
+
+    request_queue_size = 2048
+
+
 def server_info(key: str) -> dict:
     """A few ``ServerArgs`` fields, as ``/get_server_info`` flattens them, and its extras."""
     return {"model_path": "/models/standin", "tokenizer_path": "/models/standin", "port": 30000,
@@ -317,7 +325,7 @@ def main() -> int:
         args.case = json.loads(args.case_by_release.read_text()).get(release, "normal")
         say(f"stand-in of sglang {release}: {args.case}")
     Handler.case, Handler.event_file = args.case, args.event_file
-    server = http.server.ThreadingHTTPServer((args.host, args.port), Handler)
+    server = Server((args.host, args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
     for line in lines(args.logs, "startup_tp8.log"):
