@@ -265,3 +265,6 @@ gateway_wheelhouse = None
 gateway_pip_index_url = None
 # Seconds the deploy waits for the gateway to answer and take its worker list.
 gateway_register_timeout_s = 60
+# Run the benchmark through the gateway after its phase, from its first worker's container (its
+# bench_* settings; saved under bench_history_dir/gateway); needs gateway_host off loopback.
+gateway_bench = False

@@ -30,6 +30,7 @@ from pve_sglang.project import load_defaults
 from pve_sglang.stack.platform import release_of
 from pve_sglang.runtime import pyinfra_private
 from pve_sglang.config.gateway import (
+    GATEWAY_CONTAINER_DEFAULTS,
     GATEWAY_CONTAINER_FIELDS,
     GATEWAY_FIELDS,
     GATEWAY_SECRET_FIELDS,
@@ -700,7 +701,8 @@ def build_gateways(hosts: dict[str, Any], gpu_containers: Group, defaults: dict[
                       if k in host_keys or k in _user_connector_keys(platform)}
         lxc_path = {**defaults, **entry, **override}.get("lxc_path")
         host_entry = {k: v for k, v in entry.items() if k not in ("containers", "gateways")}
-        container_defaults = {k: v for k, v in host_entry.items() if k in GATEWAY_CONTAINER_FIELDS}
+        container_defaults = {**{k: v for k, v in host_entry.items() if k in GATEWAY_CONTAINER_FIELDS},
+                              **GATEWAY_CONTAINER_DEFAULTS}
         allowed = GATEWAY_FIELDS | GATEWAY_CONTAINER_FIELDS
         for index, raw in enumerate(items):
             path = (host_name, "gateways", index)

@@ -18,12 +18,15 @@ from pyinfra.context import state
 
 from pve_sglang import remote
 from pve_sglang.config.gateway import GatewaySettings, smg_lock_path
-from pve_sglang.config.settings import ContainerSettings, host_settings
+from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
 from pve_sglang.gateway import render
-from pve_sglang.gateway.workers import Worker, key_problem
+from pve_sglang.gateway.workers import Worker, gateway_address, key_problem
 from pve_sglang.operations import apt, gateway, paths, systemd_unit, verify
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.runtime.errors import PreflightError
+from pve_sglang.server.bench import bench_levels, bench_runs
+from pve_sglang.server.bench_history import run_meta
+from pve_sglang.server.command import env_file_path, venv_python
 from pve_sglang.stack.lock import parse
 from tasks.common import run_when_container_exists, upload_script
 
@@ -116,3 +119,48 @@ def gateway_steps(gs: GatewaySettings, workers: list[Worker], keys: list[str | N
     verify.generation_works(name="One chat completion through the gateway",
                             url=render.gateway_url(gs), env_file=render.env_file_path(gs),
                             script=remote.path(remote.STARTUP_WATCH, tools))
+
+
+@deploy("Benchmark through a gateway")
+def gateway_bench_phase() -> None:
+    """In the first worker's container of each gateway with ``gateway_bench``: the serving
+    benchmark through the gateway (its address as the workers reach it)."""
+    if "gpu_containers" not in host.groups:
+        return
+    for gw in fronted_by(host.name):
+        gs = host_settings(GatewaySettings, of=gw)
+        if gs.gateway_bench:
+            run_when_container_exists(lambda gw=gw, gs=gs: bench_through(gw, gs),
+                                      "gateway benchmark")
+
+
+def fronted_by(name: str) -> list:
+    """The gateways of the inventory whose first worker is container NAME."""
+    found = []
+    for gw in state.inventory.get_group("gateways", []):
+        workers = gw.data.get("gateway_worker_list") or []
+        if workers and workers[0].get("name") == name:
+            found.append(gw)
+    return found
+
+
+def bench_through(gw, gs: GatewaySettings) -> None:
+    cs = host_settings(ContainerSettings)
+    address = gateway_address(gs.gateway_host, container_hostname(gw.data))
+    upload_script(remote.GPU_SAMPLER, "Upload the GPU sampler")
+    upload_script(remote.BENCH_RECORD, "Upload the benchmark record wrapper")
+    runs = gateway_bench_runs(cs, gs, address)
+    verify.benchmark(name=f"Benchmark through the gateway {gw.name} at concurrency "
+                          f"{bench_levels(cs)}",
+                     runs=runs, env_file=env_file_path(cs),
+                     history_dir=f"{cs.bench_history_dir.rstrip('/')}/gateway",
+                     meta={**run_meta(cs), "gateway": gw.name, "gateway_policy": gs.gateway_policy},
+                     regression_pct=cs.bench_regression_pct, low_power_pct=cs.bench_low_power_pct)
+
+
+def gateway_bench_runs(cs: ContainerSettings, gs: GatewaySettings, address: str) -> dict[int, list[str]]:
+    """The benchmark's argv per level against the gateway at ADDRESS:``gateway_port``, under
+    the GPU sampler of this container's GPUs; no /metrics sampler (the gateway's is smg's)."""
+    via = cs.model_copy(update={"server_port": gs.gateway_port, "enable_metrics": False})
+    return bench_runs(via, venv_python(cs), address, cs.sglang_version,
+                      remote.path(remote.GPU_SAMPLER), remote.path(remote.BENCH_RECORD), None)

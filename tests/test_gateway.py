@@ -161,9 +161,11 @@ def test_bad_gateway_entries_are_named_with_their_line(gateway, host, words):
 
 
 def test_a_gateways_container_takes_its_own_and_its_hosts_container_settings():
-    _, _, [(_, data)] = build_inventory(hosts({"cores": 2, "hostname": "gw-1"}, memory_mib=2048),
-                                        DEFAULTS)
-    assert (data["cores"], data["hostname"], data["memory_mib"]) == (2, "gw-1", 2048)
+    _, _, [(_, data)] = build_inventory(hosts({"cores": 2, "hostname": "gw-1"}, memory_mib=2048,
+                                              net0="name=eth0,bridge=br9,ip=dhcp"), DEFAULTS)
+    assert (data["cores"], data["hostname"], data["net0"]) == (2, "gw-1", "name=eth0,bridge=br9,ip=dhcp")
+    # The host's size is its GPU containers': a gateway's own unless its entry says otherwise.
+    assert data["memory_mib"] == 4096
     assert "model_path" not in data
 
 
@@ -261,3 +263,30 @@ def test_the_host_phase_creates_the_gateways_container_without_gpus_recorded_h20
     assert not [c for c in every if "pct set 120" in c and "--dev" in c]
     assert [c for c in every if "pct set 105" in c and "--dev0 /dev/nvidia0" in c]
     assert "pct start 120" in every
+
+
+# --- the benchmark through the gateway -------------------------------------------------------
+
+
+def test_the_benchmark_through_the_gateway_targets_it_from_the_first_worker():
+    from pve_sglang.config.settings import ContainerSettings
+    from pve_sglang.gateway.workers import gateway_address
+    from tasks.gateway import gateway_bench_runs
+
+    cs = ContainerSettings.model_validate({
+        **{k: v for k, v in DEFAULTS.items() if k in ContainerSettings.model_fields},
+        "stack_install": "sglang-no-deps", "server_port": 30001, "bench_preset": "quick"})
+    gs = gateway(gateway_host="0.0.0.0", gateway_port=8080, gateway_bench=True)
+    address = gateway_address(gs.gateway_host, "gateway")
+    runs = gateway_bench_runs(cs, gs, address)
+    assert runs
+    for argv in runs.values():
+        text = " ".join(argv)
+        assert "--host gateway --port 8080 --base-url http://gateway:8080" in text
+        assert "30001" not in text and "/metrics" not in text
+    assert gateway_address("10.0.0.9", "gateway") == "10.0.0.9"
+
+
+def test_the_benchmark_through_a_loopback_gateway_is_refused():
+    with pytest.raises(SettingsError, match="gateway_bench runs the benchmark from the first"):
+        gateway(gateway_bench=True)

@@ -83,7 +83,7 @@ from pve_sglang.stack.wheel_fetch import MANIFEST, sha256_of, wheel_dir
 from tasks.container import container_phase
 from tasks.host import host_phase
 from tasks.verify import verify_phase
-from tasks.gateway import gateway_phase
+from tasks.gateway import gateway_bench_phase, gateway_phase
 from pve_sglang.remote.bench_record import RECORD_PREFIX, kept
 from pve_sglang.server.bench import EXIT_STATUS_PREFIX, bench_module
 from bench_summary import summary_record
@@ -239,7 +239,9 @@ def hosts_file(platform: str, settings: list[tuple[str, str, Any]]) -> dict:
     if platform == "lxc":
         host["net0"] = "name=eth0,bridge=lxcbr0,ip=dhcp"  # plain LXC has no vmbr0
     container: dict[str, Any] = {key: ident, **json.loads(json.dumps(CONTAINER_BASE))}
-    gateway: dict[str, Any] = {key: GATEWAY_IDS[platform]}
+    # Off loopback, with the benchmark through it: every gateway step runs.
+    gateway: dict[str, Any] = {key: GATEWAY_IDS[platform], "gateway_host": "0.0.0.0",
+                               "gateway_bench": True}
     for where, field, value in settings:
         if where == "gateway":
             gateway[field] = value
@@ -332,6 +334,7 @@ def _all_phases() -> None:
     phase.done(name="GPU containers done", phase="container")
     verify_phase()
     gateway_phase()
+    gateway_bench_phase()
 
 
 class Deploy:

@@ -69,6 +69,7 @@ class GatewaySettings(_Strict):
     gateway_wheelhouse: ContainerPath | None
     gateway_pip_index_url: HttpUrl | None
     gateway_register_timeout_s: Int = Field(ge=1, le=3600)
+    gateway_bench: bool
 
     @field_validator("gateway_workers")
     @classmethod
@@ -108,6 +109,11 @@ class GatewaySettings(_Strict):
                 f"field 'smg_version' = {self.smg_version!r}: no hashed lock for Python "
                 f"{self.gateway_python} ({smg_lock_path(self.smg_version, self.gateway_python).name}); "
                 f"allowed: {', '.join(smg_locks()) or 'none shipped'}")
+        if self.gateway_bench and self.gateway_host.startswith(("127.", "::1")):
+            raise ValueError(f"gateway_bench runs the benchmark from the first worker's "
+                             f"container, which cannot reach gateway_host {self.gateway_host!r}; "
+                             "allowed: gateway_host 0.0.0.0 (or the container's address), or "
+                             "gateway_bench false")
         if self.gateway_prometheus_port == self.gateway_port:
             raise ValueError(f"gateway_prometheus_port {self.gateway_prometheus_port} is "
                              "gateway_port too; allowed: another port")
@@ -120,6 +126,9 @@ GATEWAY_FIELDS = frozenset(GatewaySettings.model_fields)
 GATEWAY_CONTAINER_FIELDS = frozenset({
     "hostname", "rootfs_storage", "rootfs_size_gib", "cores", "memory_mib", "swap_mib", "net0",
     "unprivileged", "onboot", "nesting"})
+#: A gateway's container size unless its entry says otherwise (the host entry's cores and memory
+#: are its GPU containers' defaults, far more than a router needs).
+GATEWAY_CONTAINER_DEFAULTS = {"cores": 4, "memory_mib": 4096}
 assert GATEWAY_SECRET_FIELDS <= GATEWAY_FIELDS
 
 

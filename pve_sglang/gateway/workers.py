@@ -58,6 +58,12 @@ def worker_url(where: str, container: Serving) -> str:
     return base_url(address, container.server_port)
 
 
+def gateway_address(host: str, hostname: str) -> str:
+    """Where a worker's container reaches a gateway listening on HOST in the container named
+    HOSTNAME: its hostname for a wildcard, else the address itself."""
+    return hostname if host in WILDCARDS else host
+
+
 def is_first_node(container: Serving) -> bool:
     """A container serving alone, or the first node (rank 0) of its group."""
     return not container.nodes or container.nodes[0] == container.name
