@@ -8,7 +8,6 @@ is checked before pyinfra connects (``validate_gateway``), as the containers' ar
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,10 +22,11 @@ from pve_sglang.config.settings import (
     SettingsError,
     _format_error,
     _Strict,
-    check_secret,
     exact_version,
     ip_address,
+    secret_from_env,
     unit_word,
+    usable_secret,
 )
 from pve_sglang.project import project_file
 
@@ -83,23 +83,10 @@ class GatewaySettings(_Strict):
                 raise ValueError(f"{repeated} listed more than once; allowed: distinct values")
         return value
 
-    @field_validator("gateway_api_key", mode="before")
-    @classmethod
-    def _secret_from_env(cls, value: Any) -> Any:
-        """``env:NAME`` reads the key from the deploying machine's environment."""
-        if isinstance(value, str) and value.startswith("env:"):
-            name = value[4:]
-            if name not in os.environ:
-                raise ValueError(f"environment variable {name} is not set")
-            return os.environ[name]
-        return value
-
-    @field_validator("gateway_api_key")
-    @classmethod
-    def _secret_is_usable(cls, value: Any) -> Any:
-        if value is not None:
-            check_secret(value.get_secret_value())
-        return value
+    _secret_from_env = field_validator("gateway_api_key", mode="before")(
+        classmethod(lambda cls, value: secret_from_env(value)))
+    _secret_is_usable = field_validator("gateway_api_key")(
+        classmethod(lambda cls, value: usable_secret(value)))
 
     @model_validator(mode="after")
     def _lock_and_ports(self) -> GatewaySettings:

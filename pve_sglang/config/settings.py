@@ -349,6 +349,24 @@ def server_argument(value: str) -> str:
 lxc_release = word_rule(r"[a-z][a-z0-9-]*", "a Debian release name, e.g. 'bookworm'")
 
 
+def secret_from_env(value: Any) -> Any:
+    """``env:NAME`` reads a secret from the deploying machine's environment."""
+    if isinstance(value, str) and value.startswith("env:"):
+        name = value[4:]
+        if name not in os.environ:
+            raise ValueError(f"environment variable {name} is not set")
+        return os.environ[name]
+    return value
+
+
+def usable_secret(value: Any) -> Any:
+    """An empty key would leave a unit unable to start; a space or newline cannot be passed
+    through an EnvironmentFile unchanged."""
+    if value is not None:
+        check_secret(value.get_secret_value())
+    return value
+
+
 def check_secret(value: str) -> str:
     """A secret: not empty, no whitespace or control characters. Never echoed in a message."""
     if not value:
@@ -562,25 +580,10 @@ class ContainerSettings(_Strict):
             raise ValueError(f"mount path {repeated} used more than once; allowed: one mount a path")
         return value
 
-    @field_validator("hf_token", "api_key", mode="before")
-    @classmethod
-    def _secret_from_env(cls, value: Any) -> Any:
-        """``env:NAME`` reads a secret from the deploying machine's environment."""
-        if isinstance(value, str) and value.startswith("env:"):
-            name = value[4:]
-            if name not in os.environ:
-                raise ValueError(f"environment variable {name} is not set")
-            return os.environ[name]
-        return value
-
-    @field_validator("hf_token", "api_key")
-    @classmethod
-    def _secret_is_usable(cls, value: Any) -> Any:
-        """An empty key would leave the unit unable to start; a space or newline cannot be
-        passed through the EnvironmentFile unchanged."""
-        if value is not None:
-            check_secret(value.get_secret_value())
-        return value
+    _secret_from_env = field_validator("hf_token", "api_key", mode="before")(
+        classmethod(lambda cls, value: secret_from_env(value)))
+    _secret_is_usable = field_validator("hf_token", "api_key")(
+        classmethod(lambda cls, value: usable_secret(value)))
 
     @model_validator(mode="after")
     def _set_follows_the_release(self) -> ContainerSettings:

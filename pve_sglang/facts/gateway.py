@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
@@ -25,14 +23,8 @@ class SmgVenvPackages(FactBase["dict[str, str] | None"]):
 
     @override
     def process(self, output: list[str]) -> dict[str, str] | None:
-        for line in output:
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                return {str(k): str(v) for k, v in value.items()}
-        return None
+        found = json_objects(output)
+        return {str(k): str(v) for k, v in found[0].items()} if found else None
 
     @staticmethod
     @override
