@@ -7,6 +7,7 @@ GPUs decide the container's passthrough, its driver version and the server's fla
 from pve_sglang.runtime import pyinfra_per_op
 from pve_sglang.operations import phase
 from tasks.container import container_phase
+from tasks.gateway import gateway_bench_phase, gateway_phase
 from tasks.host import host_phase, store_retention_phase
 from tasks.verify import verify_phase
 
@@ -17,4 +18,7 @@ container_phase()
 phase.done(name="GPU containers done", phase="container")
 verify_phase()
 phase.done(name="Verify done", phase="verify")
+gateway_phase()
+phase.done(name="Gateways done", phase="gateway")
+gateway_bench_phase()
 store_retention_phase()

@@ -8,7 +8,7 @@ validated now, before pyinfra connects.
 import sys
 
 from pve_sglang.hosts_file import (
-    build_groups,
+    build_inventory,
     cli_override_data,
     hosts_file_path,
     read_hosts_file,
@@ -16,7 +16,7 @@ from pve_sglang.hosts_file import (
 from pve_sglang.config.settings import SettingsError
 
 try:
-    pve_hosts, gpu_containers = build_groups(
+    pve_hosts, gpu_containers, gateways = build_inventory(
         read_hosts_file(hosts_file_path()), override=cli_override_data()
     )
 except SettingsError as error:

@@ -250,3 +250,47 @@ tune_max_p99_ttft_ms = None
 # The best flags go to DIR/<host>-<container>.yml on the machine running pyinfra (relative to
 # the directory pyinfra runs in); the deploy reads it under the container's own entry.
 tune_dir = "tuned"
+
+# --- gateway: SGLang's model gateway (smg) in a container of its own (a host's `gateways:`) ---
+# smg release the gateway runs, installed from its hashed lock (group_data/locks/smg-*.txt).
+smg_version = "1.13.0"
+# Python of the gateway's container, for its lock: Debian 12's 3.11.
+gateway_python = "3.11"
+# The gateway's venv in its container.
+gateway_venv = "/opt/smg/venv"
+# systemd unit name of the gateway (<name>.service); its env file is /etc/smg/<name>.env.
+gateway_service_name = "smg"
+# IP address the gateway listens on; 127.0.0.1 unless you expose it on purpose (0.0.0.0: every
+# interface, then set gateway_api_key).
+gateway_host = "127.0.0.1"
+# Port of the gateway's OpenAI-compatible and SGLang API.
+gateway_port = 30000
+# Port of the gateway's own Prometheus metrics (smg_*), on gateway_host.
+gateway_prometheus_port = 29000
+# Routing policy (smg --policy): cache_aware sends a shared prefix to the worker that has it cached.
+gateway_policy = "cache_aware"
+# Serving containers the gateway fronts (inventory names, e.g. "@pct/pve1/105"); null: every
+# serving container of the inventory, which must then serve one model. A multi-node group is one
+# worker: its first node's server.
+gateway_workers = None
+# Seconds between two health checks of each worker (smg --health-check-interval-secs).
+gateway_health_check_interval_s = 10
+# Seconds a worker's health check may take (smg --health-check-timeout-secs).
+gateway_health_check_timeout_s = 5
+# Failed checks in a row before the gateway stops routing to a worker (smg --health-failure-threshold).
+gateway_health_failure_threshold = 3
+# Remove an unhealthy worker from the gateway's list instead of marking it (the next deploy adds it again).
+gateway_remove_unhealthy = False
+# API key clients must send to the gateway ("env:NAME" reads it from the environment); only in
+# its 0600 env file. smg passes a client's key on to the worker, so it must be the workers'
+# api_key; null: no key asked, and the gateway sends each worker its own (keep gateway_host local).
+gateway_api_key = None
+# Folder in the gateway's container holding the lock's wheels (installed offline); null: the index.
+gateway_wheelhouse = None
+# Package index the gateway's wheels come from; null: pip's default.
+gateway_pip_index_url = None
+# Seconds the deploy waits for the gateway to answer and take its worker list.
+gateway_register_timeout_s = 60
+# Run the benchmark through the gateway after its phase, from its first worker's container (its
+# bench_* settings; saved under bench_history_dir/gateway); needs gateway_host off loopback.
+gateway_bench = False

@@ -31,8 +31,17 @@ from pve_sglang.stack.platform import release_of
 from pve_sglang.tuning.space import COORDINATES, SpaceError, user_space
 from pve_sglang.tuning.tuned_file import TunedFileError, read_tuned, tuned_path
 from pve_sglang.runtime import pyinfra_private
+from pve_sglang.config.gateway import (
+    GATEWAY_CONTAINER_DEFAULTS,
+    GATEWAY_CONTAINER_FIELDS,
+    GATEWAY_FIELDS,
+    GATEWAY_SECRET_FIELDS,
+    validate_gateway,
+)
+from pve_sglang.gateway.workers import Serving, choose_workers, model_of
 from pve_sglang.config.settings import (
     CONTAINER_FIELDS,
+    container_hostname,
     HOST_FIELDS,
     SECRET_FIELDS,
     SettingsError,
@@ -56,7 +65,7 @@ PLATFORMS = {"pve": ("pct", "vmid", "pct_vmid"), "lxc": ("lxc", "name", "lxc_nam
 HOST_CONNECTOR = "ssh"
 #: Keys this module writes into host data; a hosts file or ``--data`` cannot set them.
 INVENTORY_KEYS = frozenset(
-    {"pve_host", "containers", "tune_pinned",
+    {"pve_host", "containers", "tune_pinned", "gateways", "gateway_worker_list",
      *(data_key for _, _, data_key in PLATFORMS.values())}
 )
 #: Keys that decide the inventory's shape (names, connectors): ``--data`` cannot change them,
@@ -249,7 +258,7 @@ def _located(
 
 def _shown(key: Any, value: Any) -> str:
     """A value for an error message: secrets masked (settings' own as ``settings.shown``)."""
-    if key in SECRET_FIELDS | SECRET_CONNECTOR_KEYS:
+    if key in SECRET_FIELDS | SECRET_CONNECTOR_KEYS | GATEWAY_SECRET_FIELDS:
         return "<secret>"
     return repr(shown(key, value) if isinstance(key, str) else value)
 
@@ -371,10 +380,10 @@ def _check_override(override: dict[str, Any]) -> None:
     connector_keys = dict(connector_data_types(HOST_CONNECTOR))
     for platform in PLATFORMS:
         connector_keys.update(_user_connector_keys(platform))
-    known = HOST_FIELDS | CONTAINER_FIELDS | set(connector_keys)
+    known = HOST_FIELDS | CONTAINER_FIELDS | GATEWAY_FIELDS | set(connector_keys)
     for key, value in override.items():
         where = f"--data {key}"
-        if key in SECRET_FIELDS and not (
+        if key in SECRET_FIELDS | GATEWAY_SECRET_FIELDS and not (
             value is None or (isinstance(value, str) and value.startswith(ENV_PREFIX))
         ):
             raise SettingsError(
@@ -459,7 +468,7 @@ def _hide_secrets(data: dict[str, Any]) -> dict[str, Any]:
     """Literal secrets become ``HostSecret`` in host data (``env:NAME`` stays: it is a name)."""
     return {
         key: HostSecret(value)
-        if key in SECRET_FIELDS and isinstance(value, str) and not value.startswith(ENV_PREFIX)
+        if key in SECRET_FIELDS | GATEWAY_SECRET_FIELDS and isinstance(value, str) and not value.startswith(ENV_PREFIX)
         else value
         for key, value in data.items()
     }
@@ -489,6 +498,7 @@ def build_groups(
         where = f"host {host_name}"
         entry = _mapping(where, _at(hosts, host_name), raw_entry, "host entry")
         containers = entry.pop("containers", None)
+        entry.pop("gateways", None)  # build_gateways' part
         if containers is None:
             containers = []
         if not isinstance(containers, list):
@@ -685,3 +695,99 @@ def _check_nodes(gpu_containers: Group) -> None:
             raise SettingsError(
                 f"container {name}: field 'nodes' must include the container itself"
             )
+
+
+# Gateways
+
+
+def build_inventory(
+    hosts: dict[str, Any],
+    defaults: dict[str, Any] | None = None,
+    override: dict[str, Any] | None = None,
+) -> tuple[Group, Group, Group]:
+    """``build_groups``, then each host's ``gateways:`` (``build_gateways``): (pve_hosts,
+    gpu_containers, gateways); a host's data names its gateways (``gateways``)."""
+    defaults = load_defaults() if defaults is None else defaults
+    pve_hosts, gpu_containers = build_groups(hosts, defaults, override)
+    gateways = build_gateways(hosts, gpu_containers, defaults, override)
+    by_host: dict[str, list[str]] = {}
+    for name, data in gateways:
+        by_host.setdefault(data["pve_host"], []).append(name)
+    pve_hosts = [(name, {**data, "gateways": by_host.get(name, [])}) for name, data in pve_hosts]
+    return pve_hosts, gpu_containers, gateways
+
+
+def _serving(name: str, data: dict[str, Any]) -> Serving:
+    return Serving(name=name, hostname=container_hostname(data),
+                   server_host=str(data.get("server_host")), server_port=int(data["server_port"]),
+                   model=model_of(data), nodes=tuple(data.get("nodes") or ()),
+                   has_key=data.get("api_key") is not None)
+
+
+def build_gateways(hosts: dict[str, Any], gpu_containers: Group, defaults: dict[str, Any],
+                   override: dict[str, Any] | None = None) -> Group:
+    """Each host's ``gateways:`` entries (``vmid`` or ``name``, gateway settings, connector
+    keys), validated, with the workers each fronts (``gateway_worker_list``) chosen from the
+    serving containers (GPU_CONTAINERS): a SettingsError before anything connects."""
+    override = dict(override or {})
+    serving = [_serving(name, {**defaults, **data, **override}) for name, data in gpu_containers]
+    group: Group = []
+    for host_name, raw_entry in hosts.items():
+        entry = raw_entry if isinstance(raw_entry, dict) else {}
+        items = entry.get("gateways")
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise SettingsError(
+                f"host {host_name}{_at(hosts, host_name, 'gateways')}: field 'gateways' is "
+                f"{_kind(items)}; expected a list of gateway entries (each with vmid or name)")
+        platform = {**defaults, **entry, **override}.get("platform")
+        data_key = PLATFORMS[platform][2]
+        inventory_name = _host_inventory_name(host_name, entry)
+        host_keys = connector_data_types(HOST_CONNECTOR)
+        connection = {k: v for k, v in entry.items()
+                      if k in host_keys or k in _user_connector_keys(platform)}
+        lxc_path = {**defaults, **entry, **override}.get("lxc_path")
+        host_entry = {k: v for k, v in entry.items() if k not in ("containers", "gateways")}
+        container_defaults = {**{k: v for k, v in host_entry.items() if k in GATEWAY_CONTAINER_FIELDS},
+                              **GATEWAY_CONTAINER_DEFAULTS}
+        allowed = GATEWAY_FIELDS | GATEWAY_CONTAINER_FIELDS
+        for index, raw in enumerate(items):
+            path = (host_name, "gateways", index)
+            key, gateway = _container_key(host_name, index, raw, platform, hosts, path)
+            where = f"host {host_name}, gateway {key}"
+            try:
+                check_vmid(host_name, platform, key)
+                for field in gateway:
+                    if field not in allowed and field not in _user_connector_keys(platform):
+                        raise SettingsError(
+                            f"{where}: unknown field '{field}'"
+                            f"{did_you_mean(field, allowed)}; allowed fields: "
+                            f"{', '.join(sorted(allowed))}")
+                gs = validate_gateway(where, {**gateway, **override}, defaults)
+                workers = choose_workers(where, gs.gateway_workers, serving)
+                hs = validate_host(host_name, {**host_entry, **override}, defaults)
+            except SettingsError as error:
+                raise _with_override_note(
+                    _located(error, hosts, path, override=override), override) from None
+            # Its container, as the host phase creates it: a container's settings, no GPU.
+            container = _validated_container(
+                host_name, key, {k: v for k, v in gateway.items() if k in GATEWAY_CONTAINER_FIELDS},
+                container_defaults, hs, defaults, override, hosts, path)
+            name = _container_inventory_name(platform, host_name, key, inventory_name == "@local")
+            if any(name == other for other, _ in gpu_containers + group):
+                raise SettingsError(f"{where}{_at(hosts, *path)}: {PLATFORMS[platform][1]} {key} "
+                                    "is a serving container or another gateway too; allowed: a "
+                                    "container of its own")
+            group.append((name, _hide_secrets({
+                **connection,
+                **container,
+                **gateway,
+                "pve_host": inventory_name,
+                "platform": platform,
+                data_key: key,
+                **({"lxc_path": lxc_path} if platform == "lxc" else {}),
+                "gateway_worker_list": [{"name": w.name, "url": w.url, "has_key": w.has_key}
+                                        for w in workers],
+            })))
+    return group

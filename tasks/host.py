@@ -85,21 +85,30 @@ def host_phase() -> None:
         indices[ct.name] = check_container(where, cs, gpu)
         gpus = select_gpus(cs.gpus, gpu.gpus, where) if gpu is not None else []
         check_server_files(where, ct.name, cs, gpus, state.inventory)
+    # The gateways' containers: created as the others, without GPUs (tasks/gateway.py).
+    gateways = [(gw, host_settings(ContainerSettings, of=gw))
+                for gw in (state.inventory.get_host(name) for name in host.data.get("gateways") or [])]
     if gpu is not None:
         nvidia_uvm(settings, gpu)
     wheel_stores(plans)
     model_stores(plans)
-    idmap_base = lxc_host(plans, settings) if settings.platform == "lxc" else None
+    idmap_base = lxc_host(plans + gateways, settings) if settings.platform == "lxc" else None
     if settings.platform == "lxc":
         # Every container's config and the host's limits in one read (host_reads).
         host_reads.expect([(HostPart.CONFIG, (lxc.config_path(ct.data.get("lxc_name"),
                                                                settings.lxc_path),))
-                           for ct, _ in plans] + [(HostPart.LIMITS, ())], executing=False)
+                           for ct, _ in plans + gateways] + [(HostPart.LIMITS, ())],
+                          executing=False)
     for ct, cs in plans:
         if settings.platform == "pve":
             pve_container(ct, cs, settings, gpu, indices[ct.name])
         else:
             lxc_container(ct, cs, settings, gpu, indices[ct.name], idmap_base)
+    for gw, cs in gateways:
+        if settings.platform == "pve":
+            pve_container(gw, cs, settings, None, [])
+        else:
+            lxc_container(gw, cs, settings, None, [], idmap_base)
 
 
 def wheel_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:

@@ -207,11 +207,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return
             self._send(200, LOAD.exposition().encode(), "text/plain; version=0.0.4; charset=utf-8")
             return
+        if self.path == "/health":  # no key asked either (sglang/srt/utils/auth.py)
+            self._send(200 if STATE["ready"] else 503)
+            return
         if not self._authorised():
             return
-        if self.path == "/health":
-            self._send(200 if STATE["ready"] else 503)
-        elif self.path in ("/get_server_info", "/server_info"):
+        if self.path in ("/get_server_info", "/server_info"):
             self._send(200, json.dumps(server_info(self.key)).encode())
         elif self.path == "/v1/models":
             self._send(200, json.dumps({"object": "list", "data": [
@@ -295,6 +296,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class Server(http.server.ThreadingHTTPServer):
+    """socketserver's listen backlog is 5: a client opening dozens of connections at once (a
+    gateway) would see SYNs dropped and retried a second later. SGLang's uvicorn listens with
+    a backlog of 2048."""
+
+    request_queue_size = 2048
+
+
 def server_info(key: str) -> dict:
     """A few ``ServerArgs`` fields, as ``/get_server_info`` flattens them, and its extras."""
     return {"model_path": "/models/standin", "tokenizer_path": "/models/standin", "port": 30000,
@@ -359,6 +368,7 @@ def main() -> int:
     parser.add_argument("--kv-tokens", type=int, default=1_000_000)
     parser.add_argument("--token-delay", type=float, default=0.005)
     parser.add_argument("--landscape", type=Path)
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--kv-scale", type=float, default=1.0)
     args, sglang_flags = parser.parse_known_args()
     if sglang_flags and not args.landscape:  # SGLang's own flags only mean something there
@@ -376,7 +386,7 @@ def main() -> int:
         args.case = json.loads(args.case_by_release.read_text()).get(release, "normal")
         say(f"stand-in of sglang {release}: {args.case}")
     Handler.case, Handler.event_file = args.case, args.event_file
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    server = Server((args.host, args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
     for line in lines(args.logs, "startup_tp8.log"):

@@ -65,7 +65,11 @@ from pve_sglang.facts import installed_stacks as stacks_facts
 from pve_sglang.facts import store as store_facts
 from pve_sglang.facts.container import UnitState
 from pve_sglang.facts.pve import LxcContainerStatus, PctStatus
-from pve_sglang.hosts_file import build_groups
+from pve_sglang.hosts_file import build_inventory
+from pve_sglang.config.gateway import GatewaySettings, smg_lock_path
+from pve_sglang.facts import gateway as gateway_facts
+from pve_sglang.gateway.workers import Worker
+from pve_sglang.operations import gateway as gateway_ops
 from pve_sglang.model_store import operations as model
 from pve_sglang.operations import apt, boot, layer, lxc, nvidia_driver, paths, pct, phase, store, systemd_unit, venv, wheels
 from pve_sglang.operations import stack_switch as stacks
@@ -79,6 +83,7 @@ from pve_sglang.stack.wheel_fetch import MANIFEST, sha256_of, wheel_dir
 from tasks.container import container_phase
 from tasks.host import host_phase
 from tasks.verify import verify_phase
+from tasks.gateway import gateway_phase
 from pve_sglang.remote.bench_record import RECORD_PREFIX, kept
 from pve_sglang.server.bench import EXIT_STATUS_PREFIX, bench_module
 from bench_summary import summary_record
@@ -124,7 +129,11 @@ CONTAINER_BASE = {
     "hf_token": "hf_t0ken",
     "model_download": "org/model",
     "mounts": [{"host_path": "/tank/models", "path": "/models"}],
+    # Reachable from the gateway's container (a loopback server cannot be its worker).
+    "server_host": "0.0.0.0",
 }
+# A gateway in front of the container, on the same host: its string settings reach its phase.
+GATEWAY_IDS = {"pve": 120, "lxc": "gw1"}
 MOUNT_BASE = CONTAINER_BASE["mounts"][0]
 PLATFORMS = {"pve": ("pve1", "vmid", 105), "lxc": ("lxc1", "name", "ct1")}
 
@@ -161,6 +170,8 @@ def _is_stringy(annotation: Any) -> bool:
 
 
 def _is_string_list(annotation: Any) -> bool:
+    if get_origin(annotation) in (Union, types.UnionType):  # an optional list
+        return any(_is_string_list(arg) for arg in get_args(annotation) if arg is not type(None))
     return get_origin(annotation) is list and _is_stringy(get_args(annotation)[0])
 
 
@@ -178,6 +189,7 @@ def string_fields(model: type[BaseModel]) -> list[tuple[str, str]]:
 HOST_STRINGS = string_fields(HostSettings)
 CONTAINER_STRINGS = string_fields(ContainerSettings)
 MOUNT_STRINGS = [name for name, kind in string_fields(Mount) if kind == "str"]
+GATEWAY_STRINGS = string_fields(GatewaySettings)
 SHIPPED_LOCK = SHIPPED / default_key().name  # the default set's, for Debian 12
 # The repository's lock is given: a hostile index URL must not start a lock's resolution.
 DEFAULTS = {**load_defaults(), "stack_lock": str(SHIPPED_LOCK)}
@@ -198,7 +210,7 @@ def forms(payload: str, base: str) -> list[str]:
 def settings_cases(platform: str, payload: str) -> list[tuple[str, str, Any, Any]]:
     """(where, field, form index, value) for every string setting and this payload.
 
-    WHERE is "host", "container", "mount" or "key" (the container's VMID or name)."""
+    WHERE is "host", "container", "mount", "gateway" or "key" (the container's VMID or name)."""
     cases = []
     for field, kind in HOST_STRINGS:
         for index, value in enumerate(forms(payload, _base(field))):
@@ -210,6 +222,10 @@ def settings_cases(platform: str, payload: str) -> list[tuple[str, str, Any, Any
     for field in MOUNT_STRINGS:
         for index, value in enumerate(forms(payload, MOUNT_BASE[field])):
             cases.append(("mount", field, index, value))
+    for field, kind in GATEWAY_STRINGS:
+        for index, value in enumerate(forms(payload, _base(field))):
+            cases.append(("gateway", field, index,
+                          [value] if kind == "list" else value))
     _, key, base = PLATFORMS[platform]
     for index, value in enumerate(forms(payload, str(base))):
         cases.append(("key", key, index, value))
@@ -223,8 +239,13 @@ def hosts_file(platform: str, settings: list[tuple[str, str, Any]]) -> dict:
     if platform == "lxc":
         host["net0"] = "name=eth0,bridge=lxcbr0,ip=dhcp"  # plain LXC has no vmbr0
     container: dict[str, Any] = {key: ident, **json.loads(json.dumps(CONTAINER_BASE))}
+    gateway: dict[str, Any] = {key: GATEWAY_IDS[platform]}
     for where, field, value in settings:
-        if where == "host":
+        if where == "gateway":
+            gateway[field] = value
+            if field == "gateway_api_key":  # smg passes it on: the workers' key too
+                container["api_key"] = value
+        elif where == "host":
             host[field] = value
         elif where == "container":
             container[field] = value
@@ -232,7 +253,11 @@ def hosts_file(platform: str, settings: list[tuple[str, str, Any]]) -> dict:
             container["mounts"][0][field] = value
         else:
             container[key] = value
-    return {name: {**host, "containers": [container]}}
+    # The gateway with its own settings only: the container's values reach its commands through
+    # the functions the container's own phases run them through (the benchmark's argv), and its
+    # files (worker list, keys) are read by Python, not a shell; a deploy is a third longer with it.
+    fronted = any(where == "gateway" for where, _, _ in settings)
+    return {name: {**host, "containers": [container], **({"gateways": [gateway]} if fronted else {})}}
 
 
 # --- the deploy on @fake hosts, every command recorded ------------------------------------
@@ -289,8 +314,22 @@ def _responses(platform: str) -> dict:
     return dict(sorted(answers.items(), key=lambda item: -len(str(item[0]))))
 
 
+def _gateway_responses(workers: list[dict]) -> dict:
+    """A gateway that lists its workers healthy, its venv the lock's set, its unit running."""
+    lock = parse(smg_lock_path(DEFAULTS["smg_version"], DEFAULTS["gateway_python"]))
+    return {
+        "gateway_workers.py status": json.dumps({
+            "workers": [{"url": w["url"], "is_healthy": True, "status": "ready"} for w in workers],
+            "registered": [w["url"] for w in workers]}),
+        "import importlib.metadata as m, json": json.dumps({**lock.packages, "pip": "23.0.1"}),
+        UnitState().command("smg.service").get_raw_value():
+            "ActiveState=active\nUnitFileState=enabled\n"
+            "ExecMainStartTimestamp=Wed 2026-12-02 21:09:32.618391 UTC",
+    }
+
+
 def _all_phases() -> None:
-    """deploy.py's phases."""
+    """deploy.py's phases, without a gateway's."""
     host_phase()
     phase.done(name="Proxmox hosts done", phase="host")
     container_phase()
@@ -298,26 +337,39 @@ def _all_phases() -> None:
     verify_phase()
 
 
+def _gateway_phases() -> None:
+    """With a gateway's settings: the gateway's phase. The other phases take none of them: its
+    container is made from container settings (tried as the containers' are), and the
+    benchmark through it from its validated address and port (``test_gateway.py``)."""
+    gateway_phase()
+
+
 class Deploy:
     """One deploy of a validated hosts file on @fake hosts: prepare and execute."""
 
     def __init__(self, platform: str, hosts: dict):
-        pve_hosts, gpu_containers = build_groups(hosts, DEFAULTS)
+        pve_hosts, gpu_containers, gateways = build_inventory(hosts, DEFAULTS)
         [(host_name, host_data)] = pve_hosts
         [(ct_name, ct_data)] = gpu_containers
         self.platform = platform
-        self.host, self.ct = "@fake/host", "@fake/ct"
+        self.host, self.ct, self.gw = "@fake/host", "@fake/ct", "@fake/gw"
         self.ct_data = ct_data
-        responses = _responses(platform)
+        workers = [{**w, "name": self.ct} for _, gw in gateways for w in gw["gateway_worker_list"]]
+        responses = {**_responses(platform), **_gateway_responses(workers)}
+        responses = dict(sorted(responses.items(), key=lambda item: -len(str(item[0]))))
         fake = {"fake_responses": responses, "fake_delay": 0, "fake_delay_jitter": 0}
         data = {
-            self.host: {**DEFAULTS, **host_data, **fake, "containers": [self.ct]},
+            self.host: {**DEFAULTS, **host_data, **fake, "containers": [self.ct],
+                        "gateways": [self.gw] if gateways else []},
             self.ct: {**DEFAULTS, **ct_data, **fake, "pve_host": self.host},
         }
-        self.inventory = Inventory(
-            (list(data.items()), {}),
-            pve_hosts=([self.host], {}), gpu_containers=([self.ct], {}),
-        )
+        groups = {"pve_hosts": ([self.host], {}), "gpu_containers": ([self.ct], {})}
+        if gateways:
+            data[self.gw] = {**DEFAULTS, **gateways[0][1], **fake, "pve_host": self.host,
+                             "gateway_worker_list": workers}
+            groups["gateways"] = ([self.gw], {})
+        self.inventory = Inventory((list(data.items()), {}), **groups)
+        self.phases = _gateway_phases if gateways else _all_phases
         self.state = State(self.inventory, Config())
 
     def run(self, monkeypatch) -> list[tuple]:
@@ -354,7 +406,7 @@ class Deploy:
         try:
             connect_all(self.state)
             for host in self.inventory:
-                add_deploy(self.state, _all_phases, host=host)
+                add_deploy(self.state, self.phases, host=host)
             run_ops(self.state)
         finally:
             monkeypatch.setattr(FakeConnector, "run_shell_command", run_shell_command)
@@ -863,9 +915,10 @@ def test_the_plain_shell_sees_an_unquoted_value(plain_shell):
 
 def test_string_settings_are_read_from_the_models():
     """Every string field is tried, as the models define them (not a hand-kept list)."""
-    names = {name for name, _ in HOST_STRINGS + CONTAINER_STRINGS} | set(MOUNT_STRINGS)
+    names = {name for name, _ in HOST_STRINGS + CONTAINER_STRINGS + GATEWAY_STRINGS} | set(MOUNT_STRINGS)
     assert {"template", "lxc_path", "lxc_config", "venv_path", "model_path", "api_key",
-            "extra_server_args", "host_path", "path"} <= names
+            "extra_server_args", "host_path", "path", "gateway_api_key", "gateway_venv",
+            "gateway_workers", "gateway_wheelhouse"} <= names
     assert "cores" not in names and "gpus" not in names
 
 
@@ -887,12 +940,14 @@ def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
     for where, field, index, setting in settings_cases(platform, value):
         STATS["tried"] += 1
         try:
-            build_groups(hosts_file(platform, [(where, field, setting)]), DEFAULTS)
+            build_inventory(hosts_file(platform, [(where, field, setting)]), DEFAULTS)
         except SettingsError:
             refused.append((field, setting))
             STATS["refused"] += 1
             continue
-        accepted.setdefault((index, field in SECRET_FIELDS), []).append((where, field, setting))
+        secret = field in SECRET_FIELDS | {"gateway_api_key"}
+        # The gateway's own fields apart: the others deploy without a gateway (a third faster).
+        accepted.setdefault((index, secret, where == "gateway"), []).append((where, field, setting))
 
     problems: list[str] = []
     for settings in accepted.values():
@@ -910,9 +965,9 @@ def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
 # with the facts saying "nothing there yet" (and "running, changed" for the restart paths).
 
 OPERATION_MODULES = (pct, lxc, venv, nvidia_driver, systemd_unit, apt, paths, wheels, layer, boot, model,
-                     stacks, store)
+                     stacks, store, gateway_ops)
 FACT_MODULES = (container_facts, nvidia_facts, pve_facts, system_facts, verify_facts, model_facts,
-                stacks_facts, store_facts)
+                stacks_facts, store_facts, gateway_facts)
 RUNNING = {PctStatus: "running", LxcContainerStatus: "RUNNING",
            UnitState: {"active": "active", "enabled": "disabled"}}
 
@@ -943,6 +998,8 @@ def _argument(annotation: Any, value: str) -> Any:
         return lambda: True
     if annotation is Lock:
         return parse(SHIPPED_LOCK)  # no string of a lock reaches a shell: its text is uploaded
+    if annotation is Worker:
+        return Worker(value, value, True)
     if annotation is LockKey:
         return LockKey(pins=(("sglang", value),), python="3.11", index_url=value)
     raise TypeError(f"no hostile argument for {annotation!r}")
@@ -1107,7 +1164,7 @@ def test_values_that_cannot_be_quoted_into_their_target_are_refused(platform):
     for payload in ("\nx", "x\ny", "\r"):
         for where, field, _, value in settings_cases(platform, payload):
             try:
-                build_groups(hosts_file(platform, [(where, field, value)]), DEFAULTS)
+                build_inventory(hosts_file(platform, [(where, field, value)]), DEFAULTS)
             except SettingsError:
                 continue
             accepted.append((field, value))
@@ -1115,7 +1172,7 @@ def test_values_that_cannot_be_quoted_into_their_target_are_refused(platform):
         for field in MOUNT_STRINGS:
             for value in forms(payload, MOUNT_BASE[field]):
                 try:
-                    build_groups(hosts_file(platform, [("mount", field, value)]), DEFAULTS)
+                    build_inventory(hosts_file(platform, [("mount", field, value)]), DEFAULTS)
                 except SettingsError:
                     continue
                 accepted.append((f"mounts.{field}", value))

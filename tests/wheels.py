@@ -102,3 +102,15 @@ def project_wheel(project: str, version: str) -> Path:
 def wheel(version: str) -> Path:
     """Return the cached sglang wheel for VERSION, downloading it first if needed."""
     return project_wheel("sglang", version)
+
+
+def locked_wheels(lock: Path) -> Path:
+    """A folder holding every file a hashed LOCK names for the containers' Python and platform
+    (``pip download --require-hashes``: each file checked), downloaded once per lock."""
+    folder = TEST_CACHE / f"locked-wheels-{lock.stem}"
+    with building(folder):  # one worker downloads; the others wait and find it
+        if not (folder / ".complete").exists():
+            pip_download(["--no-deps", "--require-hashes", "--only-binary=:all:", *PIP_TARGET,
+                          *OLDER_TARGETS, "-r", str(lock), "-d", str(folder)], lock.name)
+            (folder / ".complete").write_text(f"{lock.name}\n")
+    return folder

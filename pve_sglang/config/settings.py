@@ -362,6 +362,24 @@ def chunk_size(value: int) -> int:
     return value
 
 
+def secret_from_env(value: Any) -> Any:
+    """``env:NAME`` reads a secret from the deploying machine's environment."""
+    if isinstance(value, str) and value.startswith("env:"):
+        name = value[4:]
+        if name not in os.environ:
+            raise ValueError(f"environment variable {name} is not set")
+        return os.environ[name]
+    return value
+
+
+def usable_secret(value: Any) -> Any:
+    """An empty key would leave a unit unable to start; a space or newline cannot be passed
+    through an EnvironmentFile unchanged."""
+    if value is not None:
+        check_secret(value.get_secret_value())
+    return value
+
+
 def check_secret(value: str) -> str:
     """A secret: not empty, no whitespace or control characters. Never echoed in a message."""
     if not value:
@@ -588,25 +606,10 @@ class ContainerSettings(_Strict):
             raise ValueError(f"mount path {repeated} used more than once; allowed: one mount a path")
         return value
 
-    @field_validator("hf_token", "api_key", mode="before")
-    @classmethod
-    def _secret_from_env(cls, value: Any) -> Any:
-        """``env:NAME`` reads a secret from the deploying machine's environment."""
-        if isinstance(value, str) and value.startswith("env:"):
-            name = value[4:]
-            if name not in os.environ:
-                raise ValueError(f"environment variable {name} is not set")
-            return os.environ[name]
-        return value
-
-    @field_validator("hf_token", "api_key")
-    @classmethod
-    def _secret_is_usable(cls, value: Any) -> Any:
-        """An empty key would leave the unit unable to start; a space or newline cannot be
-        passed through the EnvironmentFile unchanged."""
-        if value is not None:
-            check_secret(value.get_secret_value())
-        return value
+    _secret_from_env = field_validator("hf_token", "api_key", mode="before")(
+        classmethod(lambda cls, value: secret_from_env(value)))
+    _secret_is_usable = field_validator("hf_token", "api_key")(
+        classmethod(lambda cls, value: usable_secret(value)))
 
     @model_validator(mode="after")
     def _set_follows_the_release(self) -> ContainerSettings:
@@ -714,6 +717,8 @@ class ContainerSettings(_Strict):
         return env
 
 
+#: The gateway's secrets (``config/gateway.py``'s settings, which build on these): masked too.
+GATEWAY_SECRET_FIELDS = frozenset({"gateway_api_key"})
 HOST_FIELDS = frozenset(HostSettings.model_fields)
 CONTAINER_FIELDS = frozenset(ContainerSettings.model_fields)
 #: Settings that hold secrets (their values are never shown), from their pydantic types.
@@ -740,7 +745,7 @@ def _allowed_hint(key: str, allowed: frozenset[str]) -> str:
 def shown(top: str, value: Any) -> Any:
     """A value of field TOP as an error message may show it: secrets masked, also inside
     extra_server_args and a URL's user:password@."""
-    if top in SECRET_FIELDS:
+    if top in SECRET_FIELDS or top in GATEWAY_SECRET_FIELDS:
         return "<secret>"
     if isinstance(value, str) and top.endswith("_url"):
         # user:password@ of a URL is a secret too.

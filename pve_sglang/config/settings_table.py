@@ -12,6 +12,7 @@ import ast
 from pathlib import Path
 
 from pve_sglang.project import GROUP_DATA, load_defaults, project_file
+from pve_sglang.config.gateway import GATEWAY_FIELDS
 from pve_sglang.config.settings import HOST_FIELDS
 
 BEGIN = "<!-- settings-table:begin -->"
@@ -43,7 +44,8 @@ def rows(path: Path | None = None) -> list[tuple[str, str, str, str]]:
             if isinstance(node.value, ast.Name):  # a constant from its home: its value
                 value = load_defaults(path)[name]
                 default = f'"{value}"' if isinstance(value, str) else repr(value)
-            level = "host" if name in HOST_FIELDS else "container"
+            level = ("host" if name in HOST_FIELDS else
+                     "gateway" if name in GATEWAY_FIELDS else "container")
             meaning = _comments_above(lines, node.lineno)
             result.append((name, level, default, meaning))
     return result

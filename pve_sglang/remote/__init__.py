@@ -36,6 +36,9 @@ container's Python. ``model_fetch.py`` lives with the rest of the model store
                               downloaded (resumed), with progress lines (``huggingface_hub``)
 ``stack_fallback.py``         the server unit's ``OnFailure=``: a stack on trial that failed
                               for good is switched back to the previous one and started
+``gateway_workers.py``        the gateway's worker list through smg's worker API (register,
+                              remove what it registered), and each worker's health as the
+                              gateway reports it
 ``remote_env.py``             a value of the deploy's env file (a secret read by the script,
                               never on a command line): uploaded beside ``model_fetch.py``
                               and ``startup_watch.py``, which import it
@@ -62,9 +65,11 @@ SERVER_METRICS = "server_metrics.py"
 MODEL_FETCH = "model_fetch.py"
 REMOTE_ENV = "remote_env.py"
 STACK_FALLBACK = "stack_fallback.py"
+GATEWAY_WORKERS = "gateway_workers.py"
 
 #: The modules a script imports from beside it: uploaded with it, to the same folder.
-COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV,), STARTUP_WATCH: (REMOTE_ENV,)}
+COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV,), STARTUP_WATCH: (REMOTE_ENV,),
+                                          GATEWAY_WORKERS: (REMOTE_ENV,)}
 
 _HERE = Path(__file__).resolve().parent
 #: The scripts kept in another folder of the package, with the code of their topic: the same

@@ -280,6 +280,10 @@ def kept_keys() -> list[LockKey]:
     return keys + [key_of({**defaults, **preset}) for preset in PRESETS.values()]
 
 
+#: The prefix of the gateway's hashed locks in the same folder (``config.gateway.smg_lock_path``).
+GATEWAY_LOCKS = "smg-"
+
+
 def refresh(folder: Path = SHIPPED) -> list[Lock]:
     """Make the default set's locks again in FOLDER, and a preset's where it has none (a
     preset's lock stays what its run used); the locks of any other set there go."""
@@ -289,7 +293,8 @@ def refresh(folder: Path = SHIPPED) -> list[Lock]:
              if index < defaults or not (folder / key.name).exists()
              else read_checked(folder / key.name, key) for index, key in enumerate(keys)]
     for old in folder.glob("*.txt"):
-        if old.name not in {key.name for key in keys}:
+        # The gateway's locks (smg-*.txt, config/gateway.py) are no stack's: kept.
+        if old.name not in {key.name for key in keys} and not old.name.startswith(GATEWAY_LOCKS):
             old.unlink()  # the repository keeps the default's and the presets' locks only
     return locks
 

@@ -1,0 +1,129 @@
+"""Settings of a gateway: SGLang's model gateway (``smg``) in a container of its own, in front
+of the serving containers (its workers).
+
+A host entry lists its gateways under ``gateways:`` (each with ``vmid`` on Proxmox, ``name`` on
+plain LXC); their fields are these, with ``group_data/all.py``'s defaults under them. Each value
+is checked before pyinfra connects (``validate_gateway``), as the containers' are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from pve_sglang.config.settings import (
+    GATEWAY_SECRET_FIELDS,
+    ContainerPath,
+    HttpUrl,
+    Int,
+    Port,
+    SettingsError,
+    _format_error,
+    _Strict,
+    exact_version,
+    ip_address,
+    secret_from_env,
+    unit_word,
+    usable_secret,
+)
+from pve_sglang.project import project_file
+
+#: smg 1.13.0's ``--policy`` choices (``smg launch --help``; ``smg/router_args.py``).
+POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "least_load", "manual",
+            "consistent_hashing", "prefix_hash")
+#: Where the hashed locks of smg live: ``smg-VERSION-pyPYTHON.txt`` (``uv pip compile
+#: --generate-hashes``), one per release and container Python.
+LOCKS = "group_data/locks"
+
+
+def smg_lock_path(version: str, python: str) -> Path:
+    """The checkout's hashed lock of smg VERSION for the container's PYTHON (``3.11``)."""
+    return project_file(LOCKS) / f"smg-{version}-py{python}.txt"
+
+
+def smg_locks() -> list[str]:
+    """``VERSION for Python PYTHON`` of every shipped smg lock, for a message."""
+    found = sorted(project_file(LOCKS).glob("smg-*-py*.txt"))
+    return [p.stem.removeprefix("smg-").replace("-py", " for Python ") for p in found]
+
+
+class GatewaySettings(_Strict):
+    """One gateway: where it listens, how it routes and checks its workers, what it runs."""
+
+    smg_version: Annotated[str, AfterValidator(exact_version)]
+    gateway_python: Annotated[str, Field(pattern=r"^3\.\d+$")]
+    gateway_venv: ContainerPath
+    gateway_service_name: Annotated[str, AfterValidator(unit_word)]
+    gateway_host: Annotated[str, AfterValidator(ip_address)]
+    gateway_port: Port
+    gateway_prometheus_port: Port
+    gateway_policy: Literal[POLICIES]  # type: ignore[valid-type]
+    gateway_workers: list[Annotated[str, Field(min_length=1)]] | None
+    gateway_health_check_interval_s: Int = Field(ge=1, le=3600)
+    gateway_health_check_timeout_s: Int = Field(ge=1, le=600)
+    gateway_health_failure_threshold: Int = Field(ge=1, le=100)
+    gateway_remove_unhealthy: bool
+    gateway_api_key: SecretStr | None
+    gateway_wheelhouse: ContainerPath | None
+    gateway_pip_index_url: HttpUrl | None
+    gateway_register_timeout_s: Int = Field(ge=1, le=3600)
+    gateway_bench: bool
+
+    @field_validator("gateway_workers")
+    @classmethod
+    def _distinct(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("an empty list fronts no server; allowed: null (every serving "
+                                 "container of one model) or inventory names")
+            repeated = sorted({item for item in value if value.count(item) > 1})
+            if repeated:
+                raise ValueError(f"{repeated} listed more than once; allowed: distinct values")
+        return value
+
+    _secret_from_env = field_validator("gateway_api_key", mode="before")(
+        classmethod(lambda cls, value: secret_from_env(value)))
+    _secret_is_usable = field_validator("gateway_api_key")(
+        classmethod(lambda cls, value: usable_secret(value)))
+
+    @model_validator(mode="after")
+    def _lock_and_ports(self) -> GatewaySettings:
+        """A shipped hashed lock for the release and Python; two listeners, two ports."""
+        if not smg_lock_path(self.smg_version, self.gateway_python).is_file():
+            raise ValueError(
+                f"field 'smg_version' = {self.smg_version!r}: no hashed lock for Python "
+                f"{self.gateway_python} ({smg_lock_path(self.smg_version, self.gateway_python).name}); "
+                f"allowed: {', '.join(smg_locks()) or 'none shipped'}")
+        if self.gateway_bench and self.gateway_host.startswith(("127.", "::1")):
+            raise ValueError(f"gateway_bench runs the benchmark from the first worker's "
+                             f"container, which cannot reach gateway_host {self.gateway_host!r}; "
+                             "allowed: gateway_host 0.0.0.0 (or the container's address), or "
+                             "gateway_bench false")
+        if self.gateway_prometheus_port == self.gateway_port:
+            raise ValueError(f"gateway_prometheus_port {self.gateway_prometheus_port} is "
+                             "gateway_port too; allowed: another port")
+        return self
+
+
+GATEWAY_FIELDS = frozenset(GatewaySettings.model_fields)
+#: The container settings a gateway entry (or its host entry) may set for its container, which
+#: the host phase creates as it creates a serving one, without GPUs.
+GATEWAY_CONTAINER_FIELDS = frozenset({
+    "hostname", "rootfs_storage", "rootfs_size_gib", "cores", "memory_mib", "swap_mib", "net0",
+    "unprivileged", "onboot", "nesting"})
+#: A gateway's container size unless its entry says otherwise (the host entry's cores and memory
+#: are its GPU containers' defaults, far more than a router needs).
+GATEWAY_CONTAINER_DEFAULTS = {"cores": 4, "memory_mib": 4096}
+assert GATEWAY_SECRET_FIELDS <= GATEWAY_FIELDS
+
+
+def validate_gateway(where: str, data: dict[str, Any], defaults: dict[str, Any]) -> GatewaySettings:
+    """A gateway's settings from its DATA over the DEFAULTS; a bad value is a SettingsError
+    naming WHERE, the field, the value (never a key's) and what is allowed."""
+    merged = {k: v for k, v in {**defaults, **data}.items() if k in GATEWAY_FIELDS}
+    try:
+        return GatewaySettings.model_validate(merged)
+    except ValidationError as error:
+        raise SettingsError(_format_error(where, error, merged)) from None

@@ -1,0 +1,167 @@
+"""Which servers a gateway fronts, and at which URL it reaches each (pure).
+
+A worker is a serving container's server as the gateway's container reaches it: a container
+serving alone, or the first node of a multi-node group (its other nodes serve no HTTP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pve_sglang.config.settings import SettingsError, base_url
+
+#: Addresses a server bound to is reachable from its own container only.
+LOOPBACK_PREFIXES = ("127.", "::1")
+#: Addresses that mean "every interface": the gateway reaches the server by its hostname.
+WILDCARDS = ("0.0.0.0", "::")
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What the worker choice needs of one serving container (from its settings)."""
+
+    name: str  # inventory name, e.g. "@pct/pve1/105"
+    hostname: str  # the container's hostname (the bridge's DNS name)
+    server_host: str
+    server_port: int
+    model: str  # what it serves: served_model_name, else model_download, else model_path
+    nodes: tuple[str, ...] = ()
+    has_key: bool = False
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker of a gateway: its container, URL, and whether it asks for an API key."""
+
+    name: str
+    url: str
+    has_key: bool
+
+
+def model_of(data: Any) -> str:
+    """The model a container serves, as the gateway's default groups them."""
+    return (data.get("served_model_name") or data.get("model_download")
+            or data.get("model_path") or "")
+
+
+def worker_url(where: str, container: Serving) -> str:
+    """The URL the gateway's container reaches CONTAINER's server at; a server bound to
+    loopback cannot be reached from another container: a SettingsError naming it."""
+    host = container.server_host
+    if host.startswith(LOOPBACK_PREFIXES):
+        raise SettingsError(
+            f"{where}: worker {container.name} has field 'server_host' = {host!r}, reachable "
+            "from its own container only; allowed for a gateway's worker: the container's "
+            "address, or 0.0.0.0 (every interface; set api_key)")
+    address = container.hostname if host in WILDCARDS else host
+    return base_url(address, container.server_port)
+
+
+def gateway_address(host: str, hostname: str) -> str:
+    """Where a worker's container reaches a gateway listening on HOST in the container named
+    HOSTNAME: its hostname for a wildcard, else the address itself."""
+    return hostname if host in WILDCARDS else host
+
+
+def is_first_node(container: Serving) -> bool:
+    """A container serving alone, or the first node (rank 0) of its group."""
+    return not container.nodes or container.nodes[0] == container.name
+
+
+def choose_workers(where: str, wanted: list[str] | None,
+                   containers: list[Serving]) -> list[Worker]:
+    """The gateway's workers, in inventory order: the containers WANTED names, or (None) every
+    serving container of the inventory, which must then serve one model. A node that is not
+    its group's first serves no HTTP: naming it is an error, the default leaves it out."""
+    known = {c.name: c for c in containers}
+    if wanted is None:
+        chosen = [c for c in containers if is_first_node(c)]
+        if not chosen:
+            raise SettingsError(f"{where}: no serving container in the inventory to front; "
+                                "allowed: a host with containers, or gateway_workers")
+        models = sorted({c.model for c in chosen})
+        if len(models) > 1:
+            raise SettingsError(
+                f"{where}: field 'gateway_workers' = None fronts every serving container, but "
+                f"they serve {len(models)} models ({', '.join(models)}); allowed: list the "
+                f"containers of one model in gateway_workers ({', '.join(known)})")
+    else:
+        chosen = []
+        for name in wanted:
+            if name not in known:
+                raise SettingsError(
+                    f"{where}: field 'gateway_workers' names {name!r}, which is not a serving "
+                    f"container of this inventory; allowed: {', '.join(known) or 'none'}")
+            if not is_first_node(known[name]):
+                raise SettingsError(
+                    f"{where}: field 'gateway_workers' names {name!r}, a node of the group "
+                    f"{list(known[name].nodes)}; allowed: its first node {known[name].nodes[0]!r} "
+                    "(a multi-node group is one worker)")
+            chosen.append(known[name])
+        models = sorted({c.model for c in chosen})
+        if len(models) > 1:
+            raise SettingsError(
+                f"{where}: field 'gateway_workers' = {wanted!r} mixes {len(models)} models "
+                f"({', '.join(models)}); allowed: containers serving one model")
+    return [Worker(c.name, worker_url(where, c), c.has_key) for c in chosen]
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """A worker as the gateway reports it (``GET /workers``), or not at all."""
+
+    name: str
+    url: str
+    listed: bool
+    healthy: bool | None = None
+    status: str | None = None
+
+
+def judge(workers: list[Worker], listed: list[dict]) -> list[WorkerView]:
+    """Each worker of the inventory as the gateway's LISTED answer (``GET /workers``'s
+    ``workers``) shows it: missing (removed), healthy or not."""
+    by_url = {str(item.get("url", "")).rstrip("/"): item for item in listed if isinstance(item, dict)}
+    views = []
+    for worker in workers:
+        item = by_url.get(worker.url.rstrip("/"))
+        if item is None:
+            views.append(WorkerView(worker.name, worker.url, False))
+        else:
+            healthy = item.get("is_healthy")
+            views.append(WorkerView(worker.name, worker.url, True,
+                                    healthy if isinstance(healthy, bool) else None,
+                                    str(item.get("status", ""))[:40] or None))
+    return views
+
+
+def verdict(views: list[WorkerView]) -> tuple[list[str], list[str]]:
+    """(lines for the log, problems): every worker's state as the gateway sees it; a worker
+    it removed or marks unhealthy is a problem, named."""
+    lines, problems = [], []
+    for view in views:
+        if not view.listed:
+            lines.append(f"{view.name} {view.url}: not in the gateway's list (removed)")
+            problems.append(f"{view.name} ({view.url}) was removed by the gateway")
+        elif view.healthy is False:
+            lines.append(f"{view.name} {view.url}: unhealthy ({view.status or 'no status'})")
+            problems.append(f"{view.name} ({view.url}) is unhealthy in the gateway")
+        else:
+            lines.append(f"{view.name} {view.url}: healthy ({view.status or 'no status'})")
+    return lines, problems
+
+
+def key_problem(where: str, gateway_key: str | None, worker_keys: dict[str, str | None]) -> str | None:
+    """Why the keys cannot work together, or None. smg 1.13.0 sends a worker its own key only
+    when the client sent none: a client's ``Authorization`` is passed on as it is (seen with
+    the real smg and a server that checks the key). So with a gateway key, every worker that
+    asks for a key must ask for that one."""
+    if gateway_key is None:
+        return None
+    other = sorted(name for name, key in worker_keys.items() if key is not None and key != gateway_key)
+    if not other:
+        return None
+    return (f"{where}: field 'gateway_api_key' differs from the api_key of {', '.join(other)}: "
+            "smg passes the client's key on to the worker, which would refuse every request "
+            "(401); allowed: the workers' api_key, or null (the gateway then sends each worker "
+            "its own key; keep gateway_host on loopback)")

@@ -1,0 +1,166 @@
+"""Phase 4, in each gateway's container: SGLang's model gateway (smg) in front of the serving
+containers, after they were verified.
+
+smg from its hashed lock; its unit (settings only), its env file (the clients' key, 0600), the
+workers' keys (0600, read by the worker script alone) and its worker list; the unit started, and
+restarted only when its unit, env file, venv or launcher changed; the worker list kept through
+smg's worker API (a changed list restarts nothing); then each worker's health as the gateway
+sees it, and one chat completion through the gateway.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.context import state
+
+from pve_sglang import remote
+from pve_sglang.config.gateway import GatewaySettings, smg_lock_path
+from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
+from pve_sglang.gateway import render
+from pve_sglang.gateway.workers import Worker, gateway_address, key_problem
+from pve_sglang.operations import apt, gateway, paths, systemd_unit, verify
+from pve_sglang.operations.changes import any_changed
+from pve_sglang.runtime.errors import PreflightError
+from pve_sglang.server.bench import bench_levels, bench_runs
+from pve_sglang.server.bench_history import run_meta
+from pve_sglang.server.command import env_file_path, venv_python
+from pve_sglang.stack.lock import parse
+from tasks.common import run_when_container_exists, upload_script
+
+BASE_PACKAGES = ["ca-certificates", "python3", "python3-venv"]
+
+
+@deploy("Gateway")
+def gateway_phase() -> None:
+    """Bring a gateway's container to a serving smg in front of its workers."""
+    if "gateways" not in host.groups:
+        return
+    gs = host_settings(GatewaySettings)
+    workers = gateway_workers()
+    keys = worker_keys(workers)
+    # Before any change: keys that cannot work together stop the run here.
+    problem = key_problem(f"host {host.data.get('pve_host')}, gateway {host.name}",
+                          gs.gateway_api_key.get_secret_value() if gs.gateway_api_key else None,
+                          {w.name: k for w, k in zip(workers, keys)})
+    if problem:
+        raise PreflightError(problem)
+    run_when_container_exists(lambda: gateway_steps(gs, workers, keys), "gateway",
+                              lambda: planned_steps(gs, workers))
+
+
+def gateway_workers() -> list[Worker]:
+    """The workers the inventory chose for this gateway (``hosts_file.build_gateways``)."""
+    return [Worker(str(w["name"]), str(w["url"]), bool(w["has_key"]))
+            for w in host.data.get("gateway_worker_list") or []]
+
+
+def worker_keys(workers: list[Worker]) -> list[str | None]:
+    """Each worker's API key (its container's ``api_key``), None where it has none."""
+    keys = []
+    for worker in workers:
+        cs = host_settings(ContainerSettings, of=state.inventory.get_host(worker.name))
+        keys.append(cs.api_key.get_secret_value() if cs.api_key else None)
+    return keys
+
+
+def planned_steps(gs: GatewaySettings, workers: list[Worker]) -> list[str]:
+    """What the gateway steps do, in words, for a plan made before its container runs."""
+    return [f"smg {gs.smg_version} from its hashed lock in {gs.gateway_venv}",
+            f"{render.unit_name(gs)} on {gs.gateway_host}:{gs.gateway_port}, policy "
+            f"{gs.gateway_policy}, its env file (0600)",
+            f"{len(workers)} workers registered: " + ", ".join(w.url for w in workers),
+            "each worker healthy in the gateway, one chat completion through it"]
+
+
+def gateway_steps(gs: GatewaySettings, workers: list[Worker], keys: list[str | None]) -> None:
+    tools = render.TOOLS
+    lock = parse(smg_lock_path(gs.smg_version, gs.gateway_python))
+    files = {render.lock_path(gs), render.env_file_path(gs), render.keys_path(gs),
+             render.unit_path(gs), render.workers_path(gs),
+             *(remote.path(s, tools) for s in (remote.LAUNCHER, remote.GATEWAY_WORKERS,
+                                               remote.REMOTE_ENV, remote.STARTUP_WATCH))}
+    paths.watch(*sorted(files))
+    apt.deb_packages(name="Base packages", packages=BASE_PACKAGES)
+    launcher = upload_script(remote.LAUNCHER, "Upload the launcher (keys off the command line)",
+                             tools)
+    upload_script(remote.GATEWAY_WORKERS, "Upload the gateway's worker script", tools)
+    paths.put(name=f"smg lock {lock.path.name}", src=str(lock.path), dest=render.lock_path(gs),
+              mode="644")
+    venv = gateway.smg_venv(name=f"smg {gs.smg_version} as locked in {gs.gateway_venv}",
+                            venv=gs.gateway_venv, lock_file=render.lock_path(gs), lock=lock,
+                            args=gateway.install_args(gs.gateway_wheelhouse,
+                                                      gs.gateway_pip_index_url))
+    env = paths.put(name=f"Gateway environment {render.env_file_path(gs)} (its key, mode 0600)",
+                    src=StringIO(render.render_env(gs)), dest=render.env_file_path(gs),
+                    mode="600", secret=True)
+    paths.put(name=f"Workers' keys {render.keys_path(gs)} (mode 0600)",
+              src=StringIO(render.render_keys(gs, keys)), dest=render.keys_path(gs), mode="600",
+              secret=True)
+    paths.put(name=f"Worker list {render.workers_path(gs)} ({len(workers)} workers)",
+              src=StringIO(render.render_workers(workers)), dest=render.workers_path(gs),
+              mode="644")
+    unit_file = paths.put(name=f"Unit {render.unit_path(gs)}", src=StringIO(render.render_unit(gs)),
+                          dest=render.unit_path(gs), mode="644")
+    unit = render.unit_name(gs)
+    systemd_unit.service_running(
+        name=f"{unit} enabled and running", unit=unit, start=True,
+        restart=any_changed(unit_file, env, venv, launcher, restarts=unit),
+        since={"the unit file": render.unit_path(gs), "the environment file":
+               render.env_file_path(gs)})
+    gateway.workers_registered(name=f"The gateway lists its {len(workers)} workers",
+                               status_argv=render.sync_argv(gs, "status"),
+                               sync_argv=render.sync_argv(gs), workers=workers)
+    gateway.workers_healthy(name="Each worker as the gateway sees it",
+                            status_argv=render.sync_argv(gs, "status"), workers=workers)
+    upload_script(remote.STARTUP_WATCH, "Upload the generation check", tools)
+    verify.generation_works(name="One chat completion through the gateway",
+                            url=render.gateway_url(gs), env_file=render.env_file_path(gs),
+                            script=remote.path(remote.STARTUP_WATCH, tools))
+
+
+@deploy("Benchmark through a gateway")
+def gateway_bench_phase() -> None:
+    """In the first worker's container of each gateway with ``gateway_bench``: the serving
+    benchmark through the gateway (its address as the workers reach it)."""
+    if "gpu_containers" not in host.groups:
+        return
+    for gw in fronted_by(host.name):
+        gs = host_settings(GatewaySettings, of=gw)
+        if gs.gateway_bench:
+            run_when_container_exists(lambda gw=gw, gs=gs: bench_through(gw, gs),
+                                      "gateway benchmark")
+
+
+def fronted_by(name: str) -> list:
+    """The gateways of the inventory whose first worker is container NAME."""
+    found = []
+    for gw in state.inventory.get_group("gateways", []):
+        workers = gw.data.get("gateway_worker_list") or []
+        if workers and workers[0].get("name") == name:
+            found.append(gw)
+    return found
+
+
+def bench_through(gw, gs: GatewaySettings) -> None:
+    cs = host_settings(ContainerSettings)
+    address = gateway_address(gs.gateway_host, container_hostname(gw.data))
+    upload_script(remote.GPU_SAMPLER, "Upload the GPU sampler")
+    upload_script(remote.BENCH_RECORD, "Upload the benchmark record wrapper")
+    runs = gateway_bench_runs(cs, gs, address)
+    verify.benchmark(name=f"Benchmark through the gateway {gw.name} at concurrency "
+                          f"{bench_levels(cs)}",
+                     runs=runs, env_file=env_file_path(cs),
+                     history_dir=f"{cs.bench_history_dir.rstrip('/')}/gateway",
+                     meta={**run_meta(cs), "gateway": gw.name, "gateway_policy": gs.gateway_policy},
+                     regression_pct=cs.bench_regression_pct, low_power_pct=cs.bench_low_power_pct)
+
+
+def gateway_bench_runs(cs: ContainerSettings, gs: GatewaySettings, address: str) -> dict[int, list[str]]:
+    """The benchmark's argv per level against the gateway at ADDRESS:``gateway_port``, under
+    the GPU sampler of this container's GPUs; no /metrics sampler (the gateway's is smg's)."""
+    via = cs.model_copy(update={"server_port": gs.gateway_port, "enable_metrics": False})
+    return bench_runs(via, venv_python(cs), address, cs.sglang_version,
+                      remote.path(remote.GPU_SAMPLER), remote.path(remote.BENCH_RECORD), None)

@@ -1,0 +1,114 @@
+"""A client of a gateway or a server (stdlib only), run where they are reached: in the
+gateway's container for the tests, beside the workers for the bench.
+
+``python3 gateway_client.py requests --url URL --count N --concurrency C [--prefix-words W]
+[--tokens T] [--seconds S]``: N requests to SGLang's ``/generate`` (streamed, as
+``bench_serving``'s ``sglang`` backend sends them), C at a time; each prompt is unique, and with
+``--prefix-words`` W they all open with the same W words (a shared system prompt). With
+``--seconds`` it sends for that long instead (N ignored). URL may list several servers,
+comma-separated: the client then sends to each in turn (balancing by hand, no gateway). The key, if any, comes from the
+``API_KEY`` environment variable. Prints one JSON line: the count of each HTTP status (or
+``error``), wall seconds, output tokens per second, and each request's (start, end, status).
+``--counts URL...`` prints each server's ``sglang:num_requests_total`` from its /metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+
+def one(url: str, key: str | None, text: str, tokens: int) -> tuple[str, int]:
+    body = json.dumps({"text": text, "stream": True,
+                       "sampling_params": {"max_new_tokens": tokens}}).encode()
+    request = urllib.request.Request(url.rstrip("/") + "/generate", data=body, method="POST")
+    request.add_header("Content-Type", "application/json")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            generated = 0
+            for line in answer:
+                if line.startswith(b"data: {"):
+                    meta = json.loads(line[6:]).get("meta_info", {})
+                    generated = int(meta.get("completion_tokens", generated))
+            return str(answer.status), generated
+    except urllib.error.HTTPError as error:
+        return str(error.code), 0
+    except (urllib.error.URLError, OSError, ValueError):
+        return "error", 0
+
+
+def run(args: argparse.Namespace) -> dict:
+    key = os.environ.get("API_KEY") or None
+    urls = args.url.split(",")  # several: the client spreads its requests itself, in turn
+    prefix = " ".join(["shared system prompt words"] * args.prefix_words)
+    counter = {"next": 0}
+    lock = threading.Lock()
+    log: list[tuple[float, float, str]] = []
+    tokens = {"total": 0}
+    deadline = time.time() + args.seconds if args.seconds else None
+
+    def worker() -> None:
+        while True:
+            with lock:
+                n = counter["next"]
+                if (deadline is None and n >= args.count) or (deadline and time.time() >= deadline):
+                    return
+                counter["next"] += 1
+            text = f"{prefix} question {n} {time.time_ns()}".strip()
+            start = time.time()
+            status, generated = one(urls[n % len(urls)], key, text, args.tokens)
+            with lock:
+                log.append((start, time.time(), status))
+                tokens["total"] += generated
+
+    began = time.time()
+    threads = [threading.Thread(target=worker) for _ in range(args.concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.time() - began
+    codes: dict[str, int] = {}
+    for _, _, status in log:
+        codes[status] = codes.get(status, 0) + 1
+    return {"codes": codes, "wall_s": wall, "tok_s": tokens["total"] / wall if wall else 0.0,
+            "requests": sorted(log)}
+
+
+def counts(urls: list[str]) -> dict:
+    found = {}
+    for url in urls:
+        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as answer:
+            total = 0.0
+            for line in answer.read().decode().splitlines():
+                if line.startswith("sglang:num_requests_total"):
+                    total += float(line.rsplit(" ", 1)[1])
+        found[url] = int(total)
+    return found
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command", choices=("requests", "counts"))
+    parser.add_argument("--url", default="")
+    parser.add_argument("--count", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--prefix-words", type=int, default=0)
+    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=0)
+    parser.add_argument("urls", nargs="*")
+    args = parser.parse_args(argv)
+    print(json.dumps(run(args) if args.command == "requests" else counts(args.urls)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
