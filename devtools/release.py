@@ -61,6 +61,11 @@ class NotProven(RuntimeError):
     """A check the release did not pass: the repository stays as it was."""
 
 
+class DiskShort(NotProven):
+    """The proof's container would not fit on this machine's disk now: nothing was proven or
+    changed (a caller that can wait for room, a test, tells it from a failed check)."""
+
+
 @dataclass
 class Advance:
     """What ``advance`` found, step by step (``steps``: (name, seconds, what it says))."""
@@ -214,10 +219,11 @@ def flag_problems(wheel: Path, values: dict) -> list[str]:
 
 # --- the whole of it ----------------------------------------------------------------------
 
-def _fail(report: Advance, name: str, started: float, problems: list[str]) -> None:
+def _fail(report: Advance, name: str, started: float, problems: list[str],
+          error: type[NotProven] = NotProven) -> None:
     report.step(name, started, "FAILED")
-    raise NotProven(f"sglang {report.version}: {name}: " + "; ".join(problems)
-                    + "; the repository is unchanged")
+    raise error(f"sglang {report.version}: {name}: " + "; ".join(problems)
+                + "; the repository is unchanged")
 
 
 def advance(version: str, repo: Path = ROOT, overrides: dict | None = None,
@@ -290,7 +296,7 @@ def advance(version: str, repo: Path = ROOT, overrides: dict | None = None,
             short = release_proof.disk_shortfall(work) if site is None else \
                 release_proof.disk_shortfall(site.root, release_proof.UPGRADE_BYTES)
             if short:
-                _fail(report, "deploy", started, [short])
+                _fail(report, "deploy", started, [short], DiskShort)
             deploy = site or release_proof.ReleaseDeploy(
                 work / "proof", version, _uv_wheel(work, defaults["uv_version"]), cache_dir())
             before = dict(deploy.container)

@@ -55,8 +55,6 @@ MACHINE_CACHE = CACHE / "pyinfra-machine-cache"
 #: in the default suite already).
 RELEASES = (load_defaults()["sglang_version"],
             *os.environ.get("PVE_SGLANG_PROVE_RELEASES", "").split())
-#: Room beyond the upgrade proof's own need, for what the other worker writes meanwhile.
-DISK_MARGIN = 3 * 10**9
 TOOLS_LOCK = "/opt/sglang/venv/pve-sglang.lock"  # the serving stack's (venv_path links to it)
 
 
@@ -184,13 +182,16 @@ def test_make_release_proves_a_release_end_to_end_in_the_same_container_and_stor
     assert done.returncode == 0
     if deploy.container["sglang_version"] != RELEASES[0]:
         pytest.skip("make release is proven once, in the default set's proof")
-    # advance checks the disk again a minute later (after the lock and the watch's lines), while
-    # the other pytest worker's tests write GBs: with 2 GB less than this check asked for, it
-    # failed where this one had passed (13.1 of 15 GB free then).
-    short = disk_shortfall(deploy.root, UPGRADE_BYTES + DISK_MARGIN)
+    short = disk_shortfall(deploy.root, UPGRADE_BYTES)
     if short:
         pytest.skip(short)
-    report = release.advance("0.5.17", repo=repo, site=deploy)
+    try:
+        report = release.advance("0.5.17", repo=repo, site=deploy)
+    except release.DiskShort as error:
+        # advance checks the disk again a minute later (after the lock and the watch's lines),
+        # while the other pytest worker's tests write GBs: a machine short of room then is this
+        # check's skip, not a failed proof (13.1 of 15 GB free once, where this one had passed).
+        pytest.skip(str(error))
     steps = [name for name, _, _ in report.steps]
     assert steps == ["requirements", "settings", "lock", "log lines", "flags", "deploy", "repository"]
     print("[release 0.5.17] steps:", report.steps)
