@@ -64,6 +64,12 @@ from pve_sglang.hosts_file import EMBEDDED_HOSTS_FILE, build_groups, read_hosts_
 import wheels
 from cache_dir import TEST_CACHE, building
 
+# The machine cache of the pyinfra runs the tests start (locks, whole wheel sets: GBs) is the test
+# cache's, where the release proof keeps its own: a test never fills the user's
+# ~/.cache/pve-sglang (the embedded default's deploy in test_lxc_parity put a 4.1 GB set there,
+# a second copy of one the release proof holds). A test that needs an empty one sets its own.
+os.environ.setdefault("PVE_SGLANG_CACHE", str(TEST_CACHE / "pyinfra-machine-cache"))
+
 #: Fixture -> the markers a test that uses it gets (pyproject.toml registers them).
 TIER_OF_FIXTURE: dict[str, tuple[str, ...]] = {
     "lxc_host": ("lxc", "root"),
