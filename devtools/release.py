@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import io
 import itertools
 import re
@@ -38,6 +39,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from re import _parser as sre_parse  # the stdlib's regex parser: a pattern's literal text
@@ -111,7 +113,7 @@ def _words(text: str) -> list[str]:
     return [word for word in re.split(r"\s+", text) if word]
 
 
-def _fits(sample: list[str], literal: list[str]) -> bool:
+def _fits(sample: list[str], literal: Sequence[str]) -> bool:
     """Whether the words of a SAMPLE occur in a source LITERAL's words, in order: a literal's
     ``{...}`` (an f-string's value) stands for one or two of the sample's words, ANY for one
     literal word; the ends compare as parts of a word (``begin`` fits ``begin.``). At least all
@@ -140,9 +142,16 @@ def _fits(sample: list[str], literal: list[str]) -> bool:
     return any(match(0, start, 0) for start in range(len(literal)))
 
 
-def source_literals(wheel: Path) -> list[list[str]]:
+def source_literals(wheel: Path) -> tuple[tuple[str, ...], ...]:
     """The words of every string literal (f-strings with their ``{...}``) in the release's
-    ``sglang/`` Python sources, one list a literal; comments are not read (``tokenize``)."""
+    ``sglang/`` Python sources, one list a literal; comments are not read (``tokenize``).
+    Read once per wheel file (its path, size and time): tokenizing 3,000 files takes 12 s."""
+    status = wheel.stat()
+    return _literals(str(wheel), status.st_size, status.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _literals(wheel: str, size: int, mtime_ns: int) -> tuple[tuple[str, ...], ...]:
     import tokenize
 
     literals = []
@@ -159,10 +168,10 @@ def source_literals(wheel: Path) -> list[list[str]]:
                         quote = body[:3] if body[:3] in ('"""', "'''") else body[:1]
                         words = _words(body[len(quote):-len(quote)])
                         if words:
-                            literals.append(words)
+                            literals.append(tuple(words))
             except (tokenize.TokenError, SyntaxError):
                 continue  # a file tokenize cannot read: its strings are not counted
-    return literals
+    return tuple(literals)
 
 
 def missing_log_lines(wheel: Path) -> list[str]:

@@ -62,7 +62,7 @@ from devtools import lxc_env as lxc_env_module
 from pve_sglang.hosts_file import EMBEDDED_HOSTS_FILE, build_groups, read_hosts_file
 
 import wheels
-from cache_dir import TEST_CACHE, building
+from cache_dir import TEST_CACHE, building, bytecode
 
 # The machine cache of the pyinfra runs the tests start (locks, whole wheel sets: GBs) is the test
 # cache's, where the release proof keeps its own: a test never fills the user's
@@ -96,7 +96,28 @@ RUNS_TEMP = Path("/var/tmp/pve-sglang-pytest")
 RUNS_KEPT = 3
 
 
+#: The checkout's own Python, compiled once a run: the suite starts pyinfra's CLI and our
+#: remote helpers hundreds of times, and where ``PYTHONDONTWRITEBYTECODE`` is set (as on the
+#: CI machines) each compiled every module it imports again (about 0.1 s a process).
+SOURCES = ("pve_sglang", "tasks", "devtools", "tests", "bench", "deploy.py", "inventory.py",
+           "tune.py")
+
+
+def compile_sources() -> None:
+    import compileall
+
+    root = Path(__file__).resolve().parents[1]
+    for name in SOURCES:
+        path = root / name
+        if path.is_dir():
+            compileall.compile_dir(path, quiet=2, workers=0)
+        elif path.is_file():
+            compileall.compile_file(path, quiet=2)
+
+
 def pytest_configure(config):
+    if not hasattr(config, "workerinput"):
+        compile_sources()
     if os.geteuid() != 0 or config.option.basetemp or hasattr(config, "workerinput"):
         return  # not root, told where, or a pytest-xdist worker (given a folder of the run's)
     RUNS_TEMP.mkdir(mode=0o711, exist_ok=True)
@@ -321,6 +342,7 @@ def hub_client_python(version: str, package_index) -> str:
                 [str(uv), "pip", "install", "-q", "--python", str(python),
                  f"huggingface_hub=={version}"], check=True), f"huggingface_hub {version}")
             (venv / "ok").write_text(version)
+        bytecode(venv)
     return str(python)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from cache_dir import TEST_CACHE
+from cache_dir import TEST_CACHE, bytecode
 
 from pve_sglang.stack.releases import requirement_lines
 from wheels import retried
@@ -79,6 +79,7 @@ def parser_venv(release: str, wheel: Path) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the others then reuse it
         stamp = folder / ".pvs-complete"
         if stamp.exists():
+            bytecode(folder)
             return folder
         shutil.rmtree(folder, ignore_errors=True)
         constraint_file = CACHE / f".{folder.name}.constraints.txt"
@@ -95,4 +96,5 @@ def parser_venv(release: str, wheel: Path) -> Path:
         except RuntimeError as error:
             pytest.fail(str(error))
         stamp.write_text(f"sglang {release}\n" + "\n".join(pins) + "\n")
+        bytecode(folder)
         return folder
