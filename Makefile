@@ -23,7 +23,8 @@ export PVE_SGLANG_TEST_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/pve-s
 # The suite runs on TEST_WORKERS pytest workers (pytest-xdist), each taking a whole module at a
 # time, so that a module's shared container is made once (TEST_WORKERS=0: one process).
 TEST_WORKERS ?= 2
-PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+workers = $(if $(filter 0,$(TEST_WORKERS)),,-n $(1) --dist loadscope)
+PYTEST_WORKERS = $(call workers,$(TEST_WORKERS))
 # The fast tier waits more than it computes (local servers, the stand-in's pauses: 2 workers kept
 # 2 cores 55 % busy): 3 workers, 66.6 -> 52.3 s on 2 cores (4: 53.2 s).
 FAST_WORKERS ?= 3
@@ -69,8 +70,7 @@ test: $(STAMP) system-deps
 # The fast tier: every test that boots no container, needs no root and downloads nothing
 # (tests/conftest.py marks the others from the fixtures they use). No system packages needed.
 test-fast: $(STAMP)
-	$(VENV)/bin/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(FAST_WORKERS) --dist loadscope) \
-		-m "not lxc and not root and not network" $(ARGS)
+	$(VENV)/bin/python -m pytest $(call workers,$(FAST_WORKERS)) -m "not lxc and not root and not network" $(ARGS)
 
 bench: $(STAMP) system-deps
 	$(VENV)/bin/python bench/deploy_cost.py $(ARGS)

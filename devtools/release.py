@@ -144,7 +144,7 @@ def _fits(sample: list[str], literal: Sequence[str]) -> bool:
 
 def source_literals(wheel: Path) -> tuple[tuple[str, ...], ...]:
     """The words of every string literal (f-strings with their ``{...}``) in the release's
-    ``sglang/`` Python sources, one list a literal; comments are not read (``tokenize``).
+    ``sglang/`` Python sources, one tuple a literal; comments are not read (``tokenize``).
     Read once per wheel file (its path, size and time): tokenizing 3,000 files takes 12 s."""
     status = wheel.stat()
     return _literals(str(wheel), status.st_size, status.st_mtime_ns)

@@ -43,7 +43,7 @@ def bytecode(venv: Path) -> None:
         return
     python = venv / "bin" / "python"
     done = subprocess.run([str(python), "-m", "compileall", "-q", "-j", "0", str(venv / "lib")],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # A file that does not compile (a test's data, another Python's syntax) stays a source;
     # the rest is compiled, which is all this is for.
     stamp.write_text(f"compileall exit {done.returncode}\n")

@@ -13,7 +13,6 @@ in a venv holding only the wheel, adding what each ImportError named, until it i
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
@@ -25,7 +24,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from cache_dir import TEST_CACHE, bytecode
+from cache_dir import TEST_CACHE, building, bytecode
 
 from pve_sglang.stack.releases import requirement_lines
 from wheels import retried
@@ -74,27 +73,27 @@ def parser_venv(release: str, wheel: Path) -> Path:
     pins = constraints(wheel)
     key = hashlib.sha256("\n".join((release, *IMPORTS, *pins)).encode()).hexdigest()[:12]
     folder = CACHE / f"sglang-{release}-parser-venv-{key}"
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f".{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the others then reuse it
+    with building(folder):  # one build at a time; the others then reuse it
         stamp = folder / ".pvs-complete"
-        if stamp.exists():
-            bytecode(folder)
-            return folder
-        shutil.rmtree(folder, ignore_errors=True)
-        constraint_file = CACHE / f".{folder.name}.constraints.txt"
-        constraint_file.write_text("\n".join(pins) + "\n")
-        python = str(folder / "bin" / "python")
-
-        def build() -> None:
-            _uv("venv", "-q", "--clear", "--python", sys.executable, str(folder))
-            _uv("pip", "install", "-q", "--python", python, "-c", str(constraint_file), *IMPORTS)
-            _uv("pip", "install", "-q", "--python", python, "--no-deps", str(wheel))
-
-        try:
-            retried(build, f"the server_args venv of sglang {release}")
-        except RuntimeError as error:
-            pytest.fail(str(error))
-        stamp.write_text(f"sglang {release}\n" + "\n".join(pins) + "\n")
+        if not stamp.exists():
+            _build(release, wheel, folder, pins)
+            stamp.write_text(f"sglang {release}\n" + "\n".join(pins) + "\n")
         bytecode(folder)
-        return folder
+    return folder
+
+
+def _build(release: str, wheel: Path, folder: Path, pins: list[str]) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    constraint_file = CACHE / f".{folder.name}.constraints.txt"
+    constraint_file.write_text("\n".join(pins) + "\n")
+    python = str(folder / "bin" / "python")
+
+    def build() -> None:
+        _uv("venv", "-q", "--clear", "--python", sys.executable, str(folder))
+        _uv("pip", "install", "-q", "--python", python, "-c", str(constraint_file), *IMPORTS)
+        _uv("pip", "install", "-q", "--python", python, "--no-deps", str(wheel))
+
+    try:
+        retried(build, f"the server_args venv of sglang {release}")
+    except RuntimeError as error:
+        pytest.fail(str(error))
