@@ -23,6 +23,7 @@ from pve_sglang.operations import layer
 from pve_sglang.operations.wheels import INCOMING, marker
 from devtools.wheel_store_site import UV, WheelStoreSite, installed, own_site_packages
 from pve_sglang.stack.wheel_fetch import MANIFEST
+from wheels import tiny_wheel
 
 PINS = (("requests", "2.32.3"),)
 
@@ -36,27 +37,6 @@ def site(tmp_path, lxc_container_factory, package_index):
                          "the small lock (uv pip compile)")
     make = lambda **kwargs: lxc_container_factory(**kwargs)[0]  # noqa: E731
     return WheelStoreSite(tmp_path / "site", make, lock, key)
-
-
-def stray_wheel() -> bytes:
-    """A minimal wheel of a package no lock holds."""
-    import base64
-    import hashlib
-    import io
-    import zipfile
-
-    files = {"stray.py": b"",
-             "stray-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: stray\nVersion: 1.0\n",
-             "stray-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\n"
-                                          b"Root-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = "".join(
-        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
-        for name, data in files.items()) + "stray-1.0.dist-info/RECORD,,\n"
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as wheel:
-        for name, data in {**files, "stray-1.0.dist-info/RECORD": record.encode()}.items():
-            wheel.writestr(name, data)
-    return buffer.getvalue()
 
 
 def test_store_is_filled_once_and_containers_install_from_it_offline(site):
@@ -98,7 +78,7 @@ def test_the_venv_drifting_from_the_lock_is_reconciled(site):
     assert "failed" not in site.deploy(box)
     # A package removed and one the lock does not hold: both differ from the lock.
     box.attach(f"{UV} pip uninstall --python /opt/stack/venv/bin/python idna")
-    box.attach("cat > /tmp/stray-1.0-py3-none-any.whl", input=stray_wheel())
+    box.attach("cat > /tmp/stray-1.0-py3-none-any.whl", input=tiny_wheel())
     box.attach(f"{UV} pip install --offline --python /opt/stack/venv/bin/python "
                "/tmp/stray-1.0-py3-none-any.whl")
     assert "idna" not in installed(box) and "stray" in installed(box)
@@ -221,7 +201,7 @@ def test_a_layered_venv_drifting_is_reconciled(layered):
     # A copy of a layer's package in the venv itself, and a package the lock does not hold.
     box.attach(f"{UV} pip install --offline --no-index --find-links {site.store} --no-deps "
                f"--python /opt/stack/venv/bin/python idna=={site.lock.packages['idna']}")
-    box.attach("cat > /tmp/stray-1.0-py3-none-any.whl", input=stray_wheel())
+    box.attach("cat > /tmp/stray-1.0-py3-none-any.whl", input=tiny_wheel())
     box.attach(f"{UV} pip install --offline --python /opt/stack/venv/bin/python "
                "/tmp/stray-1.0-py3-none-any.whl")
     changed = site.deploy(box)

@@ -45,3 +45,32 @@ def test_an_upload_to_this_machine_arrives_whole_and_keeps_no_hidden_copy(tmp_pa
     # Only a new one counts: another test's cleanup may close its own meanwhile.
     assert set(deleted_open_files()) - set(before) == set()
     assert not Path("F").exists() and not (tmp_path / "F").exists()
+
+
+def test_an_upload_to_this_machine_links_a_root_owned_wheel_and_copies_another(tmp_path):
+    """The store takes no second copy of a wheel that root owns and alone can write (one inode);
+    one a user could change is copied. A file left at DEST by a killed run, itself a link to
+    another wheel, is replaced, never written through."""
+    owned = tmp_path / "cache" / "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl"
+    owned.parent.mkdir()
+    owned.write_bytes(os.urandom(1 << 16))
+    other = tmp_path / "cache" / "numpy-2.3.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    other.write_bytes(b"numpy")
+    incoming = tmp_path / "store" / ".incoming"
+    incoming.mkdir(parents=True)
+    left = incoming / "it's $(touch F) torch.whl"
+    os.link(other, left)  # a killed run's leftover, a link to another cache file
+    host = local_host()
+    assert upload(host, owned, str(left))
+    assert os.path.samefile(owned, left)
+    assert other.read_bytes() == b"numpy"  # the leftover's target is untouched
+
+    os.chown(owned, 1000, 1000)  # a user's file: copied, so the user cannot change the store
+    copied = incoming / "copied.whl"
+    assert upload(host, owned, str(copied))
+    assert copied.read_bytes() == owned.read_bytes() and not os.path.samefile(owned, copied)
+    os.chown(owned, 0, 0)
+    owned.chmod(0o666)  # root's, but anyone may write it: copied too
+    assert upload(host, owned, str(incoming / "copied-2.whl"))
+    assert not os.path.samefile(owned, incoming / "copied-2.whl")
+    assert not Path("F").exists() and not (tmp_path / "F").exists()

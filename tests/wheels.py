@@ -114,3 +114,26 @@ def locked_wheels(lock: Path) -> Path:
                           *OLDER_TARGETS, "-r", str(lock), "-d", str(folder)], lock.name)
             (folder / ".complete").write_text(f"{lock.name}\n")
     return folder
+
+
+def tiny_wheel(name: str = "stray", version: str = "1.0", body: bytes = b"") -> bytes:
+    """A minimal pure-Python wheel of NAME VERSION (one module holding BODY), its RECORD right:
+    a package no real lock holds, made here."""
+    import base64
+    import hashlib
+    import io
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}.py": body,
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\n"
+                              b"Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+        for path, data in files.items()) + f"{info}/RECORD,,\n"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as wheel:
+        for path, data in {**files, f"{info}/RECORD": record.encode()}.items():
+            wheel.writestr(path, data)
+    return buffer.getvalue()

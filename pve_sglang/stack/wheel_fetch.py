@@ -5,6 +5,9 @@ the hosts check what they receive against.
 
     <cache>/wheels/<lock id>/*.whl
     <cache>/wheels/<lock id>/MANIFEST       # "<sha256>  <file>" per wheel, written last
+
+A wheel that a complete set of the cache holds already (the same sha256: an upgrade that keeps
+torch and its CUDA libraries) is hard-linked from there, not downloaded again: one file on disk.
 """
 
 from __future__ import annotations
@@ -65,12 +68,16 @@ def fetch(lock: Lock, key: LockKey) -> tuple[Path, dict[str, str]]:
     if manifest.exists():
         return folder, read_manifest(manifest)
     folder.mkdir(parents=True, exist_ok=True)
-    names = sorted(lock.packages)
+    linked = link_known(lock, folder)
+    owner = owners(lock)
+    names = sorted(set(lock.packages) - {owner[digest] for digest in linked.values()})
     # Biggest last in each slice would be nicer; a round robin spreads torch and the CUDA
     # libraries well enough over the slices.
     slices = [names[i::PARALLEL] for i in range(PARALLEL)]
     with tempfile.TemporaryDirectory(prefix="pve-sglang-fetch-") as scratch:
-        def download(index: int) -> subprocess.CompletedProcess:
+        def download(index: int) -> subprocess.CompletedProcess | None:
+            if not slices[index]:
+                return None
             requirements = Path(scratch) / f"slice-{index}.txt"
             requirements.write_text(lock.requirement_lines(slices[index]))
             return subprocess.run(
@@ -81,23 +88,70 @@ def fetch(lock: Lock, key: LockKey) -> tuple[Path, dict[str, str]]:
             )
 
         with ThreadPoolExecutor(PARALLEL) as pool:
-            failed = [done for done in pool.map(download, range(PARALLEL)) if done.returncode]
+            failed = [done for done in pool.map(download, range(PARALLEL))
+                      if done is not None and done.returncode]
     if failed:
         errors = [line for done in failed for line in done.stderr.splitlines()
                   if line.startswith("ERROR")]
         raise LockError(f"could not fetch the wheels of lock {lock.path} here (pip download): "
                         + "; ".join(errors[:5] or [failed[0].stderr.strip()[-800:]]))
-    return folder, _write_manifest(lock, folder)
+    return folder, _write_manifest(lock, folder, linked)
 
 
-def _write_manifest(lock: Lock, folder: Path) -> dict[str, str]:
-    """Check each downloaded file against the lock's hashes, one wheel a package; write the
-    manifest last (its presence says the folder is complete)."""
-    owner = {digest: name for name, digests in lock.hashes.items() for digest in digests}
+def owners(lock: Lock) -> dict[str, str]:
+    """``{sha256: package}`` of LOCK's hashes."""
+    return {digest: name for name, digests in lock.hashes.items() for digest in digests}
+
+
+def known_wheels(cache: Path, skip: Path) -> dict[str, Path]:
+    """``{sha256: file}`` of the wheels the cache's complete sets hold (their manifests), SKIP's
+    aside. A manifest that cannot be read counts as no set."""
+    known: dict[str, Path] = {}
+    for manifest in sorted(cache.glob(f"*/{MANIFEST}")):
+        if manifest.parent == skip:
+            continue
+        try:
+            entries = read_manifest(manifest)
+        except (OSError, ValueError):
+            continue
+        for name, digest in entries.items():
+            known.setdefault(digest, manifest.parent / name)
+    return known
+
+
+def link_known(lock: Lock, folder: Path) -> dict[str, str]:
+    """Hard-link into FOLDER the wheels of LOCK that another complete set of the cache holds,
+    each checked against the lock's sha256 first (a changed file is downloaded instead).
+    Returns ``{file: sha256}`` of those linked; a link that fails (another filesystem, a file
+    gone) is downloaded too."""
+    known = known_wheels(folder.parent, folder)
+    linked: dict[str, str] = {}
+    for digests in lock.hashes.values():
+        digest = next((digest for digest in digests if digest in known), None)
+        if digest is None:
+            continue
+        source = known[digest]
+        target = folder / source.name
+        try:
+            if sha256_of(source) != digest:
+                continue
+            target.unlink(missing_ok=True)  # a killed fetch's leftover
+            os.link(source, target)
+        except OSError:
+            continue
+        linked[target.name] = digest
+    return linked
+
+
+def _write_manifest(lock: Lock, folder: Path, checked: dict[str, str]) -> dict[str, str]:
+    """Check each downloaded file against the lock's hashes (those CHECKED, ``{file: sha256}``,
+    were), one wheel a package; write the manifest last (its presence says the folder is
+    complete)."""
+    owner = owners(lock)
     entries: dict[str, str] = {}
     found: dict[str, str] = {}
     for path in sorted(folder.glob("*.whl")):
-        digest = sha256_of(path)
+        digest = checked.get(path.name) or sha256_of(path)
         name = owner.get(digest)
         if name is None or name in found:
             path.unlink()  # not of this lock, or a second file of one package: a stale leftover
