@@ -32,16 +32,18 @@ from pve_sglang.project import ROOT
 
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 #: Free disk a proof of a 0.5.23-sized set needs at its peak, in bytes. Measured (``DiskPeak``,
-#: docs/releases.md): 15.5 GB in the proof's folder at the end of the layer's copy, 15.8 GB of
-#: the filesystem's free space: the store (4.3 GB of wheels), the layer (10.7 GB: uv's scratch
-#: cache is hardlinked to its staging, and the staging's files go as the host copies them into
-#: the store), the container (0.5 GB); with a margin for the rest of the machine meanwhile.
-PEAK_BYTES = 20 * 10**9
+#: docs/releases.md): 12.1 GB of the filesystem's free space at the end of the layer's copy:
+#: the layer (10.7 GB: uv's scratch cache is hardlinked to its staging, and the staging's files
+#: go as the host copies them into the store), the container (0.5 GB), the store's wheels
+#: linked from this machine's cache (``operations.wheels.upload``: 4.3 GB copied before); with
+#: a margin for the rest of the machine meanwhile.
+PEAK_BYTES = 15 * 10**9
 
 
-#: A second set proven in a proof's container and store (an upgrade there): its own wheels
-#: beside the first set's, its shared layer, its venv (0.5.17's whole proof took 14.3 GB).
-UPGRADE_BYTES = 15 * 10**9
+#: A second set proven in a proof's container and store (an upgrade there): its shared layer
+#: and venv beside the first set's, its wheels linked (0.5.17's whole proof took 14.3 GB with
+#: its 4.1 GB of wheels copied).
+UPGRADE_BYTES = 12 * 10**9
 
 
 def disk_shortfall(folder: Path, need: int = PEAK_BYTES) -> str | None:

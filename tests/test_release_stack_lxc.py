@@ -16,9 +16,9 @@ layer and venv steps.
 Downloads: each set is 4 to 4.5 GB of wheels, fetched once by the machine running pyinfra into
 ``$PVE_SGLANG_TEST_CACHE/pyinfra-machine-cache`` (``.cache/`` without it) and found there by
 every later run (the store of each run is filled from it, nothing downloaded). The container
-itself downloads nothing (its pip sees only uv's wheel). A proof of 0.5.23 takes 15.5 GB at
-its peak (the store 4.3 GB, the layer, the container: ``release_proof.PEAK_BYTES``), given back
-at its end.
+itself downloads nothing (its pip sees only uv's wheel). A proof of 0.5.23 takes 12.1 GB of
+free space at its peak (the layer, the container; the store's wheels are links to the cache:
+``release_proof.PEAK_BYTES``), given back at its end.
 
 Debian 13 (Proxmox VE 9's ``debian-13-standard``, ``lxc_release: trixie``): its Python 3.13
 has no wheels-only lock of 0.5.23's set (outlines-core 0.1.26 has no cp313 wheel:
@@ -76,7 +76,7 @@ def proof(request, tmp_path_factory, lxc_host, pypi_wheel, package_index):
         yield deploy, done
     finally:
         deploy.destroy()
-        lxc_env.remove_tree(deploy.root)  # the store and the layer: 15 GB
+        lxc_env.remove_tree(deploy.root)  # the store and the layers: 11-21 GB
 
 
 def show_log(deploy: ReleaseDeploy) -> None:
