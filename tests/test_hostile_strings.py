@@ -403,6 +403,8 @@ class Deploy:
         monkeypatch.setattr(FakeConnector, "run_on_host", record_on_host, raising=False)
         monkeypatch.setattr(FakeConnector, "make_exec_command",
                             lambda connector, inner: real.make_exec_command(inner), raising=False)
+        monkeypatch.setattr(FakeConnector, "make_rootfs_command",
+                            lambda connector: real.make_rootfs_command(), raising=False)
         try:
             connect_all(self.state)
             for host in self.inventory:
@@ -1084,6 +1086,9 @@ class _ShellExec:
 
     def make_exec_command(self, inner: StringCommand) -> StringCommand:
         return StringCommand("sh", "-c", QuoteString(inner))
+
+    def make_rootfs_command(self) -> StringCommand:
+        return StringCommand("echo", QuoteString("lxc.rootfs.path = /var/lib/lxc/x/rootfs"))
 
 
 def layer_problems(shell, value: str) -> list[str]:

@@ -17,18 +17,27 @@ from pve_sglang.stack.lock import lock_for, default_key
 
 
 class LocalExec:
-    """A container's exec tool, here: the inner command in its own ``sh -c``."""
+    """A container's exec tool, here: the inner command in its own ``sh -c``; ROOTFS, what
+    the host's tool says of the container's root (None: it cannot tell)."""
+
+    def __init__(self, rootfs: str | None = None):
+        self.rootfs = rootfs
 
     def make_exec_command(self, inner: StringCommand) -> StringCommand:
         return StringCommand("sh", "-c", QuoteString(inner))
+
+    def make_rootfs_command(self) -> StringCommand | None:
+        if self.rootfs is None:
+            return None
+        return StringCommand("echo", QuoteString(f"lxc.rootfs.path = dir:{self.rootfs}"))
 
 
 LOCK = lock_for(default_key())
 
 
-def copy(store: Path, staging: Path) -> subprocess.CompletedProcess:
+def copy(store: Path, staging: Path, rootfs: str | None = None) -> subprocess.CompletedProcess:
     (store / LOCKS).mkdir(parents=True, exist_ok=True)  # the wheel store's, made before
-    command = layer.copy_command(LocalExec(), str(store), LOCK, staging=str(staging))
+    command = layer.copy_command(LocalExec(rootfs), str(store), LOCK, staging=str(staging))
     return subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True, text=True)
 
 
@@ -68,3 +77,33 @@ def test_a_copy_that_fails_leaves_no_marker_and_no_layer(tmp_path):
     assert done.returncode != 0
     assert not Path(layer.marker(str(store), LOCK)).exists()
     assert not Path(layer.path(str(store), LOCK)).exists()
+
+
+def test_a_staging_the_host_reaches_through_a_symlink_is_copied_and_the_target_left(tmp_path):
+    """The container's root may point a symlink anywhere on the host: the host's view of the
+    staging through one is never renamed (nor its target touched); tar copies the staging."""
+    staging = staged(tmp_path / "container")
+    before = files(staging)
+    root = tmp_path / "rootfs"
+    decoy = tmp_path / "host-folder"
+    (decoy / "pve-sglang-layer").mkdir(parents=True)
+    (decoy / "pve-sglang-layer" / "host-file").write_text("the host's\n")
+    # The host's view of the staging's folder, a symlink to the decoy.
+    seen = Path(str(root) + str(staging.parent))
+    seen.parent.mkdir(parents=True)
+    seen.symlink_to(decoy)
+    store = tmp_path / "store"
+    done = copy(store, staging, rootfs=str(root))
+    assert done.returncode == 0, done.stderr
+    assert layer.RENAMED not in done.stdout.split()
+    assert files(Path(layer.path(str(store), LOCK))) == before
+    assert files(decoy) == {"pve-sglang-layer/host-file": b"the host's\n"}
+
+
+def test_a_root_the_host_cannot_find_falls_back_to_the_copy(tmp_path):
+    staging = staged(tmp_path)
+    before = files(staging)
+    store = tmp_path / "store"
+    done = copy(store, staging, rootfs=str(tmp_path / "no-such-root"))
+    assert done.returncode == 0, done.stderr
+    assert files(Path(layer.path(str(store), LOCK))) == before

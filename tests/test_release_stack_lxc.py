@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -96,6 +97,9 @@ def test_the_locked_set_deploys_from_the_store_with_the_shared_layer(proof):
     names = changed(results)
     # The container's steps run nested (the container is created in this run): bare names.
     assert any(name.startswith("Shared stack layer") for name in names), names
+    # The container's root is a folder of this host (the deploy made it with LXC's dir
+    # backend) on the store's filesystem: its 10 GB layer was renamed into the store.
+    assert re.search(r"the shared layer of lock \w+ renamed into", done.stderr), done.stderr[-3000:]
     assert any("sglang stack as locked" in name and "from the host's wheel store" in name
                for name in names), names
     # The deploy's own flag check ran against the installed release, before the unit.

@@ -12,7 +12,7 @@ from pathlib import Path
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all
 
-from pve_sglang.operations.wheels import upload
+from pve_sglang.operations.wheels import upload, upload_all
 
 
 def deleted_open_files() -> list[str]:
@@ -74,3 +74,23 @@ def test_an_upload_to_this_machine_links_a_root_owned_wheel_and_copies_another(t
     assert upload(host, owned, str(incoming / "copied-2.whl"))
     assert not os.path.samefile(owned, incoming / "copied-2.whl")
     assert not Path("F").exists() and not (tmp_path / "F").exists()
+
+
+def test_uploads_to_this_machine_go_in_batches_and_each_arrives(tmp_path):
+    sources = []
+    for index, name in enumerate(["a.whl", "it's $(touch F).whl", "c d.whl", "e\nf.whl", "g.whl"]):
+        source = tmp_path / "cache" / name
+        source.parent.mkdir(exist_ok=True)
+        source.write_bytes(bytes([index]) * 100)
+        sources.append(source)
+    incoming = tmp_path / "store" / ".incoming"
+    incoming.mkdir(parents=True)
+    assert upload_all(local_host(), [(s, str(incoming / s.name)) for s in sources], batch=2)
+    assert {p.name: p.read_bytes() for p in incoming.iterdir()} == {
+        s.name: s.read_bytes() for s in sources}
+    assert not Path("F").exists() and not (tmp_path / "F").exists()
+    # A batch that fails stops there: the next batch is not tried.
+    gone = [(tmp_path / "no-such.whl", str(incoming / "x.whl")),
+            (sources[0], str(incoming / "y.whl")), (sources[1], str(incoming / "z.whl"))]
+    assert not upload_all(local_host(), gone, batch=2)
+    assert not (incoming / "z.whl").exists()

@@ -146,6 +146,12 @@ class ContainerConnector(BaseConnector, abc.ABC):
     def make_pull_command(self, container_source: str, host_dest: str) -> StringCommand:
         """The host-side command that copies ``container_source`` to host file ``host_dest``."""
 
+    def make_rootfs_command(self) -> StringCommand | None:
+        """The host-side command that prints ``lxc.rootfs.path = [dir:]<folder>``: where the
+        container's root filesystem is a folder of the host (LXC's ``dir`` backend). None where
+        the tool has no such answer (the layer is then copied out through the exec tool)."""
+        return None
+
     @abc.abstractmethod
     def make_status_command(self) -> StringCommand:
         """The host-side command that prints the container's state."""

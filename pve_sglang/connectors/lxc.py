@@ -150,6 +150,10 @@ class LxcConnector(ContainerConnector):
         )
 
     @override
+    def make_rootfs_command(self) -> StringCommand | None:
+        return StringCommand("lxc-info", *self._lxc_args(), "-c", "lxc.rootfs.path")
+
+    @override
     def make_status_command(self) -> StringCommand:
         # 2>&1: "NAME doesn't exist" comes on stderr with exit status 1
         return StringCommand("lxc-info", *self._lxc_args(), "-s", "2>&1")

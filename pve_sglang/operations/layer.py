@@ -27,6 +27,8 @@ VENV_OWNED = ("sglang",)
 #: Where the building container installs the layer before its host copies it into the store.
 STAGING = "/var/tmp/pve-sglang-layer"
 PTH = "pve-sglang-layer.pth"
+#: What ``copy_command`` prints where it renamed the staging instead of copying it.
+RENAMED = "renamed"
 
 # One build per container host, store and lock in a run (per pyinfra State, across its
 # hosts): the other containers wait, then find it there.
@@ -187,6 +189,8 @@ def _build(state, host, uv: str, python: str, store: str, lock: Lock,
             logger.error(f"{host.name}: shared layer: the copy into {store} failed: "
                          f"{output.stderr or output.stdout}")
             return False
+        how = "renamed" if RENAMED in output.stdout_lines else "copied"
+        logger.info(f"{host.name}: the shared layer of lock {lock.id} {how} into {store}")
         built.add(lock.id)
         return host.run_shell_command(
             StringCommand("rm -rf", QuoteString(STAGING), QuoteString(requirements)))[0]
@@ -209,28 +213,59 @@ def copy_command(connector: ContainerConnector, store: str, lock: Lock,
                  staging: str = STAGING) -> StringCommand:
     """The host-side command that moves STAGING out of the container into the store as
     the layer of LOCK: into a folder of its own, owned by the host's root, moved into place
-    whole, then the marker; the container's staging goes as it is copied. A cut copy leaves
-    no marker: the next run builds it again."""
+    whole, then the marker. A cut copy leaves no marker: the next run builds it again.
+
+    Renamed into the store where ``rename_command`` can (no 10 GB copy); else ``tar`` copies
+    it out through the exec tool, the container giving back each file once it is in the
+    pipe, so the copy needs the layer's size once, not twice (staging and store: 10 GB each
+    for a 0.5.23 set)."""
     base = store.rstrip("/")
     incoming = QuoteString(f"{base}/.incoming-layer-{lock.id}")
     status = QuoteString(f"{base}/.incoming-layer-{lock.id}.status")
     layers = QuoteString(f"{base}/layers")
     final = QuoteString(path(store, lock))
     done = QuoteString(marker(store, lock))
-    # --remove-files: the container gives back each file once it is in the pipe, so the copy
-    # needs the layer's size once, not twice (staging and store: 10 GB each for a 0.5.23 set).
-    # A cut copy leaves a partial staging and no marker: the next run installs it again.
     archive = connector.make_exec_command(
         StringCommand("tar -C", QuoteString(staging), "--remove-files -cf - ."))
+    # sh has no pipefail: the archive's status goes through a file.
+    moved = StringCommand(
+        "mkdir", incoming, "&& {", archive, "; echo $? >", status, "; } | tar -C", incoming,
+        "-xf - --no-same-owner && [ \"$(cat", status, ")\" = 0 ] && rm -f", status)
+    renamed = rename_command(connector, staging, incoming, layers)
+    if renamed is not None:
+        moved = StringCommand("{", renamed, "; else", moved, "; fi; }")
     return StringCommand(
-        "rm -rf", incoming, "&& mkdir -p", incoming, layers, "&& chmod 755", layers,
-        # sh has no pipefail: the archive's status goes through a file.
-        "&& {", archive, "; echo $? >", status, "; } | tar -C", incoming, "-xf - --no-same-owner",
-        "&& [ \"$(cat", status, ")\" = 0 ] && rm -f", status,
+        "rm -rf", incoming, "&& mkdir -p", layers, "&& chmod 755", layers, "&&", moved,
         # 755/644: an unprivileged container's root (an unmapped uid) reads it, nobody writes.
         "&& chmod -R u+rwX,go+rX,go-w", incoming, "&& rm -rf", final, "&& mv", incoming, final,
         "&& touch", done, "&& chmod 644", done,
     )
+
+
+def rename_command(connector: ContainerConnector, staging: str, incoming: QuoteString,
+                   layers: QuoteString) -> StringCommand | None:
+    """The host-side ``...; if <it can>; then <rename STAGING to INCOMING, root's>`` (the
+    caller adds ``else``), or None where the connector cannot tell the container's root on
+    the host. It can where that root is a folder of the host on the mount of LAYERS (LXC's
+    ``dir`` backend, ``make_rootfs_command``), STAGING is reached there without a symlink (the
+    container's root could point one anywhere on the host), and it is the very folder the
+    container sees (not one a mount inside the container hides)."""
+    rootfs = connector.make_rootfs_command()
+    if rootfs is None:
+        return None
+    inner = QuoteString(staging)
+    found = StringCommand(
+        "root=$(", rootfs, "2>/dev/null | sed -n",
+        QuoteString("s/^lxc\\.rootfs\\.path = \\(dir:\\)\\{0,1\\}\\(\\/.*\\)$/\\2/p"), ")")
+    inside = connector.make_exec_command(StringCommand("stat -c %d:%i --", inner))
+    # "$root"STAGING: the staging as the host sees it (one word, no space between).
+    source = StringCommand('"$root"', inner, _separator="")
+    real = StringCommand('"$(realpath -e -- "$root" 2>/dev/null)"', inner, _separator="")
+    return StringCommand(
+        found, "; if [ -n \"$root\" ] && [ \"$(realpath -e --", source, "2>/dev/null)\" =", real,
+        "] && [ \"$(stat -c %m --", source, ")\" = \"$(stat -c %m --", layers, ")\" ]",
+        "&& [ \"$(stat -c %d:%i --", source, ")\" = \"$(", inside, ")\" ]; then mv -T --",
+        source, incoming, "&& chown -R -h 0:0", incoming, "&& echo", RENAMED)
 
 
 def pth_text(store: str, lock: Lock) -> str:
