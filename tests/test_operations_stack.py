@@ -335,9 +335,9 @@ def test_venv_created_once():
 
 @pytest.mark.parametrize("uv, expected", [
     ("uv 0.13.8", []),
-    ("uv 0.9.0", ["[ -x /opt/sglang/tools/bin/pip ] || python3 -m venv /opt/sglang/tools",
+    ("uv 0.9.0", ["[ -x /opt/sglang/tools/bin/pip ] || python3 -m venv /opt/sglang/tools || python3 -m venv /opt/sglang/tools",
                   "/opt/sglang/tools/bin/pip install uv==0.13.8"]),
-    ("", ["[ -x /opt/sglang/tools/bin/pip ] || python3 -m venv /opt/sglang/tools",
+    ("", ["[ -x /opt/sglang/tools/bin/pip ] || python3 -m venv /opt/sglang/tools || python3 -m venv /opt/sglang/tools",
           "/opt/sglang/tools/bin/pip install uv==0.13.8"]),
 ])
 def test_tools_venv_reads_uv_version_once(uv, expected):

@@ -20,6 +20,7 @@ from pve_sglang.connectors.container import ContainerConnector
 from pve_sglang.stack.lock import Lock
 from pve_sglang.operations import container_reads, paths, venv
 from pve_sglang.runtime.cache import Kind
+from pve_sglang.runtime.pyinfra_private import joined
 from pve_sglang.stack.store_retention import LOCKS
 
 #: What the container's venv holds itself: the autotune patch writes into sglang.
@@ -259,8 +260,8 @@ def rename_command(connector: ContainerConnector, staging: str, incoming: QuoteS
         QuoteString("s/^lxc\\.rootfs\\.path = \\(dir:\\)\\{0,1\\}\\(\\/.*\\)$/\\2/p"), ")")
     inside = connector.make_exec_command(StringCommand("stat -c %d:%i --", inner))
     # "$root"STAGING: the staging as the host sees it (one word, no space between).
-    source = StringCommand('"$root"', inner, _separator="")
-    real = StringCommand('"$(realpath -e -- "$root" 2>/dev/null)"', inner, _separator="")
+    source = joined('"$root"', inner)
+    real = joined('"$(realpath -e -- "$root" 2>/dev/null)"', inner)
     return StringCommand(
         found, "; if [ -n \"$root\" ] && [ \"$(realpath -e --", source, "2>/dev/null)\" =", real,
         "] && [ \"$(stat -c %m --", source, ")\" = \"$(stat -c %m --", layers, ")\" ]",
