@@ -33,10 +33,10 @@ from pve_sglang.project import ROOT
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 #: Free disk a proof of a 0.5.23-sized set needs at its peak, in bytes. Measured (``DiskPeak``,
 #: docs/releases.md): 12.1 GB of the filesystem's free space at the end of the layer's copy:
-#: the layer (10.7 GB: uv's scratch cache is hardlinked to its staging, and the staging's files
-#: go as the host copies them into the store), the container (0.5 GB), the store's wheels
-#: linked from this machine's cache (``operations.wheels.upload``: 4.3 GB copied before); with
-#: a margin for the rest of the machine meanwhile.
+#: the layer (10.7 GB: uv's scratch cache is hardlinked to its staging, which the host renames
+#: into the store: ``layer.copy_command``), the container (0.5 GB), the store's wheels linked
+#: from this machine's cache (``operations.wheels.local_copy``: 4.3 GB copied before); with a
+#: margin for the rest of the machine meanwhile.
 PEAK_BYTES = 15 * 10**9
 
 

@@ -25,7 +25,7 @@ from pve_sglang.stack.store_retention import LOCKS
 
 #: What the container's venv holds itself: the autotune patch writes into sglang.
 VENV_OWNED = ("sglang",)
-#: Where the building container installs the layer before its host copies it into the store.
+#: Where the building container installs the layer before its host moves it into the store.
 STAGING = "/var/tmp/pve-sglang-layer"
 PTH = "pve-sglang-layer.pth"
 #: What ``copy_command`` prints where it renamed the staging instead of copying it.
@@ -106,9 +106,10 @@ def shared(uv: str, python: str, tools: str, pth: str, store: str, lock: Lock,
     host. Built at execution by the first container that gets here (the others of the run wait,
     then find it): uv installs it offline from STORE, hashes checked and bytecode compiled, into
     ``STAGING`` in this container (uv's cache beside it, removed after); the host moves it
-    with ``tar`` into the store as its own (root-owned, not writable by a container; the
-    staging's files go as they are copied), moves it into place whole, and writes the
-    marker. A converged run reads the marker with the container's watched paths. A layer whose
+    into the store as its own (root-owned, not writable by a container; renamed where the
+    container's root is a host folder on the store's mount, else copied with ``tar``, the
+    staging's files going as they are copied: ``copy_command``), moves it into place whole,
+    and writes the marker. A converged run reads the marker with the container's watched paths. A layer whose
     packages the venv reading it no longer finds as locked (``damaged``) is built again, once
     per run for all the host's containers.
 
@@ -190,7 +191,7 @@ def _build(state, host, uv: str, python: str, store: str, lock: Lock,
             logger.error(f"{host.name}: shared layer: the copy into {store} failed: "
                          f"{output.stderr or output.stdout}")
             return False
-        how = "renamed" if RENAMED in output.stdout_lines else "copied"
+        how = RENAMED if RENAMED in output.stdout_lines else "copied"
         logger.info(f"{host.name}: the shared layer of lock {lock.id} {how} into {store}")
         built.add(lock.id)
         return host.run_shell_command(

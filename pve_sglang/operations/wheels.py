@@ -74,8 +74,8 @@ def upload_all(host, pairs: list[tuple[Path, str]], batch: int = 50) -> bool:
         return all(upload(host, source, dest) for source, dest in pairs)
     for start in range(0, len(pairs), batch):
         commands = [local_copy(source, dest) for source, dest in pairs[start:start + batch]]
-        joined = [bit for command in commands for bit in ("&&", command)][1:]
-        if not host.run_shell_command(StringCommand(*joined))[0]:
+        chained = [bit for command in commands for bit in ("&&", command)][1:]
+        if not host.run_shell_command(StringCommand(*chained))[0]:
             return False
     return True
 
