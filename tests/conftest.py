@@ -24,6 +24,10 @@ LXC test environment (see devtools/lxc_env.py), all needing root, lxc, debootstr
   (``lxc.cgroup2.*`` rules apply); ``unprivileged=True`` maps its ids to 100000+;
   ``network="bridge"`` puts it on LXC's NAT bridge at an address of its own (to download, or
   to be reached from this machine). Every container has a network namespace of its own.
++ ``deployed_copy`` (session): ``copy(name) -> Deploy``: a new container NAME in the
+  state ``test_deploy_lxc``'s ``Deploy`` deploys, a copy of one container deployed once per
+  run (tests/provisioned.py), for a module that needs a deployed container but does
+  not test the first deploy; the module calls its ``destroy()``.
 + ``deploy_namesakes`` (module): running containers with the names and LXC path that
   ``make deploy`` without a hosts file gives its containers (``pve-sglang-demo`` under
   /var/lib/lxc), for tests that must hold beside them.
@@ -61,6 +65,7 @@ import pytest
 from devtools import lxc_env as lxc_env_module
 from pve_sglang.hosts_file import EMBEDDED_HOSTS_FILE, build_groups, read_hosts_file
 
+import provisioned
 import wheels
 from cache_dir import TEST_CACHE, building, bytecode
 
@@ -178,8 +183,11 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """The whole run's module times, for the next run's order (not a worker's part, nor a
-    run of a few files: those would forget the other modules)."""
+    """The provisioned template destroyed once every worker is done with its copies; the
+    whole run's module times, for the next run's order (not a worker's part, nor a run of a
+    few files: those would forget the other modules)."""
+    if not hasattr(session.config, "workerinput"):
+        provisioned.destroy_templates(provisioned.run_folder(session.config._tmp_path_factory))
     if hasattr(session.config, "workerinput") or session.config.args != ["tests"] \
             and session.config.args:
         return
@@ -283,6 +291,13 @@ def lxc_container_factory(lxc_env):
     yield make
     for container in made:
         container.destroy()
+
+
+@pytest.fixture(scope="session")
+def deployed_copy(tmp_path_factory, lxc_host, sglang_wheel, pypi_wheel):
+    """``copy(name) -> Deploy``: a container NAME deployed as ``Deploy`` deploys one, taken
+    from the run's template (tests/provisioned.py); the caller destroys it."""
+    return lambda name: provisioned.deployed_copy(tmp_path_factory, name, sglang_wheel, pypi_wheel)
 
 
 def embedded_default_containers() -> list[tuple[Path, str]]:

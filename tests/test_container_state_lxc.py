@@ -1,7 +1,8 @@
 """The container's one read (``ContainerState``) on a real LXC container: a converged run reads
 the container once, and each drift the separate reads caught is still caught by the next run.
 
-One container, deployed as ``test_deploy_lxc`` deploys it. Then, all at once: a base Debian
+One container, deployed as ``test_deploy_lxc`` deploys it (a copy of the run's deployed
+template: tests/provisioned.py). Then, all at once: a base Debian
 package marked not installed, uv replaced by another release, sglang's installed version
 changed, the unit enabled (it must stay disabled without a GPU), the hostname changed, the env
 file's mode opened. A ``--dry`` plan must name the operation that fixes each; a real run fixes
@@ -26,10 +27,8 @@ ENV = "/etc/sglang/sglang.env"
 
 
 @pytest.fixture(scope="module")
-def deploy(tmp_path_factory, lxc_host, sglang_wheel, pypi_wheel):
-    deploy = Deploy(tmp_path_factory.mktemp("state"), sglang_wheel, pypi_wheel, name=NAME)
-    results, _ = deploy.run()
-    assert failed(results) == []
+def deploy(deployed_copy):
+    deploy = deployed_copy(NAME)
     yield deploy
     deploy.destroy()
 

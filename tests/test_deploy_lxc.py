@@ -41,15 +41,19 @@ PIP_CONF = f"[global]\nno-index = true\nfind-links = {PIP_WHEELS}\n"
 
 class Deploy:
     """A hosts file for one local LXC container, and the pyinfra CLI run against it.
-    SGLANG_WHEEL and PYPI_WHEEL: the fixtures of those names (tests/conftest.py)."""
+    SGLANG_WHEEL and PYPI_WHEEL: the fixtures of those names (tests/conftest.py). FILES_OF:
+    the root of another Deploy whose wheel folders this one mounts instead of its own (a
+    snapshot of its container names them in its mount lines: tests/provisioned.py)."""
 
-    def __init__(self, root: Path, sglang_wheel, pypi_wheel, name: str = NAME):
+    def __init__(self, root: Path, sglang_wheel, pypi_wheel, name: str = NAME,
+                 files_of: Path | None = None):
         self.root = root
         self.name = name
         self.lxc_path = root / "lxc"
-        self.wheelhouse = root / "wheelhouse"
-        self.pip_wheels = root / "pip-wheels"
-        self.pip_conf = root / "pip.conf"
+        files = files_of or root
+        self.wheelhouse = files / "wheelhouse"
+        self.pip_wheels = files / "pip-wheels"
+        self.pip_conf = files / "pip.conf"
         self.lxc_path.mkdir(parents=True)
         # The unprivileged container's root (host uid 100000) walks down to its rootfs:
         # pytest's own folders are 0700.
@@ -61,11 +65,12 @@ class Deploy:
         bridge = lxc_env.bridge_interface()
         self.address, self._address_lock = lxc_env.reserve_address(bridge)
         self.gateway = bridge.ip
-        self.wheelhouse.mkdir()
-        shutil.copy(sglang_wheel("0.5.9"), self.wheelhouse)
-        self.pip_wheels.mkdir()
-        shutil.copy(pypi_wheel("uv", load_defaults()["uv_version"]), self.pip_wheels)
-        self.pip_conf.write_text(PIP_CONF)
+        if files_of is None:
+            self.wheelhouse.mkdir()
+            shutil.copy(sglang_wheel("0.5.9"), self.wheelhouse)
+            self.pip_wheels.mkdir()
+            shutil.copy(pypi_wheel("uv", load_defaults()["uv_version"]), self.pip_wheels)
+            self.pip_conf.write_text(PIP_CONF)
         self.container: dict = {
             "name": name,
             # The wheelhouse's release: the one whose autotune patch these tests watch (the

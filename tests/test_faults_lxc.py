@@ -212,12 +212,10 @@ def new_deploy(tmp_path_factory, lxc_host, sglang_wheel, pypi_wheel):
 
 
 @pytest.fixture(scope="module")
-def reference(new_deploy):
-    """A container deployed once, never killed: the state a killed deploy must end in."""
-    deploy = new_deploy("pvs-f-ref")
-    started = time.monotonic()
-    deploy.run()
-    log(f"reference deploy (never killed): {time.monotonic() - started:.1f}s")
+def reference(deployed_copy):
+    """A container deployed once, never killed (a copy of the run's deployed template):
+    the state a killed deploy must end in."""
+    deploy = deployed_copy("pvs-f-ref")
     yield deploy
     deploy.destroy()
 
@@ -302,10 +300,9 @@ exec /usr/bin/systemctl "$@"
 
 
 @pytest.fixture(scope="module")
-def serving(new_deploy):
+def serving(deployed_copy):
     """A deployed container whose server runs (a drop-in replaces only ExecStart: no GPU)."""
-    deploy = new_deploy("pvs-f-unit")
-    deploy.run()
+    deploy = deployed_copy("pvs-f-unit")
     deploy.attach(f"mkdir -p /etc/systemd/system/{SERVICE}.d && printf '%s' '{NO_GPU_DROPIN}' > "
                   f"/etc/systemd/system/{SERVICE}.d/no-gpu.conf && systemctl daemon-reload && "
                   f"systemctl start {SERVICE}")
