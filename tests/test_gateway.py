@@ -290,3 +290,53 @@ def test_the_benchmark_through_the_gateway_targets_it_from_the_first_worker():
 def test_the_benchmark_through_a_loopback_gateway_is_refused():
     with pytest.raises(SettingsError, match="gateway_bench runs the benchmark from the first"):
         gateway(gateway_bench=True)
+
+
+@pytest.mark.parametrize("state, urls", [
+    ('{"registered": ["http://a:1"]}', ["http://a:1"]),
+    # Written by an older deploy: a plain list.
+    ('["http://a:1", "http://b:2"]', ["http://a:1", "http://b:2"]),
+    ('{"registered": ["http://a:1", 5]}', ["http://a:1"]),
+    ('"nonsense"', []),
+    (None, []),
+])
+def test_the_worker_scripts_state_is_read_old_and_new(tmp_path, state, urls):
+    from pve_sglang.remote import gateway_workers
+
+    path = tmp_path / "state.json"
+    if state is not None:
+        path.write_text(state)
+    assert gateway_workers.read_state(str(path)) == urls
+
+
+def test_the_registered_keys_are_a_link_that_a_new_keys_file_leaves_behind(tmp_path):
+    """The keys the workers hold are the old file itself (a hard link, no copy): a new file
+    renamed into place by the deploy is not current, and the old keys stay readable beside it
+    until the sync links the new one."""
+    from pve_sglang.remote import gateway_workers as gw
+
+    keys = tmp_path / "keys.env"
+    assert not gw.keys_current(str(keys)) and gw.read_keys(str(keys)) == ({}, None)
+    keys.write_text('SMG_WORKER_KEY_0="sk-first"\n')
+    values, which = gw.read_keys(str(keys))
+    assert values == {"SMG_WORKER_KEY_0": "sk-first"} and not gw.keys_current(str(keys))
+    gw.link_registered(str(keys), which)
+    link = Path(gw.registered_keys_path(str(keys)))
+    assert gw.keys_current(str(keys)) and link.stat().st_nlink == 2
+    new = tmp_path / "keys.new"
+    new.write_text('SMG_WORKER_KEY_0="sk-other"\n')
+    new.rename(keys)
+    assert not gw.keys_current(str(keys))
+    assert gw.read_keys(str(link))[0] == {"SMG_WORKER_KEY_0": "sk-first"}
+    # A file renamed in after the read is not linked: the next sync compares it.
+    third = tmp_path / "keys.third"
+    third.write_text('SMG_WORKER_KEY_0="sk-third"\n')
+    third.rename(keys)
+    gw.link_registered(str(keys), which)
+    assert not gw.keys_current(str(keys))
+    gw.link_registered(str(keys), gw.read_keys(str(keys))[1])
+    assert gw.keys_current(str(keys)) and not Path(str(link) + ".tmp").exists()
+    worker = {"url": "http://a:1", "key_env": "SMG_WORKER_KEY_0"}
+    assert gw.worker_spec(worker, gw.read_keys(str(keys))[0]) == {
+        "url": "http://a:1", "api_key": "sk-third"}
+    assert gw.worker_spec({"url": "http://b:2", "key_env": None}, {}) == {"url": "http://b:2"}

@@ -8,7 +8,9 @@ In order, on one gateway: the first deploy installs and registers; a re-run chan
 requests spread over the workers; a shared prefix sticks to one worker (cache_aware); a worker
 added is registered without restarting the gateway or the other servers; a worker killed is
 marked by the gateway while requests keep being served, and the deploy fails naming it; a worker
-dropped from the inventory is removed through the worker API; then a re-run changes nothing.
+dropped from the inventory is removed through the worker API; then a re-run changes nothing; a
+worker's key rotated (its server restarted with a new one) is registered again with it, in
+place, without a gateway restart.
 """
 
 from __future__ import annotations
@@ -56,20 +58,24 @@ class Site:
     def url(self, port: int) -> str:
         return f"http://{self.address}:{port}"
 
-    def start_standin(self, port: int) -> None:
+    def start_standin(self, port: int, key: str = KEY) -> None:
         self.servers.attach(
-            f"systemd-run --unit standin-{port} --setenv=SGLANG_API_KEY={KEY} /usr/bin/python3 "
+            f"systemd-run --unit standin-{port} --setenv=SGLANG_API_KEY={key} /usr/bin/python3 "
             f"{STANDIN}/standin_sglang.py --logs {STANDIN}/logs --port {port} --host 0.0.0.0 "
             f"--event-file /run/standin-{port} --pause-scale 0.01 --enable-metrics")
 
     def standin_pid(self, port: int) -> str:
         return self.servers.attach(f"systemctl show -p MainPID --value standin-{port}").stdout.strip()
 
-    def deploy(self, ports: tuple[int, ...]) -> tuple[subprocess.CompletedProcess, dict | None]:
+    def deploy(self, ports: tuple[int, ...], keys: dict[int, str] | None = None,
+               **settings) -> tuple[subprocess.CompletedProcess, dict | None]:
+        """The gateway deploy with workers PORTS, each with its key in KEYS (else KEY), and
+        SETTINGS over the module's."""
         workers = [{"name": f"@lxc/standin-{p}", "url": self.url(p), "has_key": True} for p in ports]
         inventory = self.folder / "inventory.py"
-        data = {**self.gateway.host_data(), "settings": SETTINGS, "gateway_worker_list": workers,
-                "worker_keys": [KEY] * len(ports)}
+        data = {**self.gateway.host_data(), "settings": {**SETTINGS, **settings},
+                "gateway_worker_list": workers,
+                "worker_keys": [(keys or {}).get(p, KEY) for p in ports]}
         inventory.write_text(f"gateways = [({self.gateway.inventory_name!r}, {data!r})]\n")
         done = subprocess.run([str(PYINFRA), str(inventory), "tests/deploys/gateway.py", "-y",
                                "--json"], cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -79,9 +85,9 @@ class Site:
             results = None
         return done, results
 
-    def client(self, *args: str) -> dict:
-        done = self.gateway.attach(f"API_KEY={KEY} python3 {CLIENT} " + " ".join(args),
-                                   timeout=300)
+    def client(self, *args: str, key: str | None = KEY) -> dict:
+        done = self.gateway.attach((f"API_KEY={key} " if key else "") + f"python3 {CLIENT} "
+                                   + " ".join(args), timeout=300)
         return json.loads(done.stdout)
 
     def counts(self, ports) -> dict[int, int]:
@@ -232,4 +238,38 @@ def test_a_worker_dropped_from_the_inventory_is_removed_and_then_nothing_changes
     assert {w["url"] for w in site.gateway_listing()} == {site.url(p) for p in PORTS[:2]}
     assert site.gateway_pid() == gateway_pid
     done, results = site.deploy(PORTS[:2])
+    assert done.returncode == 0 and results and changed(results) == [], done.stderr[-4000:]
+
+
+def test_a_rotated_worker_key_is_registered_again_without_a_restart(site, first):
+    """Without a gateway key (smg then sends each worker its own: ``key_problem``), the server of
+    one worker restarts with a new key, and the inventory says so: the deploy registers that
+    worker again with the new key, and requests through the gateway reach it again. Before, the
+    gateway kept the old key: the worker answered 401 to every request routed to it, and no run
+    mended it."""
+    done, results = site.deploy(PORTS[:2], gateway_api_key=None)
+    assert done.returncode == 0 and results and not failed(results), done.stderr[-4000:]
+    rotated = "sk-gateway-rotated-Q8"
+    site.servers.attach(f"systemctl stop standin-{PORTS[0]}")
+    site.start_standin(PORTS[0], rotated)
+    gateway_pid, other = site.gateway_pid(), site.standin_pid(PORTS[1])
+    done, results = site.deploy(PORTS[:2], {PORTS[0]: rotated}, gateway_api_key=None)
+    assert done.returncode == 0 and results and not failed(results), done.stderr[-4000:]
+    names = changed(results)
+    assert any("Workers' keys" in n for n in names) and any("lists its 2 workers" in n
+                                                            for n in names), names
+    assert site.gateway_pid() == gateway_pid and site.standin_pid(PORTS[1]) == other
+    assert rotated not in done.stdout + done.stderr
+    deadline = time.monotonic() + 20
+    while {w["url"]: w["is_healthy"] for w in site.gateway_listing()} != {
+            site.url(p): True for p in PORTS[:2]}:
+        assert time.monotonic() < deadline, site.gateway_listing()
+        time.sleep(0.2)
+    before = site.counts(PORTS[:2])
+    answer = site.client("requests", "--url", f"http://127.0.0.1:{GATEWAY_PORT}", "--count", "40",
+                         "--concurrency", "8", key=None)
+    after = site.counts(PORTS[:2])
+    assert answer["codes"] == {"200": 40}, answer["codes"]
+    assert all(after[p] > before[p] for p in PORTS[:2]), (before, after)
+    done, results = site.deploy(PORTS[:2], {PORTS[0]: rotated}, gateway_api_key=None)
     assert done.returncode == 0 and results and changed(results) == [], done.stderr[-4000:]

@@ -320,7 +320,7 @@ def _gateway_responses(workers: list[dict]) -> dict:
     return {
         "gateway_workers.py status": json.dumps({
             "workers": [{"url": w["url"], "is_healthy": True, "status": "ready"} for w in workers],
-            "registered": [w["url"] for w in workers]}),
+            "registered": [w["url"] for w in workers], "keys_current": True}),
         "import importlib.metadata as m, json": json.dumps({**lock.packages, "pip": "23.0.1"}),
         UnitState().command("smg.service").get_raw_value():
             "ActiveState=active\nUnitFileState=enabled\n"

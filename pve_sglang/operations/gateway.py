@@ -79,10 +79,13 @@ def smg_venv(venv: str, lock_file: str, lock: Lock, args: list[str]):
 @operation()
 def workers_registered(status_argv: list[str], sync_argv: list[str], workers: list[Worker]):
     """
-    The gateway lists every worker of WORKERS (smg's ``GET /workers``); when one is missing,
-    or one the deploy registered before is no longer wanted, the worker script syncs the list
-    through the worker API (``POST /workers``, ``DELETE /workers/{id}``): no restart, the
-    requests in flight on the other workers go on. A gateway that lists them all costs one read.
+    The gateway lists every worker of WORKERS (smg's ``GET /workers``), registered with the
+    workers' keys file as it is; when one is missing, one the deploy registered before is no
+    longer wanted, or a key changed since they were registered, the worker script syncs the list
+    through the worker API (``POST /workers``, ``DELETE /workers/{id}``; a worker whose key
+    changed is deleted and posted again with it, one at a time): no restart, the requests in
+    flight on the other workers go on. A gateway that lists them all with their keys current
+    costs one read.
 
     + status_argv: ``remote/gateway_workers.py status`` (``render.sync_argv(gs, "status")``)
     + sync_argv: its ``sync`` command line (``render.sync_argv(gs)``)
@@ -110,7 +113,7 @@ def workers_registered(status_argv: list[str], sync_argv: list[str], workers: li
         # A worker the deploy registered and no longer wants is in the script's state: the
         # sync removes it; one listed by someone else stays.
         registered = {str(url) for url in answer.get("registered") or ()}
-        if wanted <= urls and not (urls - wanted) & registered:
+        if wanted <= urls and not (urls - wanted) & registered and answer.get("keys_current"):
             host.noop(f"the gateway lists its {len(workers)} workers")
             return
     yield StringCommand(*(QuoteString(arg) for arg in sync_argv))

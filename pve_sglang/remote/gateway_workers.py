@@ -13,11 +13,22 @@ gateway's own key (``SGLANG_API_KEY``), which its control API asks for too.
 gateway answers ``GET /workers``, registers each worker of WORKERS it does not list
 (``POST /workers``, the worker's key in the body), and removes (``DELETE /workers/{id}``) the
 workers STATE says it registered before that WORKERS no longer names: a worker someone else
-added is left alone. No restart: requests in flight on the other workers go on. It prints one
-JSON line, ``{"added": [...], "removed": [...], "listed": N}``.
+added is left alone. A worker whose key in KEYS is not the one it was registered with (a key
+rotated: the deploy renamed a new KEYS into place) is registered again with it, one at a time
+(``DELETE`` it, wait until it is gone, ``POST`` it, wait until it is listed: smg 1.13.0's
+``PUT /workers/{id}`` keeps the old key), the others serving meanwhile. No restart: requests
+in flight on the other workers go on. It prints one JSON line,
+``{"added": [...], "removed": [...], "rekeyed": [...], "listed": N}``.
+
+STATE (JSON, no secret): ``{"registered": [URLs]}`` (an older plain list of URLs is read too).
+The keys they were registered with: ``KEYS.registered``, a hard link to the KEYS file of the
+last sync (no copy: the same inode, root's, mode 0600, until the deploy renames a new KEYS
+into place; then it is the old file, which the next sync compares with the new one, and
+links again).
 
 ``status`` prints one JSON line: ``{"workers": [the gateway's answer, each worker's url,
-is_healthy, status], "registered": [the URLs STATE holds]}``; the deploy judges it.
+is_healthy, status], "registered": [the URLs STATE holds], "keys_current": whether the
+workers were registered with KEYS as it is (its link)}``; the deploy judges it.
 
 Exit codes: 0 done; 2 bad usage or files; 3 the gateway did not answer in time or refused.
 """
@@ -34,9 +45,9 @@ import urllib.parse
 import urllib.request
 
 try:  # uploaded beside this script (remote.COMPANIONS)
-    from remote_env import env_value
+    from remote_env import env_value, env_values
 except ImportError:  # imported as part of pve_sglang (the tests, the bench)
-    from pve_sglang.remote.remote_env import env_value
+    from pve_sglang.remote.remote_env import env_value, env_values
 
 GATEWAY_KEY = "SGLANG_API_KEY"
 
@@ -89,6 +100,16 @@ def wait_listed(gateway: str, key: str | None, timeout: float) -> list[dict]:
             time.sleep(0.5)
 
 
+def wait_until(gateway: str, key: str | None, done, timeout: float) -> None:
+    """Until DONE(the URLs the gateway lists) holds, for up to TIMEOUT seconds (smg adds and
+    removes workers in the background of the request)."""
+    deadline = time.monotonic() + timeout
+    while not done({norm(w["url"]) for w in listed(gateway, key)}):
+        if time.monotonic() >= deadline:
+            raise GatewayError(f"the worker list did not settle in {timeout:.0f}s")
+        time.sleep(0.25)
+
+
 def read_json(path: str, default: object) -> object:
     try:
         with open(path, encoding="utf-8") as handle:
@@ -110,34 +131,98 @@ def norm(url: str) -> str:
     return url.rstrip("/")
 
 
+def registered_keys_path(keys_file: str) -> str:
+    """The hard link to the keys file the listed workers were registered with."""
+    return keys_file + ".registered"
+
+
+def read_state(path: str) -> list[str]:
+    """The URLs this script registered (STATE, old or new form)."""
+    value = read_json(path, []) if path else []
+    urls = value.get("registered") if isinstance(value, dict) else value
+    return [u for u in urls if isinstance(u, str)] if isinstance(urls, list) else []
+
+
+def read_keys(path: str) -> tuple[dict[str, str], tuple[int, int] | None]:
+    """The keys in PATH and which file it is (device, inode), read from one open file; no file:
+    ``({}, None)``."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            found = os.fstat(handle.fileno())
+            return env_values(handle.read()), (found.st_dev, found.st_ino)
+    except FileNotFoundError:
+        return {}, None
+
+
+def keys_current(keys_file: str) -> bool:
+    """Whether the workers were registered with KEYS_FILE as it is (its link is the same file)."""
+    try:
+        return os.path.samefile(keys_file, registered_keys_path(keys_file))
+    except OSError:
+        return False
+
+
+def link_registered(keys_file: str, which: tuple[int, int] | None) -> None:
+    """Link KEYS_FILE as the one the workers hold, if it is still the file WHICH that was read
+    (one renamed into place meanwhile is compared by the next sync)."""
+    if which is None:
+        return
+    found = os.stat(keys_file)
+    if (found.st_dev, found.st_ino) != which:
+        return
+    tmp = registered_keys_path(keys_file) + ".tmp"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.link(keys_file, tmp)
+    os.replace(tmp, registered_keys_path(keys_file))
+
+
+def worker_spec(worker: dict, keys: dict[str, str]) -> dict:
+    """The body smg registers WORKER from: its URL and, where it has one, its key in KEYS."""
+    body = {"url": worker["url"]}
+    worker_key = keys.get(worker["key_env"]) if worker.get("key_env") else None
+    if worker_key:
+        body["api_key"] = worker_key
+    return body
+
+
+def worker_path(worker: dict) -> str:
+    return "/workers/" + urllib.parse.quote(worker["id"], safe="")
+
+
 def sync(gateway: str, workers: list[dict], env_file: str, keys_file: str, state_file: str,
          timeout: float) -> dict:
     """Register the missing workers, remove those this script registered that are gone."""
     key = env_value(env_file, GATEWAY_KEY)
+    keys, which = read_keys(keys_file)
+    # Without the link (a gateway registered by an older deploy) the keys they hold are not
+    # known: none is registered again for it.
+    held, known = read_keys(registered_keys_path(keys_file))
     now = wait_listed(gateway, key, timeout)
     present = {norm(w["url"]): w for w in now}
     wanted = {norm(w["url"]): w for w in workers}
-    ours = read_json(state_file, [])
-    ours = [u for u in ours if isinstance(u, str)] if isinstance(ours, list) else []
-    added, removed = [], []
+    ours = read_state(state_file)
+    added, removed, rekeyed = [], [], []
     for url, worker in wanted.items():
-        if url in present:
-            continue
-        body = {"url": worker["url"]}
-        worker_key = env_value(keys_file, worker["key_env"]) if worker.get("key_env") else None
-        if worker_key:
-            body["api_key"] = worker_key
-        call(gateway, "POST", "/workers", key, body)
-        added.append(url)
+        if url not in present:
+            call(gateway, "POST", "/workers", key, worker_spec(worker, keys))
+            added.append(url)
+        elif (url in ours and known and worker_spec(worker, held) != worker_spec(worker, keys)
+              and isinstance(present[url].get("id"), str)):
+            call(gateway, "DELETE", worker_path(present[url]), key)
+            wait_until(gateway, key, lambda urls, url=url: url not in urls, timeout)
+            call(gateway, "POST", "/workers", key, worker_spec(worker, keys))
+            wait_until(gateway, key, lambda urls, url=url: url in urls, timeout)
+            rekeyed.append(url)
     for url in ours:
         if url not in wanted and url in present and isinstance(present[url].get("id"), str):
-            call(gateway, "DELETE", "/workers/" + urllib.parse.quote(present[url]["id"], safe=""),
-                 key)
+            call(gateway, "DELETE", worker_path(present[url]), key)
             removed.append(url)
     tmp = state_file + ".tmp"
     with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(sorted(wanted), handle)
+        json.dump({"registered": sorted(wanted)}, handle)
     os.replace(tmp, state_file)
+    link_registered(keys_file, which)
     # Registration runs in the background of the gateway: wait until each added one is listed.
     deadline = time.monotonic() + timeout
     while added:
@@ -145,15 +230,15 @@ def sync(gateway: str, workers: list[dict], env_file: str, keys_file: str, state
         if all(url in urls for url in added) or time.monotonic() >= deadline:
             break
         time.sleep(0.25)
-    return {"added": added, "removed": removed, "listed": len(present) + len(added) - len(removed)}
+    return {"added": added, "removed": removed, "rekeyed": rekeyed,
+            "listed": len(present) + len(added) - len(removed)}
 
 
-def status(gateway: str, env_file: str, state_file: str) -> dict:
+def status(gateway: str, env_file: str, keys_file: str, state_file: str) -> dict:
     key = env_value(env_file, GATEWAY_KEY)
-    ours = read_json(state_file, []) if state_file else []
     return {"workers": [{"url": w["url"], "is_healthy": w.get("is_healthy"),
                          "status": w.get("status")} for w in listed(gateway, key)],
-            "registered": [u for u in ours if isinstance(u, str)] if isinstance(ours, list) else []}
+            "registered": read_state(state_file), "keys_current": keys_current(keys_file)}
 
 
 def main(argv: list[str]) -> int:
@@ -174,7 +259,7 @@ def main(argv: list[str]) -> int:
             result = sync(args.gateway, workers, args.env_file, args.keys_file, args.state,
                           args.timeout)
         else:
-            result = status(args.gateway, args.env_file, args.state)
+            result = status(args.gateway, args.env_file, args.keys_file, args.state)
     except ValueError as error:
         print(json.dumps({"error": str(error)}))
         return 2

@@ -10,6 +10,20 @@ from __future__ import annotations
 import re
 
 
+def env_values(text: str) -> dict[str, str]:
+    """Each ``NAME="value"`` of an EnvironmentFile's TEXT (``\\`` escapes undone; the first of
+    a name that stands twice)."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep:
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = re.sub(r"\\(.)", r"\1", value[1:-1])
+            values.setdefault(key, value)
+    return values
+
+
 def env_value(env_file: str | None, name: str) -> str | None:
     """NAME's value in a systemd EnvironmentFile written by the deploy (``NAME="value"``, with
     ``\\`` escapes), or None."""
@@ -17,14 +31,6 @@ def env_value(env_file: str | None, name: str) -> str | None:
         return None
     try:
         with open(env_file, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
+            return env_values(handle.read()).get(name) or None
     except OSError:
         return None
-    for line in lines:
-        key, sep, value = line.strip().partition("=")
-        if sep and key == name:
-            value = value.strip()
-            if len(value) >= 2 and value[0] == value[-1] == '"':
-                value = re.sub(r"\\(.)", r"\1", value[1:-1])
-            return value or None
-    return None
