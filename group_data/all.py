@@ -285,7 +285,8 @@ gateway_remove_unhealthy = False
 # its 0600 env file. smg passes a client's key on to the worker, so it must be the workers'
 # api_key; null: no key asked, and the gateway sends each worker its own (keep gateway_host local).
 gateway_api_key = None
-# Folder in the gateway's container holding the lock's wheels (installed offline); null: the index.
+# Folder in the gateway's container holding the lock's wheels (installed offline); null: the
+# host's wheel store where its container mounts one (filled by the host phase), else the index.
 gateway_wheelhouse = None
 # Package index the gateway's wheels come from; null: pip's default.
 gateway_pip_index_url = None

@@ -1,7 +1,8 @@
 """Phase 4, in each gateway's container: SGLang's model gateway (smg) in front of the serving
 containers, after they were verified.
 
-smg from its hashed lock; its unit (settings only), its env file (the clients' key, 0600), the
+smg from its hashed lock (from the host's wheel store, offline, where its container mounts
+one: the host phase filled it, as for a serving set); its unit (settings only), its env file (the clients' key, 0600), the
 workers' keys (0600, read by the worker script alone) and its worker list; the unit started, and
 restarted only when its unit, env file, venv or launcher changed; the worker list kept through
 smg's worker API (a changed list restarts nothing); then each worker's health as the gateway
@@ -17,18 +18,19 @@ from pyinfra.api import deploy
 from pyinfra.context import state
 
 from pve_sglang import remote
-from pve_sglang.config.gateway import GatewaySettings, smg_lock_path
+from pve_sglang.config.gateway import GatewaySettings, gateway_lock, gateway_store
 from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
 from pve_sglang.gateway import render
 from pve_sglang.gateway.workers import Worker, gateway_address, key_problem
-from pve_sglang.operations import apt, gateway, paths, systemd_unit, verify
+from pve_sglang.operations import apt, gateway, paths, store, systemd_unit, verify
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.server.bench import bench_levels, bench_runs
 from pve_sglang.server.bench_history import run_meta
 from pve_sglang.server.command import env_file_path, venv_python
-from pve_sglang.stack.lock import parse
+from pve_sglang.stack.store_retention import user_path
 from tasks.common import run_when_container_exists, upload_script
+from tasks.container import store_user_key
 
 BASE_PACKAGES = ["ca-certificates", "python3", "python3-venv"]
 
@@ -47,8 +49,9 @@ def gateway_phase() -> None:
                           {w.name: k for w, k in zip(workers, keys)})
     if problem:
         raise PreflightError(problem)
-    run_when_container_exists(lambda: gateway_steps(gs, workers, keys), "gateway",
-                              lambda: planned_steps(gs, workers))
+    wheels = gateway_store(host_settings(ContainerSettings), gs)
+    run_when_container_exists(lambda: gateway_steps(gs, workers, keys, wheels), "gateway",
+                              lambda: planned_steps(gs, workers, wheels))
 
 
 def gateway_workers() -> list[Worker]:
@@ -66,22 +69,27 @@ def worker_keys(workers: list[Worker]) -> list[str | None]:
     return keys
 
 
-def planned_steps(gs: GatewaySettings, workers: list[Worker]) -> list[str]:
+def planned_steps(gs: GatewaySettings, workers: list[Worker], wheels: str | None) -> list[str]:
     """What the gateway steps do, in words, for a plan made before its container runs."""
-    return [f"smg {gs.smg_version} from its hashed lock in {gs.gateway_venv}",
+    return [f"smg {gs.smg_version} from its hashed lock in {gs.gateway_venv}"
+            + (f", from the host's wheel store {wheels}" if wheels else ""),
             f"{render.unit_name(gs)} on {gs.gateway_host}:{gs.gateway_port}, policy "
             f"{gs.gateway_policy}, its env file (0600)",
             f"{len(workers)} workers registered: " + ", ".join(w.url for w in workers),
             "each worker healthy in the gateway, one chat completion through it"]
 
 
-def gateway_steps(gs: GatewaySettings, workers: list[Worker], keys: list[str | None]) -> None:
+def gateway_steps(gs: GatewaySettings, workers: list[Worker], keys: list[str | None],
+                  wheels: str | None = None) -> None:
+    """The gateway's steps in its container; WHEELS: the host's wheel store it installs smg from
+    (``gateway_store``), None: ``gateway_wheelhouse`` or the index."""
     tools = render.TOOLS
-    lock = parse(smg_lock_path(gs.smg_version, gs.gateway_python))
+    lock, _ = gateway_lock(gs)
     files = {render.lock_path(gs), render.env_file_path(gs), render.keys_path(gs),
              render.unit_path(gs), render.workers_path(gs),
              *(remote.path(s, tools) for s in (remote.LAUNCHER, remote.GATEWAY_WORKERS,
-                                               remote.REMOTE_ENV, remote.STARTUP_WATCH))}
+                                               remote.REMOTE_ENV, remote.STARTUP_WATCH)),
+             *([user_path(wheels, store_user_key())] if wheels else [])}
     paths.watch(*sorted(files))
     apt.deb_packages(name="Base packages", packages=BASE_PACKAGES)
     launcher = upload_script(remote.LAUNCHER, "Upload the launcher (keys off the command line)",
@@ -91,8 +99,12 @@ def gateway_steps(gs: GatewaySettings, workers: list[Worker], keys: list[str | N
               mode="644")
     venv = gateway.smg_venv(name=f"smg {gs.smg_version} as locked in {gs.gateway_venv}",
                             venv=gs.gateway_venv, lock_file=render.lock_path(gs), lock=lock,
-                            args=gateway.install_args(gs.gateway_wheelhouse,
+                            args=gateway.install_args(gs.gateway_wheelhouse or wheels,
                                                       gs.gateway_pip_index_url))
+    if wheels:
+        # Its record: the store keeps the smg set, and the gateway's mount blocks no pruning.
+        store.holds_locks(name=f"The wheel store {wheels} knows the gateway's lock",
+                          store=wheels, key=store_user_key(), locks=[lock.id])
     env = paths.put(name=f"Gateway environment {render.env_file_path(gs)} (its key, mode 0600)",
                     src=StringIO(render.render_env(gs)), dest=render.env_file_path(gs),
                     mode="600", secret=True)

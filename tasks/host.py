@@ -53,6 +53,8 @@ from pve_sglang.preflight import (
 )
 from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.stack.identity import stack_lock_of
+from pve_sglang.stack.lock import Lock, LockKey
+from pve_sglang.config.gateway import GatewaySettings, gateway_lock, gateway_store
 from pve_sglang.project import template
 from tasks.common import upload_script
 from pve_sglang.config.settings import (
@@ -86,11 +88,10 @@ def host_phase() -> None:
         gpus = select_gpus(cs.gpus, gpu.gpus, where) if gpu is not None else []
         check_server_files(where, ct.name, cs, gpus, state.inventory)
     # The gateways' containers: created as the others, without GPUs (tasks/gateway.py).
-    gateways = [(gw, host_settings(ContainerSettings, of=gw))
-                for gw in (state.inventory.get_host(name) for name in host.data.get("gateways") or [])]
+    gateways = host_gateways()
     if gpu is not None:
         nvidia_uvm(settings, gpu)
-    wheel_stores(plans)
+    wheel_stores(plans, gateways)
     model_stores(plans)
     idmap_base = lxc_host(plans + gateways, settings) if settings.platform == "lxc" else None
     if settings.platform == "lxc":
@@ -111,19 +112,43 @@ def host_phase() -> None:
             lxc_container(gw, cs, settings, None, [], idmap_base)
 
 
-def wheel_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
-    """Each locked set the host's containers install, kept once in its wheel store; before the
-    containers start, which mount the store read-only."""
+def host_gateways() -> list[tuple[Host, ContainerSettings]]:
+    """This host's gateways (its ``gateways:``) and their containers' settings."""
+    return [(gw, host_settings(ContainerSettings, of=gw))
+            for gw in (state.inventory.get_host(name) for name in host.data.get("gateways") or [])]
+
+
+def wheel_stores(plans: list[tuple[Host, ContainerSettings]],
+                 gateways: list[tuple[Host, ContainerSettings]]) -> None:
+    """Each locked set the host's containers install (a gateway's: its smg lock), kept once in
+    its wheel store; before the containers start, which mount the store read-only."""
     done = set()
-    for ct, cs in plans:
-        if not cs.uses_wheel_store:
+    for path, lock, key in [*((cs.wheel_store, *stack_lock_of(
+                                  f"host {host.name}, container {ct.name}", cs))
+                              for ct, cs in plans if cs.uses_wheel_store),
+                            *((cs.wheel_store, lock, key)
+                              for _, cs, lock, key in gateway_sets(gateways))]:
+        if (path, lock.id) in done:
             continue
-        lock, key = stack_lock_of(f"host {host.name}, container {ct.name}", cs)
-        if (cs.wheel_store, lock.id) in done:
-            continue
-        done.add((cs.wheel_store, lock.id))
-        wheels.store(name=f"Wheel store {cs.wheel_store}: {lock.summary()}",
-                     path=cs.wheel_store, lock=lock, key=key)
+        done.add((path, lock.id))
+        wheels.store(name=f"Wheel store {path}: {lock.summary(SET_NAMES)}", path=path, lock=lock,
+                     key=key)
+
+
+#: The packages a set's summary names (a serving set's, a gateway's).
+SET_NAMES = ("sglang", "torch", "flashinfer-python", "smg")
+
+
+def gateway_sets(gateways: list[tuple[Host, ContainerSettings]]
+                 ) -> list[tuple[Host, ContainerSettings, Lock, LockKey]]:
+    """(gateway, its container's settings, smg lock, its key) of each gateway that installs smg
+    from its host's wheel store (``gateway_store``)."""
+    found = []
+    for gw, cs in gateways:
+        gs = host_settings(GatewaySettings, of=gw)
+        if gateway_store(cs, gs) is not None:
+            found.append((gw, cs, *gateway_lock(gs)))
+    return found
 
 
 @deploy("Wheel store retention")
@@ -152,6 +177,12 @@ def store_retention_phase() -> None:
         stores.setdefault(cs.wheel_store, {})[store_user_key(ct.data)] = store.planned_record(
             ct, cs.venv_path, LOCK_FILE, cs.service_name, lock.id, cs.stack_retention,
             cs.restart_on_change) if not state.is_executing else [lock.id]
+    # A gateway's record names its smg set (tasks/gateway.py writes it).
+    for gw, cs, lock, _ in gateway_sets(host_gateways()):
+        assert cs.wheel_store is not None
+        keep[cs.wheel_store] = max(keep.get(cs.wheel_store, 0), cs.stack_retention)
+        wanted.setdefault(cs.wheel_store, set()).add(lock.id)
+        stores.setdefault(cs.wheel_store, {})[store_user_key(gw.data)] = [lock.id]
     for path, planned in stores.items():
         store.pruned(name=f"Wheel store {path}: the sets no container holds, beyond the "
                           f"{keep[path]} newest, removed", path=path, keep=keep[path],

@@ -235,7 +235,8 @@ def test_the_command_line_parses_with_the_pinned_smg(package_index, tmp_path):
 
 def test_the_host_phase_creates_the_gateways_container_without_gpus_recorded_h200_pve():
     """The host phase on the recorded H200 Proxmox host: the serving container gets its GPUs,
-    the gateway's container (vmid 120) is created and started with none."""
+    the gateway's container (vmid 120) is created and started with none, mounting the host's
+    wheel store, which holds the gateway's smg set beside the serving one."""
     from harness import plan_deploy
     from pve_sglang.facts.pve import PctConfig, PctPending, PctStatus
     from tasks.host import host_phase
@@ -263,6 +264,11 @@ def test_the_host_phase_creates_the_gateways_container_without_gpus_recorded_h20
     assert not [c for c in every if "pct set 120" in c and "--dev" in c]
     assert [c for c in every if "pct set 105" in c and "--dev0 /dev/nvidia0" in c]
     assert "pct start 120" in every
+    names = [name for name, _ in ops]
+    store = DEFAULTS["wheel_store"]
+    assert [n for n in names if f"| Wheel store {store}:" in n and "smg 1.13.0" in n], names
+    assert [n for n in names if f"| Wheel store {store}:" in n and "sglang " in n], names
+    assert f"--mp0 {store},mp={store},ro=1" in create
 
 
 # --- the benchmark through the gateway -------------------------------------------------------

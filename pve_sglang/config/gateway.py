@@ -16,6 +16,7 @@ from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_va
 from pve_sglang.config.settings import (
     GATEWAY_SECRET_FIELDS,
     ContainerPath,
+    ContainerSettings,
     HttpUrl,
     Int,
     Port,
@@ -29,6 +30,7 @@ from pve_sglang.config.settings import (
     usable_secret,
 )
 from pve_sglang.project import project_file
+from pve_sglang.stack.lock import Lock, LockKey, parse
 
 #: smg 1.13.0's ``--policy`` choices (``smg launch --help``; ``smg/router_args.py``).
 POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "least_load", "manual",
@@ -41,6 +43,20 @@ LOCKS = "group_data/locks"
 def smg_lock_path(version: str, python: str) -> Path:
     """The checkout's hashed lock of smg VERSION for the container's PYTHON (``3.11``)."""
     return project_file(LOCKS) / f"smg-{version}-py{python}.txt"
+
+
+def gateway_lock(gs: GatewaySettings) -> tuple[Lock, LockKey]:
+    """The gateway's hashed lock and what it is made for (its Python, its index): what the
+    host's wheel store keeps for it, as it keeps a serving container's set."""
+    key = LockKey(pins=(("smg", gs.smg_version),), python=gs.gateway_python,
+                  index_url=gs.gateway_pip_index_url)
+    return parse(smg_lock_path(gs.smg_version, gs.gateway_python)), key
+
+
+def gateway_store(cs: ContainerSettings, gs: GatewaySettings) -> str | None:
+    """The host's wheel store the gateway installs smg from (mounted read-only in its
+    container, CS): its container's, unless ``gateway_wheelhouse`` names the user's own."""
+    return cs.wheel_store if cs.uses_wheel_store and gs.gateway_wheelhouse is None else None
 
 
 def smg_locks() -> list[str]:

@@ -73,7 +73,34 @@ def holds(store: str, key: str, venv_path: str, lock_file: str, service: str, wa
                     service="sglang", wanted="68a87c7696509d54")
     """
     # After retention (it forgets the read when it removes a stack).
-    locks = held(stack_switch.read(venv_path, lock_file, service), wanted)
+    yield from _record(store, key, held(stack_switch.read(venv_path, lock_file, service), wanted))
+
+
+@operation()
+def holds_locks(store: str, key: str, locks: list[str]):
+    """
+    The record in its host's wheel store of a container that installs LOCKS as they are, with
+    no stacks to switch (a gateway: its smg set): the store keeps them (``pruned``), and the
+    container, which mounts the store, no longer blocks its pruning.
+
+    + store: the wheel store, mounted read-only at the same path in the container
+    + key: the container's key on its host (``store_retention.user_key``)
+    + locks: the ids of the locks it installs (``Lock.id``)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import store
+
+        store.holds_locks(name="The wheel store knows the gateway's lock",
+                          store="/var/cache/pve-sglang/wheels", key="pct-110",
+                          locks=["3f1c9a0e5b7d2468"])
+    """
+    yield from _record(store, key, set(locks))
+
+
+def _record(store: str, key: str, locks: set[str]):
     path, text = user_path(store, key), user_text(key, locks)
     # Read through the read-only mount, with the container's other watched paths.
     now = paths.state(path)
