@@ -122,12 +122,11 @@ def wheel_stores(plans: list[tuple[Host, ContainerSettings]],
                  gateways: list[tuple[Host, ContainerSettings]]) -> None:
     """Each locked set the host's containers install (a gateway's: its smg lock), kept once in
     its wheel store; before the containers start, which mount the store read-only."""
+    sets = [(cs.wheel_store, *stack_lock_of(f"host {host.name}, container {ct.name}", cs))
+            for ct, cs in plans if cs.uses_wheel_store]
+    sets += [(cs.wheel_store, lock, key) for _, cs, lock, key in gateway_sets(gateways)]
     done = set()
-    for path, lock, key in [*((cs.wheel_store, *stack_lock_of(
-                                  f"host {host.name}, container {ct.name}", cs))
-                              for ct, cs in plans if cs.uses_wheel_store),
-                            *((cs.wheel_store, lock, key)
-                              for _, cs, lock, key in gateway_sets(gateways))]:
+    for path, lock, key in sets:
         if (path, lock.id) in done:
             continue
         done.add((path, lock.id))

@@ -57,7 +57,7 @@ def _template(root: Path, sglang_wheel, pypi_wheel) -> None:
         assert stopped.returncode == 0, stopped.stderr
     finally:
         # Stopped for good: its address is free for others (a copy takes one of its own).
-        template._address_lock.close()
+        template.release_address()
     (root / READY).write_text("deployed and stopped\n")
 
 

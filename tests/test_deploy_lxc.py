@@ -137,6 +137,10 @@ class Deploy:
                        capture_output=True)
         subprocess.run(["lxc-destroy", "-P", str(self.lxc_path), "-n", self.name],
                        capture_output=True)
+        self.release_address()
+
+    def release_address(self) -> None:
+        """Give the container's bridge address back (it will not run again)."""
         self._address_lock.close()
 
 

@@ -100,14 +100,21 @@ def wait_listed(gateway: str, key: str | None, timeout: float) -> list[dict]:
             time.sleep(0.5)
 
 
-def wait_until(gateway: str, key: str | None, done, timeout: float) -> None:
-    """Until DONE(the URLs the gateway lists) holds, for up to TIMEOUT seconds (smg adds and
-    removes workers in the background of the request)."""
+def wait_until(gateway: str, key: str | None, done, timeout: float) -> bool:
+    """Whether DONE(the URLs the gateway lists) came to hold within TIMEOUT seconds (smg adds
+    and removes workers in the background of the request)."""
     deadline = time.monotonic() + timeout
     while not done({norm(w["url"]) for w in listed(gateway, key)}):
         if time.monotonic() >= deadline:
-            raise GatewayError(f"the worker list did not settle in {timeout:.0f}s")
+            return False
         time.sleep(0.25)
+    return True
+
+
+def settled(gateway: str, key: str | None, done, timeout: float) -> None:
+    """``wait_until``, a GatewayError where it did not."""
+    if not wait_until(gateway, key, done, timeout):
+        raise GatewayError(f"the worker list did not settle in {timeout:.0f}s")
 
 
 def read_json(path: str, default: object) -> object:
@@ -210,9 +217,9 @@ def sync(gateway: str, workers: list[dict], env_file: str, keys_file: str, state
         elif (url in ours and known and worker_spec(worker, held) != worker_spec(worker, keys)
               and isinstance(present[url].get("id"), str)):
             call(gateway, "DELETE", worker_path(present[url]), key)
-            wait_until(gateway, key, lambda urls, url=url: url not in urls, timeout)
+            settled(gateway, key, lambda urls, url=url: url not in urls, timeout)
             call(gateway, "POST", "/workers", key, worker_spec(worker, keys))
-            wait_until(gateway, key, lambda urls, url=url: url in urls, timeout)
+            settled(gateway, key, lambda urls, url=url: url in urls, timeout)
             rekeyed.append(url)
     for url in ours:
         if url not in wanted and url in present and isinstance(present[url].get("id"), str):
@@ -223,13 +230,10 @@ def sync(gateway: str, workers: list[dict], env_file: str, keys_file: str, state
         json.dump({"registered": sorted(wanted)}, handle)
     os.replace(tmp, state_file)
     link_registered(keys_file, which)
-    # Registration runs in the background of the gateway: wait until each added one is listed.
-    deadline = time.monotonic() + timeout
-    while added:
-        urls = {norm(w["url"]) for w in listed(gateway, key)}
-        if all(url in urls for url in added) or time.monotonic() >= deadline:
-            break
-        time.sleep(0.25)
+    # Registration runs in the background of the gateway: wait until each added one is listed
+    # (one still missing then is named by the deploy's next read).
+    if added:
+        wait_until(gateway, key, lambda urls: all(url in urls for url in added), timeout)
     return {"added": added, "removed": removed, "rekeyed": rekeyed,
             "listed": len(present) + len(added) - len(removed)}
 
