@@ -219,8 +219,13 @@ bench_num_prompts = 32
 bench_prompts_per_concurrency = 4
 # Random input length in tokens.
 bench_input_len = 1024
-# Random output length in tokens.
+# Output length in tokens.
 bench_output_len = 256
+# A JSONL file of your own prompts on this machine, one
+# {"conversations": [{"content": PROMPT}, {"content": ANSWER}]} a line (SGLang's "custom"
+# dataset): the benchmark and make tune send these (bench_output_len tokens asked of each)
+# instead of random prompts of bench_input_len tokens; null: random prompts.
+bench_prompts_file = None
 # Each run's table goes to DIR/<host>/<UTC time>.json on the machine running pyinfra (relative to
 # the directory pyinfra runs in), with DIR/<host>/output_tok_s.png plotting the host's runs.
 bench_history_dir = "bench-history"

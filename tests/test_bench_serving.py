@@ -31,6 +31,10 @@ from pve_sglang.remote.bench_record import RECORD_PREFIX, kept
 from pve_sglang.server.bench import (
     bench_argv,
     bench_module,
+    bench_runs,
+    num_prompts,
+    PROMPTS_DATASET,
+    PROMPTS_IN_CONTAINER,
     RECORD_KEYS,
     bench_exit_status,
     bench_shell,
@@ -333,6 +337,45 @@ def test_bench_argv_uses_what_the_release_has(release, bench_source):
     assert "random-ids" in datasets
     used = {arg for arg in argv if arg.startswith("--")}
     assert used <= flags, used - flags
+
+
+@pytest.mark.parametrize("release", ["0.5.9", "0.5.23"])
+def test_the_users_prompts_go_as_the_releases_custom_dataset(release, bench_source, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"conversations": [{"content": "a b c"}, {"content": "d e"}]}\n')
+    s = settings(bench_prompts_file=str(prompts), bench_output_len=64)
+    argv = bench_argv(s, "/opt/sglang/venv/bin/python", 16, "127.0.0.1", 30000, release)
+    pairs = dict(zip(argv[3::2], argv[4::2]))
+    assert pairs["--dataset-name"] == PROMPTS_DATASET
+    assert pairs["--dataset-path"] == PROMPTS_IN_CONTAINER == "/opt/sglang/bench-prompts.jsonl"
+    assert pairs["--sharegpt-output-len"] == "64"
+    assert not any(arg.startswith("--random-") for arg in argv)
+    flags, datasets = _parser_flags_and_datasets(bench_source(release))
+    assert PROMPTS_DATASET in datasets
+    used = {arg for arg in argv if arg.startswith("--")}
+    assert used <= flags, used - flags
+
+
+@pytest.mark.parametrize("prompts, per_level, level, share, expected", [
+    (64, 8, 16, 1.0, 128),    # the whole run: 8 per concurrent request
+    (64, 8, 16, 0.25, 32),    # a quarter of it (the tuning search's first rung)
+    (64, 8, 16, 0.5, 64),
+    (8, 2, 4, 0.25, 4),       # never fewer than one prompt per concurrent request
+    (200, 1, 4, 0.25, 50),    # bench_num_prompts rules the whole, its share the short run
+])
+def test_a_shorter_run_asks_its_share_of_the_prompts(prompts, per_level, level, share, expected):
+    s = settings(bench_num_prompts=prompts, bench_prompts_per_concurrency=per_level)
+    assert num_prompts(s, level, share) == expected
+    [argv] = bench_runs(s, "/py", "127.0.0.1", "0.5.23", "/s.py", "/r.py", levels=[level],
+                        share=share).values()
+    assert argv[argv.index("--num-prompts") + 1] == str(expected)
+    assert argv[argv.index("--max-concurrency") + 1] == str(level)
+
+
+@pytest.mark.parametrize("share", [0, -0.5, 1.5])
+def test_a_share_outside_0_to_1_is_refused(share):
+    with pytest.raises(ValueError, match=f"benchmark share {share!r}: allowed: above 0, at most 1"):
+        num_prompts(settings(), 4, share)
 
 
 def test_random_ids_needs_no_download(wheel_text):

@@ -377,3 +377,38 @@ def test_runfile_path_on_this_machine_is_accepted(tmp_path):
     runfile = tmp_path / "NVIDIA-Linux-x86_64-580.159.04.run"
     runfile.write_text("#!/bin/sh\n")
     assert accepted(nvidia_runfile_path=str(runfile)).nvidia_runfile_path == str(runfile)
+
+
+# --- bench_prompts_file: the user's prompts, checked whole before any change --------------
+
+GOOD_PROMPT = '{"conversations": [{"content": "w1 w2 w3"}, {"content": "w4 w5"}]}\n'
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", ["no prompt in it", "allowed: a JSONL file, one"]),
+    ("\n\n", ["no prompt in it"]),
+    (GOOD_PROMPT + "{not json\n", ["line 2: not JSON", "SGLang's custom dataset"]),
+    ('["w1", "w2"]\n', ["line 1: no prompt and answer"]),
+    ('{"conversations": [{"content": "only a prompt"}]}\n', ["line 1: no prompt and answer"]),
+    ('{"conversations": [{"content": "w1"}, {"content": 7}]}\n', ["line 1: no prompt and answer"]),
+    (GOOD_PROMPT + '{"text": "$(touch F)"}\n', ["line 2: no prompt and answer"]),
+])
+def test_a_prompts_file_the_benchmark_cannot_read_whole_is_refused(tmp_path, text, words):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(text)
+    error = check(bench_prompts_file=str(path))
+    for word in ["container 105", "field 'bench_prompts_file'", str(path), *words]:
+        assert word in error, error
+
+
+def test_a_prompts_file_that_is_not_there_or_not_text_is_refused(tmp_path):
+    assert "no such file on this machine" in check(bench_prompts_file=str(tmp_path / "none"))
+    binary = tmp_path / "prompts.bin"
+    binary.write_bytes(b'{"conversations": "\xff\xfe"}\n')
+    assert "not UTF-8 text" in check(bench_prompts_file=str(binary))
+
+
+def test_a_prompts_file_of_both_spellings_is_accepted(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(GOOD_PROMPT + '\n{"conversation": [{"value": "a b"}, {"value": "c"}]}\n')
+    assert accepted(bench_prompts_file=str(path)).bench_prompts_file == str(path)

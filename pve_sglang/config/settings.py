@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import json
 import os
 import posixpath
 import re
@@ -167,6 +168,49 @@ def local_path(value: str) -> str:
         raise ValueError("empty, or holds a newline or control character; allowed: a path on "
                          "this machine")
     return value
+
+
+#: The largest prompts file the benchmark is given: it is read whole here and uploaded.
+PROMPTS_FILE_MAX_BYTES = 64 << 20
+
+
+def prompts_file(value: str) -> str:
+    """A JSONL file of the user's own prompts on the machine running pyinfra, as SGLang's
+    benchmark reads a ``custom`` dataset (0.5.9 ``bench_serving.sample_custom_requests``,
+    0.5.23 ``benchmark/datasets/custom.py``): one JSON object a line, its ``conversations``
+    (or ``conversation``) a list whose first two turns have a ``content`` (or ``value``) text,
+    the prompt and an answer. Checked whole: the benchmark skips a line it cannot read."""
+    local_file(value)
+    size = os.path.getsize(value)
+    if size > PROMPTS_FILE_MAX_BYTES:
+        raise ValueError(f"{size} bytes; allowed: at most {PROMPTS_FILE_MAX_BYTES} bytes")
+    rows = 0
+    with open(value, encoding="utf-8", errors="strict") as lines:
+        try:
+            for number, line in enumerate(lines, 1):
+                if line.strip():
+                    _prompt_row(line, number)
+                    rows += 1
+        except UnicodeDecodeError:
+            raise ValueError("not UTF-8 text; allowed: a JSONL file of prompts") from None
+    if not rows:
+        raise ValueError("no prompt in it; allowed: a JSONL file, one "
+                         '{"conversations": [{"content": PROMPT}, {"content": ANSWER}]} a line')
+    return value
+
+
+def _prompt_row(line: str, number: int) -> None:
+    allowed = ('allowed: {"conversations": [{"content": PROMPT}, {"content": ANSWER}]} '
+               "(SGLang's custom dataset)")
+    try:
+        row = json.loads(line)
+    except ValueError:
+        raise ValueError(f"line {number}: not JSON; {allowed}") from None
+    turns = row.get("conversations", row.get("conversation")) if isinstance(row, dict) else None
+    if not isinstance(turns, list) or len(turns) < 2 or not all(
+            isinstance(t, dict) and isinstance(t.get("content", t.get("value")), str)
+            for t in turns[:2]):
+        raise ValueError(f"line {number}: no prompt and answer; {allowed}")
 
 
 def local_file(value: str) -> str:
@@ -568,6 +612,7 @@ class ContainerSettings(_Strict):
     bench_prompts_per_concurrency: Int = Field(ge=1)
     bench_input_len: Int = Field(ge=1)
     bench_output_len: Int = Field(ge=1)
+    bench_prompts_file: Annotated[str, AfterValidator(prompts_file)] | None
     bench_history_dir: LocalPath
     bench_regression_pct: float = Field(gt=0, lt=100)
     bench_gpu_sample_ms: Int = Field(ge=50, le=60000)

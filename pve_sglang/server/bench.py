@@ -27,6 +27,7 @@ from typing import Any
 
 from pyinfra.api import QuoteString, StringCommand
 
+from pve_sglang import remote
 from pve_sglang.config.settings import ContainerSettings, base_url
 from pve_sglang.runtime.pyinfra_private import joined
 
@@ -37,6 +38,10 @@ MAIN_RUN_MARKER = "Starting main benchmark run"
 # First release whose benchmark lives in sglang/benchmark/serving.py.
 BENCHMARK_PACKAGE_FROM = (0, 5, 15)
 DATASET = "random-ids"
+#: The user's prompts (``bench_prompts_file``) as both releases' benchmark reads them.
+PROMPTS_DATASET = "custom"
+#: Where the verify phase and ``make tune`` upload ``bench_prompts_file`` in the container.
+PROMPTS_IN_CONTAINER = remote.path("bench-prompts.jsonl")
 
 #: The record's results (0.5.9 ``bench_serving.py`` and 0.5.23 ``benchmark/serving.py``: the same
 #: keys) -> a row's keys: the names the rows and the saved history have had since they were read
@@ -108,11 +113,16 @@ def bench_levels(settings: ContainerSettings) -> list[int]:
     return list(settings.bench_concurrencies)
 
 
-def num_prompts(settings: ContainerSettings, concurrency: int) -> int:
+def num_prompts(settings: ContainerSettings, concurrency: int, share: float = 1.0) -> int:
     """Prompts of the run at CONCURRENCY: ``bench_prompts_per_concurrency`` per concurrent
     request, so that the server holds the level for most of the run, and at least
-    ``bench_num_prompts``, so that a low level still averages over some requests."""
-    return max(settings.bench_num_prompts, settings.bench_prompts_per_concurrency * concurrency)
+    ``bench_num_prompts``, so that a low level still averages over some requests. SHARE: the
+    part of that a shorter run asks (the tuning search's successive halving), at least one
+    prompt per concurrent request."""
+    if not 0 < share <= 1:
+        raise ValueError(f"benchmark share {share!r}: allowed: above 0, at most 1")
+    whole = max(settings.bench_num_prompts, settings.bench_prompts_per_concurrency * concurrency)
+    return max(concurrency, math.ceil(whole * share)) if share < 1 else whole
 
 
 def bench_argv(
@@ -122,8 +132,10 @@ def bench_argv(
     host: str,
     port: int,
     release: str,
+    share: float = 1.0,
 ) -> list[str]:
-    """``python -m <bench module>`` against the running server, one concurrency level.
+    """``python -m <bench module>`` against the running server, one concurrency level, SHARE
+    of its prompts (``num_prompts``).
 
     Lengths are fixed (``--random-range-ratio 1``) so runs compare. No ``--output-file``: run it
     under ``recorded_argv``, which gives it a private one (without, the benchmark writes its
@@ -137,12 +149,18 @@ def bench_argv(
     argv += ["--model", settings.model_path, "--tokenizer", settings.model_path]
     if settings.served_model_name:
         argv += ["--served-model-name", settings.served_model_name]
-    argv += ["--num-prompts", str(num_prompts(settings, concurrency))]
+    argv += ["--num-prompts", str(num_prompts(settings, concurrency, share))]
     argv += ["--max-concurrency", str(concurrency)]
-    argv += ["--dataset-name", DATASET]
-    argv += ["--random-input-len", str(settings.bench_input_len)]
-    argv += ["--random-output-len", str(settings.bench_output_len)]
-    argv += ["--random-range-ratio", "1.0"]
+    if settings.bench_prompts_file:
+        # The file's prompts, each asked for bench_output_len tokens (its answers' lengths
+        # otherwise: runs would not compare).
+        argv += ["--dataset-name", PROMPTS_DATASET, "--dataset-path", PROMPTS_IN_CONTAINER]
+        argv += ["--sharegpt-output-len", str(settings.bench_output_len)]
+    else:
+        argv += ["--dataset-name", DATASET]
+        argv += ["--random-input-len", str(settings.bench_input_len)]
+        argv += ["--random-output-len", str(settings.bench_output_len)]
+        argv += ["--random-range-ratio", "1.0"]
     argv += ["--disable-tqdm"]
     return argv
 
@@ -172,14 +190,15 @@ def metrics_argv(python: str, scraper: str, url: str, interval_ms: int,
 
 
 def bench_runs(settings: ContainerSettings, python: str, host: str, release: str,
-               sampler: str, recorder: str, scraper: str | None = None) -> dict[int, list[str]]:
-    """The argv of each level of the preset: the benchmark under the record wrapper at RECORDER,
-    under the server metrics sampler at SCRAPER (when given and ``enable_metrics`` is on),
-    under the GPU sampler at SAMPLER."""
+               sampler: str, recorder: str, scraper: str | None = None,
+               levels: list[int] | None = None, share: float = 1.0) -> dict[int, list[str]]:
+    """The argv of each level of the preset (or of LEVELS), SHARE of its prompts: the benchmark
+    under the record wrapper at RECORDER, under the server metrics sampler at SCRAPER (when
+    given and ``enable_metrics`` is on), under the GPU sampler at SAMPLER."""
     runs = {}
-    for c in bench_levels(settings):
-        argv = recorded_argv(python, recorder,
-                             bench_argv(settings, python, c, host, settings.server_port, release))
+    for c in levels or bench_levels(settings):
+        argv = recorded_argv(python, recorder, bench_argv(
+            settings, python, c, host, settings.server_port, release, share))
         if scraper and settings.enable_metrics:
             url = base_url(host, settings.server_port) + "/metrics"
             argv = metrics_argv(python, scraper, url, settings.bench_metrics_sample_ms, argv)
