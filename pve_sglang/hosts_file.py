@@ -65,7 +65,7 @@ PLATFORMS = {"pve": ("pct", "vmid", "pct_vmid"), "lxc": ("lxc", "name", "lxc_nam
 HOST_CONNECTOR = "ssh"
 #: Keys this module writes into host data; a hosts file or ``--data`` cannot set them.
 INVENTORY_KEYS = frozenset(
-    {"pve_host", "containers", "tune_pinned", "gateways", "gateway_worker_list",
+    {"pve_host", "containers", "tune_pinned", "tuned_file", "gateways", "gateway_worker_list",
      *(data_key for _, _, data_key in PLATFORMS.values())}
 )
 #: Keys that decide the inventory's shape (names, connectors): ``--data`` cannot change them,
@@ -570,6 +570,9 @@ def _build_host(
             "platform": platform,
             # The search's settings the container's own entry sets: the user's, never tuned.
             "tune_pinned": sorted(set(container) & set(COORDINATES)),
+            # Where make tune keeps its best for this container (read back above, ``_tuned``).
+            "tuned_file": str(tuned_path({**defaults, **data, **override}["tune_dir"],
+                                         host_name, str(key))),
             data_key: key,
             **({"lxc_path": host_settings.lxc_path} if platform == "lxc" else {}),
         }))

@@ -9,9 +9,9 @@ from pyinfra.api import deploy
 
 from pve_sglang import remote
 from pve_sglang.server.bench_history import run_meta
-from pve_sglang.server.bench import bench_levels, bench_runs
+from pve_sglang.server.bench import PROMPTS_IN_CONTAINER, bench_levels, bench_runs
 from pve_sglang.model_store import operations as model
-from pve_sglang.operations import stack_switch, store, verify
+from pve_sglang.operations import paths, stack_switch, store, verify
 from tasks.common import expect_container_reads, host_gpus, run_when_container_exists, upload_script
 from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
@@ -159,6 +159,7 @@ def benchmark_check(cs: ContainerSettings, address: str) -> None:
     record, the key inside, in a private file)."""
     upload_script(remote.GPU_SAMPLER, "Upload the GPU sampler")
     upload_script(remote.BENCH_RECORD, "Upload the benchmark record wrapper")
+    upload_prompts(cs)
     scraper = None
     if cs.enable_metrics:
         upload_script(remote.SERVER_METRICS, "Upload the server metrics sampler")
@@ -169,6 +170,14 @@ def benchmark_check(cs: ContainerSettings, address: str) -> None:
                      runs=runs, env_file=env_file_path(cs), history_dir=cs.bench_history_dir,
                      meta=run_meta(cs), regression_pct=cs.bench_regression_pct,
                      low_power_pct=cs.bench_low_power_pct)
+
+
+def upload_prompts(cs: ContainerSettings) -> None:
+    """The user's prompts (``bench_prompts_file``, checked when the settings were read) where
+    the benchmark reads them (``bench.PROMPTS_IN_CONTAINER``)."""
+    if cs.bench_prompts_file:
+        paths.put(name=f"The benchmark's prompts {cs.bench_prompts_file}",
+                  src=cs.bench_prompts_file, dest=PROMPTS_IN_CONTAINER, mode="644")
 
 
 def verify_steps() -> None:

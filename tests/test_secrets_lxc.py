@@ -404,7 +404,9 @@ def test_health_check_sends_the_key_without_an_argv(container):
 # 0.5.23's imports sglang.srt (torch, its CUDA libraries, triton), which loads without a GPU.
 BENCH_STACKS = {
     "0.5.9": ("transformers==4.57.1", "huggingface_hub<1.0", "datasets", "aiohttp", "numpy",
-              "pybase64", "requests", "pillow", "tqdm", "IPython", "pydantic"),
+              "pybase64", "requests", "pillow", "tqdm", "IPython", "pydantic",
+              # What the server metrics sampler reads /metrics with (make tune's test).
+              "prometheus-client>=0.20.0"),
     "0.5.23": ("torch==2.14.1", "torchvision", "transformers==5.19.0", "tokenizers==0.23.2",
                "apache-tvm-ffi==0.1.11", "compressed-tensors==0.18.0", "sentencepiece==0.2.1",
                "python-dateutil<3", "aiohttp", "msgspec", "numpy", "orjson", "requests", "tqdm",
@@ -469,6 +471,38 @@ def bench_settings(release: str, history: Path) -> dict:
             "bench_gpu_sample_ms": 100, "bench_history_dir": str(history)}
 
 
+def standin_started(box, unit: str, service: str) -> None:
+    """UNIT started with SERVICE's lines (a drop-in's) putting the stand-in in the place of
+    sglang, its ready line seen."""
+    put(box, f"/etc/systemd/system/{unit}.d/standin.conf", f"[Service]\n{service}\n")
+    box.attach(f"systemctl daemon-reload && systemctl start {unit}")
+    wait_for(box, f"journalctl -u {unit} -o cat | grep -q 'The server is fired up'", 120,
+             "the stand-in server's ready line", unit)
+
+
+def deploy_argv(deploy: str, *hosts: tuple) -> list[str]:
+    """The pyinfra CLI running the test deploy DEPLOY (tests/deploys/) on HOSTS, each a
+    container and its host data (the inventory written beside the first)."""
+    inventory = hosts[0][0].dir / "inventory.py"
+    inventory.write_text("hosts = [" + "".join(
+        f"({box.inventory_name!r}, {{**{box.host_data()!r}, **{data!r}}}), "
+        for box, data in hosts) + "]\n")
+    return [str(Path(sys.executable).parent / "pyinfra"), str(inventory), deploy, "-y"]
+
+
+def test_deploy(deploy: str, *hosts: tuple) -> tuple[str, float]:
+    """``deploy_argv`` run from the checkout; its output and seconds, once it succeeded."""
+    started = time.monotonic()
+    done = subprocess.run(deploy_argv(deploy, *hosts), cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-6000:]
+    return log, time.monotonic() - started
+
+
+test_deploy.__test__ = False  # a helper, not a test
+
+
 def find_secrets(box) -> dict:
     """``{"files": N, "found": {path: hits}}``: every spelling of every secret in the container."""
     patterns = sorted({spelling for secret in SECRETS for spelling in spellings(secret)})
@@ -497,24 +531,10 @@ def test_benchmark_leaves_the_key_in_no_file(release, lxc_env, lxc_container_fac
     # The deploy's env file and unit; the stand-in in the place of sglang (a drop-in), so that it
     # reads the key from the env file as the server does.
     unit = install_unit(box, s, server_argv(s, 1, [], None, 1, None, venv_python(s)))
-    put(box, f"/etc/systemd/system/{unit}.d/standin.conf",
-        "[Service]\nExecStart=\nExecStart=/usr/bin/python3 "
-        f"{STANDIN_DIR}/standin_sglang.py --logs {STANDIN_DIR}/logs --port {BENCH_PORT} "
-        "--case normal --event-file /run/standin-event\n")
-    box.attach(f"systemctl daemon-reload && systemctl start {unit}")
-    wait_for(box, f"journalctl -u {unit} -o cat | grep -q 'The server is fired up'", 120,
-             "the stand-in server's ready line", unit)
-
-    inventory = box.dir / "inventory.py"
-    inventory.write_text(f"hosts = [({box.inventory_name!r}, {{**{box.host_data()!r}, "
-                         f"'settings': {overrides!r}}})]\n")
-    started = time.monotonic()
-    done = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), str(inventory),
-                           "tests/deploys/benchmark.py", "-y"],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
-    elapsed = time.monotonic() - started
-    log = done.stdout + done.stderr
-    assert done.returncode == 0, log[-6000:]
+    standin_started(box, unit, "ExecStart=\nExecStart=/usr/bin/python3 "
+                    f"{STANDIN_DIR}/standin_sglang.py --logs {STANDIN_DIR}/logs --port {BENCH_PORT} "
+                    "--case normal --event-file /run/standin-event")
+    log, elapsed = test_deploy("tests/deploys/benchmark.py", (box, {"settings": overrides}))
     assert "benchmark summary" in log and "median ITL ms" in log, log[-4000:]
 
     # The figures came from the real record: every prompt of each level completed.

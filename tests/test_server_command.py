@@ -21,6 +21,7 @@ from pve_sglang.server.command import (
     API_KEY_VAR,
     LAUNCHER,
     EnvRef,
+    KnownFlags,
     check_flags,
     dist_init_addr,
     known_flags,
@@ -32,6 +33,8 @@ from pve_sglang.server.command import (
     venv_python,
 )
 from pve_sglang.project import load_defaults
+from pve_sglang.tuning.deployed import refused_flags
+from pve_sglang.tuning.space import default_space, start_of
 from pve_sglang.config.settings import ContainerSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -314,6 +317,24 @@ def test_known_flags_reads_the_release(site, version):
     new_in_0_5_23 = {"--cuda-graph-backend-decode", "--flashinfer-allreduce-fusion-backend"}
     assert (new_in_0_5_23 <= known) == (version == "0.5.23")
     assert len(known) == {"0.5.9": 342, "0.5.23": 560}[version]
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_every_value_of_the_default_space_renders_flags_the_release_knows(site, version):
+    """make tune's check before any restart (``tuning.deployed.refused_flags``), against the
+    release's real flags: the whole default space passes; a release without a flag refuses
+    each value that renders it, naming the coordinate, the value and the flag."""
+    s = settings(sglang_version=version)
+    space = default_space(version, moe=True)
+    start = start_of(s, space)
+    known = known_flags(site[version])
+    assert refused_flags("pve1-105", s, [], None, start, space, known) == []
+    less = KnownFlags(known - {"--schedule-policy"}, version)
+    refused = refused_flags("pve1-105", s, [], None, start, space, less)
+    policies = [v for v in space["schedule_policy"] if v is not None]
+    assert refused == [f"schedule_policy={v!r}: sglang {version} does not know --schedule-policy "
+                       f"({len(less)} flags read from its server_args.py and arg_groups)"
+                       for v in policies]
 
 
 def test_0_5_23_flags_come_from_arg_groups(site):

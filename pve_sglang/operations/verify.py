@@ -497,6 +497,32 @@ def generation_answers(url: str, env_file: str, script: str, max_tokens: int,
                 f"TTFT {ttft or 0:.2f}s{rate}: {shown}")
 
 
+def benchmark_row(concurrency: int, argv: list[str], env_file: str) -> dict:
+    """At execution: run one level's benchmark (ARGV, ``bench_runs``) with the key from
+    ENV_FILE and return its row: the record's figures, the GPU sampler's and the server
+    metrics'. Raises ``OperationError`` with the output, secrets masked, when it has no record."""
+    output = host.get_fact(Command, command=bench_shell(argv, env_file))
+    try:
+        status = bench_exit_status(output)
+        if status != 0:
+            raise ValueError(f"the benchmark exited with status {status}")
+        record = marked_json(bench_record.RECORD_PREFIX, output)
+        gpus = marked_json(gpu_sampler.SUMMARY_PREFIX, output)
+        metrics = marked_json(server_metrics.SUMMARY_PREFIX, output)
+        row = {"concurrency": concurrency, **record_row(record), **gpu_columns(gpus),
+               **metric_columns(metrics)}
+    except ValueError as error:
+        # The benchmark holds the key (OPENAI_API_KEY): none of its output is trusted.
+        secrets = host_settings(ContainerSettings).secrets
+        raise OperationError(f"benchmark at concurrency {concurrency}: {error}:\n"
+                             + mask_text(output, secrets)[-2000:]) from None
+    problem = metrics_problem(metrics)
+    if problem:
+        logger.warning(f"{host.name}: benchmark at concurrency {concurrency}: the "
+                       f"server's /metrics gave no figures: {problem}")
+    return row
+
+
 @operation()
 def benchmark(runs: dict[int, list[str]], env_file: str, history_dir: str | None = None,
               meta: dict | None = None, regression_pct: float | None = None,
@@ -540,25 +566,7 @@ def benchmark(runs: dict[int, list[str]], env_file: str, history_dir: str | None
         rows = []
         for concurrency, argv in sorted(runs.items()):
             logger.info(f"{host.name}: benchmark at concurrency {concurrency}...")
-            output = host.get_fact(Command, command=bench_shell(argv, env_file))
-            try:
-                status = bench_exit_status(output)
-                if status != 0:
-                    raise ValueError(f"the benchmark exited with status {status}")
-                record = marked_json(bench_record.RECORD_PREFIX, output)
-                gpus = marked_json(gpu_sampler.SUMMARY_PREFIX, output)
-                metrics = marked_json(server_metrics.SUMMARY_PREFIX, output)
-                rows.append({"concurrency": concurrency, **record_row(record),
-                             **gpu_columns(gpus), **metric_columns(metrics)})
-            except ValueError as error:
-                # The benchmark holds the key (OPENAI_API_KEY): none of its output is trusted.
-                secrets = host_settings(ContainerSettings).secrets
-                raise OperationError(f"benchmark at concurrency {concurrency}: {error}:\n"
-                                     + mask_text(output, secrets)[-2000:]) from None
-            problem = metrics_problem(metrics)
-            if problem:
-                logger.warning(f"{host.name}: benchmark at concurrency {concurrency}: the "
-                               f"server's /metrics gave no figures: {problem}")
+            rows.append(benchmark_row(concurrency, argv, env_file))
         logger.info(f"{host.name}: benchmark summary\n" + summary_table(rows))
         if history_dir:
             info, warnings = bench_history.after_run(

@@ -1,0 +1,195 @@
+"""The tuning search of one model's server (``make tune``): the plan, then, at execution, the
+measured search against the deployed server (``tuning.deployed``), driven by
+``tuning.drive`` (every try in the record, the server left on the best, the tuned file
+written), and its table and plot beside the tuned file.
+
+A model served by a multi-node group (``nodes``) is tuned as one, by its first node: each try
+is written to every node's unit and restarts them together; the best goes to every node's
+tuned file. Its other nodes upload the scripts their starts are followed with, and wait.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import gevent
+
+from pyinfra import host, logger
+from pyinfra.api import OperationError
+from pyinfra.context import ctx_host, state
+from pyinfra.facts.files import FileContents
+from pyinfra.operations import python
+
+from pve_sglang import remote
+from pve_sglang.config.settings import ContainerSettings, base_url, client_address, host_settings
+from pve_sglang.gpu.passthrough import select_gpus
+from pve_sglang.operations import verify
+from pve_sglang.server.command import env_file_path, unit_name
+from pve_sglang.tuning import record, report
+from pve_sglang.tuning.deployed import Deployed, Node, installed_flags, refused_flags
+from pve_sglang.tuning.drive import Drive
+from pve_sglang.tuning.plan import is_moe, objective_concurrency, plan_lines, space_for
+from pve_sglang.tuning.space import start_of
+from pve_sglang.tuning.tuned_file import write_tuned
+from tasks.common import host_gpus, upload_script
+from tasks.verify import upload_prompts
+
+#: The scripts a search runs in the container, as the verify phase uploads them.
+SCRIPTS = (remote.STARTUP_WATCH, remote.GPU_SAMPLER, remote.BENCH_RECORD, remote.SERVER_METRICS,
+           remote.FLAG_LISTER)
+
+#: What a search needs of a node, asked with pyinfra's ``host`` that node: its settings as
+#: found and the host's GPUs it has.
+NodeView = Callable[[], tuple[ContainerSettings, list[dict]]]
+
+
+def deployed_view() -> tuple[ContainerSettings, list[dict]]:
+    """The node's settings (the hosts file's, its tuned file included) and GPUs."""
+    cs = host_settings(ContainerSettings)
+    driver, gpus = host_gpus()
+    return cs, select_gpus(cs.gpus, gpus, host.name) if driver else []
+
+
+def tune_container(cs: ContainerSettings, pinned: frozenset[str],
+                   gpu_host: tuple[str | None, list[dict]]) -> None:
+    """``make tune`` for the container of pyinfra's ``host``, on its host's driver and GPUs
+    (GPU_HOST): without a GPU there is nothing to measure, and nothing changes."""
+    driver, _ = gpu_host
+    print("\n".join(plan_lines(host.name, cs, None, pinned)))
+    if not driver:
+        python.call(name="Tuning search (measured)", function=_no_gpu)
+        return
+    tune_steps(cs, pinned, deployed_view)
+
+
+def tune_steps(cs: ContainerSettings, pinned: frozenset[str], view: NodeView) -> None:
+    """Upload the scripts the search runs; on a model's first node (or its only one), at
+    execution, search (``search``). PINNED: the search's settings the container's own entry
+    sets (never moved); VIEW: what the search needs of each node."""
+    group_in_limit(cs)
+    for script in SCRIPTS:
+        upload_script(script, f"Upload {script} (make tune)")
+    if cs.nodes and cs.nodes[0] != host.name:
+        logger.info(f"{host.name}: make tune: tuned with its group, by its first node "
+                    f"{cs.nodes[0]}")
+        return
+    upload_prompts(cs)
+    tuned = Path(host.data.get("tuned_file"))
+    python.call(name=f"Tuning search: {tuned.name} (a restart and a benchmark per try)",
+                function=search, pinned=pinned, view=view)
+
+
+def group_in_limit(cs: ContainerSettings) -> None:
+    """A group's nodes restart together: a search of a node whose group is not whole in the run
+    (``--limit``) stops before any change."""
+    missing = [name for name in cs.nodes
+               if not state.is_host_in_limit(state.inventory.get_host(name))]
+    if missing:
+        raise OperationError(
+            f"{host.name}: make tune: nodes {cs.nodes}: a multi-node group is tuned as one, and "
+            f"{', '.join(missing)} is not in this run; allowed: --limit with every node of the "
+            "group; nothing was changed")
+
+
+def model_is_moe(cs: ContainerSettings) -> bool | None:
+    """Whether the served model is MoE, from its config.json in the container; None where it
+    cannot be read (the MoE backend then stays in the space)."""
+    text = host.get_fact(FileContents, path=f"{cs.model_path}/config.json")
+    try:
+        config = json.loads("\n".join(text or ()))
+    except ValueError:
+        return None
+    return is_moe(config) if isinstance(config, dict) else None
+
+
+def nodes_of(view: NodeView) -> list[Node]:
+    """The model's nodes, its first first: this container, or every node of its group."""
+    cs, _ = view()
+    nodes = []
+    for name in cs.nodes or [host.name]:
+        node = state.inventory.get_host(name)
+        with ctx_host.use(node):
+            nodes.append(Node(node, *view()))
+    return nodes
+
+
+def search(pinned: frozenset[str], view: NodeView) -> None:
+    """At execution: the measured search of this model, from the server as it is found."""
+    nodes = nodes_of(view)
+    first = nodes[0]
+    cs = first.settings
+    space = space_for(cs, model_is_moe(cs), pinned)
+    found = start_of(cs, space)
+    known = installed_flags(cs, remote.path(remote.FLAG_LISTER))
+    refused = refused_flags(host.name, cs, first.gpus, state.inventory, found, space, known)
+    if refused:
+        raise OperationError(f"{host.name}: make tune: sglang {cs.sglang_version} refuses "
+                             f"{len(refused)} value(s) of the space, before any restart:\n  "
+                             + "\n  ".join(refused) + "\nchange tune_space")
+    watch = remote.path(remote.STARTUP_WATCH)
+    # The search starts from a server that serves: each start followed as verify does.
+    for node in nodes:
+        with ctx_host.use(node.host):
+            address = client_address(node.settings.server_host)
+            verify.watch_start(unit_name(node.settings),
+                               f"{base_url(address, node.settings.server_port)}/health",
+                               env_file_path(node.settings), watch,
+                               node.settings.health_timeout_s, node.settings.startup_stall_s)
+    level = objective_concurrency(cs)
+    deployed = Deployed(nodes, state.inventory, watch, remote.path(remote.GPU_SAMPLER),
+                        remote.path(remote.BENCH_RECORD),
+                        remote.path(remote.SERVER_METRICS) if cs.enable_metrics else None, level)
+    tuned = Path(first.host.data.get("tuned_file"))
+    drive = Drive(space, found, cs.tune_budget_s, tuned, level, cs.tune_max_p99_ttft_ms,
+                  cs.bench_low_power_pct)
+    stopped = False
+    try:
+        with ctrl_c_stops(f"{host.name}: make tune"):
+            drive.run(deployed.server())
+    except KeyboardInterrupt:
+        stopped = True
+    finally:
+        # The group's other nodes read the same best from their own tuned files.
+        for node in nodes[1:]:
+            if tuned.exists():
+                write_tuned(Path(node.host.data.get("tuned_file")), tuned.read_text())
+        done = record.read(record.record_path(tuned))
+        logger.info(f"{host.name}: make tune: every try\n" + report.summary_table(done))
+        if done.tries:
+            plot = tuned.with_suffix(".png")
+            report.plot(done, plot, f"{host.name}: make tune")
+            logger.info(f"{host.name}: make tune: best in {tuned}, plot {plot}")
+    if stopped:
+        raise OperationError(f"{host.name}: make tune: stopped with Ctrl-C; the server serves "
+                             f"the best measured (in {tuned}); a new run searches again")
+
+
+@contextmanager
+def ctrl_c_stops(what: str) -> Iterator[None]:
+    """Ctrl-C (SIGINT) during the block raises KeyboardInterrupt in this greenlet, where the
+    drive puts the server on the best before the run ends: pyinfra's own handler would end the
+    process at once, a kill (the next run finishes the search then). A second Ctrl-C is
+    pyinfra's again."""
+    me = gevent.getcurrent()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def stop(signum, frame) -> None:
+        signal.signal(signal.SIGINT, previous)
+        logger.warning(f"{what}: Ctrl-C: putting the server on the best measured (Ctrl-C "
+                       "again ends the run now; the next run would do it)")
+        gevent.kill(me, KeyboardInterrupt)  # scheduled: raised in it when it next runs
+
+    signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _no_gpu() -> None:
+    raise OperationError(f"{host.name}: make tune: the host has no NVIDIA GPU: there is no "
+                         "server to measure; nothing was changed (ARGS=--dry shows the plan)")

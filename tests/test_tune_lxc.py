@@ -1,0 +1,215 @@
+"""``make tune``'s measured search in real LXC containers (systemd, the deploy's unit and env
+file), the two nodes of one model, against the stand-in server in the place of SGLang (no GPU
+here): the stand-in reads a landscape and the flags of the unit the search wrote (its ``python
+-m sglang.launch_server``, through the real launcher, finds the stand-in's shim first); each
+try is measured by the real serving benchmark of sglang 0.5.9 (the venv of
+``test_secrets_lxc``, cached) through the verify phase's own benchmark step, on a file of the
+user's own prompts (``bench_prompts_file``).
+
+Through the pyinfra CLI (tests/deploys/tune.py, ``tasks.tune.tune_steps``): the real flag
+lister reads the installed release's ``server_args.py`` before any restart; a candidate the
+landscape fails to start (out of memory) is recorded as failed; the group is tuned as one and
+left serving the best, each node's unit the one the deploy renders from its tuned file (a
+``make deploy`` right after changes nothing); the key is in no file the search wrote nor in its
+output (about a minute).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+
+from pve_sglang.server.command import LAUNCHER, render_unit, unit_path
+from pve_sglang.server.render import server_files
+from pve_sglang.tuning import record
+from pve_sglang.tuning.deployed import tried
+from pve_sglang.tuning.tuned_file import read_tuned
+from test_secrets_lxc import (
+    BENCH_STACKS,
+    LAUNCHER_SOURCE,
+    LOGS,
+    REPO,
+    STANDIN_DIR,
+    TOKENIZER,
+    TOKENIZER_CONFIG,
+    bench_settings,
+    bench_venv_folder,
+    cached_venv,
+    deploy_argv,
+    hits,
+    install_unit,
+    put,
+    settings,
+    standin_started,
+    test_deploy,
+)
+
+RELEASE = "0.5.9"
+PORT = 39950 + os.getpid() % 40
+#: Two coordinates: no cap serves the 4 clients at once (1 at a time with the cap of 1), and
+#: the larger memory fraction runs out of memory at its start.
+LANDSCAPE = yaml.safe_dump({
+    "space": {"max_running_requests": [1, None], "mem_fraction_static": [0.85, 0.94]},
+    "start": {"max_running_requests": 1, "mem_fraction_static": 0.85},
+    "workload": {"concurrency": 4, "input_len": 12, "output_len": 8},
+    "sglang_defaults": {"cap": 64}, "peak_tok_s": 1000, "half_running": 1,
+    "kv": {"weights_fraction": 0.5, "tokens_per_fraction": 100000},
+    "failures": [{"when": {"mem_fraction_static": {"ge": 0.94}}, "ends": "oom"}],
+})
+# ``python -m sglang.launch_server`` of the deploy's unit, through the real launcher, finds this
+# one first (a drop-in's PYTHONPATH): it starts the stand-in with the unit's flags (the
+# candidate's), the landscape and the pace added.
+SHIM = """\
+import os, sys
+standin = "{standin}"
+os.execv(sys.executable, [sys.executable, standin + "/standin_sglang.py", "--logs",
+         standin + "/logs", "--event-file", "/run/standin-event", "--pause-scale", "0.01",
+         "--token-delay", "0.02", "--landscape", standin + "/landscape.yaml", *sys.argv[1:]])
+"""
+BEST = {"max_running_requests": None, "mem_fraction_static": 0.85}
+
+
+#: The user's prompts (``bench_prompts_file``): 12 words each, in the stand-in tokenizer's words.
+PROMPT_WORDS = 12
+
+
+def prompts_file(tmp_path: Path) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"conversations": [
+        {"content": " ".join(f"w{(n + i) % 200 + 1}" for i in range(PROMPT_WORDS))},
+        {"content": "w1 w2 w3"}]}) + "\n" for n in range(16)))
+    return path
+
+
+def tune_settings(tmp_path: Path) -> dict:
+    return {**bench_settings(RELEASE, tmp_path / "bench-history"), "server_port": PORT,
+            "bench_prompts_file": str(prompts_file(tmp_path)),
+            "bench_preset": "full", "bench_concurrencies": [4], "tune_concurrency": 4,
+            "bench_num_prompts": 8, "bench_prompts_per_concurrency": 2,
+            "enable_metrics": True, "bench_metrics_sample_ms": 100,
+            "extra_server_args": ["--device", "cpu"],
+            "max_running_requests": 1, "mem_fraction_static": 0.85,
+            "tune_space": {"max_running_requests": [1, None],
+                           "mem_fraction_static": [0.85, 0.94]}}
+
+
+def serving_node(box, s) -> str:
+    """BOX serving as the deploy left it, the stand-in in the place of sglang; its unit."""
+    for name in ("standin_sglang.py", "landscape.py"):
+        put(box, f"{STANDIN_DIR}/{name}", (REPO / "tests" / name).read_text())
+    for log in LOGS.glob("*.log"):
+        put(box, f"{STANDIN_DIR}/logs/{log.name}", log.read_text())
+    put(box, f"{STANDIN_DIR}/landscape.yaml", LANDSCAPE)
+    put(box, f"{STANDIN_DIR}/shim/sglang/__init__.py", "")
+    put(box, f"{STANDIN_DIR}/shim/sglang/launch_server.py", SHIM.format(standin=STANDIN_DIR))
+    put(box, LAUNCHER, LAUNCHER_SOURCE.read_text())
+    put(box, f"{s.model_path}/tokenizer.json", json.dumps(TOKENIZER))
+    put(box, f"{s.model_path}/tokenizer_config.json", json.dumps(TOKENIZER_CONFIG))
+    put(box, f"{s.model_path}/config.json", json.dumps({"model_type": "llama"}))  # dense
+    # The deploy's env file and unit, as the container phase renders them for this node.
+    unit = install_unit(box, s, server_files(box.inventory_name, s, [], None).argv)
+    standin_started(box, unit, f"Environment=PYTHONPATH={STANDIN_DIR}/shim")
+    return unit
+
+
+def starts(box, unit: str) -> int:
+    return int(box.attach(f"journalctl -u {unit} -o cat | grep -c '^Started {unit}'").stdout)
+
+
+def test_a_two_node_group_is_tuned_as_one_and_left_serving_the_best_as_the_deploy_renders_it(
+        lxc_env, lxc_container_factory, tmp_path, sglang_wheel):
+    """The two nodes of one model (``nodes``), both in the run: the first searches; each try
+    is written to both units and restarts both; both are left on the best, each with its tuned
+    file."""
+    venv = cached_venv(lxc_env, RELEASE, BENCH_STACKS[RELEASE], bench_venv_folder(RELEASE),
+                       sglang_wheel)
+    boxes = lxc_container_factory(2, extra_config=[
+        f"lxc.mount.entry = {venv} {settings().venv_path.strip('/')} none bind,create=dir 0 0",
+    ])
+    overrides = {**tune_settings(tmp_path), "nodes": [box.inventory_name for box in boxes],
+                 "dist_init_addr": "192.0.2.1"}
+    s = settings(**overrides)
+    units = [serving_node(box, s) for box in boxes]
+    unit = units[0]
+    tuned_files = [tmp_path / "tuned" / f"lab-{n}.yml" for n in range(2)]
+    hosts = [(box, {"settings": overrides, "tuned_file": str(tuned)})
+             for box, tuned in zip(boxes, tuned_files)]
+    box, tuned = boxes[0], tuned_files[0]
+
+    # Ctrl-C at a terminal (SIGINT to the run's process group) once 4 tries are recorded: the
+    # group is put on the best so far before the run ends.
+    run = subprocess.Popen(deploy_argv("tests/deploys/tune.py", *hosts), cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    deadline = time.monotonic() + 300
+    while len(record.read(record.record_path(tuned)).tries) < 4:
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-4000:]
+        time.sleep(0.2)
+    os.killpg(run.pid, signal.SIGINT)
+    stopped_log = run.communicate(timeout=300)[0]
+    stopped = record.read(record.record_path(tuned))
+    assert run.returncode != 0 and "stopped with Ctrl-C" in stopped_log, stopped_log[-4000:]
+    assert stopped.ended and stopped.ended["stopped"] == "stopped before its end"
+    so_far = stopped.ended["best"]
+    assert read_tuned(tuned) == read_tuned(tuned_files[1]) == so_far
+    for node in boxes:
+        assert node.attach(["systemctl", "is-active", unit]).stdout.strip() == "active"
+        assert node.attach(["cat", unit_path(s)]).stdout == render_unit(
+            tried(s, so_far), server_files(node.inventory_name, tried(s, so_far), [], None).argv)
+
+    # Run again to its end: a new search from the flags found (the best so far).
+    log, elapsed = test_deploy("tests/deploys/tune.py", *hosts)
+
+    # The best: no cap (the landscape's 4 streams against 1), the fraction that starts.
+    assert read_tuned(tuned) == BEST, tuned.read_text()
+    kept = record.read(record.record_path(tuned))
+    assert kept.ended and kept.ended["best"] == BEST
+    endings = [t.outcome.ended for t in kept.tries]
+    print(f"make tune in LXC: {len(kept.tries)} tries ({endings}) in {elapsed:.0f}s")
+    assert "oom" in endings and endings.count("measured") >= 4
+    oom = next(t for t in kept.tries if t.outcome.ended == "oom")
+    assert oom.proposal.candidate["mem_fraction_static"] == 0.94
+    rows = [t.outcome.row for t in kept.tries if t.outcome.ok]
+    # Measured by the real benchmark's record, with the server's own metrics beside it.
+    assert all(r["successful_requests"] >= 4 and r["concurrency"] == 4 for r in rows), rows
+    # The user's prompts (12 words each), not the random ones of bench_input_len (16).
+    assert all(r["total_input_tokens"] == PROMPT_WORDS * r["successful_requests"]
+               for r in rows), rows
+    assert any(r.get("running_reqs_max") for r in rows), rows
+    fast = [t.outcome.objective for t in kept.tries
+            if t.outcome.ok and t.proposal.candidate["max_running_requests"] is None]
+    slow = [t.outcome.objective for t in kept.tries
+            if t.outcome.ok and t.proposal.candidate["max_running_requests"] == 1]
+    assert min(fast) > 1.5 * max(slow), (fast, slow)
+    assert "every try" in log and "tuned with its group, by its first node" in log
+
+    # Both nodes left serving the best, each with the unit the deploy renders from its tuned
+    # file: a deploy right after writes the same bytes and restarts nothing. Each try restarted
+    # both nodes together.
+    best = tried(s, BEST)
+    assert read_tuned(tuned_files[1]) == BEST
+    assert starts(boxes[0], unit) == starts(boxes[1], unit) > len(kept.tries) // 2
+    assert hits(stopped_log) == 0
+    for number, node in enumerate(boxes):
+        path = unit_path(s)
+        rendered = render_unit(best, server_files(node.inventory_name, best, [], None).argv)
+        assert node.attach(["cat", path]).stdout == rendered
+        assert f"--node-rank {number}" in rendered
+        assert node.attach(["systemctl", "is-active", unit]).stdout.strip() == "active"
+        # Written before the server's start: no restart pending for the deploy's unit step.
+        node.attach(f'[ "$(stat -c %Y {path})" -le "$(date -d "$(systemctl show -p '
+                    f'ExecMainStartTimestamp --value {unit})" +%s)" ]')
+        serving = node.attach(f"tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value "
+                              f"{unit})/cmdline").stdout
+        assert "--mem-fraction-static 0.85" in serving and "--max-running-requests" not in serving
+    # The key is in no file the search wrote here and not in its output.
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".png"]
+    assert tuned_files[0].with_suffix(".png").exists()
+    assert hits(log) == 0 and not [p for p in written if hits(p.read_text(errors="replace"))]
+    assert yaml.safe_load(tuned.read_text()) == BEST
