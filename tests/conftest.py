@@ -120,9 +120,17 @@ def compile_sources() -> None:
             compileall.compile_file(path, quiet=2)
 
 
+#: ``sys.dont_write_bytecode`` as the process started (PYTHONDONTWRITEBYTECODE).
+_DONT_WRITE_BYTECODE = sys.dont_write_bytecode
+
+
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):
         compile_sources()
+    # Where PYTHONDONTWRITEBYTECODE is set, every test process (each pytest-xdist worker, each
+    # run) rewrote the asserts of every test module again (3 s of CPU each): while collecting,
+    # pytest keeps its rewritten modules in __pycache__ (written whole, then renamed).
+    sys.dont_write_bytecode = False
     if os.geteuid() != 0 or config.option.basetemp or hasattr(config, "workerinput"):
         return  # not root, told where, or a pytest-xdist worker (given a folder of the run's)
     RUNS_TEMP.mkdir(mode=0o711, exist_ok=True)
@@ -133,6 +141,10 @@ def pytest_configure(config):
     for run in finished[:-RUNS_KEPT] if RUNS_KEPT else finished:
         subprocess.run(["rm", "-rf", "--one-file-system", str(run)], check=False)
     config.option.basetemp = str(RUNS_TEMP / f"run-{os.getpid()}")
+
+
+def pytest_collection_finish(session):
+    sys.dont_write_bytecode = _DONT_WRITE_BYTECODE
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers set here
@@ -213,6 +225,17 @@ def pytest_runtest_protocol(item, nextitem):
         return
     with lxc_env_module.machine_turn(exclusive=item.get_closest_marker("machine") is not None):
         yield
+
+
+@pytest.fixture(scope="session")
+def pyinfra_cli(tmp_path_factory):
+    """``pyinfra_cli(*args, env=...)``: the real ``pyinfra`` CLI in the repository, each run
+    forked from one interpreter that imported it once (tests/cli_runs.py)."""
+    from cli_runs import PyinfraCli
+
+    cli = PyinfraCli(tmp_path_factory.mktemp("pyinfra-cli"))
+    yield cli
+    cli.close()
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_runs import PyinfraCli
+
 REPO = Path(__file__).resolve().parent.parent
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 SUMMARY_FILE = REPO / ".cache" / "test_hosts_files_summary.json"
@@ -244,22 +246,11 @@ RESULTS: dict[str, dict] = {}
 
 
 class Cli:
-    """The real pyinfra CLI, run in the repository on a hosts file.
+    """The real pyinfra CLI (``pyinfra_cli``), run in the repository on a hosts file."""
 
-    Runs go through ``pyinfra_forkserver.py`` (one interpreter that imported the CLI once,
-    forking a fresh child per run); ``PVE_SGLANG_TEST_CLI=subprocess`` starts the
-    ``pyinfra`` console script for every run instead.
-    """
-
-    def __init__(self, tmp_dir: Path):
-        self.tmp_dir = tmp_dir
+    def __init__(self, cli: PyinfraCli, tmp_dir: Path):
+        self.cli, self.tmp_dir = cli, tmp_dir
         self.runs = 0
-        self.server = None
-        if os.environ.get("PVE_SGLANG_TEST_CLI") != "subprocess":
-            self.server = subprocess.Popen(
-                [sys.executable, str(Path(__file__).with_name("pyinfra_forkserver.py"))],
-                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            )
 
     def __call__(self, content: str | bytes, *args: str, deploy: bool = False,
                  env: dict | None = None) -> subprocess.CompletedProcess:
@@ -268,31 +259,16 @@ class Cli:
         run_dir.mkdir()
         hosts = run_dir / "hosts.yml"
         hosts.write_bytes(content if isinstance(content, bytes) else content.encode())
-        argv = ["pyinfra", "inventory.py", *(["deploy.py", "--dry"] if deploy else ["debug-inventory"]), *args]
         environ = {**os.environ, "PVE_SGLANG_HOSTS": str(hosts), **(env or {})}
         environ.pop("PVE_SGLANG_TEST_UNSET", None)
-        if self.server is None:
-            argv[0] = str(PYINFRA)
-            return subprocess.run(argv, cwd=REPO, env=environ, capture_output=True, text=True, timeout=120)
-        out, err = run_dir / "stdout", run_dir / "stderr"
-        job = {"argv": argv, "env": environ, "cwd": str(REPO), "stdout": str(out), "stderr": str(err)}
-        self.server.stdin.write(json.dumps(job) + "\n")
-        self.server.stdin.flush()
-        rc = json.loads(self.server.stdout.readline())["rc"]
-        return subprocess.CompletedProcess(argv, rc, out.read_text(errors="replace"), err.read_text(errors="replace"))
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.stdin.close()
-            self.server.wait(timeout=30)
+        return self.cli("inventory.py", *(["deploy.py", "--dry"] if deploy else
+                                          ["debug-inventory"]), *args, env=environ)
 
 
 @pytest.fixture(scope="module")
-def run_cli(tmp_path_factory):
+def run_cli(pyinfra_cli, tmp_path_factory):
     """Run ``pyinfra inventory.py debug-inventory ARGS`` (or ``deploy.py --dry``) on a file."""
-    cli = Cli(tmp_path_factory.mktemp("cli"))
-    yield cli
-    cli.close()
+    return Cli(pyinfra_cli, tmp_path_factory.mktemp("cli"))
 
 
 @pytest.mark.parametrize("name", list(CASES))

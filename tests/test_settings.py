@@ -1,8 +1,6 @@
 """Bad host data stops the run before any host is contacted, naming host, field and value."""
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,6 @@ from pve_sglang.config.settings import (
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "hosts.example.yml"
-PYINFRA = Path(sys.executable).parent / "pyinfra"
 
 
 def example() -> dict:
@@ -34,14 +31,11 @@ def first_container(hosts: dict) -> dict:
     return hosts["pve1"]["containers"][0]
 
 
-def run_dry(tmp_path: Path, hosts: dict) -> subprocess.CompletedProcess:
+def run_dry(cli, tmp_path: Path, hosts: dict) -> subprocess.CompletedProcess:
+    """``pyinfra inventory.py deploy.py --dry`` on HOSTS, through CLI (``pyinfra_cli``)."""
     hosts_file = tmp_path / "hosts.yml"
     hosts_file.write_text(yaml.safe_dump(hosts))
-    env = {**os.environ, "PVE_SGLANG_HOSTS": str(hosts_file)}
-    return subprocess.run(
-        [str(PYINFRA), "inventory.py", "deploy.py", "--dry"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )
+    return cli("inventory.py", "deploy.py", "--dry", env={"PVE_SGLANG_HOSTS": str(hosts_file)})
 
 
 def _set(path: list, value):
@@ -85,11 +79,11 @@ BAD_VALUES = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_VALUES))
-def test_bad_value_stops_cli_before_connecting(tmp_path, case):
+def test_bad_value_stops_cli_before_connecting(pyinfra_cli, tmp_path, case):
     edit, expected = BAD_VALUES[case]
     hosts = example()
     edit(hosts)
-    result = run_dry(tmp_path, hosts)
+    result = run_dry(pyinfra_cli, tmp_path, hosts)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "invalid settings" in result.stderr
     for text in expected:
@@ -98,8 +92,8 @@ def test_bad_value_stops_cli_before_connecting(tmp_path, case):
     assert "Connecting to hosts" not in result.stdout + result.stderr
 
 
-def test_example_hosts_file_is_valid_and_reaches_connecting(tmp_path):
-    result = run_dry(tmp_path, example())
+def test_example_hosts_file_is_valid_and_reaches_connecting(pyinfra_cli, tmp_path):
+    result = run_dry(pyinfra_cli, tmp_path, example())
     output = result.stdout + result.stderr
     assert "Connecting to hosts" in output, output
     assert "Traceback" not in output and "internal exception" not in output, output

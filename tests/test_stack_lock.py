@@ -17,8 +17,6 @@ from pve_sglang.stack import lock as stack_lock
 from pve_sglang.operations.venv import lock_differences
 from pve_sglang.project import load_defaults
 
-REPO = Path(__file__).resolve().parents[1]
-PYINFRA = Path(sys.executable).parent / "pyinfra"
 #: The default set's lock for Debian 12 (the defaults' stack_python).
 SHIPPED = stack_lock.SHIPPED / stack_lock.default_key().name
 SGLANG = load_defaults()["sglang_version"]
@@ -76,25 +74,23 @@ def other_set(path: Path) -> str:
                                                          "platform x86_64-manylinux_2_28,")),
      "made for platform x86_64-manylinux_2_28, the containers are x86_64-manylinux_2_36"),
 ])
-def test_a_lock_that_is_not_the_pinned_set_is_refused_before_anything_runs(tmp_path, make, expected):
+def test_a_lock_that_is_not_the_pinned_set_is_refused_before_anything_runs(pyinfra_cli, tmp_path,
+                                                                          make, expected):
     lock = make(tmp_path / "given.lock")
     hosts = tmp_path / "hosts.yml"
     hosts.write_text(yaml.safe_dump({"pve1": {
         "ssh_hostname": "192.0.2.10", "platform": "pve",
         "containers": [{"vmid": 105, "gpus": [0], "stack_lock": lock}]}}))
-    env = {**os.environ, "PVE_SGLANG_HOSTS": str(hosts)}
+    env = {"PVE_SGLANG_HOSTS": str(hosts)}
     for args in (["debug-inventory"], ["deploy.py", "--dry"]):
-        done = subprocess.run([str(PYINFRA), "inventory.py", *args], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=120)
+        done = pyinfra_cli("inventory.py", *args, env=env)
         assert done.returncode == 2, done.stdout + done.stderr
         assert "host pve1, container 105" in done.stderr and "field 'stack_lock'" in done.stderr
         assert expected in done.stderr and "Traceback" not in done.stderr
     # The same lock through --data.
     hosts.write_text(yaml.safe_dump({"pve1": {"ssh_hostname": "192.0.2.10", "platform": "pve",
                                               "containers": [{"vmid": 105, "gpus": [0]}]}}))
-    done = subprocess.run([str(PYINFRA), "inventory.py", "--data", f"stack_lock={lock}",
-                           "debug-inventory"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = pyinfra_cli("inventory.py", "--data", f"stack_lock={lock}", "debug-inventory", env=env)
     assert done.returncode == 2 and expected in done.stderr, done.stderr
 
 
