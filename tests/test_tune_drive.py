@@ -1,7 +1,7 @@
 """One container's search driven against a real server process: the stand-in server
 (tests/standin_sglang.py) reading a landscape written here (no code for it), restarted with
 the flags ``server_argv`` renders for each try, measured with real requests and its /metrics.
-A local process, no LXC container and no GPU (about 17 s).
+A local process, no LXC container and no GPU (about 12 s).
 
 The search finds the landscape's best (no cap, the fast backend) past a degenerate backend and
 an out-of-memory fraction, writes the tuned file and its record, and leaves the server on the
@@ -50,7 +50,7 @@ failures:
   - {when: {mem_fraction_static: {ge: 0.94}}, ends: oom}
 """
 CLIENTS = 4
-WHOLE_S = 0.8
+WHOLE_S = 0.5
 
 
 class StandinServer:
@@ -79,7 +79,7 @@ class StandinServer:
             self.proc = subprocess.Popen(
                 [sys.executable, str(STANDIN), "--logs", str(LOGS), "--port", str(port),
                  "--event-file", str(self.tmp / "event"), "--pause-scale", "0.01",
-                 "--enable-metrics", "--token-delay", "0.01", "--landscape",
+                 "--enable-metrics", "--token-delay", "0.006", "--landscape",
                  str(self.landscape), *served_flags("0.5.23", **candidate)],
                 stdout=out, stderr=subprocess.STDOUT,
                 env={"SGLANG_API_KEY": KEY, "PATH": "/usr/bin:/bin"})
