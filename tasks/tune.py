@@ -28,6 +28,7 @@ from pve_sglang import remote
 from pve_sglang.config.settings import ContainerSettings, base_url, client_address, host_settings
 from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.operations import verify
+from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.server.command import env_file_path, unit_name
 from pve_sglang.tuning import record, report
 from pve_sglang.tuning.deployed import Deployed, Node, installed_flags, refused_flags
@@ -90,7 +91,7 @@ def group_in_limit(cs: ContainerSettings) -> None:
     missing = [name for name in cs.nodes
                if not state.is_host_in_limit(state.inventory.get_host(name))]
     if missing:
-        raise OperationError(
+        raise PreflightError(
             f"{host.name}: make tune: nodes {cs.nodes}: a multi-node group is tuned as one, and "
             f"{', '.join(missing)} is not in this run; allowed: --limit with every node of the "
             "group; nothing was changed")

@@ -142,13 +142,13 @@ def test_a_two_node_group_is_tuned_as_one_and_left_serving_the_best_as_the_deplo
              for box, tuned in zip(boxes, tuned_files)]
     box, tuned = boxes[0], tuned_files[0]
 
-    # Ctrl-C at a terminal (SIGINT to the run's process group) once 4 tries are recorded: the
+    # Ctrl-C at a terminal (SIGINT to the run's process group) once 2 tries are recorded: the
     # group is put on the best so far before the run ends.
     run = subprocess.Popen(deploy_argv("tests/deploys/tune.py", *hosts), cwd=REPO,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
     deadline = time.monotonic() + 300
-    while len(record.read(record.record_path(tuned)).tries) < 4:
+    while len(record.read(record.record_path(tuned)).tries) < 2:
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-4000:]
         time.sleep(0.2)
     os.killpg(run.pid, signal.SIGINT)
@@ -213,3 +213,14 @@ def test_a_two_node_group_is_tuned_as_one_and_left_serving_the_best_as_the_deplo
     assert tuned_files[0].with_suffix(".png").exists()
     assert hits(log) == 0 and not [p for p in written if hits(p.read_text(errors="replace"))]
     assert yaml.safe_load(tuned.read_text()) == BEST
+
+    # One node of the group alone (--limit): refused before any change.
+    before = [starts(node, unit) for node in boxes]
+    alone = subprocess.run([*deploy_argv("tests/deploys/tune.py", *hosts), "--limit",
+                            boxes[1].inventory_name], cwd=REPO, capture_output=True, text=True,
+                           timeout=300)
+    assert alone.returncode != 0, alone.stdout[-3000:]
+    assert (f"a multi-node group is tuned as one, and {boxes[0].inventory_name} is not in this "
+            "run" in alone.stdout + alone.stderr), (alone.stdout + alone.stderr)[-3000:]
+    assert [starts(node, unit) for node in boxes] == before
+    assert read_tuned(tuned) == BEST and kept.tries == record.read(record.record_path(tuned)).tries
