@@ -21,10 +21,10 @@ endef
 # as root, so that a fresh clone on this machine finds them (CI's .ci/run uses the same folder).
 export PVE_SGLANG_TEST_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/pve-sglang-tests,$(CURDIR)/.cache)
 # The suite runs on TEST_WORKERS pytest workers (pytest-xdist), each taking a whole module at a
-# time, so that a module's shared container is made once (TEST_WORKERS=0: one process). Three
+# time, so that a module's shared container is made once (TEST_WORKERS=0: one process). Four
 # on 2 cores: the LXC modules wait on systemd and servers more than they compute (2 workers:
-# 15:59, 3: 14:49 with a fast-tier run beside it, one evening, same machine).
-TEST_WORKERS ?= 3
+# 15:59, 3: 14:49, one evening; 3: 15:29, 4: 14:20, one sitting, with make tune's LXC test).
+TEST_WORKERS ?= 4
 workers = $(if $(filter 0,$(TEST_WORKERS)),,-n $(1) --dist loadscope)
 PYTEST_WORKERS = $(call workers,$(TEST_WORKERS))
 # The fast tier waits more than it computes (local servers, the stand-in's pauses): 4 workers on
