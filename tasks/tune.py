@@ -25,11 +25,9 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations import python
 
 from pve_sglang import remote
-from pve_sglang.config.settings import ContainerSettings, base_url, client_address, host_settings
+from pve_sglang.config.settings import ContainerSettings, host_settings
 from pve_sglang.gpu.passthrough import select_gpus
-from pve_sglang.operations import verify
 from pve_sglang.runtime.errors import PreflightError
-from pve_sglang.server.command import env_file_path, unit_name
 from pve_sglang.tuning import record, report
 from pve_sglang.tuning.deployed import Deployed, Node, installed_flags, refused_flags
 from pve_sglang.tuning.drive import Drive
@@ -132,19 +130,14 @@ def search(pinned: frozenset[str], view: NodeView) -> None:
         raise OperationError(f"{host.name}: make tune: sglang {cs.sglang_version} refuses "
                              f"{len(refused)} value(s) of the space, before any restart:\n  "
                              + "\n  ".join(refused) + "\nchange tune_space")
-    watch = remote.path(remote.STARTUP_WATCH)
-    # The search starts from a server that serves: each start followed as verify does.
+    level = objective_concurrency(cs)
+    deployed = Deployed(nodes, state.inventory, remote.path(remote.STARTUP_WATCH),
+                        remote.path(remote.GPU_SAMPLER), remote.path(remote.BENCH_RECORD),
+                        remote.path(remote.SERVER_METRICS) if cs.enable_metrics else None, level)
+    # The search starts from a server that serves: each start followed as each try's is.
     for node in nodes:
         with ctx_host.use(node.host):
-            address = client_address(node.settings.server_host)
-            verify.watch_start(unit_name(node.settings),
-                               f"{base_url(address, node.settings.server_port)}/health",
-                               env_file_path(node.settings), watch,
-                               node.settings.health_timeout_s, node.settings.startup_stall_s)
-    level = objective_concurrency(cs)
-    deployed = Deployed(nodes, state.inventory, watch, remote.path(remote.GPU_SAMPLER),
-                        remote.path(remote.BENCH_RECORD),
-                        remote.path(remote.SERVER_METRICS) if cs.enable_metrics else None, level)
+            deployed.follow_start(node, node.settings)
     tuned = Path(first.host.data.get("tuned_file"))
     drive = Drive(space, found, cs.tune_budget_s, tuned, level, cs.tune_max_p99_ttft_ms,
                   cs.bench_low_power_pct)

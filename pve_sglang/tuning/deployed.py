@@ -121,9 +121,7 @@ class Deployed:
         for node, cs in tried_on:
             with ctx_host.use(node.host):
                 try:
-                    verify.watch_start(unit_name(cs), f"{self.url(node)}/health",
-                                       env_file_path(cs), self.watch, cs.health_timeout_s,
-                                       cs.startup_stall_s)
+                    self.follow_start(node, cs)
                 except OperationError as failure:
                     words = str(failure)
                     logger.warning(f"{host.name}: make tune: {words.splitlines()[0]}")
@@ -138,6 +136,12 @@ class Deployed:
                 logger.warning(f"{host.name}: make tune: {failure}")
                 return "degenerate" if "degenerate" in str(failure) else "start"
         return ""
+
+    def follow_start(self, node: Node, cs: ContainerSettings) -> None:
+        """NODE's start on CS followed until it serves, as the verify phase follows it
+        (``verify.watch_start``, with pyinfra's ``host`` NODE); raises ``OperationError``."""
+        verify.watch_start(unit_name(cs), f"{self.url(node)}/health", env_file_path(cs),
+                           self.watch, cs.health_timeout_s, cs.startup_stall_s)
 
     def _write_unit(self, node: Node, cs: ContainerSettings) -> None:
         """NODE's unit for CS, as the container phase renders it, written whole; systemd told."""
