@@ -571,8 +571,7 @@ def _build_host(
             # The search's settings the container's own entry sets: the user's, never tuned.
             "tune_pinned": sorted(set(container) & set(COORDINATES)),
             # Where make tune keeps its best for this container (read back above, ``_tuned``).
-            "tuned_file": str(tuned_path({**defaults, **data, **override}["tune_dir"],
-                                         host_name, str(key))),
+            "tuned_file": str(_tuned_file(host_name, key, data, defaults, override)),
             data_key: key,
             **({"lxc_path": host_settings.lxc_path} if platform == "lxc" else {}),
         }))
@@ -648,14 +647,21 @@ def _validated_container(host_name: str, key: Any, container: dict[str, Any],
     return data
 
 
+def _tuned_file(host_name: str, key: Any, data: dict[str, Any], defaults: dict[str, Any],
+                override: dict[str, Any]) -> Path | None:
+    """Where make tune keeps the best of container KEY: in its ``tune_dir`` (None where that
+    is not a path: the settings' own check names it)."""
+    tune_dir = {**defaults, **data, **override}.get("tune_dir")
+    return tuned_path(tune_dir, host_name, str(key)) if isinstance(tune_dir, str) else None
+
+
 def _tuned(host_name: str, key: Any, data: dict[str, Any], defaults: dict[str, Any],
            override: dict[str, Any]) -> dict[str, Any]:
     """The container's tuned file (``make tune``'s best), less what its own entry or ``--data``
     sets: those are the user's and win."""
-    tune_dir = {**defaults, **data, **override}.get("tune_dir")
-    if not isinstance(tune_dir, str):
+    path = _tuned_file(host_name, key, data, defaults, override)
+    if path is None:
         return {}  # the settings' own check names a bad tune_dir
-    path = tuned_path(tune_dir, host_name, str(key))
     try:
         tuned = read_tuned(path)
     except TunedFileError as error:
