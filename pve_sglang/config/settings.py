@@ -7,6 +7,7 @@ Every field is required here, because the data they validate always carries the 
 from __future__ import annotations
 
 import difflib
+import functools
 import ipaddress
 import json
 import os
@@ -181,9 +182,18 @@ def prompts_file(value: str) -> str:
     (or ``conversation``) a list whose first two turns have a ``content`` (or ``value``) text,
     the prompt and an answer. Checked whole: the benchmark skips a line it cannot read."""
     local_file(value)
-    size = os.path.getsize(value)
-    if size > PROMPTS_FILE_MAX_BYTES:
-        raise ValueError(f"{size} bytes; allowed: at most {PROMPTS_FILE_MAX_BYTES} bytes")
+    found = os.stat(value)
+    if found.st_size > PROMPTS_FILE_MAX_BYTES:
+        raise ValueError(f"{found.st_size} bytes; allowed: at most {PROMPTS_FILE_MAX_BYTES} "
+                         "bytes")
+    _checked_prompts(value, found.st_size, found.st_mtime_ns)
+    return value
+
+
+@functools.lru_cache(maxsize=16)
+def _checked_prompts(value: str, size: int, mtime_ns: int) -> None:
+    """``prompts_file``'s reading of the file, once per version of it (SIZE, MTIME_NS): the
+    settings are validated again for every host and every try of a search."""
     rows = 0
     with open(value, encoding="utf-8", errors="strict") as lines:
         try:
@@ -196,7 +206,6 @@ def prompts_file(value: str) -> str:
     if not rows:
         raise ValueError("no prompt in it; allowed: a JSONL file, one "
                          '{"conversations": [{"content": PROMPT}, {"content": ANSWER}]} a line')
-    return value
 
 
 def _prompt_row(line: str, number: int) -> None:
