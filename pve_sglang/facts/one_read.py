@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from enum import Enum
 
-from pyinfra.api import FactBase, StringCommand
+from pyinfra.api import FactBase, OperationError, StringCommand
+from pyinfra.api.exceptions import MissingCommandError
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Hostname
 from typing_extensions import override
@@ -73,6 +74,17 @@ class PartMissingCommand:
 
     def __init__(self, command: str):
         self.command = command
+
+
+def checked(kind: Enum, args: tuple, value, where: str = "in the container"):
+    """VALUE of part KIND for ARGS, or the error its read ended with (a missing command, a
+    failed part), raised as pyinfra raises it for a fact read alone."""
+    if isinstance(value, PartMissingCommand):
+        raise MissingCommandError(value.command)
+    if isinstance(value, PartFailed):
+        raise OperationError(f"could not read {kind} {args or ''} {where} "
+                             f"(exit status {value.rc}): {' '.join(value.lines[-3:])}")
+    return value
 
 
 def part_command(kind: Enum, args: tuple, table: dict = PARTS) -> StringCommand | str:

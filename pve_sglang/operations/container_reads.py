@@ -26,11 +26,9 @@ tests) reads each part with its own fact, as before.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from enum import Enum
 
 from pyinfra import host
-from pyinfra.api import OperationError, QuoteString, StringCommand, operation
-from pyinfra.api.exceptions import MissingCommandError
+from pyinfra.api import QuoteString, StringCommand, operation
 
 from pve_sglang import remote
 
@@ -40,8 +38,7 @@ from pve_sglang.facts.one_read import (
     PARTS,
     ContainerState,
     Part,
-    PartFailed,
-    PartMissingCommand,
+    checked,
     part_values,
 )
 
@@ -94,9 +91,8 @@ def _store(kind: Part, args: tuple, value) -> None:
         else:  # failed: every asked path holds the failure
             cache.memo(Kind.PATHS).update(dict.fromkeys(args[0], value))
         return
-    key = _key(kind, args)
+    key, through = _key(kind, args), _read_through(kind, args)
     cache.memo(MEMO[kind])[key] = value
-    through = _read_through(kind, args)
     if through is not None:
         cache.depends(through, MEMO[kind], key)
 
@@ -107,7 +103,7 @@ def _read_through(kind: Part, args: tuple) -> str | None:
         # It runs the patch script's --check: a new script forgets what the old one said.
         return remote.path(remote.AUTOTUNE_PATCH, args[1])
     if kind is Part.UNIT:
-        # Writing the unit file moves its NeedDaemonReload (``server.command.unit_path``).
+        # Writing the unit file moves its NeedDaemonReload (``server.unit_text.unit_path``).
         return f"/etc/systemd/system/{args[0]}"
     return None
 
@@ -115,17 +111,6 @@ def _read_through(kind: Part, args: tuple) -> str | None:
 def _read_alone(kind: Part, args: tuple):
     fact, names = PARTS[kind]
     return host.get_fact(fact, **dict(zip(names, args)))
-
-
-def checked(kind: Enum, args: tuple, value, where: str = "in the container"):
-    """VALUE of part KIND for ARGS, or the error its read ended with (a missing command, a
-    failed part), raised as pyinfra raises it for a fact read alone."""
-    if isinstance(value, PartMissingCommand):
-        raise MissingCommandError(value.command)
-    if isinstance(value, PartFailed):
-        raise OperationError(f"could not read {kind} {args or ''} {where} "
-                             f"(exit status {value.rc}): {' '.join(value.lines[-3:])}")
-    return value
 
 
 def read(kind: Part | str, *args):
@@ -165,10 +150,10 @@ def _read(wanted: list[tuple[Part, tuple]]) -> None:
     wanted = [(Part(kind), args) for kind, args in wanted]
     if len(wanted) == 1:
         kind, args = wanted[0]
-        _store(kind, args, _read_alone(kind, args))
-        return
-    parts = tuple(wanted)
-    values = part_values(parts, host.get_fact(ContainerState, parts=parts))
+        values = {(kind, args): _read_alone(kind, args)}
+    else:
+        parts = tuple(wanted)
+        values = part_values(parts, host.get_fact(ContainerState, parts=parts))
     for (kind, args), value in values.items():
         _store(kind, args, value)
 

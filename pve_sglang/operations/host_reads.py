@@ -31,9 +31,8 @@ from pyinfra import host
 
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
-from pve_sglang.facts.one_read import part_values
+from pve_sglang.facts.one_read import checked, part_values
 from pve_sglang.facts.lxc_host import HOST_PARTS, HostPart, LxcHostState
-from pve_sglang.operations.container_reads import checked
 
 #: The per-stage cache each kind is kept in (``cache.memo``).
 MEMO = {HostPart.STATUS: Kind.LXC_STATUS, HostPart.CONFIG: Kind.FILE_CONTENTS,

@@ -353,7 +353,8 @@ def together(venv_path: str, lock_file: str, service: str, wanted: str, release:
                               wanted="68a87c7696509d54", release="sglang 0.5.10",
                               nodes=["ct101", "ct102"])
     """
-    found = found_of(venv_path, read(venv_path, lock_file, service))
+    raw = read(venv_path, lock_file, service)
+    found = found_of(venv_path, raw)
     current = found.current if found.kind == "link" else found.plain_lock
     missing = switch_rules.not_together(nodes, in_run(), current, wanted)
     if missing:
