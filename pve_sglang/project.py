@@ -8,7 +8,7 @@ modules of the package and stay at the checkout's root, where pyinfra's layout p
 + ``group_data/all.py``: the defaults. pyinfra loads ``group_data/`` next to the inventory; the
   settings models read the same file (``load_defaults``), so the defaults live once;
 + ``templates/``: the Jinja2 templates of the files the deploy writes (``sglang.service.j2``,
-  ``sglang.env.j2``, ``nvidia-uvm.conf.j2``, ...), for ``server.command`` and ``files.template``.
+  ``sglang.env.j2``, ``nvidia-uvm.conf.j2``, ...), for ``server.unit_text`` and ``files.template``.
 
 The library finds them through ``project_file`` alone. It resolves against the checkout that
 holds this package (not the current directory), so pyinfra may be started from anywhere; an

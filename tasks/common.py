@@ -19,7 +19,7 @@ from pve_sglang.config.settings import ContainerSettings
 from pve_sglang.facts.one_read import Part
 from pve_sglang.operations import container_reads, paths
 from pve_sglang.preflight import driver_and_gpus
-from pve_sglang.server.command import unit_name
+from pve_sglang.server.unit_text import unit_name
 from pve_sglang.stack import switch_rules
 from pve_sglang.stack.identity import settings_stack_path
 

@@ -23,8 +23,14 @@ from tasks.common import expect_container_reads, host_gpus, run_when_container_e
 from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.server.render import ServerFiles, server_files
 from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
-from pve_sglang.server.command import (LAUNCHER, env_file_path, fallback_unit_name, fallback_unit_path,
-                                       unit_name, unit_path)
+from pve_sglang.server.unit_text import (
+    LAUNCHER,
+    env_file_path,
+    fallback_unit_name,
+    fallback_unit_path,
+    unit_name,
+    unit_path,
+)
 from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
 from pve_sglang.stack import switch_rules
 from pve_sglang.stack import store_retention

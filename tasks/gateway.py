@@ -27,7 +27,8 @@ from pve_sglang.operations.changes import any_changed
 from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.server.bench import bench_levels, bench_runs
 from pve_sglang.server.bench_history import run_meta
-from pve_sglang.server.command import env_file_path, venv_python
+from pve_sglang.server.command import venv_python
+from pve_sglang.server.unit_text import env_file_path
 from pve_sglang.stack.store_retention import user_path
 from tasks.common import run_when_container_exists, upload_script
 from tasks.container import store_user_key

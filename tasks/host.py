@@ -36,7 +36,7 @@ from pve_sglang import remote
 from pve_sglang.model_store import operations as model, rules as model_store
 from pve_sglang.operations import boot, host_reads, lxc, owned, paths, pct, store, wheels
 from pve_sglang.facts.pve import PctStatus
-from pve_sglang.server.command import env_quote
+from pve_sglang.server.unit_text import env_quote
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.pve_releases import devn_restart
 from pve_sglang.preflight import (

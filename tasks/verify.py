@@ -16,8 +16,10 @@ from tasks.common import expect_container_reads, host_gpus, run_when_container_e
 from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
 from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
-from pve_sglang.server.command import env_file_path, unit_name, venv_python
-from pve_sglang.config.settings import ContainerSettings, base_url, client_address, host_settings
+from pve_sglang.server.command import venv_python
+from pve_sglang.server.unit_text import env_file_path, unit_name
+from pve_sglang.config.settings import ContainerSettings, host_settings
+from pve_sglang.config.addresses import base_url, client_address
 
 #: A check of the verify phase: what it checks in words (the plan shown before the container
 #: runs), and the function that calls its operations.

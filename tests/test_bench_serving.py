@@ -400,7 +400,7 @@ def test_bench_argv_options():
 def test_bench_shell_reads_the_key_from_the_env_file(tmp_path):
     import subprocess
 
-    from pve_sglang.server.command import render_env
+    from pve_sglang.server.unit_text import render_env
 
     env_file = tmp_path / "sglang.env"
     env_file.write_text(render_env(settings(api_key='k$y"1"')))
@@ -422,7 +422,7 @@ def test_a_failed_benchmark_exits_0_with_its_status_and_output_for_the_deploy_to
     deploy before it shows any."""
     import subprocess
 
-    from pve_sglang.server.command import render_env
+    from pve_sglang.server.unit_text import render_env
 
     env_file = tmp_path / "sglang.env"
     env_file.write_text(render_env(settings(api_key="sk-fails")))

@@ -31,7 +31,7 @@ def test_defaults_and_templates_load_from_another_directory(tmp_path):
     script = (
         "from pve_sglang.config.settings import ContainerSettings\n"
         "from pve_sglang.project import load_defaults\n"
-        "from pve_sglang.server.command import render_env\n"
+        "from pve_sglang.server.unit_text import render_env\n"
         "data = load_defaults()\n"
         "s = ContainerSettings.model_validate({k: v for k, v in data.items()"
         " if k in ContainerSettings.model_fields})\n"

@@ -43,15 +43,8 @@ from cache_dir import TEST_CACHE
 
 from pve_sglang.facts.verify import HttpStatus
 from pve_sglang import remote
-from pve_sglang.server.command import (
-    LAUNCHER,
-    env_file_path,
-    render_env,
-    render_unit,
-    server_argv,
-    unit_name,
-    venv_python,
-)
+from pve_sglang.server.command import server_argv, venv_python
+from pve_sglang.server.unit_text import LAUNCHER, env_file_path, render_env, render_unit, unit_name
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
 from wheels import PIP_TARGET, pip_download

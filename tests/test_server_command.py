@@ -19,19 +19,16 @@ from pydantic import ValidationError
 from pve_sglang import remote
 from pve_sglang.server.command import (
     API_KEY_VAR,
-    LAUNCHER,
     EnvRef,
     KnownFlags,
     check_flags,
-    dist_init_addr,
     known_flags,
-    launch_argv,
-    node_rank_for,
     parse_flags_output,
     server_argv,
-    systemd_quote,
     venv_python,
 )
+from pve_sglang.server.unit_text import LAUNCHER, launch_argv, systemd_quote
+from pve_sglang.server.render import dist_init_addr, node_rank_for
 from pve_sglang.project import load_defaults
 from pve_sglang.tuning.deployed import refused_flags
 from pve_sglang.tuning.space import default_space, start_of

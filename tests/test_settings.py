@@ -8,11 +8,10 @@ import yaml
 
 from pve_sglang.hosts_file import build_groups, read_hosts_file
 from pve_sglang.project import load_defaults
+from pve_sglang.config.addresses import base_url, client_address
 from pve_sglang.config.settings import (
     ContainerSettings,
     SettingsError,
-    base_url,
-    client_address,
     settings_for,
     tensor_parallel_size,
     validate_container,

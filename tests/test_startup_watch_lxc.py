@@ -19,15 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from pve_sglang.server.command import (
-    env_file_path,
-    render_env,
-    render_unit,
-    server_argv,
-    unit_name,
-    unit_path,
-    venv_python,
-)
+from pve_sglang.server.command import server_argv, venv_python
+from pve_sglang.server.unit_text import env_file_path, render_env, render_unit, unit_name, unit_path
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
 
@@ -151,7 +144,7 @@ def test_a_server_that_cannot_start_stops_at_the_start_limit(box):
     """The deploy's unit with a server that exits at once: systemd starts it START_LIMIT_BURST
     times, RestartSec apart, refuses the next automatic restart (systemd 252 counts it in
     NRestarts and keeps Result=exit-code) and leaves it failed instead of looping."""
-    from pve_sglang.server.command import START_LIMIT_BURST
+    from pve_sglang.server.unit_text import START_LIMIT_BURST
 
     unit = unit_name(settings())
     box.attach(f"systemctl stop {unit}; systemctl reset-failed {unit}", check=False)

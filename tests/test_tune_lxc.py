@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from pve_sglang.server.command import LAUNCHER, render_unit, unit_path
+from pve_sglang.server.unit_text import LAUNCHER, render_unit, unit_path
 from pve_sglang.server.render import server_files
 from pve_sglang.tuning import record
 from pve_sglang.tuning.deployed import tried

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from pve_sglang import remote
-from pve_sglang.server.command import (
+from pve_sglang.server.command import server_argv
+from pve_sglang.server.unit_text import (
     LAUNCHER,
     env_file_path,
     env_quote,
     launch_argv,
     render_env,
     render_unit,
-    server_argv,
     systemd_quote,
 )
 from pve_sglang.project import load_defaults

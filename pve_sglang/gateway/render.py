@@ -14,16 +14,17 @@ import json
 
 from pve_sglang import remote
 from pve_sglang.config.gateway import GatewaySettings
-from pve_sglang.config.settings import base_url
+from pve_sglang.config.addresses import base_url
 from pve_sglang.gateway.workers import Worker
 from pve_sglang.remote import sglang_launch
-from pve_sglang.server.command import (
-    EnvRef,
+from pve_sglang.server.command import EnvRef
+from pve_sglang.server.unit_text import (
     _plain_path,
     _templates,
     env_quote,
     launch_argv,
     systemd_command,
+    unit_file,
 )
 
 UNIT_TEMPLATE = "smg.service.j2"
@@ -41,7 +42,7 @@ def unit_name(gs: GatewaySettings) -> str:
 
 
 def unit_path(gs: GatewaySettings) -> str:
-    return f"/etc/systemd/system/{unit_name(gs)}"
+    return unit_file(unit_name(gs))
 
 
 def env_file_path(gs: GatewaySettings) -> str:

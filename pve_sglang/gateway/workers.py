@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pve_sglang.config.settings import SettingsError, base_url
+from pve_sglang.config.settings import SettingsError
+from pve_sglang.config.addresses import base_url
 
 #: Addresses a server bound to is reachable from its own container only.
 LOOPBACK_PREFIXES = ("127.", "::1")

@@ -28,7 +28,8 @@ from typing import Any
 from pyinfra.api import QuoteString, StringCommand
 
 from pve_sglang import remote
-from pve_sglang.config.settings import ContainerSettings, base_url
+from pve_sglang.config.settings import ContainerSettings
+from pve_sglang.config.addresses import base_url
 from pve_sglang.runtime.pyinfra_private import joined
 
 RESULT_HEADER = " Serving Benchmark Result "

@@ -11,17 +11,10 @@ from dataclasses import dataclass
 
 from pyinfra.api.inventory import Inventory
 
+from pve_sglang.config.addresses import host_port
 from pve_sglang.config.settings import ContainerSettings, container_hostname
-from pve_sglang.server.command import (
-    ServerArgv,
-    dist_init_addr,
-    node_rank_for,
-    render_env,
-    render_fallback_unit,
-    render_unit,
-    server_argv,
-    venv_python,
-)
+from pve_sglang.server.command import ServerArgv, server_argv, venv_python
+from pve_sglang.server.unit_text import render_env, render_fallback_unit, render_unit
 
 
 @dataclass
@@ -45,14 +38,30 @@ def server_files(
     address = settings.dist_init_addr
     if address is None and settings.nodes:
         address = container_hostname(inventory.get_host(settings.nodes[0]).data)
+    rank0 = dist_init_addr(address, settings.dist_init_port) if nnodes > 1 else None
     argv = server_argv(
         settings,
         gpu_count=len(gpus) or 1,
         compute_caps=[gpu["compute_cap"] for gpu in gpus],
         node_rank=node_rank,
         nnodes=nnodes,
-        dist_init_addr=dist_init_addr(address, settings.dist_init_port) if nnodes > 1 else None,
+        dist_init_addr=rank0,
         python=venv_python(settings),
     )
     return ServerFiles(argv, render_unit(settings, argv), render_env(settings),
                        render_fallback_unit(settings))
+
+
+def node_rank_for(inventory_name: str, nodes: list[str]) -> tuple[int | None, int]:
+    """(node rank, node count) of a container; (None, 1) when it serves alone (``nodes`` empty)."""
+    if not nodes:
+        return None, 1
+    # Validation refuses a name listed twice (ContainerSettings._distinct).
+    if inventory_name not in nodes:
+        raise ValueError(f"nodes {nodes} does not list this container ({inventory_name})")
+    return nodes.index(inventory_name), len(nodes)
+
+
+def dist_init_addr(address: str, port: int) -> str:
+    """``host:port`` of rank 0 for ``--dist-init-addr`` (IPv6 addresses in brackets)."""
+    return host_port(address, port)

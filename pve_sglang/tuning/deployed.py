@@ -31,11 +31,13 @@ from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
 from pyinfra.context import ctx_host
 
-from pve_sglang.config.settings import ContainerSettings, base_url, client_address
+from pve_sglang.config.settings import ContainerSettings
+from pve_sglang.config.addresses import base_url, client_address
 from pve_sglang.facts.container import SglangServerFlags
 from pve_sglang.operations import paths, verify
 from pve_sglang.server.bench import bench_runs
-from pve_sglang.server.command import check_flags, env_file_path, unit_name, unit_path, venv_python
+from pve_sglang.server.command import check_flags, venv_python
+from pve_sglang.server.unit_text import env_file_path, unit_name, unit_path
 from pve_sglang.server.render import server_files
 from pve_sglang.tuning.drive import Server, ending_of
 from pve_sglang.tuning.space import Candidate

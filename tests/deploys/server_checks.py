@@ -10,7 +10,7 @@ from pyinfra.operations import server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pve_sglang.server.command import unit_name  # noqa: E402
+from pve_sglang.server.unit_text import unit_name  # noqa: E402
 from pve_sglang.project import load_defaults  # noqa: E402
 from pve_sglang.config.settings import ContainerSettings  # noqa: E402
 from tasks.verify import server_checks  # noqa: E402

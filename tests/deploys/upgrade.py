@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pve_sglang.config.settings import ContainerSettings  # noqa: E402
 from pve_sglang.operations import stack_switch as stacks  # noqa: E402
-from pve_sglang.server.command import unit_name  # noqa: E402
+from pve_sglang.server.unit_text import unit_name  # noqa: E402
 from pve_sglang.server.render import server_files  # noqa: E402
 from pve_sglang.project import load_defaults  # noqa: E402
 from tasks.container import LOCK_FILE, group_in_run, patched_stack, python_stack, server_unit, stack_dir, stack_id  # noqa: E402
