@@ -1,4 +1,5 @@
-"""The package's layout keeps its promises: its imports flow one way (no circle between its
+"""The package's layout keeps its promises: each package names its modules and the README's
+layout every top-level one, its imports flow one way (no circle between its
 folders and top-level modules), operations and facts get what they check as arguments (none reaches up for the deploy's settings inside a function), the remote scripts kept
 beside their topic (``remote.ELSEWHERE``) run stand-alone as those of ``remote/`` do, and the
 operations kept beside their topic are documented as those of ``operations/`` are."""
@@ -201,3 +202,40 @@ def test_the_operations_kept_with_their_topic_are_found():
 @pytest.mark.parametrize("op", operations_outside_the_operations_package())
 def test_an_operation_kept_with_its_topic_documents_arguments_and_example(op):
     assert doc_problems(op) == []
+
+
+def modules_of(package: Path) -> list[str]:
+    """The modules and sub-packages of PACKAGE, by name."""
+    return sorted(p.stem for p in package.iterdir()
+                  if (p.suffix == ".py" and p.stem != "__init__")
+                  or (p.is_dir() and (p / "__init__.py").exists()))
+
+
+def unnamed_modules(package: Path) -> list[str]:
+    """The modules of PACKAGE that its ``__init__`` docstring does not name (as ``name`` or
+    ``name.py``)."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    return [name for name in modules_of(package)
+            if f"``{name}``" not in doc and f"``{name}.py``" not in doc]
+
+
+@pytest.mark.parametrize("package", sorted(p.parent.relative_to(PACKAGE.parent).as_posix()
+                                           for p in PACKAGE.rglob("__init__.py")
+                                           if "__pycache__" not in p.parts))
+def test_each_package_names_its_modules(package):
+    assert unnamed_modules(PACKAGE.parent / package) == []
+
+
+def test_a_module_a_package_does_not_name_is_found(tmp_path):
+    (tmp_path / "__init__.py").write_text('"""Holds ``named``."""\n')
+    (tmp_path / "named.py").write_text("")
+    (tmp_path / "forgotten.py").write_text("")
+    assert unnamed_modules(tmp_path) == ["forgotten"]
+
+
+def test_the_readme_layout_lists_every_top_level_module():
+    readme = (PACKAGE.parent / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("```")[1]
+    listed = {line.split()[0].rstrip("/").removesuffix(".py") for line in layout.splitlines()
+              if line.startswith("  ") and not line.startswith("   ")}
+    assert set(modules_of(PACKAGE)) - listed == set()

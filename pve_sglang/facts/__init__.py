@@ -10,6 +10,7 @@
 - ``one_read``: several facts' commands run in one command (``ContainerState``), and
   ``Part``, the parts of a container's one read;
 - ``store``: a host's wheel store, for its retention;
+- ``gateway``: a gateway's container (the smg venv's packages, its worker list);
 - ``verify``: the verify phase's read-only checks (GPUs, CUDA, health, startup, benchmark).
 
 The model store's facts live with the model store (``pve_sglang/model_store/facts.py``).
