@@ -19,7 +19,7 @@ from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from pve_sglang.server.command import venv_python
 from pve_sglang.server.unit_text import env_file_path, unit_name
 from pve_sglang.config.settings import ContainerSettings, host_settings
-from pve_sglang.config.addresses import base_url, client_address
+from pve_sglang.server.addresses import base_url, client_address
 
 #: A check of the verify phase: what it checks in words (the plan shown before the container
 #: runs), and the function that calls its operations.

@@ -8,7 +8,7 @@ import yaml
 
 from pve_sglang.hosts_file import build_groups, read_hosts_file
 from pve_sglang.project import load_defaults
-from pve_sglang.config.addresses import base_url, client_address
+from pve_sglang.server.addresses import base_url, client_address
 from pve_sglang.config.settings import (
     ContainerSettings,
     SettingsError,

@@ -1,3 +1,3 @@
 """The settings: pydantic models of every host and container setting and their validation
-(``settings``), where the server is reached (``addresses``), the gateway's settings (``gateway``),
-and the settings table of the docs generated from the defaults (``settings_table``)."""
+(``settings``), the gateway's settings (``gateway``), and the settings table of the docs
+generated from the defaults (``settings_table``)."""

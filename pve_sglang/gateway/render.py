@@ -14,7 +14,7 @@ import json
 
 from pve_sglang import remote
 from pve_sglang.config.gateway import GatewaySettings
-from pve_sglang.config.addresses import base_url
+from pve_sglang.server.addresses import base_url
 from pve_sglang.gateway.workers import Worker
 from pve_sglang.remote import sglang_launch
 from pve_sglang.server.command import EnvRef

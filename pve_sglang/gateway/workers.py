@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pve_sglang.config.settings import SettingsError
-from pve_sglang.config.addresses import base_url
+from pve_sglang.server.addresses import base_url
 
 #: Addresses a server bound to is reachable from its own container only.
 LOOPBACK_PREFIXES = ("127.", "::1")

@@ -29,7 +29,7 @@ from pyinfra.api import QuoteString, StringCommand
 
 from pve_sglang import remote
 from pve_sglang.config.settings import ContainerSettings
-from pve_sglang.config.addresses import base_url
+from pve_sglang.server.addresses import base_url
 from pve_sglang.runtime.pyinfra_private import joined
 
 RESULT_HEADER = " Serving Benchmark Result "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pyinfra.api.inventory import Inventory
 
-from pve_sglang.config.addresses import host_port
+from pve_sglang.server.addresses import host_port
 from pve_sglang.config.settings import ContainerSettings, container_hostname
 from pve_sglang.server.command import ServerArgv, server_argv, venv_python
 from pve_sglang.server.unit_text import render_env, render_fallback_unit, render_unit

@@ -32,7 +32,7 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.context import ctx_host
 
 from pve_sglang.config.settings import ContainerSettings
-from pve_sglang.config.addresses import base_url, client_address
+from pve_sglang.server.addresses import base_url, client_address
 from pve_sglang.facts.container import SglangServerFlags
 from pve_sglang.operations import paths, verify
 from pve_sglang.server.bench import bench_runs
