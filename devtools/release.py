@@ -29,7 +29,6 @@ container's uv cache and the layer's staging on the way).
 from __future__ import annotations
 
 import argparse
-import ast
 import functools
 import io
 import itertools

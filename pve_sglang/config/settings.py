@@ -14,7 +14,6 @@ import os
 import posixpath
 import re
 import typing
-from pathlib import Path
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 from urllib.parse import urlsplit

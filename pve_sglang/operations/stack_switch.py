@@ -11,7 +11,6 @@ from pyinfra import host, logger
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.context import state as pyinfra_state
 
-from pve_sglang import remote
 from pve_sglang.facts.one_read import Part
 from pve_sglang.operations import container_reads
 from pve_sglang.operations.verify import host_fails
@@ -19,7 +18,7 @@ from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
 from pve_sglang.server import unit_action
 from pve_sglang.stack import switch_rules
-from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE, Found, Move, Unfinished, Verdict, read_args
+from pve_sglang.stack.switch_rules import Found, Move, Unfinished, Verdict, read_args
 
 
 def cannot_name(venv_path: str, error: ValueError) -> str:
