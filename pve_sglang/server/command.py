@@ -190,5 +190,3 @@ def parse_flags_output(text: str) -> KnownFlags:
     if lines and lines[0].startswith("version "):
         version = lines.pop(0).split(" ", 1)[1]
     return KnownFlags((line for line in lines if line.startswith("--")), version)
-
-
