@@ -21,6 +21,7 @@ from pve_sglang.server.command import EnvRef
 from pve_sglang.server.unit_text import (
     _plain_path,
     _templates,
+    env_file_of,
     env_quote,
     launch_argv,
     systemd_command,
@@ -46,7 +47,7 @@ def unit_path(gs: GatewaySettings) -> str:
 
 
 def env_file_path(gs: GatewaySettings) -> str:
-    return f"{ENV_DIR}/{gs.gateway_service_name}.env"
+    return env_file_of(gs.gateway_service_name, ENV_DIR)
 
 
 def keys_path(gs: GatewaySettings) -> str:

@@ -140,9 +140,14 @@ def _templates() -> jinja2.Environment:
     )
 
 
+def env_file_of(service: str, folder: str = ENV_DIR) -> str:
+    """Where the deploy writes the EnvironmentFile (mode 0600) of service SERVICE, in FOLDER."""
+    return f"{folder}/{service}.env"
+
+
 def env_file_path(settings: ContainerSettings) -> str:
-    """Where the deploy writes the unit's EnvironmentFile (mode 0600)."""
-    return f"{ENV_DIR}/{settings.service_name}.env"
+    """Where the deploy writes the server unit's EnvironmentFile (mode 0600)."""
+    return env_file_of(settings.service_name)
 
 
 def unit_name(settings: ContainerSettings) -> str:
