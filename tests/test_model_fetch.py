@@ -396,3 +396,25 @@ def test_a_full_disk_is_named_in_plan_and_fetch(hf_python, script, hub, shards, 
     error = json.loads(done.stdout.splitlines()[-1])["error"]
     assert done.returncode == 1 and error["kind"] == "disk-full", error
     assert not [p for p in small.root.rglob("*.tmp*")]  # no empty temp file left
+
+
+def test_watch_reads_the_last_line_of_a_fetch_that_ends_while_it_looks(tmp_path, monkeypatch,
+                                                                        capsys):
+    """The fetch writes its last line and ends (its lock released) just as the watch asks
+    whether it runs: the watch still prints that line, so the operation does not take a fetch
+    that finished for one that was killed (this raced under load in the suite)."""
+    from pve_sglang.model_store import model_fetch
+
+    log = tmp_path / "fetch.log"
+    log.write_text('{"p": {"done": 1, "total": 2}}\n')
+
+    def ends_now(lock_path: str) -> bool:
+        with log.open("a") as handle:
+            handle.write('{"done": {"commit": "c", "files": 1}}\n')
+        return False
+
+    monkeypatch.setattr(model_fetch, "running", ends_now)
+    assert model_fetch.main(["watch", "--log", str(log), "--max-wait", "5"]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert printed[-2] == {"done": {"commit": "c", "files": 1}}
+    assert printed[-1] == {"offset": log.stat().st_size, "running": False}

@@ -746,6 +746,9 @@ def watch(args) -> int:
     offset, last = args.offset, False
     lock_path = args.log[:-len(".log")] + ".lock"
     while True:
+        # Asked before the read: a fetch that ends between the two has its last line read
+        # below (asked after, that line would be missed and the fetch taken for killed).
+        alive = running(lock_path)
         try:
             with open(args.log, "rb") as handle:
                 handle.seek(offset)
@@ -758,7 +761,6 @@ def watch(args) -> int:
             sys.stdout.write(line + "\n")
             last = last or '"done"' in line[:10] or '"error"' in line[:10]
         offset += end
-        alive = running(lock_path)
         if last or not alive or time.monotonic() >= deadline:
             emit({"offset": offset, "running": alive and not last})
             return 0
