@@ -22,6 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 
 
 def one(url: str, key: str | None, text: str, tokens: int) -> tuple[str, int]:
@@ -62,7 +63,9 @@ def run(args: argparse.Namespace) -> dict:
                 if (deadline is None and n >= args.count) or (deadline and time.time() >= deadline):
                     return
                 counter["next"] += 1
-            text = f"{prefix} question {n} {time.time_ns()}".strip()
+            # Unique from its first character: a prefix router (cache_aware) matches no other
+            # prompt by a shared opening ("question 1..."), only by the W words asked for.
+            text = f"{prefix} {uuid.uuid4().hex} question {n}".strip()
             start = time.time()
             status, generated = one(urls[n % len(urls)], key, text, args.tokens)
             with lock:
