@@ -1,6 +1,6 @@
 """What the deploy's phases (``tasks/``) share: run in a container once it exists, what its
-phases will read there, the GPU host's driver and GPUs, and the upload of the scripts that run
-in the container (``remote/``).
+phases will read there, the GPU host's driver and GPUs, the container's key in its host's wheel
+store, and the upload of the scripts that run in the container (``remote/``).
 
 Called from deploy code (a ``@deploy`` function), with pyinfra's ``host`` the container.
 """
@@ -17,10 +17,11 @@ from pyinfra.operations import python
 from pve_sglang import remote
 from pve_sglang.config.settings import ContainerSettings
 from pve_sglang.facts.one_read import Part
+from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.operations import container_reads, paths
 from pve_sglang.preflight import driver_and_gpus
 from pve_sglang.server.unit_text import unit_name
-from pve_sglang.stack import switch_rules
+from pve_sglang.stack import store_retention, switch_rules
 from pve_sglang.stack.identity import settings_stack_path
 
 
@@ -70,6 +71,22 @@ def host_gpus() -> tuple[str | None, list[dict]]:
     """The container host's driver version and GPUs (facts of the Proxmox host), read once per
     run (``preflight.driver_and_gpus``): the host phase and every container of the host ask."""
     return driver_and_gpus(state.inventory.get_host(host.data.get("pve_host")))
+
+
+def store_user_key(data=None) -> str:
+    """The container's key in its host's wheel store: its vmid or its LXC name. DATA: a host's
+    data (this host's when left out)."""
+    data = data if data is not None else host.data
+    platform = data.get("platform") or "pve"
+    return store_retention.user_key(
+        platform, data.get("pct_vmid") if platform == "pve" else data.get("lxc_name"))
+
+
+def container_gpus(cs: ContainerSettings) -> tuple[str | None, list[dict]]:
+    """The container host's driver version and the host's GPUs this container gets
+    (``gpu.passthrough.select_gpus``): none where the host has no NVIDIA driver."""
+    driver, gpus = host_gpus()
+    return driver, select_gpus(cs.gpus, gpus, host.name) if driver else []
 
 
 def upload_script(script: str, name: str, tools: str = remote.TOOLS):

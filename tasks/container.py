@@ -16,11 +16,15 @@ from pyinfra.operations import files, server, systemd
 from pve_sglang import remote
 from pve_sglang.model_store import operations as model
 from pve_sglang.operations import (
-    apt, container_reads, layer, nvidia_driver, paths, stack_switch, store, systemd_unit, venv,
+    apt, container_reads, layer, nvidia_driver, paths, stack_switch, systemd_unit, venv,
 )
 from pve_sglang.operations.changes import any_changed
-from tasks.common import expect_container_reads, host_gpus, run_when_container_exists, upload_script
-from pve_sglang.gpu.passthrough import select_gpus
+from tasks import stack_steps
+from tasks.common import (
+    container_gpus, expect_container_reads, run_when_container_exists, store_user_key,
+    upload_script,
+)
+from tasks.stack_steps import kept_words
 from pve_sglang.server.render import ServerFiles, server_files
 from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
 from pve_sglang.server.unit_text import (
@@ -78,16 +82,17 @@ Step = tuple[str, Callable[[list], list]]
 
 def planned_container_steps() -> list[str]:
     """What the container setup will do, in words, for a plan made before the container runs."""
-    return [words for words, _ in container_plan(host_settings(ContainerSettings), host_gpus())]
+    cs = host_settings(ContainerSettings)
+    return [words for words, _ in container_plan(cs, container_gpus(cs))]
 
 
 def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) -> list[Step]:
     """The container phase's steps, in order, each with its words: one list for both. GPU_HOST:
-    the driver version and GPUs of the container's host (``host_gpus()``)."""
+    the driver version of the container's host and the GPUs the container gets
+    (``container_gpus(cs)``)."""
     driver, gpus = gpu_host
     # The settings' stack, built beside the serving one; the server runs venv_path, the link
     # to the current one.
-    wanted = stack_id(cs)
     py = f"{stack_dir(cs)}/bin/python"
     pins = f"sglang=={cs.sglang_version}" + (
         f", torch=={cs.torch_version}, flashinfer-python=={cs.flashinfer_version} and their "
@@ -98,35 +103,10 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
 
     def server(restart_on: list) -> list:
         # Rendered as the host phase's preflight rendered it (one function for both).
-        selected = select_gpus(cs.gpus, gpus, host.name) if driver else []
-        files = server_files(host.name, cs, selected, state.inventory)
+        files = server_files(host.name, cs, gpus, state.inventory)
         for warning in files.argv.warnings:
             logger.warning(f"{host.name}: {warning}")
         server_unit(cs, py, files, restart_on, start=bool(driver))
-        stack_switch.retention(
-            name=f"Keep the {cs.stack_retention} newest stacks (the serving one and its "
-            "rollback target always)", venv_path=cs.venv_path, lock_file=LOCK_FILE,
-            service=cs.service_name, wanted=wanted, keep=cs.stack_retention,
-            restart_on_change=cs.restart_on_change)
-        if cs.uses_wheel_store:
-            store.holds(name=f"The wheel store {cs.wheel_store} knows the locks this container "
-                        "holds", store=cs.wheel_store, key=store_user_key(),
-                        venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
-                        wanted=wanted)
-        return []
-
-    def not_failed(_: list) -> list:
-        # A rollback a kill cut short is finished first: the previous release serves again.
-        stack_switch.rollback_finished(
-            name="A rollback cut short by a kill is finished", venv_path=cs.venv_path,
-            lock_file=LOCK_FILE, service=cs.service_name, unit=unit_name(cs),
-            rollback=cs.upgrade_rollback)
-        stack_switch.not_failed(
-            name=f"The set sglang {cs.sglang_version} did not fail here before",
-            venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
-            wanted=wanted, release=f"sglang {cs.sglang_version}",
-            retry=cs.retry_failed_stack)
-        group_in_run(cs)
         return []
 
     def base_packages(_: list) -> list:
@@ -135,7 +115,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
 
     steps: list[Step] = [
         ("finish a rollback cut short; stop if this set failed as an upgrade before "
-         "(retry_failed_stack)", not_failed)]
+         "(retry_failed_stack)", lambda _: stack_steps.before_switch(cs))]
     if host.data.get("platform") == "lxc":
         # Proxmox keeps /etc/hostname itself; on plain LXC systemd would set the old name from
         # it at every boot, whatever lxc.uts.name says.
@@ -160,8 +140,9 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
          + (f", fetch {cs.model_download} into {cs.model_path} after its preflight (its size "
             "against the free space, access, revision: checked then, before any byte moves)"
             if cs.model_download and not cs.uses_model_store else "")
-         + (", enable it and (re)start it once" if driver else " (not enabled at boot: no GPU)")
-         + f", keep the {cs.stack_retention} newest stacks", server),
+         + (", enable it and (re)start it once" if driver else " (not enabled at boot: no GPU)"),
+         server),
+        (kept_words(cs), lambda _: stack_steps.kept(cs)),
     ]
     return steps
 
@@ -169,24 +150,6 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
 def stack_id(cs: ContainerSettings) -> str:
     """The id of the settings' stack: the lock's id, or a digest of sglang's pin without one."""
     return settings_stack_id(host.name, cs)
-
-
-def group_in_run(cs: ContainerSettings) -> None:
-    """A node of several (``nodes``) is switched to another stack only with every node of its
-    group in the run: checked before any change."""
-    if cs.nodes:
-        stack_switch.together(
-            name=f"The nodes of the model ({', '.join(cs.nodes)}) switch together",
-            venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
-            wanted=stack_id(cs), release=f"sglang {cs.sglang_version}", nodes=cs.nodes)
-
-
-def store_user_key(data=None) -> str:
-    """This container's key in its host's wheel store: its vmid or its LXC name."""
-    data = data if data is not None else host.data
-    platform = data.get("platform") or "pve"
-    return store_retention.user_key(
-        platform, data.get("pct_vmid") if platform == "pve" else data.get("lxc_name"))
 
 
 def stack_dir(cs: ContainerSettings) -> str:
@@ -246,7 +209,7 @@ def container_steps() -> None:
     """Every step of the container phase (``container_plan``), in order."""
     cs = host_settings(ContainerSettings)
     expect_container_reads(cs)
-    driver, gpus = host_gpus()
+    driver, gpus = container_gpus(cs)
     env_file = env_file_path(cs)
     # Every path the steps below manage, so one read answers them all.
     paths.watch(

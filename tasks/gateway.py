@@ -30,8 +30,7 @@ from pve_sglang.server.bench_history import run_meta
 from pve_sglang.server.command import venv_python
 from pve_sglang.server.unit_text import env_file_path
 from pve_sglang.stack.store_retention import user_path
-from tasks.common import run_when_container_exists, upload_script
-from tasks.container import store_user_key
+from tasks.common import run_when_container_exists, store_user_key, upload_script
 
 BASE_PACKAGES = ["ca-certificates", "python3", "python3-venv"]
 

@@ -26,7 +26,6 @@ from pyinfra.operations import python
 
 from pve_sglang import remote
 from pve_sglang.config.settings import ContainerSettings, host_settings
-from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.tuning import record, report
 from pve_sglang.tuning.deployed import Deployed, Node, installed_flags, refused_flags
@@ -34,7 +33,7 @@ from pve_sglang.tuning.drive import Drive
 from pve_sglang.tuning.plan import is_moe, objective_concurrency, plan_lines, space_for
 from pve_sglang.tuning.space import start_of
 from pve_sglang.tuning.tuned_file import write_tuned
-from tasks.common import host_gpus, upload_script
+from tasks.common import container_gpus, upload_script
 from tasks.verify import upload_prompts
 
 #: The scripts a search runs in the container, as the verify phase uploads them.
@@ -49,8 +48,7 @@ NodeView = Callable[[], tuple[ContainerSettings, list[dict]]]
 def deployed_view() -> tuple[ContainerSettings, list[dict]]:
     """The node's settings (the hosts file's, its tuned file included) and GPUs."""
     cs = host_settings(ContainerSettings)
-    driver, gpus = host_gpus()
-    return cs, select_gpus(cs.gpus, gpus, host.name) if driver else []
+    return cs, container_gpus(cs)[1]
 
 
 def tune_container(cs: ContainerSettings, pinned: frozenset[str],

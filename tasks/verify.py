@@ -11,10 +11,11 @@ from pve_sglang import remote
 from pve_sglang.server.bench_history import run_meta
 from pve_sglang.server.bench import PROMPTS_IN_CONTAINER, bench_levels, bench_runs
 from pve_sglang.model_store import operations as model
-from pve_sglang.operations import paths, stack_switch, store, verify
-from tasks.common import expect_container_reads, host_gpus, run_when_container_exists, upload_script
-from pve_sglang.gpu.passthrough import select_gpus
-from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
+from pve_sglang.operations import paths, stack_switch, verify
+from tasks import stack_steps
+from tasks.common import container_gpus, expect_container_reads, run_when_container_exists, upload_script
+from tasks.stack_steps import kept_words
+from pve_sglang.stack.identity import settings_stack_path, stack_lock_of
 from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from pve_sglang.server.command import venv_python
 from pve_sglang.server.unit_text import env_file_path, unit_name
@@ -41,17 +42,18 @@ def planned_checks() -> list[str]:
         if cs.stack_install == "pinned" else []
     served = [f"the model is {cs.model_download}, verified (which commit it serves)"] \
         if cs.model_download else []
-    checks = verify_plan(cs, host_gpus())
+    checks = verify_plan(cs, container_gpus(cs))
     return stack + served + ([words for words, _ in checks] or ["nothing: the host has no NVIDIA GPU"])
 
 
 def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) -> list[Check]:
     """The verify phase's checks, in order, each with its words: one list for both; none when
-    the container's host (GPU_HOST: its driver version and GPUs) has no NVIDIA driver."""
+    the container's host has no NVIDIA driver (GPU_HOST: its driver version and the GPUs the
+    container gets, ``container_gpus(cs)``)."""
     driver, gpus = gpu_host
     if not driver:
         return []
-    expected = len(select_gpus(cs.gpus, gpus, host.name))
+    expected = len(gpus)
     py = venv_python(cs)
     script = remote.path(remote.GPU_CHECKS)
     # The server itself binds to server_host; checks run inside the container.
@@ -129,30 +131,9 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                        lock_file=LEGACY_LOCK_FILE, service=cs.service_name,
                        probation_s=cs.upgrade_probation_s)))
     # After the verdict: the container phase removes none while a stack is on trial.
-    checks.append((f"the stacks beyond stack_retention {cs.stack_retention} removed after the "
-                   "verdict" + (f", then the wheel store {cs.wheel_store} told which locks the "
-                                "container holds" if cs.uses_wheel_store else ""),
-                   lambda: retention_after_verdict(cs)))
+    checks.append((f"{kept_words(cs)}, after the verdict",
+                   lambda: stack_steps.kept(cs, after_verdict=True)))
     return checks
-
-
-def retention_after_verdict(cs: ContainerSettings) -> None:
-    """The stacks beyond ``stack_retention`` removed once the verdict came (the trial ended,
-    or a failed set was rolled back: the container phase removes none while a stack is on
-    trial), then the container's record in its host's wheel store written from what is left:
-    the host's store retention, after this phase, prunes by it in the same run."""
-    wanted = settings_stack_id(host.name, cs)
-    stack_switch.retention(
-        name=f"Keep the {cs.stack_retention} newest stacks, after the verdict",
-        venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE, service=cs.service_name,
-        wanted=wanted, keep=cs.stack_retention, restart_on_change=cs.restart_on_change)
-    if cs.uses_wheel_store:
-        from tasks.container import store_user_key
-
-        store.holds(name=f"The wheel store {cs.wheel_store} knows the locks this container "
-                    "holds, after the verdict", store=cs.wheel_store, key=store_user_key(),
-                    venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE,
-                    service=cs.service_name, wanted=wanted)
 
 
 def benchmark_check(cs: ContainerSettings, address: str) -> None:
@@ -196,7 +177,7 @@ def verify_steps() -> None:
     if cs.model_download:
         model.served(name=f"The model served is {cs.model_download}", path=cs.model_path,
                      repo=cs.model_download)
-    checks = verify_plan(cs, host_gpus())
+    checks = verify_plan(cs, container_gpus(cs))
     if not checks:
         logger.warning(
             f"{host.name}: verify skipped (GPUs visible, CUDA init, /health, benchmark): the "

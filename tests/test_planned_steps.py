@@ -48,11 +48,16 @@ def test_every_container_operation_comes_from_a_step_with_words(monkeypatch, dat
     ops = plan(container.container_phase, **data)["ct105"]
     mine = [(words, n) for name, words, n in counts if name == "@fake/ct105"]
     words = [words for words, _ in mine]
-    assert len(words) == 7 + bool(data.get("ca_certificates"))
+    assert len(words) == 8 + bool(data.get("ca_certificates"))
     assert words[0] == ("finish a rollback cut short; stop if this set failed as an upgrade before "
                         "(retry_failed_stack)")
-    assert words[-3].startswith("build the stack /opt/sglang/venv.stacks/")
-    assert words[-1].endswith(", enable it and (re)start it once, keep the 2 newest stacks")
+    assert words[-4].startswith("build the stack /opt/sglang/venv.stacks/")
+    assert words[-2].endswith(", enable it and (re)start it once")
+    assert words[-1].startswith(
+        "keep the 2 newest stacks (the serving one and its rollback target always)")
+    # The default set comes from the host's wheel store; without a lock there is none.
+    assert ("then tell the wheel store" in words[-1]) == (
+        data.get("stack_install") != "sglang-no-deps")
     assert all(n > 0 for _, n in mine), mine
     assert sum(n for _, n in mine) == len(ops)
 

@@ -48,7 +48,7 @@ if host.name != "@local":
                            service=SERVICE, wanted=lock.id, keep=data.keep, restart_on_change=True)
 phase.done(name="Containers done", phase="container")
 if host.name != "@local":
-    # The verify phase's end (``tasks.verify.retention_after_verdict``): no server runs here
+    # The verify phase's end (``tasks.stack_steps.kept``, after the verdict): no server runs here
     # (its judgement is tests/test_upgrade_lxc.py's), so the verdict is good: the trial ends,
     # then retention removes what waited for it, then the record is written from what is left.
     stack_switch.trial_passed(name="The verdict: the stack serves", venv_path=VENV,

@@ -1,5 +1,5 @@
-"""Test deploy: the container phase's stack and server steps (``tasks/container.py``: a
-rollback cut short finished, the failed-set check, a node of several switched only with its
+"""Test deploy: the container phase's stack and server steps (``tasks/container.py`` and
+``tasks/stack_steps.py``: a rollback cut short finished, the failed-set check, a node of several switched only with its
 whole group, the stack built beside the serving one, the autotune patch and its release file, the env file and unit, the switch,
 the one restart, retention) with the server started though the container has no GPU, then the
 verify phase's server checks (``server_checks``: the startup watch, the chat completion, a
@@ -16,11 +16,10 @@ from pyinfra.context import state
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pve_sglang.config.settings import ContainerSettings  # noqa: E402
-from pve_sglang.operations import stack_switch as stacks  # noqa: E402
-from pve_sglang.server.unit_text import unit_name  # noqa: E402
 from pve_sglang.server.render import server_files  # noqa: E402
 from pve_sglang.project import load_defaults  # noqa: E402
-from tasks.container import LOCK_FILE, group_in_run, patched_stack, python_stack, server_unit, stack_dir, stack_id  # noqa: E402
+from tasks import stack_steps  # noqa: E402
+from tasks.container import patched_stack, python_stack, server_unit, stack_dir  # noqa: E402
 from tasks.verify import server_checks  # noqa: E402
 
 defaults = {k: v for k, v in load_defaults().items() if k in ContainerSettings.model_fields}
@@ -36,19 +35,10 @@ if state.inventory.override_data.get("upgrade_probation_s") is not None:
 cs = ContainerSettings.model_validate({**defaults, **overrides})
 py = f"{stack_dir(cs)}/bin/python"
 
-stacks.rollback_finished(name="A rollback cut short by a kill is finished",
-                         venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
-                         unit=unit_name(cs), rollback=cs.upgrade_rollback)
-stacks.not_failed(name=f"The set sglang {cs.sglang_version} did not fail here before",
-                  venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
-                  wanted=stack_id(cs), release=f"sglang {cs.sglang_version}",
-                  retry=cs.retry_failed_stack)
-group_in_run(cs)
+stack_steps.before_switch(cs)
 restart_on = python_stack(cs, py)
 restart_on += patched_stack(cs, py)
 server_unit(cs, py, server_files(host.name, cs, [], state.inventory), restart_on, start=True)
-stacks.retention(name=f"Keep the {cs.stack_retention} newest stacks", venv_path=cs.venv_path,
-                 lock_file=LOCK_FILE, service=cs.service_name, wanted=stack_id(cs),
-                 keep=cs.stack_retention, restart_on_change=cs.restart_on_change)
+stack_steps.kept(cs)
 for _, check in server_checks(cs, "127.0.0.1"):
     check()

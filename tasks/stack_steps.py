@@ -1,0 +1,67 @@
+"""The stack switch's steps that the container and verify phases share
+(``pve_sglang/operations/stack_switch.py``): before any change, a rollback cut short is finished
+and a switch that must not happen is refused; after the server's unit, and again after the
+verify phase's verdict, the newest stacks are kept and the host's wheel store is told which locks
+the container holds.
+
+Called from deploy code (a ``@deploy`` function), with pyinfra's ``host`` the container.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+
+from pve_sglang.config.settings import ContainerSettings
+from pve_sglang.operations import stack_switch, store
+from pve_sglang.server.unit_text import unit_name
+from pve_sglang.stack.identity import settings_stack_id
+from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
+from tasks.common import store_user_key
+
+
+def before_switch(cs: ContainerSettings) -> None:
+    """A rollback a kill cut short is finished first (the previous release serves again); then
+    the run stops before any change when the settings' set failed as an upgrade here before
+    (unless ``retry_failed_stack``), or when a node of several (``nodes``) would switch without
+    every node of its group in the run."""
+    wanted = settings_stack_id(host.name, cs)
+    release = f"sglang {cs.sglang_version}"
+    stack_switch.rollback_finished(
+        name="A rollback cut short by a kill is finished", venv_path=cs.venv_path,
+        lock_file=LEGACY_LOCK_FILE, service=cs.service_name, unit=unit_name(cs),
+        rollback=cs.upgrade_rollback)
+    stack_switch.not_failed(
+        name=f"The set {release} did not fail here before", venv_path=cs.venv_path,
+        lock_file=LEGACY_LOCK_FILE, service=cs.service_name, wanted=wanted, release=release,
+        retry=cs.retry_failed_stack)
+    if cs.nodes:
+        stack_switch.together(
+            name=f"The nodes of the model ({', '.join(cs.nodes)}) switch together",
+            venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE, service=cs.service_name,
+            wanted=wanted, release=release, nodes=cs.nodes)
+
+
+def kept_words(cs: ContainerSettings) -> str:
+    """What ``kept`` does, in words (a step of the container phase, a check of the verify
+    phase's)."""
+    return (f"keep the {cs.stack_retention} newest stacks (the serving one and its rollback "
+            "target always)" + (f", then tell the wheel store {cs.wheel_store} which locks the "
+                                "container holds" if cs.uses_wheel_store else ""))
+
+
+def kept(cs: ContainerSettings, after_verdict: bool = False) -> None:
+    """The stacks beyond the ``stack_retention`` newest removed (none while a stack is on trial:
+    the verify phase removes them AFTER_VERDICT), then the container's record in its host's
+    wheel store written from what is left: the host's store retention prunes by it."""
+    wanted = settings_stack_id(host.name, cs)
+    when = ", after the verdict" if after_verdict else ""
+    stack_switch.retention(
+        name=(f"Keep the {cs.stack_retention} newest stacks" + (
+            when or " (the serving one and its rollback target always)")),
+        venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE, service=cs.service_name,
+        wanted=wanted, keep=cs.stack_retention, restart_on_change=cs.restart_on_change)
+    if cs.uses_wheel_store:
+        store.holds(name=f"The wheel store {cs.wheel_store} knows the locks this container "
+                    f"holds{when}", store=cs.wheel_store, key=store_user_key(),
+                    venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE,
+                    service=cs.service_name, wanted=wanted)
