@@ -10,9 +10,11 @@ import pytest
 
 from harness import sh
 from pve_sglang.facts.installed_stacks import Stacks
-from pve_sglang.operations.stack_switch import found_of, link_command, record_command
+from pve_sglang.operations.stack_switch import link_command, record_command
 from pve_sglang.stack import switch_rules as stacks
-from pve_sglang.stack.switch_rules import Found, Move, SwitchPlan, Unfinished, Verdict, decide_switch, judge
+from pve_sglang.stack.switch_rules import (
+    Found, Move, SwitchPlan, Unfinished, Verdict, decide_switch, found_of, judge,
+)
 
 A, B, C, D = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "cccccccccccccccc", "dddddddddddddddd"
 

@@ -32,22 +32,6 @@ def read(venv_path: str, lock_file: str, service: str) -> dict:
     return container_reads.read(Part.STACKS, *read_args(venv_path, service, lock_file))
 
 
-def found_of(venv_path: str, raw: dict) -> Found:
-    """The pure view (``switch_rules.Found``) of a ``Stacks`` read: a plain venv named by its lock,
-    or by its sglang release when it was installed without a lock."""
-    kind, current = raw["kind"], None
-    if kind == "link":
-        current = switch_rules.linked_id(venv_path, raw.get("target"))
-        if current is None:
-            kind = "other"
-    plain = raw.get("plain_lock") or (
-        switch_rules.unlocked_id(raw["plain_sglang"]) if raw.get("plain_sglang") else None)
-    record = raw.get("state") or {}
-    return Found(kind=kind, current=current, plain_lock=plain if kind == "plain" else None,
-                 stacks=tuple(sorted(raw.get("stacks") or {})),
-                 previous=record.get("previous"), trial=record.get("trial"))
-
-
 def release_words(raw: dict, stack_id: str | None) -> str:
     """``sglang 0.5.9 (stack 68a87c7696509d54)`` from a stack's release file."""
     if stack_id is None:
@@ -103,7 +87,7 @@ def not_failed(venv_path: str, lock_file: str, service: str, wanted: str, releas
     failed = switch_rules.refused(record, wanted, retry)
     if failed is not None:
         # Never "rolled back" while the link still names it (a plan before rollback_finished).
-        linked = found_of(venv_path, raw).current == wanted
+        linked = switch_rules.found_of(venv_path, raw).current == wanted
         back, kept = (("its rollback was cut short (the run switches back to the previous "
                        "stack first)", "nothing else is changed") if linked else
                       ("was rolled back", "nothing was changed"))
@@ -154,7 +138,7 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
     """
     # What the build before changed (a new stack's files) decides nothing here.
     raw = read(venv_path, lock_file, service)
-    found = found_of(venv_path, raw)
+    found = switch_rules.found_of(venv_path, raw)
     unit_state = container_reads.read(Part.UNIT, unit)
     serving = unit_state.get("active") in unit_action.RUNNING_STATES
     try:
@@ -214,7 +198,7 @@ def migrate(venv_path: str, lock_file: str, service: str, copies: dict[str, str]
     """
     raw = read(venv_path, lock_file, service)
     try:
-        moved = switch_rules.migration(found_of(venv_path, raw))
+        moved = switch_rules.migration(switch_rules.found_of(venv_path, raw))
     except ValueError as error:
         raise OperationError(cannot_name(venv_path, error)) from None
     if moved is None:
@@ -271,7 +255,7 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
     # Read again after a switch of this run (it forgets): a stack built in this run and not
     # read yet is kept (the wanted one always is).
     raw = read(venv_path, lock_file, service)
-    found = found_of(venv_path, raw)
+    found = switch_rules.found_of(venv_path, raw)
     current = found.current if found.kind == "link" else found.plain_lock
     serving, rollback = switch_rules.after_switch(current, found.previous, wanted, restart_on_change)
     if switch_rules.retention_waits(found.trial, current, serving):
@@ -307,7 +291,7 @@ def judged(failure: OperationError, venv_path: str, lock_file: str, service: str
         return None
     forget()
     raw = read(venv_path, lock_file, service)
-    found = found_of(venv_path, raw)
+    found = switch_rules.found_of(venv_path, raw)
     verdict = switch_rules.judge(True, found.trial, found.current, found.previous, found.stacks,
                                  rollback)
     return _concluded(verdict, failure, _first_line(failure), raw, found, venv_path, service,
@@ -353,7 +337,7 @@ def together(venv_path: str, lock_file: str, service: str, wanted: str, release:
                               nodes=["ct101", "ct102"])
     """
     raw = read(venv_path, lock_file, service)
-    found = found_of(venv_path, raw)
+    found = switch_rules.found_of(venv_path, raw)
     current = found.current if found.kind == "link" else found.plain_lock
     missing = switch_rules.not_together(nodes, in_run(), current, wanted)
     if missing:
@@ -418,7 +402,7 @@ def group_judged(venv_path: str, lock_file: str, service: str, unit: str, rollba
     failure = own or OperationError(f"the group fails: {why}")
     forget()
     raw = read(venv_path, lock_file, service)
-    found = found_of(venv_path, raw)
+    found = switch_rules.found_of(venv_path, raw)
     verdict = switch_rules.judge(True, found.trial, found.current, found.previous, found.stacks,
                                  rollback)
     yield from host_fails(_concluded(verdict, failure, why[:300], raw, found, venv_path,
@@ -545,7 +529,7 @@ def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str,
                                        unit="sglang.service")
     """
     raw = read(venv_path, lock_file, service)
-    found = found_of(venv_path, raw)
+    found = switch_rules.found_of(venv_path, raw)
     record = dict(raw.get("state") or {})
     step = switch_rules.unfinished_rollback(found, tuple(record.get("failed") or {}))
     if step is None:
@@ -665,7 +649,7 @@ def trial_passed(venv_path: str, lock_file: str, service: str, probation_s: int 
         return
     # The container phase's read, after its switch (which forgets) if any.
     raw = read(venv_path, lock_file, service)
-    found = found_of(venv_path, raw)
+    found = switch_rules.found_of(venv_path, raw)
     record = dict(raw.get("state") or {})
     failed = dict(record.get("failed") or {})
     if found.trial is None and found.current not in failed:

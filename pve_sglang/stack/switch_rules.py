@@ -88,6 +88,22 @@ class Found(NamedTuple):
     trial: str | None = None
 
 
+def found_of(venv_path: str, raw: dict) -> Found:
+    """The pure view (``Found``) of a ``Stacks`` read: a plain venv named by its lock,
+    or by its sglang release when it was installed without a lock."""
+    kind, current = raw["kind"], None
+    if kind == "link":
+        current = linked_id(venv_path, raw.get("target"))
+        if current is None:
+            kind = "other"
+    plain = raw.get("plain_lock") or (
+        unlocked_id(raw["plain_sglang"]) if raw.get("plain_sglang") else None)
+    record = raw.get("state") or {}
+    return Found(kind=kind, current=current, plain_lock=plain if kind == "plain" else None,
+                 stacks=tuple(sorted(raw.get("stacks") or {})),
+                 previous=record.get("previous"), trial=record.get("trial"))
+
+
 class Move(Enum):
     NONE = "none"  # the link names the wanted stack: nothing to switch
     FIRST = "first"  # no server ran from a stack yet: make the link (the server starts anyway)
