@@ -162,9 +162,7 @@ def beside(cs: ContainerSettings) -> bool:
     server runs; only its switch restarts it. Asked by the restart's check, with the
     container's one read (not when the deploy's code runs)."""
     raw = stack_switch.read(cs.venv_path, LOCK_FILE, cs.service_name)
-    found = switch_rules.found_of(cs.venv_path, raw)
-    current = found.current if found.kind == "link" else found.plain_lock
-    return current != stack_id(cs)
+    return switch_rules.found_of(cs.venv_path, raw).named != stack_id(cs)
 
 
 def restart_check(cs: ContainerSettings, files: list, stack_ops: list, switched,

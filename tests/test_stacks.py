@@ -39,6 +39,17 @@ def test_switch_decisions(found, wanted, restart_on_change, serving, plan):
     assert decide_switch(found, wanted, restart_on_change, serving) == plan
 
 
+@pytest.mark.parametrize("found, named", [
+    (Found("link", current=A, stacks=(A, B)), A),
+    (Found("plain", plain_lock=B), B),
+    (Found("plain", plain_lock=None), None),  # an install cut short: nothing names it
+    (Found("missing"), None),
+    (Found("other"), None),
+])
+def test_the_stack_venv_path_names(found, named):
+    assert found.named == named
+
+
 @pytest.mark.parametrize("found, moved", [
     (Found("missing"), None),
     (Found("link", current=A), None),

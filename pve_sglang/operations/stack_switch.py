@@ -256,7 +256,7 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
     # read yet is kept (the wanted one always is).
     raw = read(venv_path, lock_file, service)
     found = switch_rules.found_of(venv_path, raw)
-    current = found.current if found.kind == "link" else found.plain_lock
+    current = found.named
     serving, rollback = switch_rules.after_switch(current, found.previous, wanted, restart_on_change)
     if switch_rules.retention_waits(found.trial, current, serving):
         host.noop(f"stacks beyond {keep} are removed after the verdict on stack {serving}")
@@ -338,7 +338,7 @@ def together(venv_path: str, lock_file: str, service: str, wanted: str, release:
     """
     raw = read(venv_path, lock_file, service)
     found = switch_rules.found_of(venv_path, raw)
-    current = found.current if found.kind == "link" else found.plain_lock
+    current = found.named
     missing = switch_rules.not_together(nodes, in_run(), current, wanted)
     if missing:
         raise OperationError(_apart(missing, nodes, f"{release} (stack {wanted})"))

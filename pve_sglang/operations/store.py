@@ -37,7 +37,7 @@ def held_after_retention(venv_path: str, raw: dict, wanted: str, keep: int,
     the same rule), for a plan made before either ran: the verdict taken as good (retention
     waits for it). RAW: the container's ``Stacks`` read."""
     found = switch_rules.found_of(venv_path, raw)
-    current = found.current if found.kind == "link" else found.plain_lock
+    current = found.named
     serving, rollback = switch_rules.after_switch(current, found.previous, wanted, restart_on_change)
     mtimes = {name: info.get("mtime", 0.0) for name, info in (raw.get("stacks") or {}).items()}
     mtimes.setdefault(wanted, time.time())

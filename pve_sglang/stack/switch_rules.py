@@ -87,6 +87,12 @@ class Found(NamedTuple):
     previous: str | None = None
     trial: str | None = None
 
+    @property
+    def named(self) -> str | None:
+        """The stack ``venv_path`` names: the link's, or the plain venv's lock id; None for a
+        missing or foreign ``venv_path``."""
+        return {"link": self.current, "plain": self.plain_lock}.get(self.kind)
+
 
 def found_of(venv_path: str, raw: dict) -> Found:
     """The pure view (``Found``) of a ``Stacks`` read: a plain venv named by its lock,
@@ -148,7 +154,7 @@ def decide_switch(found: Found, wanted: str, restart_on_change: bool,
     """
     if found.kind == "other":
         raise ValueError("venv_path is neither a venv nor a link to one of the deploy's stacks")
-    current = {"link": found.current, "plain": found.plain_lock}.get(found.kind)
+    current = found.named
     if current == wanted:
         return SwitchPlan(Move.NONE, current)
     if current is None:
