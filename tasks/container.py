@@ -24,7 +24,6 @@ from tasks.common import (
     container_gpus, expect_container_reads, run_when_container_exists, store_user_key,
     upload_script,
 )
-from tasks.stack_steps import kept_words
 from pve_sglang.server.render import ServerFiles, server_files
 from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
 from pve_sglang.server.unit_text import (
@@ -142,7 +141,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
             if cs.model_download and not cs.uses_model_store else "")
          + (", enable it and (re)start it once" if driver else " (not enabled at boot: no GPU)"),
          server),
-        (kept_words(cs), lambda _: stack_steps.kept(cs)),
+        (stack_steps.kept_words(cs), lambda _: stack_steps.kept(cs)),
     ]
     return steps
 

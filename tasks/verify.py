@@ -14,7 +14,6 @@ from pve_sglang.model_store import operations as model
 from pve_sglang.operations import paths, stack_switch, verify
 from tasks import stack_steps
 from tasks.common import container_gpus, expect_container_reads, run_when_container_exists, upload_script
-from tasks.stack_steps import kept_words
 from pve_sglang.stack.identity import settings_stack_path, stack_lock_of
 from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from pve_sglang.server.command import venv_python
@@ -131,7 +130,7 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                        lock_file=LEGACY_LOCK_FILE, service=cs.service_name,
                        probation_s=cs.upgrade_probation_s)))
     # After the verdict: the container phase removes none while a stack is on trial.
-    checks.append((f"{kept_words(cs)}, after the verdict",
+    checks.append((f"{stack_steps.kept_words(cs)}, after the verdict",
                    lambda: stack_steps.kept(cs, after_verdict=True)))
     return checks
 

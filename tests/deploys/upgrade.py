@@ -1,9 +1,10 @@
 """Test deploy: the container phase's stack and server steps (``tasks/container.py`` and
-``tasks/stack_steps.py``: a rollback cut short finished, the failed-set check, a node of several switched only with its
-whole group, the stack built beside the serving one, the autotune patch and its release file, the env file and unit, the switch,
-the one restart, retention) with the server started though the container has no GPU, then the
-verify phase's server checks (``server_checks``: the startup watch, the chat completion, a
-failed upgrade's rollback, a group's judgement, the end of a trial).
+``tasks/stack_steps.py``: a rollback cut short finished, the failed-set check, a node of several
+switched only with its whole group, the stack built beside the serving one, the autotune patch
+and its release file, the env file and unit, the switch, the one restart, retention) with the
+server started though the container has no GPU, then the verify phase's server checks
+(``server_checks``: the startup watch, the chat completion, a failed upgrade's rollback, a
+group's judgement, the end of a trial).
 
 Settings: ``group_data/all.py`` and the host's ``settings`` overrides (``--data`` too)."""
 
