@@ -5,6 +5,8 @@ benchmark's argv carries the metrics sampler only where ``enable_metrics`` is on
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +14,18 @@ from pve_sglang.config.settings import ContainerSettings
 from pve_sglang.project import load_defaults
 from pve_sglang.server import bench_history
 from pve_sglang.server.bench import bench_runs, summary_table
-from pve_sglang.server.bench_hints import capped, idle_with_queue, kv_bound, row_hints, run_hints
+from pve_sglang.server.bench_hints import (
+    BELOW_SHARE,
+    FULL_USAGE,
+    capped,
+    idle_with_queue,
+    kv_bound,
+    queued,
+    row_hints,
+    run_hints,
+)
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def row(concurrency, running_mean, running_max, queue, usage, power=None):
@@ -56,6 +69,75 @@ def test_cap_and_kv_rules(values, is_capped, is_kv_bound):
 ])
 def test_power_rule(power, queue, low, expected):
     assert idle_with_queue(row(1024, 900, 1000, queue, 0.5, power), low) is expected
+
+
+# Each threshold just below, at and just above its edge (the values written out, not computed
+# from the constants: a moved threshold moves a row's answer).
+@pytest.mark.parametrize("queue, expected", [(0.99, False), (1.0, True), (1.01, True),
+                                             (0, False), (None, False)])
+def test_queued_at_its_edge(queue, expected):
+    """QUEUED: at least one request waiting on average."""
+    assert queued({"queue_reqs_mean": queue}) is expected
+
+
+# concurrency, running mean, running max, queued, token usage -> capped, kv bound
+@pytest.mark.parametrize("values, is_capped, is_kv_bound", [
+    # FULL_USAGE (0.9): the KV cache is full from 0.9 on, and then no cap is read
+    ((100, 80.0, 80, 5, 0.89), True, False),
+    ((100, 80.0, 80, 5, 0.9), False, True),
+    ((100, 80.0, 80, 5, 0.91), False, True),
+    # QUEUED (1.0) for both rules
+    ((100, 80.0, 80, 0.99, 0.4), False, False),
+    ((100, 80.0, 80, 1.0, 0.4), True, False),
+    ((100, 80.0, 80, 0.99, 0.95), False, False),
+    ((100, 80.0, 80, 1.0, 0.95), False, True),
+    # BELOW_SHARE (0.9): the most running under 90 of 100 asked
+    ((100, 89.0, 89, 5, 0.4), True, False),
+    ((100, 90.0, 90, 5, 0.4), False, False),
+    ((100, 91.0, 91, 5, 0.4), False, False),
+    # FLAT_SHARE (0.9): the mean at least 72 of a most of 80
+    ((100, 71.9, 80, 5, 0.4), False, False),
+    ((100, 72.0, 80, 5, 0.4), True, False),
+    ((100, 72.1, 80, 5, 0.4), True, False),
+    # none running at all (a server that serves nothing): no cap can be read
+    ((100, 0.0, 0, 5, 0.4), False, False),
+    ((100, 1.0, 1, 5, 0.4), True, False),
+])
+def test_cap_and_kv_rules_at_their_edges(values, is_capped, is_kv_bound):
+    assert capped(row(*values)) is is_capped
+    assert kv_bound(row(*values)) is is_kv_bound
+
+
+@pytest.mark.parametrize("power, expected", [(59.9, True), (60.0, False), (60.1, False)])
+def test_power_rule_at_its_edge(power, expected):
+    """Under LOW_POWER_PCT, not at it."""
+    assert idle_with_queue(row(1024, 900, 1000, 950, 0.5, power), 60) is expected
+
+
+@pytest.mark.parametrize("power, hinted", [(59.9, True), (60.0, False), (60.1, False)])
+def test_power_rules_at_the_default_setting(power, hinted):
+    """bench_low_power_pct's default (60: the seed's tuned run drew 42%, about 250 of 600 W,
+    with requests waiting) is the edge of both rules that read it: the tuning hint and the
+    benchmark's low-power warning."""
+    default = load_defaults()["bench_low_power_pct"]
+    run = {"meta": {}, "rows": [row(1024, 900, 1000, 950, 0.5, power)]}
+    hints = run_hints(run, default)
+    assert (len(hints) == 1 and "of their power limit" in hints[0]) is hinted
+    assert (bench_history.low_power_warning(run, default) is not None) is hinted
+
+
+def test_no_power_rule_without_a_threshold():
+    """bench_low_power_pct unset (None): no power hint, however low the power."""
+    run = {"meta": {}, "rows": [row(1024, 900, 1000, 950, 0.5, 0.0)]}
+    assert run_hints(run, None) == []
+    assert len(run_hints(run, 0.1)) == 1
+
+
+def test_the_troubleshooting_page_states_the_thresholds_of_the_code():
+    """docs/troubleshooting.md writes two thresholds out; they are the code's."""
+    text = re.sub(r"\s+", " ", (DOCS / "troubleshooting.md").read_text())
+    assert f"under {BELOW_SHARE:.0%} of the concurrency asked" in text
+    assert f"token usage at {FULL_USAGE:g} or more" in text
 
 
 def test_rows_without_metrics_earn_no_hint():
