@@ -19,6 +19,7 @@ from pve_sglang.server.startup_log import (
     bad_logprobs,
     degenerate,
     diagnose,
+    duration,
     strip,
 )
 
@@ -277,6 +278,96 @@ def test_ready_line_is_the_release_line():
 ])
 def test_degenerate_output(text, bad):
     assert (degenerate(text) is not None) == bad
+
+
+# Each threshold of the generation check just below, at and just above its edge (characters
+# counted spaces aside).
+@pytest.mark.parametrize("text, bad", [
+    # JUDGED_CHARS (6): five characters are not judged, six are
+    ("的的的的的", False),
+    ("的的的的的的", True),
+    # COUNTED_CHARS (8): two letters only, never four in a row: judged from eight on
+    ("aabbaab", False),
+    ("aabbaabb", True),
+    # FEW_DISTINCT (2): three distinct characters are not "few"
+    ("aabbccaa", False),
+    # MOST (0.6), one character: 5 of 9, 6 of 10 (not more than 0.6), 7 of 11
+    ("!a!b!c!d!", False),
+    ("!a!b!c!d!!", False),
+    ("!a!b!c!d!!!", True),
+    # ... but a letter or digit for most of the text is a word or a number
+    ("x1x2xx3xx4x", False),
+    # COUNTED_WORDS (6): one word 4 of 5 times is not judged, 4 of 6 is
+    ("yes no yes yes yes", False),
+    ("yes no yes yes no yes", True),
+    # MOST, one word: 5 of 9, 6 of 10, 7 of 11
+    ("yes no yes ok yes why yes so yes", False),
+    ("yes no yes ok yes why yes so yes yes", False),
+    ("yes no yes ok yes why yes so yes yes yes", True),
+    # UNIT_CHARS (16): a unit of 16 characters repeated counts, one of 17 does not
+    ("abcdefghijklmnop" * 4, True),
+    ("abcdefghijklmnopq" * 4, False),
+    # REPEATS (4): three repeats do not count, four do
+    ("xyzxyzxyz0123", False),
+    ("xyzxyzxyzxyz0123", True),
+    # MOST, a repeated unit: 6 of 11, 6 of 10 (not more than 0.6), 7 of 10
+    ("aaaaaabcdef", False),
+    ("aaaaaabcde", False),
+    ("aaaaaaabcd", True),
+])
+def test_degenerate_output_at_its_edges(text, bad):
+    assert (degenerate(text) is not None) == bad
+
+
+@pytest.mark.parametrize("seconds, shown", [
+    (-1, "0s"), (0.49, "0s"), (0.5, "1s"), (59.4, "59s"), (59.5, "1m00s"), (60, "1m00s"),
+    (61, "1m01s"), (3599.4, "59m59s"), (3599.5, "1h00m"), (3600, "1h00m"), (3661, "1h01m"),
+])
+def test_duration_at_its_edges(seconds, shown):
+    """Seconds under a minute, minutes and seconds under an hour, then hours and minutes; half
+    a second rounds up."""
+    assert duration(seconds) == shown
+
+
+def shards_line(n: int, total: int) -> str:
+    return (f"[2025-10-16 09:06:22 TP0] Loading safetensors checkpoint shards: {100 * n // total:3d}% "
+            f"Completed | {n}/{total} [00:10<00:20,  2.00it/s]")
+
+
+# (shards done, seconds since the start) fed after 0/100 at 0 s -> whether a progress line comes
+@pytest.mark.parametrize("fed, logged", [
+    # SHARDS_STEPS (10): 9 of 100 shards since the last line are not worth one, 10 are
+    ([(9, 1.0)], [False]),
+    ([(10, 1.0)], [True]),
+    ([(11, 1.0)], [True]),
+    # SHARDS_QUIET_S (60): one more shard after 59.9 s is not, after 60 s it is
+    ([(1, 59.9)], [False]),
+    ([(1, 60.0)], [True]),
+    # the same shard again, a minute later: nothing new
+    ([(10, 1.0), (10, 70.0)], [True, False]),
+    # the last shard always
+    ([(95, 1.0), (99, 2.0), (100, 3.0)], [True, False, True]),
+])
+def test_shard_progress_at_its_edges(fed, logged):
+    progress = Progress(start=0.0)
+    assert progress.feed(shards_line(0, 100), 0.0) == ["weights (at 0s)", "weights: 0/100 shards (0%), 2.00it/s, ETA 20s"]
+    said = [progress.feed(shards_line(n, 100), when) for n, when in fed]
+    assert [any(m.startswith("weights: ") for m in messages) for messages in said] == logged
+
+
+def test_no_eta_at_the_last_shard():
+    progress = Progress(start=0.0)
+    assert progress.feed(shards_line(99, 100), 1.0)[-1].endswith(", ETA 20s")
+    assert progress.feed(shards_line(100, 100), 2.0)[-1] == "weights: 100/100 shards (100%), 2.00it/s"
+
+
+def test_summary_leaves_out_the_phases_under_half_a_second():
+    """SUMMARY_MIN_S (0.5): a phase that would read 0s is left out."""
+    progress = Progress(start=0.0, times={"init": 0.49, "weights": 0.5, "kv cache": 0.51},
+                        phase="ready", ready=True)
+    assert progress.summary(10.0) == "weights 1s, kv cache 1s"
+    assert Progress(start=0.0).summary(0.49) == "no phase seen"
+    assert Progress(start=0.0).summary(0.5) == "starting 1s"
 
 
 def test_bad_logprobs_counts_nan_inf_and_missing():

@@ -49,6 +49,12 @@ PHASES: list[tuple[str, re.Pattern]] = [
                           r"max_total_num_tokens=")),
     ("ready", re.compile(re.escape(READY_LINE))),
 ]
+#: Shard progress is logged every SHARDS_STEPS-th of the shards (every 10%), at the last shard,
+#: and after SHARDS_QUIET_S seconds since the last shards line, whichever comes first.
+SHARDS_STEPS = 10
+SHARDS_QUIET_S = 60.0
+#: The summary leaves out a phase shorter than this, in seconds: it would read ``0s``.
+SUMMARY_MIN_S = 0.5
 
 
 def strip(line: str) -> str:
@@ -58,8 +64,8 @@ def strip(line: str) -> str:
 
 
 def duration(seconds: float) -> str:
-    """``45s``, ``3m05s``, ``1h02m``."""
-    seconds = max(0, int(round(seconds)))
+    """``45s``, ``3m05s``, ``1h02m``; half a second rounds up."""
+    seconds = max(0, math.floor(seconds + 0.5))
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:
@@ -90,7 +96,8 @@ class Progress:
     last_line: float = 0.0
     ready: bool = False
     kv_logged: bool = False
-    _shards_logged: tuple[int, float] = (-1, 0.0)  # (shards, when) of the last shards line
+    # (shards, when) of the last shards line; none yet: the first one is logged at once
+    _shards_logged: tuple[int, float] = (-1, -math.inf)
 
     def __post_init__(self) -> None:
         self.phase_start = self.last_line = self.start
@@ -108,7 +115,7 @@ class Progress:
 
     def feed(self, line: str, when: float) -> list[str]:
         """The messages LINE (logged at WHEN, seconds) gives: a phase entered, shard progress
-        (every 10% or minute), the KV cache's size."""
+        (``SHARDS_STEPS``, ``SHARDS_QUIET_S``), the KV cache's size."""
         self.last_line = max(self.last_line, when)
         text = strip(line)
         messages = []
@@ -120,8 +127,9 @@ class Progress:
         if shards:
             n, total = int(shards["n"]), int(shards["total"])
             logged, logged_at = self._shards_logged
-            step = max(1, total // 10)
-            if n > logged and (n == total or n - logged >= step or when - logged_at >= 60):
+            step = max(1, total // SHARDS_STEPS)
+            if n > logged and (n == total or n - logged >= step
+                               or when - logged_at >= SHARDS_QUIET_S):
                 self._shards_logged = (n, when)
                 eta = _clock(shards["eta"])
                 messages.append(
@@ -146,7 +154,7 @@ class Progress:
         if not self.ready:
             times[self.phase] = times.get(self.phase, 0.0) + now - self.phase_start
         parts = [f"{name} {duration(seconds)}" for name, seconds in times.items()
-                 if name != "ready" and seconds >= 0.5]
+                 if name != "ready" and seconds >= SUMMARY_MIN_S]
         return ", ".join(parts) or "no phase seen"
 
 
@@ -251,31 +259,44 @@ def diagnose(lines: list[str]) -> list[tuple[Hint, str]]:
 # --- the generation check -----------------------------------------------------------------
 
 
-#: One unit of 1 to 16 characters (a token's text) repeated 4 or more times in a row.
-_REPEATED_UNIT = re.compile(r"(.{1,16}?)\1{3,}", re.DOTALL)
+#: The generation check's thresholds (``degenerate``; characters are counted spaces aside):
+#: shorter text is not judged;
+JUDGED_CHARS = 6
+#: from this length on, one character, few distinct ones or one word can tell;
+COUNTED_CHARS = 8
+#: "most of the text": more than this share of it;
+MOST = 0.6
+#: this many distinct characters or fewer;
+FEW_DISTINCT = 2
+#: one word: among this many words or more;
+COUNTED_WORDS = 6
+#: one unit of 1 to UNIT_CHARS characters (a token's text) repeated REPEATS times or more in a
+#: row. Three do not count: real words and answers have them (``hahaha``, ``blablabla``), and a
+#: collapse fills the check's 48 tokens with many more.
+UNIT_CHARS = 16
+REPEATS = 4
+_REPEATED_UNIT = re.compile(rf"(.{{1,{UNIT_CHARS}}}?)\1{{{REPEATS - 1},}}", re.DOTALL)
 
 
-def degenerate(text: str, share: float = 0.6) -> str | None:
+def degenerate(text: str, share: float = MOST) -> str | None:
     """Why TEXT looks like collapsed decoding, or None.
 
     Collapsed: one character or word repeated for more than SHARE of it (``!!!!!!!``, ``the the
-    the``), only one or two distinct characters, or one unit of up to 16 characters repeated at
-    least 4 times in a row, spaces aside, covering more than SHARE of the characters
-    (``的的的的的的``, ``abcabcabcabc``, ``<|x|><|x|><|x|><|x|>``). Three repeats do not count:
-    real words and answers have them (``hahaha``, ``blablabla``), and a collapse fills the
-    check's 48 tokens with many more.
+    the``), only ``FEW_DISTINCT`` distinct characters, or one unit (``UNIT_CHARS``,
+    ``REPEATS``) repeated in a row, spaces aside, covering more than SHARE of the characters
+    (``的的的的的的``, ``abcabcabcabc``, ``<|x|><|x|><|x|><|x|>``).
     """
     chars = [c for c in text if not c.isspace()]
-    if len(chars) < 6:
+    if len(chars) < JUDGED_CHARS:
         return None
-    if len(chars) >= 8:
+    if len(chars) >= COUNTED_CHARS:
         char, count = Counter(chars).most_common(1)[0]
         if count / len(chars) > share and not char.isalnum():
             return f"{count} of {len(chars)} characters are {char!r}"
-        if len(set(chars)) <= 2:
+        if len(set(chars)) <= FEW_DISTINCT:
             return f"only {sorted(set(chars))} repeated"
         words = text.split()
-        if len(words) >= 6:
+        if len(words) >= COUNTED_WORDS:
             word, count = Counter(words).most_common(1)[0]
             if count / len(words) > share:
                 return f"{count} of {len(words)} words are {word!r}"
