@@ -12,6 +12,7 @@ SGLang's own metric names and types.
 from __future__ import annotations
 
 import http.server
+import io
 import json
 import re
 import socket
@@ -133,6 +134,69 @@ def test_metrics_problem_is_printable_and_bounded():
     assert shown.startswith("bad ?[31mred?[0m?") and len(shown) == 300
 
 
+START, STOP = MAIN_RUN_MARKER, RESULT_HEADER.strip()
+
+
+# lines of the command's output, one a second from 1 -> the window's (start, stop)
+@pytest.mark.parametrize("lines, marks", [
+    (["warming up", f"{START}...", "running", f"==={STOP}===", "figures"], (2, 4)),
+    # no stop marker: open (to the command's end)
+    (["warming up", f"{START}...", "figures"], (2, None)),
+    # the stop marker before the start marker does not count; a line holding both only starts
+    ([f"==={STOP}===", f"{START}...", f"==={STOP}==="], (2, 3)),
+    ([f"{START} {STOP}", "running", f"==={STOP}==="], (1, 3)),
+    # the first of each counts
+    ([f"{START}...", f"{START}...", f"==={STOP}===", f"==={STOP}==="], (1, 3)),
+    # no start marker: no window of its own
+    (["warming up", f"==={STOP}==="], (None, None)),
+])
+def test_the_window_opens_at_the_first_start_and_closes_at_the_first_stop_after_it(lines, marks):
+    window = server_metrics.Window(START, STOP)
+    for second, line in enumerate(lines, 1):
+        window.see(line + "\n", float(second))
+    assert (window.start, window.stop) == marks
+
+
+@pytest.mark.parametrize("marks, bounds", [
+    ((2.0, 4.0), (2.0, 4.0)),
+    ((2.0, None), (2.0, 9.0)),   # to the command's end
+    ((None, None), (0.5, 9.0)),  # the whole command
+])
+def test_the_window_bounds(marks, bounds):
+    window = server_metrics.Window(START, STOP, *marks)
+    assert window.bounds(0.5, 9.0) == bounds
+
+
+def test_no_marker_given_no_window():
+    window = server_metrics.Window(None, None)
+    for line in (START, STOP):
+        window.see(line, 1.0)
+    assert (window.start, window.stop) == (None, None)
+
+
+@pytest.mark.parametrize("when, kept", [(1.99, False), (2.0, True), (2.01, True), (3.99, True),
+                                        (4.0, True), (4.01, False)])
+def test_a_scrape_counts_within_the_window_both_ends_included(when, kept):
+    assert server_metrics.inside([(when, "scrape")], (2.0, 4.0)) == (["scrape"] if kept else [])
+
+
+@pytest.mark.parametrize("length, shown", [(199, "x" * 199), (200, "x" * 200),
+                                           (201, "x" * 200 + "...")])
+def test_a_message_is_cut_after_200_characters(length, shown):
+    """MESSAGE_CHARS: what a failed scrape quotes of an answer."""
+    assert server_metrics._short("x" * length) == shown
+
+
+@pytest.mark.parametrize("line, kept", [
+    ("# HELP sglang:num_running_reqs", True),  # three words: names its metric
+    ("# HELP sglang:num_running_reqs The number of running requests.", True),
+    ("# sglang:num_running_reqs", False),      # a plain comment
+    ("# HELP sglang:num_running_reqs_offline_batch x", False),
+])
+def test_a_comment_line_is_kept_when_its_third_word_is_a_figure(line, kept):
+    assert server_metrics.relevant(line) == (line if kept else "")
+
+
 # --- hostile answers over HTTP --------------------------------------------------------------
 
 
@@ -173,6 +237,43 @@ def test_a_hostile_or_missing_answer_gives_a_clear_message(body, status, words):
             server_metrics.scrape(url, 5)
 
 
+@pytest.mark.parametrize("extra, refused", [(0, False), (1, True)])
+def test_an_answer_of_max_bytes_is_read_one_byte_more_is_refused(extra, refused):
+    body = b"# " + b"x" * (server_metrics.MAX_BYTES - 3) + b"\n" * (1 + extra)  # a comment
+    assert len(body) == server_metrics.MAX_BYTES + extra
+    with answering(body) as url:
+        if refused:
+            with pytest.raises(server_metrics.MetricsError, match="is larger than 8388608 bytes"):
+                server_metrics.scrape(url, 10)
+        else:
+            assert server_metrics.scrape(url, 10) == {}
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--interval-ms", "0"], "--interval-ms must be >= 1"),
+    (["--interval-ms", "1", "--url", "ftp://127.0.0.1/metrics"], "must be an http:// or https://"),
+    (["--interval-ms", "1", "--url", "file:///etc/passwd"], "must be an http:// or https://"),
+    (["--interval-ms", "1"], "no command given"),
+])
+def test_bad_arguments_are_refused_before_anything_runs(args, words, capsys):
+    argv = ["--url", "http://127.0.0.1:9/metrics", *args]
+    argv += ["--", sys.executable, "-c", "pass"] if "no command" not in words else []
+    with pytest.raises(SystemExit) as stopped:
+        server_metrics.main(argv)
+    assert stopped.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_an_interval_of_one_ms_is_taken(capsys):
+    """The least interval (1 ms) runs the command."""
+    with answering(b"", 404) as url:
+        code = server_metrics.main(["--url", url, "--interval-ms", "1", "--", sys.executable,
+                                    "-c", "print('bench')"])
+    out = capsys.readouterr().out
+    assert code == 0 and "bench\n" in out
+    summary = marked_json(server_metrics.SUMMARY_PREFIX, out)
+    assert summary["window"] == "whole command" and summary["interval_ms"] == 1
+
+
 def test_a_404_hints_at_the_missing_flag():
     with answering(b"", 404) as url:
         with pytest.raises(server_metrics.MetricsError, match="without --enable-metrics"):
@@ -192,6 +293,95 @@ def test_a_server_that_never_answers_well_is_an_error_in_the_summary_not_a_failu
     assert summary["error"].startswith("no scrape in the window; the last said: malformed "
                                        "/metrics answer: line 1: 'sglang:token_usage{ 1'")
     assert metric_columns(summary) == {}
+
+
+class _Phases(http.server.BaseHTTPRequestHandler):
+    """/metrics: 1 running request until the second scrape that arrives after the sampler wrote
+    out the stop marker's line, 100 from then on (a scrape that arrives just after that line
+    may have begun before it; the second began after the first had its answer). /state?NAME:
+    a counter, for the command to wait on."""
+
+    lock = threading.Lock()
+    seen: dict = {}
+
+    def do_GET(self):
+        with self.lock:
+            if self.path == "/metrics":
+                for phase in ("after_start", "after_stop"):
+                    self.seen[phase] += self.seen[phase.replace("after", "saw")]
+                running = 100 if self.seen["after_stop"] >= 2 else 1
+                self.seen["answered_100"] += running == 100
+                body = (f"# TYPE sglang:num_running_reqs gauge\n"
+                        f"sglang:num_running_reqs {running}\n").encode()
+            else:
+                body = str(self.seen[self.path.split("?", 1)[1]]).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class _Output(io.StringIO):
+    """The sampler's output; notes when the true window's first start and first stop after it
+    have been written out (the sampler writes a line after it has read it)."""
+
+    def __init__(self, seen: dict):
+        super().__init__()
+        self.seen = seen
+
+    def write(self, text: str) -> int:
+        with _Phases.lock:
+            if START in text and not self.seen["saw_start"]:
+                self.seen["saw_start"] = 1
+            elif STOP in text and self.seen["saw_start"] and not self.seen["saw_stop"]:
+                self.seen["saw_stop"] = 1
+        return super().write(text)
+
+
+PHASED_LOAD = f"""
+import sys, time, urllib.request
+url = sys.argv[1]
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({{}}))
+
+def wait(name, count):
+    deadline = time.monotonic() + 60
+    while int(opener.open(url + "/state?" + name, timeout=10).read()) < count:
+        assert time.monotonic() < deadline, name
+        time.sleep(0.01)
+
+print("==={STOP}=== (a stop marker before the start: not the end)", flush=True)
+print("{START}...", flush=True)
+wait("after_start", 2)
+print("==={STOP}===", flush=True)
+wait("answered_100", 2)
+print("{START} (again: not a new start)", flush=True)
+print("==={STOP}=== (again: not the end)", flush=True)
+"""
+
+
+def test_the_stop_marker_ends_the_window_of_the_real_sampler():
+    """The sampler around a command that prints the stop marker once before the start, then
+    the start, then (after scrapes of 1 running request) the stop, then waits for scrapes of
+    100 and prints both markers again: the figures are those of the window, 1 running."""
+    seen = dict.fromkeys(("saw_start", "saw_stop", "after_start", "after_stop", "answered_100"), 0)
+    handler = type("Handler", (_Phases,), {"seen": seen})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    out = _Output(seen)
+    try:
+        code = server_metrics.run([sys.executable, "-c", PHASED_LOAD, url], url + "/metrics", 20,
+                                  START, STOP, out)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 0 and seen["answered_100"] >= 2, out.getvalue()
+    summary = marked_json(server_metrics.SUMMARY_PREFIX, out.getvalue())
+    assert summary["window"] == "benchmark" and summary["scrapes"] >= 1, summary
+    assert summary["figures"]["running_reqs"]["max"] == 1, summary
 
 
 # --- the stand-in against SGLang's sources -------------------------------------------------

@@ -8,8 +8,8 @@ COMMAND's output (stdout and stderr together) passes through line by line; when 
 one more line follows: ``SERVER_METRICS_JSON {...}``, the running and queued requests, KV cache
 token usage, prefix cache hit rate and generation throughput the server reported (``FIGURES``:
 mean, min and max of each) over the scrapes taken between the first line holding the start
-marker and the first line holding the stop marker (over the whole command when a marker never
-shows). The exit status is COMMAND's; the environment passes to it unchanged.
+marker and the first line after it holding the stop marker (``Window``: to the command's end
+without a stop, over the whole command without a start). The exit status is COMMAND's; the environment passes to it unchanged.
 
 The names and types are SGLang's own (``sglang/srt/metrics/collector.py`` in 0.5.9,
 ``sglang/srt/observability/metrics_collector.py`` in 0.5.23): each a ``Gauge`` labelled by
@@ -42,6 +42,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
+from typing import TypeVar
 
 try:
     from prometheus_client.parser import text_string_to_metric_families
@@ -164,6 +166,41 @@ def summarise(scrapes: list[dict[str, float]]) -> dict[str, dict[str, float]]:
     return out
 
 
+@dataclass
+class Window:
+    """Where the figures are read: from the first line holding the start marker to the first
+    line after it holding the stop marker (to the command's end without one; the whole command
+    without a start)."""
+
+    start_marker: str | None
+    stop_marker: str | None
+    start: float | None = None
+    stop: float | None = None
+
+    def see(self, line: str, now: float) -> None:
+        """LINE of the command's output, read at NOW."""
+        if self.start is None:
+            if self.start_marker and self.start_marker in line:
+                self.start = now
+        elif self.stop is None and self.stop_marker and self.stop_marker in line:
+            self.stop = now
+
+    def bounds(self, began: float, ended: float) -> tuple[float, float]:
+        """The window's first and last second, for a command run from BEGAN to ENDED."""
+        if self.start is None:
+            return began, ended
+        return self.start, self.stop if self.stop is not None else ended
+
+
+_T = TypeVar("_T")
+
+
+def inside(timed: list[tuple[float, _T]], bounds: tuple[float, float]) -> list[_T]:
+    """The values of TIMED ((second, value) pairs) taken within BOUNDS, both ends included."""
+    first, last = bounds
+    return [value for when, value in timed if first <= when <= last]
+
+
 class _Scraper:
     """URL read every INTERVAL_MS in the background; each result kept with its time."""
 
@@ -195,7 +232,7 @@ def run(command: list[str], url: str, interval_ms: int, start_marker: str | None
     out = out or sys.stdout
     scraper = _Scraper(url, interval_ms)
     began = time.monotonic()
-    start = stop = None
+    window = Window(start_marker, stop_marker)
     try:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -206,29 +243,25 @@ def run(command: list[str], url: str, interval_ms: int, start_marker: str | None
     for raw in proc.stdout:
         now = time.monotonic()
         line = raw.decode("utf-8", "replace")
-        if start is None and start_marker and start_marker in line:
-            start = now
-        elif start is not None and stop is None and stop_marker and stop_marker in line:
-            stop = now
+        window.see(line, now)
         out.write(line)
         out.flush()
     rc = proc.wait()
     ended = time.monotonic()
     scraper.stop()
-    window_from, window_to = (start, stop or ended) if start is not None else (began, ended)
-    inside = [s for t, s in scraper.scrapes if window_from <= t <= window_to]
-    errors = [e for t, e in scraper.errors if window_from <= t <= window_to]
+    bounds = window.bounds(began, ended)
+    taken, errors = inside(scraper.scrapes, bounds), inside(scraper.errors, bounds)
     summary: dict = {
-        "window": "benchmark" if start is not None else "whole command",
-        "seconds": round(window_to - window_from, 2),
+        "window": "benchmark" if window.start is not None else "whole command",
+        "seconds": round(bounds[1] - bounds[0], 2),
         "interval_ms": interval_ms,
-        "scrapes": len(inside),
-        "figures": summarise(inside),
+        "scrapes": len(taken),
+        "figures": summarise(taken),
     }
     if errors:
         summary["failed_scrapes"] = len(errors)
         summary["last_error"] = errors[-1]
-    if not inside:
+    if not taken:
         summary["error"] = ("no scrape in the window" + (f"; the last said: {errors[-1]}"
                                                          if errors else ""))
     out.write(SUMMARY_PREFIX + json.dumps(summary) + "\n")
