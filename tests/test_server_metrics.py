@@ -274,6 +274,14 @@ def test_an_interval_of_one_ms_is_taken(capsys):
     assert summary["window"] == "whole command" and summary["interval_ms"] == 1
 
 
+def test_the_docs_state_the_size_limit_of_the_code():
+    """docs/how-a-run-works.md and docs/troubleshooting.md write MAX_BYTES out."""
+    limit = f"{server_metrics.MAX_BYTES / 2**20:g} MiB"
+    for page, words in (("how-a-run-works.md", f"at most {limit}"),
+                        ("troubleshooting.md", f"an answer over {limit}")):
+        assert words in re.sub(r"\s+", " ", (TESTS.parent / "docs" / page).read_text()), page
+
+
 def test_a_404_hints_at_the_missing_flag():
     with answering(b"", 404) as url:
         with pytest.raises(server_metrics.MetricsError, match="without --enable-metrics"):
