@@ -113,7 +113,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tiers", default=",".join(TIERS), help="comma-separated: " + ", ".join(TIERS))
     parser.add_argument("--files", nargs="*", default=[], help="test files (default: all)")
     parser.add_argument("-k", dest="keyword", help="pytest's -k, for a part of a module")
-    parser.add_argument("--workers", type=int, default=2, help="this checkout's xdist workers")
+    parser.add_argument("--workers", type=int, default=4,
+                        help="xdist workers (4: as make test and make test-fast run)")
     parser.add_argument("--slowest", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
