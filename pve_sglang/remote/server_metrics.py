@@ -9,7 +9,8 @@ one more line follows: ``SERVER_METRICS_JSON {...}``, the running and queued req
 token usage, prefix cache hit rate and generation throughput the server reported (``FIGURES``:
 mean, min and max of each) over the scrapes taken between the first line holding the start
 marker and the first line after it holding the stop marker (``Window``: to the command's end
-without a stop, over the whole command without a start). The exit status is COMMAND's; the environment passes to it unchanged.
+without a stop, over the whole command without a start). The exit status is COMMAND's; the
+environment passes to it unchanged.
 
 The names and types are SGLang's own (``sglang/srt/metrics/collector.py`` in 0.5.9,
 ``sglang/srt/observability/metrics_collector.py`` in 0.5.23): each a ``Gauge`` labelled by

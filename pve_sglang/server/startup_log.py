@@ -282,7 +282,7 @@ def degenerate(text: str, share: float = MOST) -> str | None:
     """Why TEXT looks like collapsed decoding, or None.
 
     Collapsed: one character or word repeated for more than SHARE of it (``!!!!!!!``, ``the the
-    the``), only ``FEW_DISTINCT`` distinct characters, or one unit (``UNIT_CHARS``,
+    the``), ``FEW_DISTINCT`` distinct characters or fewer, or one unit (``UNIT_CHARS``,
     ``REPEATS``) repeated in a row, spaces aside, covering more than SHARE of the characters
     (``的的的的的的``, ``abcabcabcabc``, ``<|x|><|x|><|x|><|x|>``).
     """
