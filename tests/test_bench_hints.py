@@ -74,9 +74,11 @@ def test_power_rule(power, queue, low, expected):
 # Each threshold just below, at and just above its edge (the values written out, not computed
 # from the constants: a moved threshold moves a row's answer).
 @pytest.mark.parametrize("queue, expected", [(0.99, False), (1.0, True), (1.01, True),
-                                             (0, False), (None, False)])
+                                             (0, False), (None, False), (True, False),
+                                             ("5", False)])
 def test_queued_at_its_edge(queue, expected):
-    """QUEUED: at least one request waiting on average."""
+    """QUEUED: at least one request waiting on average; a figure that is not a number (the run
+    file is read back from disk) counts as none."""
     assert queued({"queue_reqs_mean": queue}) is expected
 
 
