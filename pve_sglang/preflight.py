@@ -29,9 +29,9 @@ from pve_sglang.pve_releases import (
     DEVN_FROM,
     MOUNT_ATTRIBUTES_BROKEN,
     VERSION_COMMAND,
+    answer_problem,
     has_devn,
     mount_attributes_broken,
-    version_problem,
 )
 from pve_sglang.server.render import ServerFiles, server_files
 from pve_sglang.config.settings import ContainerSettings, HostSettings, tensor_parallel_size
@@ -164,10 +164,11 @@ def gpu_host(host: Host, settings: HostSettings) -> GpuHost | None:
 
 def pve_container_of(host: Host) -> str | None:
     """HOST's pve-container version (the ``PveContainerVersion`` fact), one the rules can
-    compare; None when dpkg-query names no installed package. Any other answer is refused,
-    naming the host and the command: a guess would pick the wrong rule."""
+    compare; None when dpkg-query names no installed package. Any other answer (one no rule
+    can compare, several lines) is refused, naming the host and the command: a guess would
+    pick the wrong rule."""
     version = host.get_fact(PveContainerVersion)
-    problem = version_problem(version) if version is not None else None
+    problem = answer_problem(version) if version is not None else None
     if problem:
         raise PreflightError(f"host {host.name}: `{VERSION_COMMAND}` answered pve-container "
                              f"version {version!r}: {problem}; nothing was changed")
