@@ -366,11 +366,13 @@ def pve_container(
         )
     ]
     if native or gpu is None:
-        devices = gpu.dev_entries(indices) if native else []
+        devices = gpu.dev_entries(indices, where) if native else []
         running = host.get_fact(PctStatus, vmid=vmid) == "running"
         decision = devn_restart(pct.device_change(vmid, devices), pve_container, running)
         gpus = pct.config(
-            name=f"Container {vmid} GPUs (devN: {decision.why})",
+            name=f"Container {vmid} "
+                 + (f"{gpu.label(indices, where)} " if indices and gpu is not None else "GPUs ")
+                 + f"(devN: {decision.why})",
             vmid=vmid,
             options={},
             devices=devices,
@@ -380,9 +382,10 @@ def pve_container(
     else:
         needs_restart.append(
             owned.lines(
-                name=f"Container {vmid} GPU passthrough (raw lxc lines, NVIDIA majors from /proc/devices)",
+                name=f"Container {vmid} GPU passthrough ({gpu.label(indices, where)}; raw lxc "
+                     "lines, NVIDIA majors from /proc/devices)",
                 path=pct.config_path(vmid),
-                lines=gpu.raw_lines(indices, style="pve"),
+                lines=gpu.raw_lines(indices, style="pve", where=where),
                 owned=owned_by_gpu_passthrough(gpu.majors),
             )
         )
@@ -458,11 +461,11 @@ def lxc_container(
                hostname=hostname, idmap_base=base, shared_network=shared)
     owners = [owned_by_container_settings(base, hs.lxc_config), owned_by_settings(hs.lxc_config)]
     if gpu is not None:
-        lines += gpu.raw_lines(indices, style="lxc")
+        lines += gpu.raw_lines(indices, style="lxc", where=where)
         owners.append(owned_by_gpu_passthrough(gpu.majors))
     config = owned.lines(
         name=f"Container {name} config (id map, name, network, mounts"
-             + (", GPU passthrough)" if gpu is not None else ")"),
+             + (f", GPU passthrough: {gpu.label(indices, where)})" if gpu is not None else ")"),
         path=path,
         lines=lines,
         owned=lambda line: any(owner(line) for owner in owners),

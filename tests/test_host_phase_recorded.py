@@ -6,6 +6,7 @@ plans the deploy on ``@fake`` hosts that answer with those outputs.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from pve_sglang.facts.nvidia import (
     CharDeviceMajors,
     NvidiaDeviceNodes,
     NvidiaDriverVersion,
+    NvidiaGpuMinors,
     NvidiaGpuProcesses,
     NvidiaGpus,
     UvmDisableHmm,
@@ -54,11 +56,20 @@ def h200(fact: str) -> str:
     return (H200 / f"fact_{fact}.txt").read_text()
 
 
+def h200_minors() -> str:
+    """The ``NvidiaGpuMinors`` answer of the H200 machine, constructed: its recorded bus id
+    (``fact_NvidiaGpus``) and UUID (``run3``), minor 0, in the driver's information layout."""
+    return (FIXTURES / "synthetic" / "h200_fact_NvidiaGpuMinors.txt").read_text()
+
+
 def gpu_host_responses(pve_container: str = "installed 5.2.3") -> dict:
     """Recorded answers of a GPU host (the H200 machine) and its Proxmox tools."""
     return {
         NvidiaDriverVersion().command(): h200("NvidiaDriverVersion"),
         NvidiaGpus().command(): h200("NvidiaGpus"),
+        # Constructed for the H200 machine (its bus id and UUID as recorded, the driver's layout):
+        # not recorded there (tests/fixtures/README.md).
+        NvidiaGpuMinors().command(): h200_minors(),
         CharDeviceMajors().command(): h200("CharDeviceMajors"),
         NvidiaDeviceNodes().command(): h200("NvidiaDeviceNodes"),
         UvmDisableHmm().command(): "Y",
@@ -141,7 +152,7 @@ def test_converged_host_and_container_plan_no_pct_command():
         ("Container 105 size and network", []),
         ("Container 105 disk size", []),
         ("Container 105 features and mounts", []),
-        ("Container 105 GPUs (devN: unchanged)", []),
+        ("Container 105 GPU 0 = /dev/nvidia0 (devN: unchanged)", []),
         ("Container 105 running", []),
     ]
 
@@ -448,14 +459,14 @@ def test_gpu_added_to_running_container_on_each_release_recorded_format(release,
     names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
     if release.startswith("9."):
         assert commands(ops, "pct reboot") == []
-        assert (f"Container 105 GPUs (devN: dev5 added: hot-plugged, no restart (pve-container "
+        assert (f"Container 105 GPU 0 = /dev/nvidia0 (devN: dev5 added: hot-plugged, no restart (pve-container "
                 f"{version} >= 6.0.4))") in names
         assert "will restart" not in caplog.text
     else:
         assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
-        assert (f"Container 105 GPUs (devN: dev5 added: applied at a restart (pve-container "
+        assert (f"Container 105 GPU 0 = /dev/nvidia0 (devN: dev5 added: applied at a restart (pve-container "
                 f"{version} < 6.0.4 hot-plugs no device))") in names
-        assert "container 105 (pct reboot) will restart because: Container 105 GPUs (devN: dev5" \
+        assert "container 105 (pct reboot) will restart because: Container 105 GPU 0 = /dev/nvidia0 (devN: dev5" \
             in caplog.text
 
 
@@ -481,7 +492,7 @@ def test_gpu_swapped_for_another_names_both_keys_recorded_format(release):
     ops = plan({**release_responses(release), **container_answers(converged_config(had), "running")})
     assert commands(ops, "pct set 105") == ["pct set 105 --dev6 /dev/nvidia0,mode=0666 --delete dev0"]
     names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
-    assert "Container 105 GPUs (devN: dev6 added, dev0 removed: applied at a restart)" in names
+    assert "Container 105 GPU 0 = /dev/nvidia0 (devN: dev6 added, dev0 removed: applied at a restart)" in names
     assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
 
 
@@ -581,13 +592,15 @@ def test_proxmox_raw_lines_are_cgroup2_whatever_the_host_cgroup():
     nodes = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"]
     for cgroup in ("v2", "hybrid", "v1"):
         gpu = GpuHost(driver_version="580.159.04", gpus=[], majors=majors, nodes=nodes,
-                      cgroup=cgroup, native_dev=False)
-        pve = gpu.raw_lines([0], style="pve")
+                      cgroup=cgroup, native_dev=False,
+                      minors=[{"index": 0, "bus_id": "00000000:00:06.0", "minor": 0}])
+        pve = gpu.raw_lines([0], style="pve", where="host pve1")
         assert [line for line in pve if "devices.allow" in line] == [
             "lxc.cgroup2.devices.allow: c 195:0 rwm", "lxc.cgroup2.devices.allow: c 195:255 rwm",
             "lxc.cgroup2.devices.allow: c 238:* rwm"]
         lxc_key = "lxc.cgroup2.devices.allow" if cgroup == "v2" else "lxc.cgroup.devices.allow"
-        assert all(line.startswith(lxc_key) for line in gpu.raw_lines([0], style="lxc")
+        assert all(line.startswith(lxc_key)
+                   for line in gpu.raw_lines([0], style="lxc", where="host pve1")
                    if "devices.allow" in line)
 
 
@@ -606,3 +619,86 @@ def test_model_store_fetched_by_the_host_once_then_mounted_read_only():
     # The token only in the 0600 file's upload (the harness shows its content), never in a command.
     assert [c for _, cmds in ops for c in cmds if "hf_s3cret" in c] == [
         'upload /etc/pve-sglang/Org--Model-7B.env\nHF_TOKEN="hf_s3cret"\n']
+
+
+# --- nvidia-smi's index is not the device number (issue 47, item 6) ------------------------
+
+SYNTHETIC = FIXTURES / "synthetic"
+
+
+def host_of(shape: str) -> dict:
+    """The GPU facts of a constructed host SHAPE (tests/fixtures/synthetic, in the recorded
+    formats): ``a100x8_index_not_minor`` (the public reports' A100 host: GPU 0 is
+    /dev/nvidia2, GPU 2 is /dev/nvidia0) or ``l40sx3_one_excluded`` (GPU 1 is /dev/nvidia2)."""
+    read = lambda fact: (SYNTHETIC / f"{shape}_fact_{fact}.txt").read_text()  # noqa: E731
+    driver = read("NvidiaGpus").split(", ")[-1].strip()
+    return {NvidiaGpus().command(): read("NvidiaGpus"),
+            NvidiaGpuMinors().command(): read("NvidiaGpuMinors"),
+            NvidiaDeviceNodes().command(): read("NvidiaDeviceNodes"),
+            NvidiaDriverVersion().command(): f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  "
+                                             f"{driver}  Release Build"}
+
+
+@pytest.mark.parametrize("gpus, nodes, label", [
+    ([0], ["/dev/nvidia2"], "GPU 0 = /dev/nvidia2"),
+    ([2, 0], ["/dev/nvidia0", "/dev/nvidia2"], "GPU 2 = /dev/nvidia0, GPU 0 = /dev/nvidia2"),
+    ([1], ["/dev/nvidia1"], "GPU 1 = /dev/nvidia1"),
+])
+def test_a_gpu_gets_its_own_node_where_index_and_minor_differ_constructed_from_public_reports(
+        gpus, nodes, label):
+    """GPU 0 of the A100 host is /dev/nvidia2: the container gets that node (was
+    /dev/nvidia0: another GPU, perhaps one another container uses), and the plan names both."""
+    responses = {**gpu_host_responses("installed 6.1.10"), **host_of("a100x8_index_not_minor"),
+                 **container_answers(None, None)}
+    ops = plan(responses, gpus=gpus, tp_size=len(gpus))
+    [dev_set] = commands(ops, "pct set 105 --dev0 ")
+    assert re.findall(r"--dev\d+ (/dev/nvidia\d+),mode=0666", dev_set) == nodes
+    names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
+    assert f"Container 105 {label} (devN: applied when the container starts)" in names
+
+
+def test_raw_lines_pass_the_gpus_own_minor_constructed_from_public_reports():
+    """Before devN (Proxmox VE 8.0): the cgroup rule and the bind mount of /dev/nvidia2."""
+    responses = {**release_responses("8.0"), **host_of("a100x8_index_not_minor"),
+                 **container_answers(None, None),
+                 FileContents().command(path="/etc/pve/lxc/105.conf").get_raw_value(): "arch: amd64\n"}
+    ops = plan(responses, gpus=[0])
+    [upload] = commands(ops, "upload /etc/pve/lxc/105.conf")
+    lines = upload.splitlines()[1:]
+    assert "lxc.cgroup2.devices.allow: c 195:2 rwm" in lines
+    assert "lxc.mount.entry: /dev/nvidia2 dev/nvidia2 none bind,optional,create=file" in lines
+    assert not any("195:0 " in line or "/dev/nvidia0 " in line for line in lines)
+    names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
+    assert ("Container 105 GPU passthrough (GPU 0 = /dev/nvidia2; raw lxc lines, NVIDIA majors "
+            "from /proc/devices)") in names
+
+
+def test_a_gap_in_the_device_minors_is_mapped_not_a_crash_constructed():
+    """Nodes /dev/nvidia0 and /dev/nvidia2 (the GPU between them excluded): ``gpus: all`` was
+    a bare ValueError ("/dev/nvidia1 is missing"); now both GPUs get their nodes."""
+    responses = {**gpu_host_responses(), **host_of("l40sx3_one_excluded"),
+                 **container_answers(None, None)}
+    ops = plan(responses, gpus="all")
+    [dev_set] = commands(ops, "pct set 105 --dev0 ")
+    assert re.findall(r"--dev\d+ (/dev/nvidia\d+),mode=0666", dev_set) == ["/dev/nvidia0", "/dev/nvidia2"]
+
+
+@pytest.mark.parametrize("minors, expected", [
+    # nvidia-smi's rows, no information file read (/proc/driver/nvidia unreadable)
+    (lambda text: "\n".join(line for line in text.splitlines() if not line.startswith("/proc")),
+     r"GPU 0 \(PCI bus 00000000:41:00\.0\): no /proc/driver/nvidia/gpus/BUS/information names "
+     r"its device minor, so which /dev/nvidiaN it is cannot be told"),
+    # the driver names a node the host lacks
+    (lambda text: text.replace("Device Minor: \t 0", "Device Minor: \t 5"),
+     r"GPU passthrough of GPU 0 = /dev/nvidia5, GPU 1 = /dev/nvidia2: host device node "
+     r"/dev/nvidia5 \(device minor 5\) is missing \(`nvidia-modprobe -c 5` creates it\)"),
+])
+def test_a_gpu_node_that_cannot_be_told_is_refused_before_any_change_constructed(minors, expected):
+    shape = host_of("l40sx3_one_excluded")
+    command = NvidiaGpuMinors().command()
+    responses = {**gpu_host_responses(), **shape, **container_answers(None, None),
+                 command: minors(shape[command])}
+    with pytest.raises(PreflightError, match=rf"^host @fake/pve1, container @fake/ct105: "
+                       rf"{expected}.*; nothing was changed$"):
+        plan(responses, gpus="all")
+
