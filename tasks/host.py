@@ -326,6 +326,7 @@ def pve_container(
             "change that in place (back up and restore with --unprivileged), or set the field "
             "to match"
         )
+    pct.host_arch(hs.template)  # before any change, with -y too (the operations ask again)
     pct.template(name=f"Container template {hs.template}", storage=hs.template_storage,
                  template=hs.template)
     features = f"nesting={int(cs.nesting)}"

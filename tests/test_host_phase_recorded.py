@@ -24,7 +24,7 @@ from pve_sglang.facts.nvidia import (
     UvmDisableHmm,
 )
 from pve_sglang.facts.pve import PctConfig, PctPending, PctStatus, PveamTemplates, PveContainerVersion
-from pve_sglang.facts.system import CgroupVersion, IommuAcs, VirtualMachineType
+from pve_sglang.facts.system import CgroupVersion, DebianArchitecture, IommuAcs, VirtualMachineType
 from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
 from tasks.host import host_phase
@@ -78,6 +78,8 @@ def gpu_host_responses(pve_container: str = "installed 5.2.3") -> dict:
         CgroupVersion().command(): "cgroup2fs",  # Proxmox VE 7+ is pure cgroup2
         VirtualMachineType().command(): "none",
         PveContainerVersion().command(): pve_container,
+        # The template's architecture: dpkg as recorded on this machine (dev-docker).
+        DebianArchitecture().command(): (FIXTURES / "dev-docker" / "dpkg_print_architecture.txt").read_text(),
         PveamTemplates().command("local").get_raw_value(): (PUBLIC / "pve_pveam_list_local_notes-ru.txt").read_text(),
         Which().command("pct").get_raw_value(): "/usr/sbin/pct",
         "id -u": "0",
@@ -96,7 +98,7 @@ def container_answers(config: str | None, status: str | None, pending: str = "")
     }
 
 
-def plan(responses: dict, **container: object) -> dict:
+def plan(responses: dict, host_fields: dict | None = None, **container: object) -> dict:
     # The @fake connector answers the first key contained in a command: the longer commands of
     # the pct facts (which contain "command -v pct") go first.
     responses = dict(sorted(responses.items(), key=lambda item: -len(str(item[0]))))
@@ -105,7 +107,8 @@ def plan(responses: dict, **container: object) -> dict:
           "hostname": "glm5", "cores": 64, "memory_mib": 524288, **container}
     return plan_deploy(
         host_phase,
-        hosts=[("pve1", {**defaults, "containers": ["@fake/ct105"]}), ("ct105", ct)],
+        hosts=[("pve1", {**defaults, "containers": ["@fake/ct105"], **(host_fields or {})}),
+               ("ct105", ct)],
         responses=responses,
         groups={"pve_hosts": ["pve1"], "gpu_containers": ["ct105"]},
     )["pve1"]
@@ -407,7 +410,6 @@ def test_initramfs_older_than_the_uvm_option_is_updated_again():
 
 # --- each Proxmox VE release (tests/fixtures/pve: its pve-container version, recorded format) --
 
-from pve_sglang.facts.system import DebianArchitecture  # noqa: E402
 from pve_sglang.pve_releases import RELEASES, has_devn  # noqa: E402
 
 PVE = FIXTURES / "pve"
@@ -416,8 +418,7 @@ RELEASE_NAMES = [r.name for r in RELEASES]
 
 def release_responses(name: str) -> dict:
     """The H200 machine's answers on a Proxmox host of release NAME."""
-    return {**gpu_host_responses((PVE / name / "dpkg_query_pve_container.txt").read_text()),
-            DebianArchitecture().command(): (FIXTURES / "dev-docker" / "dpkg_print_architecture.txt").read_text()}
+    return gpu_host_responses((PVE / name / "dpkg_query_pve_container.txt").read_text())
 
 
 def all_commands(ops: list) -> list[str]:
@@ -702,3 +703,43 @@ def test_a_gpu_node_that_cannot_be_told_is_refused_before_any_change_constructed
                        rf"{expected}.*; nothing was changed$"):
         plan(responses, gpus="all")
 
+
+# --- an answer of two lines from dpkg-query (issue 47, item 7) ------------------------------
+
+@pytest.mark.parametrize("answer", ["installed 5.0.8\ninstalled 6.1.10\n",
+                                    "installed 6.1.10\ninstalled 5.0.8\n",
+                                    "installed 6.1.10\nconfig-files 5.0.8\n"])
+def test_a_two_line_pve_container_answer_is_refused_recorded_format(answer):
+    """Two lines in the recorded format (was: the first line won, so swapping them flipped
+    devN hot-plug and the restart): refused, naming the host and the command."""
+    responses = {**release_responses("9.2"), **container_answers(converged_config(DEVICES_ALL), "running"),
+                 PveContainerVersion().command(): answer}
+    with pytest.raises(PreflightError) as caught:
+        plan(responses)
+    message = str(caught.value)
+    assert message.startswith("host @fake/pve1: `dpkg-query -W -f '${db:Status-Status} "
+                              "${Version}\\n' pve-container 2>/dev/null || true` answered ")
+    assert "2 lines where one is expected: ambiguous" in message
+    assert message.endswith("nothing was changed")
+
+
+# --- the template's architecture (issue 47, item 7) -----------------------------------------
+
+@pytest.mark.parametrize("template, refused", [
+    ("debian-12-standard", True),
+    ("debian-12-standard_12.7-1_amd64.tar.zst", False),
+])
+def test_an_empty_host_architecture_is_refused_for_a_template_prefix_recorded_format(template, refused):
+    """`dpkg --print-architecture` answering nothing dropped the architecture filter, so a
+    prefix took the newest template of any architecture; a file name needs none."""
+    responses = {**release_responses("9.2"), **container_answers(None, None),
+                 DebianArchitecture().command(): ""}
+    if not refused:
+        assert commands(plan(responses, {"template": template}), "pct create 105")
+        return
+    with pytest.raises(PreflightError) as caught:
+        plan(responses, {"template": template})
+    message = str(caught.value)
+    assert message.startswith("host @fake/pve1: `dpkg --print-architecture` answered nothing")
+    assert "field 'template' = 'debian-12-standard'" in message
+    assert message.endswith("nothing was changed")

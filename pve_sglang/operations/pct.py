@@ -6,10 +6,11 @@ import re
 from collections.abc import Callable
 
 from pyinfra import host, logger
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
+from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.runtime.pyinfra_private import joined
 from pve_sglang.facts.pve import PctConfig, PctPending, PctStatus, PveamTemplates
 from pve_sglang.facts.system import DebianArchitecture
@@ -51,6 +52,29 @@ def find_template(volids: list[str], storage: str, template: str,
     return prefix + matches[-1] if matches else None
 
 
+def arch_problem(template: str, arch: str | None) -> str | None:
+    """Why TEMPLATE cannot be chosen on a host whose ``dpkg --print-architecture`` answered
+    ARCH (None: nothing), or None: a prefix takes the newest template of the host's
+    architecture, and with no architecture it would take one of any."""
+    if arch or template.endswith(TEMPLATE_SUFFIXES):
+        return None
+    return ("`dpkg --print-architecture` answered nothing, so the newest template of any "
+            f"architecture would match field 'template' = {template!r}: check dpkg on the host "
+            "(`dpkg --print-architecture` prints amd64 on a PC), or give the template's file "
+            "name (e.g. 'debian-12-standard_12.7-1_amd64.tar.zst')")
+
+
+def host_arch(template: str, error: type[Exception] = PreflightError) -> str | None:
+    """The host's architecture (``DebianArchitecture``) that TEMPLATE is chosen by; ERROR
+    where ``arch_problem`` says it cannot be. The deploy asks before any change (a
+    PreflightError); ``template`` and ``create`` ask again (an OperationError)."""
+    arch = host.get_fact(DebianArchitecture)
+    problem = arch_problem(template, arch)
+    if problem:
+        raise error(f"host {host.name}: {problem}; nothing was changed")
+    return arch
+
+
 #: The lines of ``pveam available`` whose template (column 2) starts with $P and, $A not
 #: empty, whose architecture is $A: column 3 where pveam prints it (pve-manager 9.2.7+), else
 #: the name's ``_ARCH.tar.*`` ending; ``pve_releases.template_arch`` in awk.
@@ -87,7 +111,7 @@ def template(storage: str, template: str):
             template="debian-12-standard",
         )
     """
-    arch = host.get_fact(DebianArchitecture)
+    arch = host_arch(template, OperationError)
     present = find_template(host.get_fact(PveamTemplates, storage=storage), storage, template, arch)
     if present:
         host.noop(f"template {present} is present")
@@ -175,7 +199,7 @@ def create(
         host.noop(f"container {vmid} exists")
         return
     volid = find_template(host.get_fact(PveamTemplates, storage=storage), storage, template,
-                          host.get_fact(DebianArchitecture))
+                          host_arch(template, OperationError))
     volid = volid or f"{storage}:vztmpl/{template}"
     args = [bit for key, value in options.items() for bit in (f"--{key}", QuoteString(str(value)))]
     yield StringCommand("pct create", str(int(vmid)), QuoteString(volid), *args,
