@@ -366,6 +366,7 @@ def pve_container(
             mounts=_mount_values(cs),
         )
     ]
+    marker = None
     if native or gpu is None:
         devices = gpu.dev_entries(indices, where) if native else []
         running = host.get_fact(PctStatus, vmid=vmid) == "running"
@@ -381,6 +382,10 @@ def pve_container(
         if decision.restart:
             needs_restart.append(gpus)
     else:
+        # Proxmox keeps no pending state for raw lines: a marker does, written before them and
+        # removed once the container restarted (pct.power), so a run killed in between is
+        # finished by the next one.
+        marker = pct.restart_marker(vmid)
         needs_restart.append(
             owned.lines(
                 name=f"Container {vmid} GPU passthrough ({gpu.label(indices, where)}; raw lxc "
@@ -388,19 +393,25 @@ def pve_container(
                 path=pct.config_path(vmid),
                 lines=gpu.raw_lines(indices, style="pve", where=where),
                 owned=owned_by_gpu_passthrough(gpu.majors),
+                marker=marker,
             )
         )
     changed = any_changed(*needs_restart, restarts=f"container {vmid} (pct reboot)")
     # What an earlier run set but never rebooted for (killed between pct set and pct reboot):
-    # pct config shows it as done, pct pending as waiting.
-    pending = (pct.pending_restart(vmid)
-               if current is not None and host.get_fact(PctStatus, vmid=vmid) == "running" else [])
+    # pct config shows it as done, pct pending as waiting; raw lines: the marker.
+    running = current is not None and host.get_fact(PctStatus, vmid=vmid) == "running"
+    pending = pct.pending_restart(vmid) if running else []
     if pending:
         logger.warning(f"{where}: {', '.join(pending)} set but not applied yet (pct pending): "
                        "the container restarts to apply them")
+    if running and marker is not None and pct.restart_left(marker):
+        logger.warning(f"{where}: GPU passthrough lines written by a run that ended before it "
+                       f"restarted the container ({marker} is there): the container restarts "
+                       "to apply them")
+        pending.append("GPU passthrough lines")
     pct.power(name=f"Container {vmid} running" + (f" ({', '.join(pending)} pending: applied at "
                                                    "a restart)" if pending else ""),
-              vmid=vmid, restart=lambda: changed() or bool(pending))
+              vmid=vmid, restart=lambda: changed() or bool(pending), marker=marker)
 
 
 def lxc_host(plans: list[tuple[Host, ContainerSettings]], hs: HostSettings) -> int | None:

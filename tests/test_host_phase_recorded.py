@@ -79,7 +79,8 @@ def gpu_host_responses(pve_container: str = "installed 5.2.3") -> dict:
         VirtualMachineType().command(): "none",
         PveContainerVersion().command(): pve_container,
         # The template's architecture: dpkg as recorded on this machine (dev-docker).
-        DebianArchitecture().command(): (FIXTURES / "dev-docker" / "dpkg_print_architecture.txt").read_text(),
+        DebianArchitecture().command():
+            (FIXTURES / "dev-docker" / "dpkg_print_architecture.txt").read_text(),
         PveamTemplates().command("local").get_raw_value(): (PUBLIC / "pve_pveam_list_local_notes-ru.txt").read_text(),
         Which().command("pct").get_raw_value(): "/usr/sbin/pct",
         "id -u": "0",
@@ -460,14 +461,17 @@ def test_gpu_added_to_running_container_on_each_release_recorded_format(release,
     names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
     if release.startswith("9."):
         assert commands(ops, "pct reboot") == []
-        assert (f"Container 105 GPU 0 = /dev/nvidia0 (devN: dev5 added: hot-plugged, no restart (pve-container "
+        assert (f"Container 105 GPU 0 = /dev/nvidia0 (devN: dev5 added: hot-plugged, no "
+                f"restart (pve-container "
                 f"{version} >= 6.0.4))") in names
         assert "will restart" not in caplog.text
     else:
         assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
-        assert (f"Container 105 GPU 0 = /dev/nvidia0 (devN: dev5 added: applied at a restart (pve-container "
+        assert (f"Container 105 GPU 0 = /dev/nvidia0 (devN: dev5 added: applied at a "
+                f"restart (pve-container "
                 f"{version} < 6.0.4 hot-plugs no device))") in names
-        assert "container 105 (pct reboot) will restart because: Container 105 GPU 0 = /dev/nvidia0 (devN: dev5" \
+        assert "container 105 (pct reboot) will restart because: Container 105 GPU 0 = " \
+            "/dev/nvidia0 (devN: dev5" \
             in caplog.text
 
 
@@ -493,7 +497,8 @@ def test_gpu_swapped_for_another_names_both_keys_recorded_format(release):
     ops = plan({**release_responses(release), **container_answers(converged_config(had), "running")})
     assert commands(ops, "pct set 105") == ["pct set 105 --dev6 /dev/nvidia0,mode=0666 --delete dev0"]
     names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
-    assert "Container 105 GPU 0 = /dev/nvidia0 (devN: dev6 added, dev0 removed: applied at a restart)" in names
+    assert ("Container 105 GPU 0 = /dev/nvidia0 (devN: dev6 added, dev0 removed: applied at a "
+            "restart)") in names
     assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
 
 
@@ -681,7 +686,8 @@ def test_a_gap_in_the_device_minors_is_mapped_not_a_crash_constructed():
                  **container_answers(None, None)}
     ops = plan(responses, gpus="all")
     [dev_set] = commands(ops, "pct set 105 --dev0 ")
-    assert re.findall(r"--dev\d+ (/dev/nvidia\d+),mode=0666", dev_set) == ["/dev/nvidia0", "/dev/nvidia2"]
+    assert re.findall(r"--dev\d+ (/dev/nvidia\d+),mode=0666", dev_set) == [
+        "/dev/nvidia0", "/dev/nvidia2"]
 
 
 @pytest.mark.parametrize("minors, expected", [
@@ -712,7 +718,8 @@ def test_a_gpu_node_that_cannot_be_told_is_refused_before_any_change_constructed
 def test_a_two_line_pve_container_answer_is_refused_recorded_format(answer):
     """Two lines in the recorded format (was: the first line won, so swapping them flipped
     devN hot-plug and the restart): refused, naming the host and the command."""
-    responses = {**release_responses("9.2"), **container_answers(converged_config(DEVICES_ALL), "running"),
+    responses = {**release_responses("9.2"),
+                 **container_answers(converged_config(DEVICES_ALL), "running"),
                  PveContainerVersion().command(): answer}
     with pytest.raises(PreflightError) as caught:
         plan(responses)
@@ -721,6 +728,62 @@ def test_a_two_line_pve_container_answer_is_refused_recorded_format(answer):
                               "${Version}\\n' pve-container 2>/dev/null || true` answered ")
     assert "2 lines where one is expected: ambiguous" in message
     assert message.endswith("nothing was changed")
+
+
+# --- raw lines written, the run killed before the reboot (issue 47, item 7) ------------------
+
+from pyinfra.facts.files import File  # noqa: E402
+
+from pve_sglang.operations.pct import restart_marker  # noqa: E402
+
+
+def raw_lines_on(config: str, status: str | None, marker: bool) -> dict:
+    """Proxmox VE 8.0 (raw lines) with container 105's config CONFIG, its status, and whether
+    the marker of a change waiting for its restart is there (``stat`` as File reads it)."""
+    path = restart_marker(105)
+    return {**release_responses("8.0"), **container_answers(config, status),
+            FileContents().command(path="/etc/pve/lxc/105.conf").get_raw_value(): config,
+            File().command(path=path).get_raw_value():
+                f"user=root group=root mode=-rw-r--r-- atime=0 mtime=0 ctime=0 size=40 '{path}'"
+                if marker else ""}
+
+
+def with_raw_lines(config: str) -> str:
+    return config + "".join(line + "\n" for line in NVIDIA_PVE)
+
+
+def test_raw_lines_mark_the_restart_they_wait_for_recorded_format():
+    """The marker is written before the config, in the same operation, and removed once the
+    container rebooted."""
+    ops = plan(raw_lines_on(converged_config([]), "running", marker=False))
+    [(_, written)] = [(name, cmds) for name, cmds in ops if "GPU passthrough (GPU 0" in name]
+    assert written[0] == (f"mkdir -p /var/lib/pve-sglang/restart-pending && printf '%s\\n' "
+                          f"'/etc/pve/lxc/105.conf: owned lines changed' > {restart_marker(105)}")
+    assert written[-1].startswith("upload /etc/pve/lxc/105.conf")
+    [(_, power)] = [(name, cmds) for name, cmds in ops if name.endswith("Container 105 running")]
+    assert power == ["pct reboot 105", f"rm -f {restart_marker(105)}"]
+
+
+@pytest.mark.parametrize("marker, status, expected", [
+    (True, "running", ["pct reboot 105", "rm -f /var/lib/pve-sglang/restart-pending/105"]),
+    (True, "stopped", ["pct start 105", "rm -f /var/lib/pve-sglang/restart-pending/105"]),
+    (False, "running", []),
+])
+def test_raw_lines_left_by_a_killed_run_are_applied_by_the_next_recorded_format(
+        marker, status, expected, caplog):
+    """A run killed between the config's upload and `pct reboot`: the lines are in the
+    config (nothing to write), the marker is there; the next run reboots the running
+    container once, and says why (was: nothing, the GPUs never reached the container)."""
+    ops = plan(raw_lines_on(with_raw_lines(converged_config([])), status, marker))
+    assert commands(ops, "upload /etc/pve/lxc/105.conf") == []
+    [(name, power)] = [(name, cmds) for name, cmds in ops if "Container 105 running" in name]
+    assert power == expected
+    if marker and status == "running":
+        assert name.endswith("Container 105 running (GPU passthrough lines pending: applied at "
+                             "a restart)")
+        assert ("host @fake/pve1, container 105: GPU passthrough lines written by a run that "
+                "ended before it restarted the container (/var/lib/pve-sglang/restart-pending/"
+                "105 is there)") in caplog.text
 
 
 # --- the template's architecture (issue 47, item 7) -----------------------------------------

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from pyinfra import host, logger
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+from pyinfra.facts.files import File
 
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
@@ -22,6 +23,22 @@ TEMPLATE_SUFFIXES = (".tar.zst", ".tar.gz", ".tar.xz")
 def config_path(vmid: int) -> str:
     """Where Proxmox keeps container VMID's config (``pct config`` reads it)."""
     return f"/etc/pve/lxc/{int(vmid)}.conf"
+
+
+#: The host's markers of changes that wait for a container's restart (raw lxc lines, for
+#: which Proxmox keeps no pending state), one file per VMID.
+RESTART_MARKERS = "/var/lib/pve-sglang/restart-pending"
+
+
+def restart_marker(vmid: int) -> str:
+    """Container VMID's marker: written before its raw lines change (``owned.lines``), removed
+    once it restarted (``power``)."""
+    return f"{RESTART_MARKERS}/{int(vmid)}"
+
+
+def restart_left(marker: str) -> bool:
+    """MARKER is there: a run changed what it marks and ended before the restart."""
+    return host.get_fact(File, path=marker) is not None
 
 
 def current_config(vmid: int) -> dict | None:
@@ -376,7 +393,7 @@ def keyed_entries(
 
 
 @operation()
-def power(vmid: int, restart: Callable[[], bool]):
+def power(vmid: int, restart: Callable[[], bool], marker: str | None = None):
     """
     Start container VMID when it is not running; reboot it once (``pct reboot``) when RESTART
     says so.
@@ -384,6 +401,8 @@ def power(vmid: int, restart: Callable[[], bool]):
     + vmid: the container's Proxmox ID
     + restart: asked only when the container runs; true reboots it. Usually ``any_changed`` of
       the operations that changed its config (features, mounts, GPU passthrough)
+    + marker: the container's ``restart_marker``, removed once it started or rebooted: what
+      the marker stood for is then applied
 
     **Example:**
 
@@ -406,3 +425,6 @@ def power(vmid: int, restart: Callable[[], bool]):
         yield StringCommand("pct reboot", str(int(vmid)))
     else:
         host.noop(f"container {vmid} is running")
+        return
+    if marker is not None:
+        yield StringCommand("rm -f", QuoteString(marker))
