@@ -117,8 +117,10 @@ def test_gpu_minors_where_index_is_not_minor_constructed_from_public_reports():
     issue 21: nvidia-smi's GPU 0 is /dev/nvidia2, GPU 2 is /dev/nvidia0), each information
     file in the driver's layout (open-gpu-kernel-modules nv-procfs.c); constructed, see
     tests/fixtures/README.md."""
-    rows = NvidiaGpuMinors().process(lines("synthetic", "a100x8_index_not_minor_fact_NvidiaGpuMinors.txt"))
-    assert {row["index"]: row["minor"] for row in rows} == {0: 2, 1: 1, 2: 0, 3: 3, 4: 4, 5: 5, 6: 6, 7: 7}
+    rows = NvidiaGpuMinors().process(
+        lines("synthetic", "a100x8_index_not_minor_fact_NvidiaGpuMinors.txt"))
+    assert {row["index"]: row["minor"] for row in rows} == {
+        0: 2, 1: 1, 2: 0, 3: 3, 4: 4, 5: 5, 6: 6, 7: 7}
     # nvidia-smi's bus id (8-digit domain, capitals) matched to the driver's (4 digits, lower case)
     assert rows[1]["bus_id"] == "00000000:0F:00.0"
 
@@ -174,7 +176,8 @@ def test_bus_key_edges(bus_id, key):
 def test_gpu_minors_command_on_a_machine_without_the_driver(tmp_path):
     """The fact's real command here (no /proc/driver/nvidia): nvidia-smi's rows and no minor;
     without nvidia-smi nothing, and the command succeeds either way."""
-    fake_bin(tmp_path, "nvidia-smi", stdout="0, 00000000:00:06.0, GPU-1b1c2d3e-0000-0000-0000-000000000000\n")
+    fake_bin(tmp_path, "nvidia-smi",
+             stdout="0, 00000000:00:06.0, GPU-1b1c2d3e-0000-0000-0000-000000000000\n")
     done = run_command(NvidiaGpuMinors().command(), [tmp_path], only=True)
     assert done.returncode == 0
     assert NvidiaGpuMinors().process(done.stdout.splitlines()) == [

@@ -184,7 +184,8 @@ def pve_dev_entries(
     start: int = 0,
 ) -> dict[str, str]:
     """
-    Proxmox ``devN`` entries for the GPUs of device minors MINORS (pve-container >= 5.0.7): ``{"dev0": "/dev/nvidia0",
+    Proxmox ``devN`` entries for the GPUs of device minors MINORS (pve-container >= 5.0.7):
+    ``{"dev0": "/dev/nvidia0",
     ...}``, numbered from ``start``, each with ``,mode=...``, ``,uid=...``, ``,gid=...`` when
     given (e.g. ``mode="0666"``). ``devN`` takes device nodes only, so each node of
     ``/dev/nvidia-caps`` gets its own entry.
