@@ -20,18 +20,30 @@ from pyinfra.facts.server import Command, Which
 
 from pve_sglang.runtime.cache import Kind, memo
 from pve_sglang.runtime.errors import PreflightError
-from pve_sglang.facts.nvidia import CharDeviceMajors, NvidiaDeviceNodes, NvidiaDriverVersion, NvidiaGpus
+from pve_sglang.facts.nvidia import (
+    CharDeviceMajors,
+    NvidiaDeviceNodes,
+    NvidiaDriverVersion,
+    NvidiaGpuMinors,
+    NvidiaGpus,
+)
 from pve_sglang.facts.pve import PveContainerVersion
 from pve_sglang.facts.system import CgroupVersion, IommuAcs, VirtualMachineType
-from pve_sglang.gpu.passthrough import pve_dev_entries, raw_lxc_lines, select_gpus
+from pve_sglang.gpu.passthrough import (
+    device_minors,
+    pve_dev_entries,
+    raw_lxc_lines,
+    select_gpus,
+    select_nodes,
+)
 from pve_sglang.pve_releases import (
     CGROUP_V1_WARNED_FROM,
     DEVN_FROM,
     MOUNT_ATTRIBUTES_BROKEN,
     VERSION_COMMAND,
+    answer_problem,
     has_devn,
     mount_attributes_broken,
-    version_problem,
 )
 from pve_sglang.server.render import ServerFiles, server_files
 from pve_sglang.config.settings import ContainerSettings, HostSettings, tensor_parallel_size
@@ -55,22 +67,58 @@ class GpuHost:
     compute_caps: list[str] = field(default_factory=list)
     #: The host's pve-container version (None: plain LXC, or not installed).
     pve_container: str | None = None
+    #: nvidia-smi's GPUs with their device minors (the ``NvidiaGpuMinors`` fact).
+    minors: list[dict] = field(default_factory=list)
 
     def indices(self, wanted: str | list[int], where: str) -> list[int]:
         """The GPU indices a container gets; an index the host lacks is an error."""
         return [gpu["index"] for gpu in select_gpus(wanted, self.gpus, where)]
 
-    def dev_entries(self, indices: list[int]) -> list[str]:
-        """Proxmox ``devN`` values for these GPUs (keys are chosen against the live config)."""
-        return list(pve_dev_entries(indices, self.nodes, mode="0666").values())
+    def device_minors(self, indices: list[int], where: str) -> list[int]:
+        """The device minors of GPUs INDICES (nvidia-smi's): the nodes passed are theirs,
+        ``/dev/nvidia{minor}``, each present on the host with the shared ones; else a
+        PreflightError naming WHERE."""
+        try:
+            minors = device_minors(indices, self.minors)
+        except ValueError as error:
+            raise PreflightError(f"{where}: {error}; nothing was changed") from None
+        _passed(where, indices, minors, select_nodes, minors, self.nodes)
+        return minors
 
-    def raw_lines(self, indices: list[int], style: str) -> list[str]:
+    def label(self, indices: list[int], where: str) -> str:
+        """The GPUs as the plan names them, index and node: ``GPU 0 = /dev/nvidia2``."""
+        return _label(indices, self.device_minors(indices, where))
+
+    def dev_entries(self, indices: list[int], where: str) -> list[str]:
+        """Proxmox ``devN`` values for these GPUs (keys are chosen against the live config)."""
+        minors = self.device_minors(indices, where)
+        return list(_passed(where, indices, minors, pve_dev_entries, minors, self.nodes,
+                            mode="0666").values())
+
+    def raw_lines(self, indices: list[int], style: str, where: str) -> list[str]:
         """Raw ``lxc.*`` passthrough lines for these GPUs, in the host's cgroup version; on
         Proxmox (``style="pve"``) always ``lxc.cgroup2.*``: v1 keys are gone in Proxmox VE 9
         and warned about from pve-container ``CGROUP_V1_WARNED_FROM`` (``gpu_host`` refuses a v1
         Proxmox host)."""
         cgroup = "v2" if self.cgroup == "v2" or style == "pve" else "v1"
-        return raw_lxc_lines(indices, self.majors, self.nodes, style=style, cgroup=cgroup)
+        minors = self.device_minors(indices, where)
+        return _passed(where, indices, minors, raw_lxc_lines, minors, self.majors, self.nodes,
+                       style=style, cgroup=cgroup)
+
+
+def _label(indices: list[int], minors: list[int]) -> str:
+    return ", ".join(f"GPU {index} = /dev/nvidia{minor}"
+                     for index, minor in zip(indices, minors)) or "no GPU"
+
+
+def _passed(where: str, indices: list[int], minors: list[int], build, *args, **kwargs):
+    """BUILD(*ARGS, **KWARGS) of the passthrough, its ValueError (a node or a major the host
+    lacks) a PreflightError naming WHERE and the GPUs."""
+    try:
+        return build(*args, **kwargs)
+    except ValueError as error:
+        raise PreflightError(f"{where}: GPU passthrough of {_label(indices, minors)}: {error}; "
+                             "nothing was changed") from None
 
 
 def check_container_tools(host: Host, settings: HostSettings) -> None:
@@ -159,15 +207,17 @@ def gpu_host(host: Host, settings: HostSettings) -> GpuHost | None:
         native_dev=native,
         compute_caps=sorted({gpu["compute_cap"] for gpu in gpus}),
         pve_container=pve_container,
+        minors=host.get_fact(NvidiaGpuMinors),
     )
 
 
 def pve_container_of(host: Host) -> str | None:
     """HOST's pve-container version (the ``PveContainerVersion`` fact), one the rules can
-    compare; None when dpkg-query names no installed package. Any other answer is refused,
-    naming the host and the command: a guess would pick the wrong rule."""
+    compare; None when dpkg-query names no installed package. Any other answer (one no rule
+    can compare, several lines) is refused, naming the host and the command: a guess would
+    pick the wrong rule."""
     version = host.get_fact(PveContainerVersion)
-    problem = version_problem(version) if version is not None else None
+    problem = answer_problem(version) if version is not None else None
     if problem:
         raise PreflightError(f"host {host.name}: `{VERSION_COMMAND}` answered pve-container "
                              f"version {version!r}: {problem}; nothing was changed")
@@ -266,6 +316,7 @@ def check_container(where: str, settings: ContainerSettings, gpu: GpuHost | None
     if gpu is None:
         return []
     indices = gpu.indices(settings.gpus, where)
+    gpu.device_minors(indices, where)  # each GPU's node known and present, before any change
     try:
         tensor_parallel_size(settings.tp_size, len(indices), len(settings.nodes))
     except ValueError as error:

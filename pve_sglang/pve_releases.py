@@ -27,10 +27,21 @@ VERSION_COMMAND = (
 )
 
 
+#: Between the lines of an answer of several (``parse_dpkg_version``).
+ANSWER_LINES_JOINED = " | "
+
+
 def parse_dpkg_version(lines: list[str]) -> str | None:
-    """``VERSION_COMMAND``'s output (``installed 5.0.8``): the version if installed."""
-    for line in lines:
-        status, _, version = line.strip().partition(" ")
+    """``VERSION_COMMAND``'s output (``installed 5.0.8``): the version if installed. An answer
+    of more than one line (two instances of the package, or anything else) comes back whole,
+    its lines joined by ``ANSWER_LINES_JOINED``, for ``answer_problem`` to refuse: which line
+    is the pct that runs cannot be told, and taking the first would decide devN, hot-plug and
+    restarts on a guess."""
+    answered = [line.strip() for line in lines if line.strip()]
+    if len(answered) > 1:
+        return ANSWER_LINES_JOINED.join(answered)
+    for line in answered:
+        status, _, version = line.partition(" ")
         if status == "installed" and version:
             return version
     return None
@@ -130,6 +141,17 @@ def version_problem(version: str) -> str | None:
     except ValueError:
         return f"not a pve-container version; allowed: {VERSION_ALLOWED}"
     return None
+
+
+def answer_problem(version: str) -> str | None:
+    """Why VERSION, as ``parse_dpkg_version`` read it from a host, cannot decide the rules (an
+    answer of several lines, or one no rule can compare), or None."""
+    if ANSWER_LINES_JOINED in version:
+        count = len(version.split(ANSWER_LINES_JOINED))
+        return (f"{count} lines where one is expected: ambiguous (the first would decide devN, "
+                "hot-plug and restarts on a guess); `dpkg -l 'pve-container*'` on the host "
+                "shows what is installed; allowed: one line, 'installed VERSION'")
+    return version_problem(version)
 
 
 def _at_least(version: str | None, minimum: str) -> bool:

@@ -326,6 +326,7 @@ def pve_container(
             "change that in place (back up and restore with --unprivileged), or set the field "
             "to match"
         )
+    pct.host_arch(hs.template)  # before any change, with -y too (the operations ask again)
     pct.template(name=f"Container template {hs.template}", storage=hs.template_storage,
                  template=hs.template)
     features = f"nesting={int(cs.nesting)}"
@@ -365,12 +366,15 @@ def pve_container(
             mounts=_mount_values(cs),
         )
     ]
+    marker = None
     if native or gpu is None:
-        devices = gpu.dev_entries(indices) if native else []
+        devices = gpu.dev_entries(indices, where) if native else []
         running = host.get_fact(PctStatus, vmid=vmid) == "running"
         decision = devn_restart(pct.device_change(vmid, devices), pve_container, running)
         gpus = pct.config(
-            name=f"Container {vmid} GPUs (devN: {decision.why})",
+            name=f"Container {vmid} "
+                 + (f"{gpu.label(indices, where)} " if indices and gpu is not None else "GPUs ")
+                 + f"(devN: {decision.why})",
             vmid=vmid,
             options={},
             devices=devices,
@@ -378,25 +382,36 @@ def pve_container(
         if decision.restart:
             needs_restart.append(gpus)
     else:
+        # Proxmox keeps no pending state for raw lines: a marker does, written before them and
+        # removed once the container restarted (pct.power), so a run killed in between is
+        # finished by the next one.
+        marker = pct.restart_marker(vmid)
         needs_restart.append(
             owned.lines(
-                name=f"Container {vmid} GPU passthrough (raw lxc lines, NVIDIA majors from /proc/devices)",
+                name=f"Container {vmid} GPU passthrough ({gpu.label(indices, where)}; raw lxc "
+                     "lines, NVIDIA majors from /proc/devices)",
                 path=pct.config_path(vmid),
-                lines=gpu.raw_lines(indices, style="pve"),
+                lines=gpu.raw_lines(indices, style="pve", where=where),
                 owned=owned_by_gpu_passthrough(gpu.majors),
+                marker=marker,
             )
         )
     changed = any_changed(*needs_restart, restarts=f"container {vmid} (pct reboot)")
     # What an earlier run set but never rebooted for (killed between pct set and pct reboot):
-    # pct config shows it as done, pct pending as waiting.
-    pending = (pct.pending_restart(vmid)
-               if current is not None and host.get_fact(PctStatus, vmid=vmid) == "running" else [])
+    # pct config shows it as done, pct pending as waiting; raw lines: the marker.
+    running = current is not None and host.get_fact(PctStatus, vmid=vmid) == "running"
+    pending = pct.pending_restart(vmid) if running else []
     if pending:
         logger.warning(f"{where}: {', '.join(pending)} set but not applied yet (pct pending): "
                        "the container restarts to apply them")
+    if running and marker is not None and pct.restart_left(marker):
+        logger.warning(f"{where}: GPU passthrough lines written by a run that ended before it "
+                       f"restarted the container ({marker} is there): the container restarts "
+                       "to apply them")
+        pending.append("GPU passthrough lines")
     pct.power(name=f"Container {vmid} running" + (f" ({', '.join(pending)} pending: applied at "
                                                    "a restart)" if pending else ""),
-              vmid=vmid, restart=lambda: changed() or bool(pending))
+              vmid=vmid, restart=lambda: changed() or bool(pending), marker=marker)
 
 
 def lxc_host(plans: list[tuple[Host, ContainerSettings]], hs: HostSettings) -> int | None:
@@ -458,11 +473,11 @@ def lxc_container(
                hostname=hostname, idmap_base=base, shared_network=shared)
     owners = [owned_by_container_settings(base, hs.lxc_config), owned_by_settings(hs.lxc_config)]
     if gpu is not None:
-        lines += gpu.raw_lines(indices, style="lxc")
+        lines += gpu.raw_lines(indices, style="lxc", where=where)
         owners.append(owned_by_gpu_passthrough(gpu.majors))
     config = owned.lines(
         name=f"Container {name} config (id map, name, network, mounts"
-             + (", GPU passthrough)" if gpu is not None else ")"),
+             + (f", GPU passthrough: {gpu.label(indices, where)})" if gpu is not None else ")"),
         path=path,
         lines=lines,
         owned=lambda line: any(owner(line) for owner in owners),

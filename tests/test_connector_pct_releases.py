@@ -174,3 +174,41 @@ def test_a_version_the_rules_cannot_compare_takes_the_form_every_release_runs_re
     assert " -- env -i PATH=" in log.read_text()
     assert ("`dpkg-query -W -f '${db:Status-Status} ${Version}\\n' pve-container 2>/dev/null "
             "|| true` answered pve-container version '6.1.x': not a pve-container version") in caplog.text
+
+
+def test_a_two_line_version_answer_takes_the_form_every_release_runs_recorded_format(pve_host, caplog):
+    """dpkg-query answers two lines (was: the first won, so their order decided --keep-env):
+    said, naming the host and the command, and the form every release runs is taken."""
+    log = pve_host("9.2", version_answer="installed 6.1.10\ninstalled 5.0.8\n")
+    state, host = connect()
+    ok, out = run(host, "true")
+    assert ok, out.stderr
+    disconnect_all(state)
+    assert " -- env -i PATH=" in log.read_text()
+    assert ("pve-container 2>/dev/null || true` answered pve-container version 'installed 6.1.10 | "
+            "installed 5.0.8': 2 lines where one is expected: ambiguous") in caplog.text
+
+
+def test_a_pct_pve_container_the_rules_cannot_compare_is_refused_before_connecting():
+    """``pct_pve_container`` given to a target named on the command line (no hosts file to
+    check it): refused when the inventory is built, as the hosts file refuses it, not a bare
+    ValueError from the rules at the first command."""
+    from pyinfra.api.exceptions import ConnectorDataTypeError
+
+    with pytest.raises(ConnectorDataTypeError, match=(
+            r"^@pct/localhost/105: field 'pct_pve_container' = 'abc': not a pve-container "
+            r"version; allowed: .*'4\.4-3'")):
+        connect({"pct_pve_container": "abc"})
+
+
+def test_pct_pve_container_with_data_on_a_direct_pct_run_is_a_clear_error(pyinfra_cli):
+    """`pyinfra @pct/HOST/VMID ... --data pct_pve_container=abc` through the real CLI: the
+    field, the value and what is allowed, no traceback (was "An internal exception
+    occurred" and a ValueError from pve_releases)."""
+    done = pyinfra_cli("-y", "--data", "pct_pve_container=abc", "--data", "pct_local=true",
+                       "@pct/localhost/105", "exec", "--", "true")
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert ("@pct/localhost/105: field 'pct_pve_container' = 'abc': not a pve-container version; "
+            "allowed: a version as dpkg prints it") in output
+    assert "internal exception" not in output and "Traceback" not in output

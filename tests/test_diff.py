@@ -223,7 +223,8 @@ def test_host_plan_names_the_config_op_that_reboots_the_container(caplog):
     two_gpus = ["/dev/nvidia1,mode=0666", *DEVICES_ALL]
     plan({**gpu_host_responses(), **container_answers(converged_config(two_gpus), "running")})
     [reason] = [line for line in text(caplog).splitlines() if "will restart because" in line]
-    assert "container 105 (pct reboot) will restart because: Container 105 GPUs (devN: dev0 " \
+    assert "container 105 (pct reboot) will restart because: Container 105 GPU 0 = " \
+        "/dev/nvidia0 (devN: dev0 " \
            "removed: applied at a restart) changes" in reason
 
 

@@ -18,8 +18,10 @@ from pve_sglang.facts.nvidia import (
     GpuCheck,
     NvidiaDeviceNodes,
     NvidiaDriverVersion,
+    NvidiaGpuMinors,
     NvidiaGpuProcesses,
     NvidiaGpus,
+    bus_key,
     NvidiaP2pMatrix,
     NvidiaTopoMatrix,
     UvmDisableHmm,
@@ -106,6 +108,83 @@ def test_gpus_name_with_comma_and_na_memory():
                                  "12.0, [N/A], 580.95.05"])
     assert rows[0]["name"] == "NVIDIA RTX PRO 6000 Blackwell, Workstation"
     assert rows[0]["compute_cap"] == "12.0" and rows[0]["memory_mib"] == 0
+
+
+# --- NvidiaGpuMinors -------------------------------------------------------------------------
+
+def test_gpu_minors_where_index_is_not_minor_constructed_from_public_reports():
+    """An 8x A100 host in the public reports' shape (gVisor issue 9389, NVIDIA/nvidia-installer
+    issue 21: nvidia-smi's GPU 0 is /dev/nvidia2, GPU 2 is /dev/nvidia0), each information
+    file in the driver's layout (open-gpu-kernel-modules nv-procfs.c); constructed, see
+    tests/fixtures/README.md."""
+    rows = NvidiaGpuMinors().process(
+        lines("synthetic", "a100x8_index_not_minor_fact_NvidiaGpuMinors.txt"))
+    assert {row["index"]: row["minor"] for row in rows} == {
+        0: 2, 1: 1, 2: 0, 3: 3, 4: 4, 5: 5, 6: 6, 7: 7}
+    # nvidia-smi's bus id (8-digit domain, capitals) matched to the driver's (4 digits, lower case)
+    assert rows[1]["bus_id"] == "00000000:0F:00.0"
+
+
+def test_gpu_minors_with_one_gpu_excluded_leave_a_gap_constructed():
+    """Two GPUs listed, the one between them excluded (its file says so, nvidia-smi skips it):
+    nvidia-smi's GPU 1 is /dev/nvidia2."""
+    rows = NvidiaGpuMinors().process(lines("synthetic", "l40sx3_one_excluded_fact_NvidiaGpuMinors.txt"))
+    assert [(row["index"], row["minor"]) for row in rows] == [(0, 0), (1, 2)]
+
+
+@pytest.mark.parametrize("information, minor", [
+    # The driver's own layout: "Device Minor: \t %u"
+    ("Bus Location: \t 0000:8a:00.0\nDevice Minor: \t 5\n", 5),
+    # No Bus Location line: the folder's name is the bus id
+    ("Device Minor: \t 3\n", 3),
+    # A driver of 2017 printed no Device Minor (canonical/lxd issue 3950): unknown, not 0
+    ("Model:           GeForce GTX 650\nBus Location:    0000:8a:00.0\n", None),
+    ("Device Minor: \t ?\n", None),
+])
+def test_gpu_minors_information_file_variants(information, minor):
+    output = ["0, 00000000:8A:00.0, GPU-9221d5d1-b60b-a624-bf14-0a1819cfda3b"] + [
+        f"/proc/driver/nvidia/gpus/0000:8a:00.0/information:{line}"
+        for line in information.splitlines()]
+    assert NvidiaGpuMinors().process(output)[0]["minor"] == minor
+
+
+def test_gpu_minors_through_the_uuid_when_no_bus_id_matches():
+    output = ["0, 00000000:8A:00.0, GPU-9221d5d1-b60b-a624-bf14-0a1819cfda3b",
+              "1, 00000000:8B:00.0, GPU-????????-????-????-????-????????????",
+              "/proc/driver/nvidia/gpus/0000:99:00.0/information:GPU UUID: \t "
+              "GPU-9221d5d1-b60b-a624-bf14-0a1819cfda3b",
+              "/proc/driver/nvidia/gpus/0000:99:00.0/information:Device Minor: \t 4",
+              "/proc/driver/nvidia/gpus/0000:98:00.0/information:GPU UUID: \t "
+              "GPU-????????-????-????-????-????????????",
+              "/proc/driver/nvidia/gpus/0000:98:00.0/information:Device Minor: \t 1"]
+    # A UUID the driver does not know yet ("GPU-????...") matches nothing.
+    assert [row["minor"] for row in NvidiaGpuMinors().process(output)] == [4, None]
+
+
+@pytest.mark.parametrize("bus_id, key", [
+    ("00000000:8A:00.0", (0, 0x8A, 0, 0)),
+    ("0000:8a:00.0", (0, 0x8A, 0, 0)),
+    ("0001:00:1e.7", (1, 0, 0x1E, 7)),
+    ("8a:00.0", (0, 0x8A, 0, 0)),
+    ("0000:8a:00.8", None),
+    ("[N/A]", None),
+])
+def test_bus_key_edges(bus_id, key):
+    assert bus_key(bus_id) == key
+
+
+def test_gpu_minors_command_on_a_machine_without_the_driver(tmp_path):
+    """The fact's real command here (no /proc/driver/nvidia): nvidia-smi's rows and no minor;
+    without nvidia-smi nothing, and the command succeeds either way."""
+    fake_bin(tmp_path, "nvidia-smi",
+             stdout="0, 00000000:00:06.0, GPU-1b1c2d3e-0000-0000-0000-000000000000\n")
+    done = run_command(NvidiaGpuMinors().command(), [tmp_path], only=True)
+    assert done.returncode == 0
+    assert NvidiaGpuMinors().process(done.stdout.splitlines()) == [
+        {"index": 0, "bus_id": "00000000:00:06.0",
+         "uuid": "GPU-1b1c2d3e-0000-0000-0000-000000000000", "minor": None}]
+    done = run_command(NvidiaGpuMinors().command(), bare=True)
+    assert (done.returncode, done.stdout) == (0, "")
 
 
 # --- CharDeviceMajors ------------------------------------------------------------------------

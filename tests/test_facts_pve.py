@@ -55,6 +55,21 @@ def test_pve_container_version_removed_package_is_none():
     assert parse_dpkg_version(["config-files 5.1.12"]) is None
 
 
+@pytest.mark.parametrize("lines, answer", [
+    (["installed 5.0.8", ""], "5.0.8"),  # one line and the empty end: the version
+    (["installed 5.0.8", "installed 6.1.10"], "installed 5.0.8 | installed 6.1.10"),
+    (["installed 6.1.10", "installed 5.0.8"], "installed 6.1.10 | installed 5.0.8"),
+    (["config-files 5.0.8", "installed 6.1.10"], "config-files 5.0.8 | installed 6.1.10"),
+])
+def test_pve_container_version_of_several_lines_comes_back_whole(lines, answer):
+    """Two lines (was: the first installed one won, so their order decided the rules): the
+    whole answer, which ``answer_problem`` refuses (issue 47, item 7)."""
+    from pve_sglang.pve_releases import answer_problem
+
+    assert parse_dpkg_version(lines) == answer
+    assert (answer_problem(answer) is None) == (answer == "5.0.8")
+
+
 # --- PctStatus -------------------------------------------------------------------------------
 
 def test_pct_status_recorded_running():

@@ -6,6 +6,7 @@ plans the deploy on ``@fake`` hosts that answer with those outputs.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,13 @@ from pve_sglang.facts.nvidia import (
     CharDeviceMajors,
     NvidiaDeviceNodes,
     NvidiaDriverVersion,
+    NvidiaGpuMinors,
     NvidiaGpuProcesses,
     NvidiaGpus,
     UvmDisableHmm,
 )
 from pve_sglang.facts.pve import PctConfig, PctPending, PctStatus, PveamTemplates, PveContainerVersion
-from pve_sglang.facts.system import CgroupVersion, IommuAcs, VirtualMachineType
+from pve_sglang.facts.system import CgroupVersion, DebianArchitecture, IommuAcs, VirtualMachineType
 from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
 from tasks.host import host_phase
@@ -54,11 +56,20 @@ def h200(fact: str) -> str:
     return (H200 / f"fact_{fact}.txt").read_text()
 
 
+def h200_minors() -> str:
+    """The ``NvidiaGpuMinors`` answer of the H200 machine, constructed: its recorded bus id
+    (``fact_NvidiaGpus``) and UUID (``run3``), minor 0, in the driver's information layout."""
+    return (FIXTURES / "synthetic" / "h200_fact_NvidiaGpuMinors.txt").read_text()
+
+
 def gpu_host_responses(pve_container: str = "installed 5.2.3") -> dict:
     """Recorded answers of a GPU host (the H200 machine) and its Proxmox tools."""
     return {
         NvidiaDriverVersion().command(): h200("NvidiaDriverVersion"),
         NvidiaGpus().command(): h200("NvidiaGpus"),
+        # Constructed for the H200 machine (its bus id and UUID as recorded, the driver's layout):
+        # not recorded there (tests/fixtures/README.md).
+        NvidiaGpuMinors().command(): h200_minors(),
         CharDeviceMajors().command(): h200("CharDeviceMajors"),
         NvidiaDeviceNodes().command(): h200("NvidiaDeviceNodes"),
         UvmDisableHmm().command(): "Y",
@@ -67,6 +78,9 @@ def gpu_host_responses(pve_container: str = "installed 5.2.3") -> dict:
         CgroupVersion().command(): "cgroup2fs",  # Proxmox VE 7+ is pure cgroup2
         VirtualMachineType().command(): "none",
         PveContainerVersion().command(): pve_container,
+        # The template's architecture: dpkg as recorded on this machine (dev-docker).
+        DebianArchitecture().command():
+            (FIXTURES / "dev-docker" / "dpkg_print_architecture.txt").read_text(),
         PveamTemplates().command("local").get_raw_value(): (PUBLIC / "pve_pveam_list_local_notes-ru.txt").read_text(),
         Which().command("pct").get_raw_value(): "/usr/sbin/pct",
         "id -u": "0",
@@ -85,7 +99,7 @@ def container_answers(config: str | None, status: str | None, pending: str = "")
     }
 
 
-def plan(responses: dict, **container: object) -> dict:
+def plan(responses: dict, host_fields: dict | None = None, **container: object) -> dict:
     # The @fake connector answers the first key contained in a command: the longer commands of
     # the pct facts (which contain "command -v pct") go first.
     responses = dict(sorted(responses.items(), key=lambda item: -len(str(item[0]))))
@@ -94,7 +108,8 @@ def plan(responses: dict, **container: object) -> dict:
           "hostname": "glm5", "cores": 64, "memory_mib": 524288, **container}
     return plan_deploy(
         host_phase,
-        hosts=[("pve1", {**defaults, "containers": ["@fake/ct105"]}), ("ct105", ct)],
+        hosts=[("pve1", {**defaults, "containers": ["@fake/ct105"], **(host_fields or {})}),
+               ("ct105", ct)],
         responses=responses,
         groups={"pve_hosts": ["pve1"], "gpu_containers": ["ct105"]},
     )["pve1"]
@@ -141,7 +156,7 @@ def test_converged_host_and_container_plan_no_pct_command():
         ("Container 105 size and network", []),
         ("Container 105 disk size", []),
         ("Container 105 features and mounts", []),
-        ("Container 105 GPUs (devN: unchanged)", []),
+        ("Container 105 GPU 0 = /dev/nvidia0 (devN: unchanged)", []),
         ("Container 105 running", []),
     ]
 
@@ -396,7 +411,6 @@ def test_initramfs_older_than_the_uvm_option_is_updated_again():
 
 # --- each Proxmox VE release (tests/fixtures/pve: its pve-container version, recorded format) --
 
-from pve_sglang.facts.system import DebianArchitecture  # noqa: E402
 from pve_sglang.pve_releases import RELEASES, has_devn  # noqa: E402
 
 PVE = FIXTURES / "pve"
@@ -405,8 +419,7 @@ RELEASE_NAMES = [r.name for r in RELEASES]
 
 def release_responses(name: str) -> dict:
     """The H200 machine's answers on a Proxmox host of release NAME."""
-    return {**gpu_host_responses((PVE / name / "dpkg_query_pve_container.txt").read_text()),
-            DebianArchitecture().command(): (FIXTURES / "dev-docker" / "dpkg_print_architecture.txt").read_text()}
+    return gpu_host_responses((PVE / name / "dpkg_query_pve_container.txt").read_text())
 
 
 def all_commands(ops: list) -> list[str]:
@@ -448,14 +461,17 @@ def test_gpu_added_to_running_container_on_each_release_recorded_format(release,
     names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
     if release.startswith("9."):
         assert commands(ops, "pct reboot") == []
-        assert (f"Container 105 GPUs (devN: dev5 added: hot-plugged, no restart (pve-container "
+        assert (f"Container 105 GPU 0 = /dev/nvidia0 (devN: dev5 added: hot-plugged, no "
+                f"restart (pve-container "
                 f"{version} >= 6.0.4))") in names
         assert "will restart" not in caplog.text
     else:
         assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
-        assert (f"Container 105 GPUs (devN: dev5 added: applied at a restart (pve-container "
+        assert (f"Container 105 GPU 0 = /dev/nvidia0 (devN: dev5 added: applied at a "
+                f"restart (pve-container "
                 f"{version} < 6.0.4 hot-plugs no device))") in names
-        assert "container 105 (pct reboot) will restart because: Container 105 GPUs (devN: dev5" \
+        assert "container 105 (pct reboot) will restart because: Container 105 GPU 0 = " \
+            "/dev/nvidia0 (devN: dev5" \
             in caplog.text
 
 
@@ -481,7 +497,8 @@ def test_gpu_swapped_for_another_names_both_keys_recorded_format(release):
     ops = plan({**release_responses(release), **container_answers(converged_config(had), "running")})
     assert commands(ops, "pct set 105") == ["pct set 105 --dev6 /dev/nvidia0,mode=0666 --delete dev0"]
     names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
-    assert "Container 105 GPUs (devN: dev6 added, dev0 removed: applied at a restart)" in names
+    assert ("Container 105 GPU 0 = /dev/nvidia0 (devN: dev6 added, dev0 removed: applied at a "
+            "restart)") in names
     assert commands(ops, "pct reboot 105") == ["pct reboot 105"]
 
 
@@ -581,13 +598,15 @@ def test_proxmox_raw_lines_are_cgroup2_whatever_the_host_cgroup():
     nodes = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"]
     for cgroup in ("v2", "hybrid", "v1"):
         gpu = GpuHost(driver_version="580.159.04", gpus=[], majors=majors, nodes=nodes,
-                      cgroup=cgroup, native_dev=False)
-        pve = gpu.raw_lines([0], style="pve")
+                      cgroup=cgroup, native_dev=False,
+                      minors=[{"index": 0, "bus_id": "00000000:00:06.0", "minor": 0}])
+        pve = gpu.raw_lines([0], style="pve", where="host pve1")
         assert [line for line in pve if "devices.allow" in line] == [
             "lxc.cgroup2.devices.allow: c 195:0 rwm", "lxc.cgroup2.devices.allow: c 195:255 rwm",
             "lxc.cgroup2.devices.allow: c 238:* rwm"]
         lxc_key = "lxc.cgroup2.devices.allow" if cgroup == "v2" else "lxc.cgroup.devices.allow"
-        assert all(line.startswith(lxc_key) for line in gpu.raw_lines([0], style="lxc")
+        assert all(line.startswith(lxc_key)
+                   for line in gpu.raw_lines([0], style="lxc", where="host pve1")
                    if "devices.allow" in line)
 
 
@@ -606,3 +625,184 @@ def test_model_store_fetched_by_the_host_once_then_mounted_read_only():
     # The token only in the 0600 file's upload (the harness shows its content), never in a command.
     assert [c for _, cmds in ops for c in cmds if "hf_s3cret" in c] == [
         'upload /etc/pve-sglang/Org--Model-7B.env\nHF_TOKEN="hf_s3cret"\n']
+
+
+# --- nvidia-smi's index is not the device number (issue 47, item 6) ------------------------
+
+SYNTHETIC = FIXTURES / "synthetic"
+
+
+def host_of(shape: str) -> dict:
+    """The GPU facts of a constructed host SHAPE (tests/fixtures/synthetic, in the recorded
+    formats): ``a100x8_index_not_minor`` (the public reports' A100 host: GPU 0 is
+    /dev/nvidia2, GPU 2 is /dev/nvidia0) or ``l40sx3_one_excluded`` (GPU 1 is /dev/nvidia2)."""
+    read = lambda fact: (SYNTHETIC / f"{shape}_fact_{fact}.txt").read_text()  # noqa: E731
+    driver = read("NvidiaGpus").split(", ")[-1].strip()
+    return {NvidiaGpus().command(): read("NvidiaGpus"),
+            NvidiaGpuMinors().command(): read("NvidiaGpuMinors"),
+            NvidiaDeviceNodes().command(): read("NvidiaDeviceNodes"),
+            NvidiaDriverVersion().command(): f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  "
+                                             f"{driver}  Release Build"}
+
+
+@pytest.mark.parametrize("gpus, nodes, label", [
+    ([0], ["/dev/nvidia2"], "GPU 0 = /dev/nvidia2"),
+    ([2, 0], ["/dev/nvidia0", "/dev/nvidia2"], "GPU 2 = /dev/nvidia0, GPU 0 = /dev/nvidia2"),
+    ([1], ["/dev/nvidia1"], "GPU 1 = /dev/nvidia1"),
+])
+def test_a_gpu_gets_its_own_node_where_index_and_minor_differ_constructed_from_public_reports(
+        gpus, nodes, label):
+    """GPU 0 of the A100 host is /dev/nvidia2: the container gets that node (was
+    /dev/nvidia0: another GPU, perhaps one another container uses), and the plan names both."""
+    responses = {**gpu_host_responses("installed 6.1.10"), **host_of("a100x8_index_not_minor"),
+                 **container_answers(None, None)}
+    ops = plan(responses, gpus=gpus, tp_size=len(gpus))
+    [dev_set] = commands(ops, "pct set 105 --dev0 ")
+    assert re.findall(r"--dev\d+ (/dev/nvidia\d+),mode=0666", dev_set) == nodes
+    names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
+    assert f"Container 105 {label} (devN: applied when the container starts)" in names
+
+
+def test_raw_lines_pass_the_gpus_own_minor_constructed_from_public_reports():
+    """Before devN (Proxmox VE 8.0): the cgroup rule and the bind mount of /dev/nvidia2."""
+    responses = {**release_responses("8.0"), **host_of("a100x8_index_not_minor"),
+                 **container_answers(None, None),
+                 FileContents().command(path="/etc/pve/lxc/105.conf").get_raw_value(): "arch: amd64\n"}
+    ops = plan(responses, gpus=[0])
+    [upload] = commands(ops, "upload /etc/pve/lxc/105.conf")
+    lines = upload.splitlines()[1:]
+    assert "lxc.cgroup2.devices.allow: c 195:2 rwm" in lines
+    assert "lxc.mount.entry: /dev/nvidia2 dev/nvidia2 none bind,optional,create=file" in lines
+    assert not any("195:0 " in line or "/dev/nvidia0 " in line for line in lines)
+    names = [name.rsplit(" | ", 1)[-1] for name, _ in ops]
+    assert ("Container 105 GPU passthrough (GPU 0 = /dev/nvidia2; raw lxc lines, NVIDIA majors "
+            "from /proc/devices)") in names
+
+
+def test_a_gap_in_the_device_minors_is_mapped_not_a_crash_constructed():
+    """Nodes /dev/nvidia0 and /dev/nvidia2 (the GPU between them excluded): ``gpus: all`` was
+    a bare ValueError ("/dev/nvidia1 is missing"); now both GPUs get their nodes."""
+    responses = {**gpu_host_responses(), **host_of("l40sx3_one_excluded"),
+                 **container_answers(None, None)}
+    ops = plan(responses, gpus="all")
+    [dev_set] = commands(ops, "pct set 105 --dev0 ")
+    assert re.findall(r"--dev\d+ (/dev/nvidia\d+),mode=0666", dev_set) == [
+        "/dev/nvidia0", "/dev/nvidia2"]
+
+
+@pytest.mark.parametrize("minors, expected", [
+    # nvidia-smi's rows, no information file read (/proc/driver/nvidia unreadable)
+    (lambda text: "\n".join(line for line in text.splitlines() if not line.startswith("/proc")),
+     r"GPU 0 \(PCI bus 00000000:41:00\.0\): no /proc/driver/nvidia/gpus/BUS/information names "
+     r"its device minor, so which /dev/nvidiaN it is cannot be told"),
+    # the driver names a node the host lacks
+    (lambda text: text.replace("Device Minor: \t 0", "Device Minor: \t 5"),
+     r"GPU passthrough of GPU 0 = /dev/nvidia5, GPU 1 = /dev/nvidia2: host device node "
+     r"/dev/nvidia5 \(device minor 5\) is missing \(`nvidia-modprobe -c 5` creates it\)"),
+])
+def test_a_gpu_node_that_cannot_be_told_is_refused_before_any_change_constructed(minors, expected):
+    shape = host_of("l40sx3_one_excluded")
+    command = NvidiaGpuMinors().command()
+    responses = {**gpu_host_responses(), **shape, **container_answers(None, None),
+                 command: minors(shape[command])}
+    with pytest.raises(PreflightError, match=rf"^host @fake/pve1, container @fake/ct105: "
+                       rf"{expected}.*; nothing was changed$"):
+        plan(responses, gpus="all")
+
+
+# --- an answer of two lines from dpkg-query (issue 47, item 7) ------------------------------
+
+@pytest.mark.parametrize("answer", ["installed 5.0.8\ninstalled 6.1.10\n",
+                                    "installed 6.1.10\ninstalled 5.0.8\n",
+                                    "installed 6.1.10\nconfig-files 5.0.8\n"])
+def test_a_two_line_pve_container_answer_is_refused_recorded_format(answer):
+    """Two lines in the recorded format (was: the first line won, so swapping them flipped
+    devN hot-plug and the restart): refused, naming the host and the command."""
+    responses = {**release_responses("9.2"),
+                 **container_answers(converged_config(DEVICES_ALL), "running"),
+                 PveContainerVersion().command(): answer}
+    with pytest.raises(PreflightError) as caught:
+        plan(responses)
+    message = str(caught.value)
+    assert message.startswith("host @fake/pve1: `dpkg-query -W -f '${db:Status-Status} "
+                              "${Version}\\n' pve-container 2>/dev/null || true` answered ")
+    assert "2 lines where one is expected: ambiguous" in message
+    assert message.endswith("nothing was changed")
+
+
+# --- raw lines written, the run killed before the reboot (issue 47, item 7) ------------------
+
+from pyinfra.facts.files import File  # noqa: E402
+
+from pve_sglang.operations.pct import restart_marker  # noqa: E402
+
+
+def raw_lines_on(config: str, status: str | None, marker: bool) -> dict:
+    """Proxmox VE 8.0 (raw lines) with container 105's config CONFIG, its status, and whether
+    the marker of a change waiting for its restart is there (``stat`` as File reads it)."""
+    path = restart_marker(105)
+    return {**release_responses("8.0"), **container_answers(config, status),
+            FileContents().command(path="/etc/pve/lxc/105.conf").get_raw_value(): config,
+            File().command(path=path).get_raw_value():
+                f"user=root group=root mode=-rw-r--r-- atime=0 mtime=0 ctime=0 size=40 '{path}'"
+                if marker else ""}
+
+
+def with_raw_lines(config: str) -> str:
+    return config + "".join(line + "\n" for line in NVIDIA_PVE)
+
+
+def test_raw_lines_mark_the_restart_they_wait_for_recorded_format():
+    """The marker is written before the config, in the same operation, and removed once the
+    container rebooted."""
+    ops = plan(raw_lines_on(converged_config([]), "running", marker=False))
+    [(_, written)] = [(name, cmds) for name, cmds in ops if "GPU passthrough (GPU 0" in name]
+    assert written[0] == (f"mkdir -p /var/lib/pve-sglang/restart-pending && printf '%s\\n' "
+                          f"'/etc/pve/lxc/105.conf: owned lines changed' > {restart_marker(105)}")
+    assert written[-1].startswith("upload /etc/pve/lxc/105.conf")
+    [(_, power)] = [(name, cmds) for name, cmds in ops if name.endswith("Container 105 running")]
+    assert power == ["pct reboot 105", f"rm -f {restart_marker(105)}"]
+
+
+@pytest.mark.parametrize("marker, status, expected", [
+    (True, "running", ["pct reboot 105", "rm -f /var/lib/pve-sglang/restart-pending/105"]),
+    (True, "stopped", ["pct start 105", "rm -f /var/lib/pve-sglang/restart-pending/105"]),
+    (False, "running", []),
+])
+def test_raw_lines_left_by_a_killed_run_are_applied_by_the_next_recorded_format(
+        marker, status, expected, caplog):
+    """A run killed between the config's upload and `pct reboot`: the lines are in the
+    config (nothing to write), the marker is there; the next run reboots the running
+    container once, and says why (was: nothing, the GPUs never reached the container)."""
+    ops = plan(raw_lines_on(with_raw_lines(converged_config([])), status, marker))
+    assert commands(ops, "upload /etc/pve/lxc/105.conf") == []
+    [(name, power)] = [(name, cmds) for name, cmds in ops if "Container 105 running" in name]
+    assert power == expected
+    if marker and status == "running":
+        assert name.endswith("Container 105 running (GPU passthrough lines pending: applied at "
+                             "a restart)")
+        assert ("host @fake/pve1, container 105: GPU passthrough lines written by a run that "
+                "ended before it restarted the container (/var/lib/pve-sglang/restart-pending/"
+                "105 is there)") in caplog.text
+
+
+# --- the template's architecture (issue 47, item 7) -----------------------------------------
+
+@pytest.mark.parametrize("template, refused", [
+    ("debian-12-standard", True),
+    ("debian-12-standard_12.7-1_amd64.tar.zst", False),
+])
+def test_an_empty_host_architecture_is_refused_for_a_template_prefix_recorded_format(template, refused):
+    """`dpkg --print-architecture` answering nothing dropped the architecture filter, so a
+    prefix took the newest template of any architecture; a file name needs none."""
+    responses = {**release_responses("9.2"), **container_answers(None, None),
+                 DebianArchitecture().command(): ""}
+    if not refused:
+        assert commands(plan(responses, {"template": template}), "pct create 105")
+        return
+    with pytest.raises(PreflightError) as caught:
+        plan(responses, {"template": template})
+    message = str(caught.value)
+    assert message.startswith("host @fake/pve1: `dpkg --print-architecture` answered nothing")
+    assert "field 'template' = 'debian-12-standard'" in message
+    assert message.endswith("nothing was changed")

@@ -1048,7 +1048,8 @@ def operation_problems(shell, value: str) -> tuple[int, list[str]]:
     planned: list[tuple[str, str]] = []
     for name, op in operations():
         for world in ({}, RUNNING):
-            host = _DefaultFacts(world)
+            # The host's architecture known: without it a template prefix is refused.
+            host = _DefaultFacts({system_facts.DebianArchitecture: "amd64", **world})
             # The nodes a hostile ``nodes`` names are in the run: a node's switch goes on to
             # its commands (``stacks.in_run`` reads the hosts pyinfra deploys).
             host.state.active_hosts = [host, types.SimpleNamespace(name=value)]

@@ -16,7 +16,7 @@ import pytest
 from devtools import lxc_env
 from pve_sglang.gpu import passthrough
 from pve_sglang.facts.nvidia import CharDeviceMajors
-from pve_sglang.gpu.passthrough import pve_dev_entries, raw_lxc_lines
+from pve_sglang.gpu.passthrough import device_minors, pve_dev_entries, raw_lxc_lines
 
 MAJORS = {"nvidia-frontend": 195, "nvidia-uvm": 508, "nvidia-caps": 509}
 ALL_NODES = [
@@ -68,6 +68,39 @@ def test_frontend_major_names():
     assert passthrough.frontend_major({"nvidia": 195}) == 195
     with pytest.raises(ValueError, match="nvidia-frontend"):
         passthrough.frontend_major({"nvidia-uvm": 508})
+
+
+# nvidia-smi's index -> device minor (the N of /dev/nvidiaN)
+
+#: The NvidiaGpuMinors rows of a host in the public reports' shape: GPU 0 is /dev/nvidia2.
+A100_MINORS = [{"index": 0, "bus_id": "00000000:07:00.0", "minor": 2},
+               {"index": 1, "bus_id": "00000000:0F:00.0", "minor": 1},
+               {"index": 2, "bus_id": "00000000:47:00.0", "minor": 0}]
+
+
+def test_device_minors_follow_the_bus_id_not_the_index():
+    assert device_minors([0], A100_MINORS) == [2]
+    assert device_minors([2, 0, 1], A100_MINORS) == [0, 2, 1]
+    assert device_minors([], A100_MINORS) == []
+
+
+def test_device_minors_refuse_what_they_cannot_tell():
+    unknown = [{**A100_MINORS[0], "minor": None}, *A100_MINORS[1:]]
+    with pytest.raises(ValueError, match=r"GPU 0 \(PCI bus 00000000:07:00\.0\): no "
+                       r"/proc/driver/nvidia/gpus/BUS/information names its device minor"):
+        device_minors([1, 0], unknown)
+    assert device_minors([1], unknown) == [1]  # a GPU not asked for is not needed
+    with pytest.raises(ValueError, match=r"^GPU 3: no /proc"):
+        device_minors([3], A100_MINORS)
+    twice = [*A100_MINORS[:2], {**A100_MINORS[2], "minor": 2}]
+    with pytest.raises(ValueError, match="GPUs 0 and 2 are both given device minor 2"):
+        device_minors([0, 2], twice)
+
+
+def test_a_gpu_node_missing_is_named_with_its_minor():
+    with pytest.raises(ValueError, match=r"/dev/nvidia2 \(device minor 2\) is missing "
+                       r"\(`nvidia-modprobe -c 2` creates it\)"):
+        pve_dev_entries([2], ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"])
 
 
 # devN entries (pve-container >= 5.0.7)

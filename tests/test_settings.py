@@ -348,6 +348,27 @@ def test_host_field_rules():
         assert expected in message, message
 
 
+@pytest.mark.parametrize("value, refused", [
+    ("5.0.6", True),  # one below devN: would pass GPUs as devN to a pct that refuses them
+    ("4.4-3", True),
+    ("5.0.7", False),  # the first with devN (DEVN_FROM)
+    ("5.0.7-1", False),
+    ("6.0.4", False),  # moved up: a user's choice, raw lines until then
+])
+def test_native_dev_min_can_only_move_the_rule_up(value, refused):
+    """``pve_container_native_dev_min`` at the edge of 5.0.7 (issue 47, item 7: below it was
+    accepted, though the docs say it can only move the rule up)."""
+    if not refused:
+        validate_host("pve1", {"pve_container_native_dev_min": value}, load_defaults())
+        return
+    with pytest.raises(SettingsError) as error:
+        validate_host("pve1", {"pve_container_native_dev_min": value}, load_defaults())
+    message = str(error.value)
+    assert message.startswith(f"host pve1: field 'pve_container_native_dev_min' = '{value}': "
+                              "below 5.0.7, the first pve-container with devN entries"), message
+    assert "can only move the rule up; allowed: a version from 5.0.7" in message
+
+
 def test_tensor_parallel_size_is_one_rule():
     assert tensor_parallel_size(None, 8, 1) == 8
     assert tensor_parallel_size(None, 2, 2) == 4

@@ -36,6 +36,7 @@ from pve_sglang.facts.nvidia import (
     CharDeviceMajors,
     NvidiaDeviceNodes,
     NvidiaDriverVersion,
+    NvidiaGpuMinors,
     NvidiaGpus,
 )
 from pve_sglang.facts.system import CgroupVersion, VirtualMachineType
@@ -54,6 +55,7 @@ from test_host_phase_recorded import (
     NVIDIA_PVE,
     gpu_host_responses,
     h200,
+    h200_minors,
     plan,
 )
 
@@ -260,7 +262,7 @@ def test_recorded_native_path_only_user_lines_differ_no_reboot():
     assert [name for name, _ in container_ops] == [
         "Container template debian-12-standard", "Create container 105",
         "Container 105 size and network", "Container 105 disk size",
-        "Container 105 features and mounts", "Container 105 GPUs (devN: unchanged)",
+        "Container 105 features and mounts", "Container 105 GPU 0 = /dev/nvidia0 (devN: unchanged)",
         "Container 105 running",
     ]
     assert all(cmds == [] for _, cmds in container_ops)
@@ -274,6 +276,7 @@ def test_recorded_native_path_only_user_lines_differ_no_reboot():
 RECORDED_GPU = {
     NvidiaDriverVersion: h200("NvidiaDriverVersion"),
     NvidiaGpus: h200("NvidiaGpus"),
+    NvidiaGpuMinors: h200_minors(),  # constructed (tests/fixtures/README.md)
     CharDeviceMajors: h200("CharDeviceMajors"),
     NvidiaDeviceNodes: h200("NvidiaDeviceNodes"),
     CgroupVersion: "cgroup2fs",

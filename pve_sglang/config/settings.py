@@ -35,7 +35,7 @@ from pydantic import (
 
 from pve_sglang.connectors import connector_data_keys
 from pve_sglang.connectors.pct import VMID_MAX, VMID_MIN
-from pve_sglang.pve_releases import version_problem
+from pve_sglang.pve_releases import DEVN_FROM, upstream, version_problem
 from pve_sglang.stack.lock import LockError, key_of, lock_path, read_checked
 from pve_sglang.stack.platform import DEFAULT_RELEASE, PlatformError, platform_for
 from pve_sglang.stack.releases import ReleaseError, choose, read_release, toolkit_pin
@@ -247,6 +247,17 @@ def pve_container_version(value: str) -> str:
     problem = version_problem(value)
     if problem:
         raise ValueError(problem)
+    return value
+
+
+def devn_minimum(value: str) -> str:
+    """``pve_container_native_dev_min``: it can only move the devN rule up; below
+    ``DEVN_FROM`` pve-container has no ``devN`` entries to pass GPUs with."""
+    pve_container_version(value)
+    if upstream(value) < upstream(DEVN_FROM):
+        raise ValueError(f"below {DEVN_FROM}, the first pve-container with devN entries (older "
+                         "ones refuse them): the setting can only move the rule up; allowed: "
+                         f"a version from {DEVN_FROM} (e.g. '{DEVN_FROM}', '6.0.4')")
     return value
 
 
@@ -502,7 +513,7 @@ class HostSettings(_Strict):
     template_storage: StorageId
     template: Annotated[str, AfterValidator(template_name)]
     pve_container_native_dev_min: Annotated[str, BeforeValidator(_version_text),
-                                            AfterValidator(pve_container_version)]
+                                            AfterValidator(devn_minimum)]
 
 
 class ContainerSettings(_Strict):

@@ -10,7 +10,7 @@ from typing_extensions import TypedDict, override
 
 from pyinfra import logger
 from pyinfra.api.command import QuoteString, StringCommand
-from pyinfra.api.exceptions import InventoryError
+from pyinfra.api.exceptions import ConnectorDataTypeError, InventoryError
 from pyinfra.connectors.base import DataMeta
 from pyinfra.connectors.util import CommandOutput
 
@@ -22,6 +22,7 @@ from pve_sglang.connectors.container import (
 )
 from pve_sglang.pve_releases import (
     VERSION_COMMAND,
+    answer_problem,
     parse_dpkg_version,
     pct_exec_words,
     version_problem,
@@ -123,6 +124,14 @@ class PctConnector(ContainerConnector):
         super().__init__(state, host)
         self._version: str | None = None
         self._version_known = False
+        # As the hosts file refuses it, for a target given on the command line (``pyinfra
+        # @pct/HOST/VMID --data pct_pve_container=...``): before connecting, not as a bare
+        # ValueError from the rules at the first command.
+        given = self.data.get("pct_pve_container")
+        problem = version_problem(given) if given else None
+        if problem:
+            raise ConnectorDataTypeError(f"{host.name}: field 'pct_pve_container' = {given!r}: "
+                                         f"{problem}")
 
     def _vmid(self) -> str:
         vmid = self.data["pct_vmid"]
@@ -146,7 +155,7 @@ class PctConnector(ContainerConnector):
             if not version:
                 status, output = self.outer.run_shell_command(StringCommand(VERSION_COMMAND))
                 version = parse_dpkg_version(output.stdout_lines) if status else None
-                problem = version_problem(version) if version else None
+                problem = answer_problem(version) if version else None
                 if problem:
                     # The form without --keep-env runs on every release: taken, and said.
                     logger.warning(f"{self.host.name}: `{VERSION_COMMAND}` answered pve-container "

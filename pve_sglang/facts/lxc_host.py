@@ -150,7 +150,7 @@ class LxcCgroupValues(FactBase[dict]):
             parts += [
                 "printf '%s: %s\\n'", QuoteString(key),
                 StringCommand('"$(lxc-cgroup -P', QuoteString(lxc_path), "-n", QuoteString(container),
-                              QuoteString(key), '2>/dev/null)";', separator=" "),
+                              QuoteString(key), '2>/dev/null)";'),
             ]
         return StringCommand(*parts, "true")
 

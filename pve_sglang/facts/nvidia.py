@@ -18,6 +18,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 from pve_sglang.gpu.p2p import parse_p2p_matrix, parse_topo_matrix
+from pve_sglang.gpu.passthrough import PROC_GPUS
 
 
 # Tokens that look like a driver version: 570.133.20, 535.104.05, 580.159.04, 470.82
@@ -123,6 +124,100 @@ class NvidiaGpus(FactBase[list[NvidiaGpu]]):
     @override
     def process(self, output: list[str]) -> list[NvidiaGpu]:
         return parse_gpu_query(output)
+
+
+GPU_MINOR_QUERY_FIELDS = "index,pci.bus_id,uuid"
+
+
+class GpuMinor(TypedDict):
+    index: int
+    bus_id: str
+    uuid: str
+    minor: int | None
+
+
+_BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
+
+
+def bus_key(bus_id: str) -> tuple[int, int, int, int] | None:
+    """A PCI bus id as numbers: nvidia-smi's ``00000000:8A:00.0`` and the driver's
+    ``0000:8a:00.0`` are the same device. None for anything else."""
+    match = _BUS_ID.match(bus_id.strip())
+    if not match:
+        return None
+    domain, bus, device, function = match.groups()
+    return int(domain or "0", 16), int(bus, 16), int(device, 16), int(function)
+
+
+def parse_gpu_minors(lines: list[str]) -> list[GpuMinor]:
+    """``NvidiaGpuMinors``' output: nvidia-smi's ``index, bus id, uuid`` rows, then each
+    ``PROC_GPUS/BUS/information`` line as ``grep -H`` prints it (``PATH:Key: value``). Each
+    GPU's minor is found through its bus id (the driver's ``Bus Location``, else its folder's
+    name), else through its UUID; None when neither is there."""
+    rows: list[tuple[int, str, str]] = []
+    files: dict[str, dict[str, str]] = {}
+    for line in lines:
+        path, sep, rest = line.partition("/information:")
+        if sep and path.startswith(PROC_GPUS + "/"):
+            key, colon, value = rest.partition(":")
+            if colon:
+                files.setdefault(path[len(PROC_GPUS) + 1:], {})[key.strip()] = value.strip()
+            continue
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) == 3 and fields[0].isdigit():
+            rows.append((int(fields[0]), fields[1], fields[2]))
+    by_bus: dict[tuple[int, int, int, int], int] = {}
+    by_uuid: dict[str, int] = {}
+    for folder, info in files.items():
+        minor = info.get("Device Minor", "")
+        if not minor.isdigit():
+            continue  # drivers before 2017 printed no minor: that GPU stays unknown
+        bus = bus_key(info.get("Bus Location", "")) or bus_key(folder)
+        if bus is not None:
+            by_bus[bus] = int(minor)
+        uuid = info.get("GPU UUID", "")
+        if uuid.startswith("GPU-") and "?" not in uuid:  # "GPU-????..." before its first use
+            by_uuid[uuid] = int(minor)
+    gpus: list[GpuMinor] = []
+    for index, bus_id, uuid in rows:
+        bus = bus_key(bus_id)
+        minor = by_bus.get(bus) if bus is not None else None
+        gpus.append(GpuMinor(index=index, bus_id=bus_id, uuid=uuid,
+                             minor=minor if minor is not None else by_uuid.get(uuid)))
+    return gpus
+
+
+class NvidiaGpuMinors(FactBase[list[GpuMinor]]):
+    """
+    Returns each GPU ``nvidia-smi`` lists with its device minor: the N of ``/dev/nvidiaN``.
+    nvidia-smi's index follows PCI bus order; the minor is the order the driver probed the GPUs
+    in (``Device Minor`` in ``/proc/driver/nvidia/gpus/BUS/information``, NVML's
+    ``nvmlDeviceGetMinorNumber``), and the two differ on real hosts (an A100 host whose GPU 0 is
+    ``/dev/nvidia2``). Matched through the PCI bus id, else the UUID; ``minor`` None where no
+    information file names it. One command reads both; ``[]`` without nvidia-smi.
+
+    .. code:: python
+
+        [{"index": 0, "bus_id": "00000000:07:00.0", "uuid": "GPU-6f0f...", "minor": 2}]
+    """
+
+    @override
+    def command(self) -> str:
+        return (
+            "if command -v nvidia-smi >/dev/null 2>&1; then "
+            f"nvidia-smi --query-gpu={GPU_MINOR_QUERY_FIELDS} --format=csv,noheader,nounits "
+            "|| true; fi; "
+            f"grep -H '' {PROC_GPUS}/*/information 2>/dev/null; true"
+        )
+
+    @staticmethod
+    @override
+    def default() -> list[GpuMinor]:
+        return []
+
+    @override
+    def process(self, output: list[str]) -> list[GpuMinor]:
+        return parse_gpu_minors(output)
 
 
 def parse_char_device_majors(lines: list[str]) -> dict[str, int]:

@@ -50,7 +50,8 @@ class PveContainerVersion(FactBase[str | None]):
     Returns the installed version of the ``pve-container`` package (``"5.2.3"``), on which
     every rule of ``pve_sglang.pve_releases`` is keyed (``devN`` passthrough, ``pct exec
     --keep-env``, device hot-plug ...), or ``None`` when it is not installed (not a Proxmox VE
-    host).
+    host). An answer of several lines comes back whole, for ``pve_releases.answer_problem`` to
+    refuse.
     """
 
     @override

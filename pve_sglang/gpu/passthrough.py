@@ -3,7 +3,9 @@ NVIDIA GPU passthrough into an LXC container: pure functions, no I/O.
 
 Inputs are read from the host by the caller:
 
-+ the GPU indices to pass (``[0, 1]`` means ``/dev/nvidia0`` and ``/dev/nvidia1``);
++ the device minors of the GPUs to pass (``[2, 0]`` means ``/dev/nvidia2`` and ``/dev/nvidia0``):
+  not nvidia-smi's indices, which follow the PCI bus order while a node's number is the order
+  the driver probed the GPUs in (``device_minors`` maps one to the other, through the bus id);
 + the character-device majors from the host's ``/proc/devices`` (the ``CharDeviceMajors`` fact): the
   driver's frontend major is 195 and is called ``nvidia-frontend`` (some drivers print
   ``nvidia``); ``nvidia-uvm`` and ``nvidia-caps`` are dynamic and move between kernels;
@@ -16,6 +18,7 @@ Outputs:
 + ``select_gpus``: the host's GPUs a container gets (``gpus: all`` or a list of indices): the
   one home of the selection, which the passthrough, the server's flags and the verify phase's
   expected count all use;
++ ``device_minors``: the device minors of those GPUs (their ``/dev/nvidiaN`` nodes);
 + ``pve_dev_entries``: Proxmox ``devN`` entries (pve-container >= 5.0.7), which stat the host
   node at every start and write the cgroup rule themselves;
 + ``raw_lxc_lines``: ``lxc.cgroup2.devices.allow`` (or ``lxc.cgroup.devices.allow`` for a legacy
@@ -52,6 +55,10 @@ def select_gpus(wanted: str | list[int], gpus: list[dict], where: str) -> list[d
         )
     return [by_index[index] for index in wanted]
 
+
+#: Where the driver describes each GPU it probed, one folder per PCI bus id, its ``information``
+#: file naming the ``Device Minor``.
+PROC_GPUS = "/proc/driver/nvidia/gpus"
 
 #: Names of the frontend major (195) in /proc/devices, preferred first.
 FRONTEND_MAJOR_NAMES = ("nvidia-frontend", "nvidia")
@@ -103,24 +110,51 @@ def _normalise_node(path: str) -> str:
     return path.strip("/")
 
 
-def select_nodes(gpus: Sequence[int], nodes: Iterable[str]) -> list[Node]:
+def device_minors(indices: Sequence[int], minors: Iterable[Mapping]) -> list[int]:
+    """The device minors (``/dev/nvidiaN``'s N) of nvidia-smi's GPUs INDICES, from the
+    ``NvidiaGpuMinors`` fact's rows (``index``, ``bus_id``, ``minor``). ValueError names a GPU
+    whose minor the driver's information files do not give (the deploy does not guess: on such
+    a host ``/dev/nvidia{index}`` may be another GPU, one another container uses), or two GPUs
+    said to have one minor."""
+    by_index = {row["index"]: row for row in minors}
+    found: list[int] = []
+    for index in indices:
+        row = by_index.get(index)
+        if row is None or row.get("minor") is None:
+            bus = f" (PCI bus {row['bus_id']})" if row is not None else ""
+            raise ValueError(
+                f"GPU {index}{bus}: no {PROC_GPUS}/BUS/information names its device minor, so "
+                f"which /dev/nvidiaN it is cannot be told (nvidia-smi's index follows the PCI "
+                "bus order, the node's number the order the driver probed the GPUs in; "
+                "`nvidia-smi -q` shows each GPU's Bus Id and Minor Number)")
+        twin = next((other for other, minor in zip(indices, found) if minor == row["minor"]), None)
+        if twin is not None:
+            raise ValueError(f"GPUs {twin} and {index} are both given device minor "
+                             f"{row['minor']} by {PROC_GPUS}: the deploy cannot tell their nodes apart")
+        found.append(int(row["minor"]))
+    return found
+
+
+def select_nodes(minors: Sequence[int], nodes: Iterable[str]) -> list[Node]:
     """
-    The nodes to pass for ``gpus``, in order: the GPUs, then the shared nodes present.
-    ValueError names a selected GPU node, ``nvidiactl`` or ``nvidia-uvm`` missing on the host.
-    ``/dev/nvidia-caps`` is passed as one directory if it or any node in it is present.
+    The nodes to pass for the GPUs of device minors MINORS, in order: the GPUs, then the
+    shared nodes present. ValueError names a selected GPU node, ``nvidiactl`` or
+    ``nvidia-uvm`` missing on the host. ``/dev/nvidia-caps`` is passed as one directory if it
+    or any node in it is present.
     """
     present = {_normalise_node(n) for n in nodes}
 
-    if len(set(gpus)) != len(gpus):
-        raise ValueError(f"GPU indices repeat: {list(gpus)}")
+    if len(set(minors)) != len(minors):
+        raise ValueError(f"GPU device minors repeat: {list(minors)}")
     selected: list[Node] = []
-    for index in gpus:
-        if index < 0:
-            raise ValueError(f"Invalid GPU index {index}")
-        name = f"nvidia{index}"
+    for minor in minors:
+        if minor < 0:
+            raise ValueError(f"Invalid GPU device minor {minor}")
+        name = f"nvidia{minor}"
         if name not in present:
-            raise ValueError(f"GPU {index}: host device node /dev/{name} is missing")
-        selected.append(Node(name, None, index))
+            raise ValueError(f"host device node /dev/{name} (device minor {minor}) is missing "
+                             f"(`nvidia-modprobe -c {minor}` creates it)")
+        selected.append(Node(name, None, minor))
 
     for name, required in SHARED_NODES:
         if name in present:
@@ -141,7 +175,7 @@ def select_nodes(gpus: Sequence[int], nodes: Iterable[str]) -> list[Node]:
 
 
 def pve_dev_entries(
-    gpus: Sequence[int],
+    minors: Sequence[int],
     nodes: Iterable[str],
     *,
     mode: str | None = None,
@@ -150,7 +184,8 @@ def pve_dev_entries(
     start: int = 0,
 ) -> dict[str, str]:
     """
-    Proxmox ``devN`` entries for ``gpus`` (pve-container >= 5.0.7): ``{"dev0": "/dev/nvidia0",
+    Proxmox ``devN`` entries for the GPUs of device minors MINORS (pve-container >= 5.0.7):
+    ``{"dev0": "/dev/nvidia0",
     ...}``, numbered from ``start``, each with ``,mode=...``, ``,uid=...``, ``,gid=...`` when
     given (e.g. ``mode="0666"``). ``devN`` takes device nodes only, so each node of
     ``/dev/nvidia-caps`` gets its own entry.
@@ -168,7 +203,7 @@ def pve_dev_entries(
 
     present = sorted({_normalise_node(n) for n in nodes})
     paths: list[str] = []
-    for node in select_nodes(gpus, present):
+    for node in select_nodes(minors, present):
         if node.is_dir:
             caps = [n for n in present if n.startswith(CAPS_DIR + "/")]
             paths.extend(f"/dev/{n}" for n in caps)
@@ -199,7 +234,7 @@ def _separator(style: str) -> str:
 
 
 def raw_lxc_entries(
-    gpus: Sequence[int],
+    minors: Sequence[int],
     majors: Mapping[str, int],
     nodes: Iterable[str],
     *,
@@ -207,13 +242,14 @@ def raw_lxc_entries(
     dev_root: str = "/dev",
 ) -> list[tuple[str, str]]:
     """
-    ``(key, value)`` pairs of the raw LXC passthrough config: the cgroup device rules first
+    ``(key, value)`` pairs of the raw LXC passthrough config of the GPUs of device minors
+    MINORS: the cgroup device rules first
     (``c MAJOR:MINOR rwm``; ``MAJOR:*`` for nvidia-uvm and nvidia-caps), then one bind mount per
     node, its source under ``dev_root`` (where the host's nodes live; default ``/dev``).
     ValueError names a needed major missing from ``majors``.
     """
     cgroup_key = _cgroup_key(cgroup)
-    selected = select_nodes(gpus, nodes)
+    selected = select_nodes(minors, nodes)
     root = dev_root.rstrip("/")
 
     rules: list[str] = []
@@ -242,7 +278,7 @@ def raw_lxc_entries(
 
 
 def raw_lxc_lines(
-    gpus: Sequence[int],
+    minors: Sequence[int],
     majors: Mapping[str, int],
     nodes: Iterable[str],
     *,
@@ -258,5 +294,5 @@ def raw_lxc_lines(
     sep = _separator(style)
     return [
         f"{key}{sep}{value}"
-        for key, value in raw_lxc_entries(gpus, majors, nodes, cgroup=cgroup, dev_root=dev_root)
+        for key, value in raw_lxc_entries(minors, majors, nodes, cgroup=cgroup, dev_root=dev_root)
     ]

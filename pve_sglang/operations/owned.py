@@ -24,7 +24,7 @@ def contents(path: str) -> list[str] | None:
 
 
 @operation()
-def lines(path: str, lines: list[str], owned: Callable[[str], bool]):
+def lines(path: str, lines: list[str], owned: Callable[[str], bool], marker: str | None = None):
     """
     Keep the lines of PATH that OWNED recognises equal to LINES, leaving every other line
     where it is (container configs the user edits too: ``/etc/pve/lxc/VMID.conf``, raw LXC).
@@ -35,6 +35,9 @@ def lines(path: str, lines: list[str], owned: Callable[[str], bool]):
     + lines: the lines the deploy wants there, in order
     + owned: true for a line the deploy owns: owned lines not in LINES are removed, and LINES
       take the place of the first one; every line it does not own stays as it is
+    + marker: a file written (with its directory) before the change, for whatever applies the
+      change (a restart) to remove once it did: a run killed in between leaves it, and the
+      next run sees that the change still waits (``pct.power``'s ``marker``)
 
     **Example:**
 
@@ -62,6 +65,10 @@ def lines(path: str, lines: list[str], owned: Callable[[str], bool]):
     if diff_wanted():
         current = None if content is None else [line + "\n" for line in content]
         show_diff(path, current, new.splitlines(keepends=True))
+    if marker is not None:
+        yield StringCommand("mkdir -p", QuoteString(posixpath.dirname(marker) or "/"),
+                            "&& printf '%s\\n'", QuoteString(f"{path}: owned lines changed"),
+                            ">", QuoteString(marker))
     if content is None:
         yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(path) or "/"))
     yield FileUploadCommand(StringIO(new), path, remote_temp_filename=host.get_temp_filename(path))

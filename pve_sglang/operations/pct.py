@@ -6,10 +6,12 @@ import re
 from collections.abc import Callable
 
 from pyinfra import host, logger
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+from pyinfra.facts.files import File
 
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
+from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.runtime.pyinfra_private import joined
 from pve_sglang.facts.pve import PctConfig, PctPending, PctStatus, PveamTemplates
 from pve_sglang.facts.system import DebianArchitecture
@@ -21,6 +23,22 @@ TEMPLATE_SUFFIXES = (".tar.zst", ".tar.gz", ".tar.xz")
 def config_path(vmid: int) -> str:
     """Where Proxmox keeps container VMID's config (``pct config`` reads it)."""
     return f"/etc/pve/lxc/{int(vmid)}.conf"
+
+
+#: The host's markers of changes that wait for a container's restart (raw lxc lines, for
+#: which Proxmox keeps no pending state), one file per VMID.
+RESTART_MARKERS = "/var/lib/pve-sglang/restart-pending"
+
+
+def restart_marker(vmid: int) -> str:
+    """Container VMID's marker: written before its raw lines change (``owned.lines``), removed
+    once it restarted (``power``)."""
+    return f"{RESTART_MARKERS}/{int(vmid)}"
+
+
+def restart_left(marker: str) -> bool:
+    """MARKER is there: a run changed what it marks and ended before the restart."""
+    return host.get_fact(File, path=marker) is not None
 
 
 def current_config(vmid: int) -> dict | None:
@@ -49,6 +67,29 @@ def find_template(volids: list[str], storage: str, template: str,
     matches = sorted((n for n in names if n.startswith(template)
                       and (arch is None or template_arch(n) == arch)), key=_version_key)
     return prefix + matches[-1] if matches else None
+
+
+def arch_problem(template: str, arch: str | None) -> str | None:
+    """Why TEMPLATE cannot be chosen on a host whose ``dpkg --print-architecture`` answered
+    ARCH (None: nothing), or None: a prefix takes the newest template of the host's
+    architecture, and with no architecture it would take one of any."""
+    if arch or template.endswith(TEMPLATE_SUFFIXES):
+        return None
+    return ("`dpkg --print-architecture` answered nothing, so the newest template of any "
+            f"architecture would match field 'template' = {template!r}: check dpkg on the host "
+            "(`dpkg --print-architecture` prints amd64 on a PC), or give the template's file "
+            "name (e.g. 'debian-12-standard_12.7-1_amd64.tar.zst')")
+
+
+def host_arch(template: str, error: type[Exception] = PreflightError) -> str | None:
+    """The host's architecture (``DebianArchitecture``) that TEMPLATE is chosen by; ERROR
+    where ``arch_problem`` says it cannot be. The deploy asks before any change (a
+    PreflightError); ``template`` and ``create`` ask again (an OperationError)."""
+    arch = host.get_fact(DebianArchitecture)
+    problem = arch_problem(template, arch)
+    if problem:
+        raise error(f"host {host.name}: {problem}; nothing was changed")
+    return arch
 
 
 #: The lines of ``pveam available`` whose template (column 2) starts with $P and, $A not
@@ -87,7 +128,7 @@ def template(storage: str, template: str):
             template="debian-12-standard",
         )
     """
-    arch = host.get_fact(DebianArchitecture)
+    arch = host_arch(template, OperationError)
     present = find_template(host.get_fact(PveamTemplates, storage=storage), storage, template, arch)
     if present:
         host.noop(f"template {present} is present")
@@ -175,7 +216,7 @@ def create(
         host.noop(f"container {vmid} exists")
         return
     volid = find_template(host.get_fact(PveamTemplates, storage=storage), storage, template,
-                          host.get_fact(DebianArchitecture))
+                          host_arch(template, OperationError))
     volid = volid or f"{storage}:vztmpl/{template}"
     args = [bit for key, value in options.items() for bit in (f"--{key}", QuoteString(str(value)))]
     yield StringCommand("pct create", str(int(vmid)), QuoteString(volid), *args,
@@ -352,7 +393,7 @@ def keyed_entries(
 
 
 @operation()
-def power(vmid: int, restart: Callable[[], bool]):
+def power(vmid: int, restart: Callable[[], bool], marker: str | None = None):
     """
     Start container VMID when it is not running; reboot it once (``pct reboot``) when RESTART
     says so.
@@ -360,6 +401,8 @@ def power(vmid: int, restart: Callable[[], bool]):
     + vmid: the container's Proxmox ID
     + restart: asked only when the container runs; true reboots it. Usually ``any_changed`` of
       the operations that changed its config (features, mounts, GPU passthrough)
+    + marker: the container's ``restart_marker``, removed once it started or rebooted: what
+      the marker stood for is then applied
 
     **Example:**
 
@@ -382,3 +425,6 @@ def power(vmid: int, restart: Callable[[], bool]):
         yield StringCommand("pct reboot", str(int(vmid)))
     else:
         host.noop(f"container {vmid} is running")
+        return
+    if marker is not None:
+        yield StringCommand("rm -f", QuoteString(marker))
