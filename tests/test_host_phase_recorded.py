@@ -606,3 +606,13 @@ def test_model_store_fetched_by_the_host_once_then_mounted_read_only():
     # The token only in the 0600 file's upload (the harness shows its content), never in a command.
     assert [c for _, cmds in ops for c in cmds if "hf_s3cret" in c] == [
         'upload /etc/pve-sglang/Org--Model-7B.env\nHF_TOKEN="hf_s3cret"\n']
+
+
+@pytest.mark.parametrize("accept", [False, True])
+def test_a_mirror_without_hashes_is_fetched_only_where_the_setting_accepts_it(accept):
+    ops = plan({**gpu_host_responses(), **container_answers(None, None)},
+               model_store="/tank/models", model_download="Org/Model-7B",
+               model_accept_unhashed=accept)
+    fetches = commands(ops, "model_fetch.py fetch")
+    assert fetches, [name for name, _ in ops]
+    assert all(("--accept-unhashed" in c) is accept for c in fetches), fetches
