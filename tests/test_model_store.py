@@ -50,7 +50,8 @@ CASES = [
     (error("unconfined"), False, Verdict.REFUSE, ["the hub says unconfined"]),
     # Files taken without a hash (model_accept_unhashed): said, in a fetch and when ready.
     (plan(free_bytes=500 * 10**9, unverified=2), False, Verdict.FETCH,
-     ["; 2 files not verified: the hub gave no hash or size of them (model_accept_unhashed)"]),
+     ["; 2 files not verified: the hub gave no hash or size of them (model_accept_unhashed; "
+      "a size not given is not counted against the free space)"]),
     (plan(complete=True, settled=True, missing_files=0, missing_bytes=0, unverified=1), False,
      Verdict.READY, ["verified in /store/", "; 1 files not verified"]),
     # A token this run writes may grant what the old one did not: checked at run time.

@@ -136,7 +136,7 @@ def unverified_text(count: int | None) -> str:
     if not count:
         return ""
     return (f"; {count} files not verified: the hub gave no hash or size of them "
-            "(model_accept_unhashed)")
+            "(model_accept_unhashed; a size not given is not counted against the free space)")
 
 
 class Verdict(Enum):
