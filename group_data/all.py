@@ -122,6 +122,9 @@ model_revision = None
 # repository and commit, fetched by the host and verified; each container gets its commit
 # read-only at model_path. null: each container fetches it into its own model_path.
 model_store = None
+# Take files the hub (a mirror of your own, HF_ENDPOINT) lists without a sha256 or git blob id
+# or a size: fetched unverified, and said so on every run; false: such a model is refused.
+model_accept_unhashed = False
 # Name the API serves the model as; null: the model path.
 served_model_name = None
 # IP address the server binds to (IPv4 or IPv6; 0.0.0.0 or :: for every interface); 127.0.0.1

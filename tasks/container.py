@@ -424,7 +424,8 @@ def container_model(cs: ContainerSettings, py: str, env_file: str, env) -> list:
     fetch = {"python": py, "script": remote.path(remote.MODEL_FETCH), "repo": cs.model_download,
              "revision": cs.model_revision, "root": cs.model_path, "flat": True,
              "env_file": env_file,
-             "space_of": f"the container's filesystem of {cs.model_path}"}
+             "space_of": f"the container's filesystem of {cs.model_path}",
+             "accept_unhashed": cs.model_accept_unhashed}
     planned = model.checked(**fetch, fallback=f"{cs.venv_path}/bin/python",
                             token_pending=env.will_change)
     script = upload_script(remote.MODEL_FETCH, "Upload the model fetcher")

@@ -223,7 +223,8 @@ def model_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
                  "revision": cs.model_revision, "root": root, "env_file": env_file,
                  "link": model_store.serving_link(cs.model_store, cs.model_download,
                                                   cs.model_revision),
-                 "space_of": f"the model store {cs.model_store}"}
+                 "space_of": f"the model store {cs.model_store}",
+                 "accept_unhashed": cs.model_accept_unhashed}
         # Before any change, on the host that downloads (a plan too): the size, the access.
         planned = model.checked(**fetch, token_pending=token.will_change)
         model.fetched(

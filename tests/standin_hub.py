@@ -10,8 +10,9 @@ Spoken as huggingface_hub 0.36 asks it (``hf_api.py`` ``model_info``, ``file_dow
 + ``HEAD``/``GET /{repo}/resolve/{rev}/{file}``: ``X-Repo-Commit``, ``ETag`` (the git blob id, or
   the sha256 for LFS files, with ``X-Linked-Etag`` and ``X-Linked-Size``), ``Content-Length``,
   ``Accept-Ranges`` and ``Range: bytes=N-`` answered 206 with ``Content-Range``
-+ what a hostile mirror could answer: any file name (``commits``' keys) and any ``sha``
-  (``claimed``)
++ what a hostile mirror could answer: any file name (``commits``' keys), any ``sha``
+  (``claimed``), any file header (``answers``: an ``ETag`` that is a path, another commit),
+  files listed without size or hash (``bare``)
 + errors as the hub gives them: an unknown repository 401 ``X-Error-Code: RepoNotFound``, an
   unknown revision 404 ``RevisionNotFound``, a file of a gated repository without a granted
   token 401 ``GatedRepo``
@@ -55,6 +56,12 @@ class Repo:
     #: The commit the metadata claims instead of the real one (a hostile mirror; a file name
     #: of its own, such as ``../../victim.txt``, is a key of ``commits``).
     claimed: str | None = None
+    #: Headers a hostile mirror answers for a file (name -> {header: value}) instead of its
+    #: own, on HEAD and GET: an ``ETag`` that is a path, another ``X-Repo-Commit``, a size.
+    answers: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: Files the metadata lists by name alone, without size, blob id or LFS sha256 (a mirror
+    #: that keeps no hashes).
+    bare: set[str] = field(default_factory=set)
 
 
 def digests(path: Path) -> tuple[str, str]:
@@ -90,9 +97,13 @@ class StandinHub:
             return rev
         return repo.refs.get(rev)
 
-    def siblings(self, files: dict[str, Path], declared: dict[str, int] | None = None) -> list[dict]:
+    def siblings(self, files: dict[str, Path], declared: dict[str, int] | None = None,
+                 bare: set[str] = frozenset()) -> list[dict]:
         out = []
         for name, path in sorted(files.items()):
+            if name in bare:
+                out.append({"rfilename": name})
+                continue
             size = (declared or {}).get(name, path.stat().st_size)
             sha, blob = self.digest(path)
             entry = {"rfilename": name, "size": size, "blobId": blob}
@@ -183,7 +194,7 @@ class StandinHub:
             return self.error(request, 404, "RevisionNotFound", "Invalid rev id: " + rev)
         body = json.dumps({"id": name, "modelId": name, "sha": repo.claimed or commit, "private": False,
                            "gated": "manual" if repo.gated else False, "disabled": False,
-                           "tags": [], "siblings": self.siblings(repo.commits[commit], repo.declared)}).encode()
+                           "tags": [], "siblings": self.siblings(repo.commits[commit], repo.declared, repo.bare)}).encode()
         request.send_response(200)
         request.send_header("Content-Type", "application/json")
         request.send_header("Content-Length", str(len(body)))
@@ -215,16 +226,16 @@ class StandinHub:
             return
         partial = start is not None and not head
         request.send_response(206 if partial else 200)
-        request.send_header("X-Repo-Commit", commit)
-        request.send_header("ETag", f'"{etag}"')
+        headers = {"X-Repo-Commit": commit, "ETag": f'"{etag}"'}
         if lfs:
-            request.send_header("X-Linked-Etag", f'"{sha}"')
-            request.send_header("X-Linked-Size", str(size))
-        request.send_header("Accept-Ranges", "bytes")
-        request.send_header("Content-Type", "application/octet-stream")
+            headers.update({"X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(size)})
+        headers.update({"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"})
         if partial:
-            request.send_header("Content-Range", f"bytes {first}-{size - 1}/{size}")
-        request.send_header("Content-Length", str(size - first if partial else size))
+            headers["Content-Range"] = f"bytes {first}-{size - 1}/{size}"
+        headers["Content-Length"] = str(size - first if partial else size)
+        headers.update(repo.answers.get(filename, {}))
+        for key, value in headers.items():
+            request.send_header(key, value)
         request.end_headers()
         if head:
             return

@@ -806,3 +806,13 @@ def test_an_empty_host_architecture_is_refused_for_a_template_prefix_recorded_fo
     assert message.startswith("host @fake/pve1: `dpkg --print-architecture` answered nothing")
     assert "field 'template' = 'debian-12-standard'" in message
     assert message.endswith("nothing was changed")
+
+
+@pytest.mark.parametrize("accept", [False, True])
+def test_a_mirror_without_hashes_is_fetched_only_where_the_setting_accepts_it(accept):
+    ops = plan({**gpu_host_responses(), **container_answers(None, None)},
+               model_store="/tank/models", model_download="Org/Model-7B",
+               model_accept_unhashed=accept)
+    fetches = commands(ops, "model_fetch.py fetch")
+    assert fetches, [name for name, _ in ops]
+    assert all(("--accept-unhashed" in c) is accept for c in fetches), fetches

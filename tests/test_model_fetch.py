@@ -7,7 +7,10 @@ that fetches nothing. Each case reads the hub's request log: what was fetched, f
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import ctypes
+import hashlib
 import json
 import os
 import signal
@@ -19,6 +22,8 @@ import pytest
 
 from pve_sglang.remote import stage
 from pve_sglang.model_store.model_fetch import MARKER, partial_bytes
+from pve_sglang.model_store.rules import Verdict, preflight
+from conftest import hub_client_versions
 from standin_hub import StandinHub, serving, synthetic_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,6 +31,8 @@ NAME = "standin-org/Standin-7B"
 TOKEN = "hf_standin_token_Zq9"
 SHARD = 4 * 1024 * 1024
 BIG_SHARD = 24 * 1024 * 1024
+#: The huggingface_hub release of each lock (one resumes a cut file, one starts it again).
+CLIENTS = list(dict.fromkeys(hub_client_versions()))
 
 
 @pytest.fixture(scope="module")
@@ -47,21 +54,34 @@ def hub(shards):
 
 class Runner:
     def __init__(self, python: str, script: str, hub: StandinHub, root: Path,
-                 env_file: Path | None = None):
+                 env_file: Path | None = None, without: str = ""):
         self.python, self.script, self.hub, self.root, self.env_file = python, script, hub, root, env_file
+        #: Python run before the fetcher's main, taking one of its defences away (to show
+        #: that the other holds alone): ``model_fetch`` and ``confine`` are imported.
+        self.without = without
 
     def env(self) -> dict:
         return {**os.environ, "HF_ENDPOINT": self.hub.url, "HF_HOME": str(self.root.parent / "hf-home")}
 
     def argv(self, command: str, *extra: str) -> list[str]:
-        argv = [self.python, self.script, command, "--repo", NAME, "--root", str(self.root), *extra]
+        start = [self.python, self.script]
+        if self.without:
+            start = [self.python, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                     f"import confine, model_fetch; {self.without}; "
+                     "sys.exit(model_fetch.main(sys.argv[1:]))", str(Path(self.script).parent)]
+        argv = [*start, command, "--repo", NAME, "--root", str(self.root), *extra]
         return argv + (["--env-file", str(self.env_file)] if self.env_file else [])
 
-    def run(self, command: str, *extra: str) -> list[dict]:
+    def call(self, command: str, *extra: str, **kwargs) -> tuple[int, list[dict], str]:
+        """(exit status, the JSON lines, stderr) of COMMAND."""
         done = subprocess.run(self.argv(command, *extra), env=self.env(), capture_output=True,
-                              text=True, timeout=120)
+                              text=True, timeout=120, **kwargs)
         assert TOKEN not in done.stdout + done.stderr
-        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        return done.returncode, lines, done.stderr
+
+    def run(self, command: str, *extra: str) -> list[dict]:
+        return self.call(command, *extra)[1]
 
     def plan(self, *extra: str) -> dict:
         return self.run("plan", *extra)[-1]
@@ -122,7 +142,10 @@ def big_shards(tmp_path_factory) -> dict[str, Path]:
     return synthetic_files(tmp_path_factory.mktemp("bighubfiles"), 3, BIG_SHARD, seed="big")
 
 
-def test_killed_mid_shard_resumes_without_fetching_a_complete_file_again(runner, hub, big_shards):
+@pytest.mark.parametrize("version", CLIENTS)
+def test_killed_mid_shard_resumes_without_fetching_a_complete_file_again(hf_clients, version, script, hub,
+                                                                          big_shards, tmp_path):
+    runner = Runner(hf_clients[version], script, hub, tmp_path / "store" / "standin-org--Standin-7B")
     shards = big_shards
     hub.repos[NAME].commits[hub.repos[NAME].refs["main"]] = shards
     commit = runner.plan()["commit"]
@@ -155,9 +178,12 @@ def test_killed_mid_shard_resumes_without_fetching_a_complete_file_again(runner,
     assert not {name for name, _ in after} & whole  # a complete file is not fetched again
     if client_resumes(runner.python, runner.script):
         assert any(start > 0 for _, start in after)  # the interrupted shard resumed from its bytes
+        # what was there is not counted again (nor in the space the fetch asks for)
+        assert result["done"]["fetched_bytes"] == plan["missing_bytes"] - plan["partial_bytes"]
     else:
         # huggingface_hub 1.33 starts a cut file again: the killed run's part is not left behind.
         assert all(start == 0 for _, start in after) and partial_bytes(str(folder)) == 0
+        assert result["done"]["fetched_bytes"] == plan["missing_bytes"]
     for name, path in shards.items():
         assert (folder / name).read_bytes() == path.read_bytes()
 
@@ -332,20 +358,46 @@ def test_a_changed_pin_removes_what_it_left_half_fetched(runner, hub, big_shards
     assert runner.plan()["commit"] == other
 
 
-def test_ctrl_c_on_a_foreground_fetch_ends_in_one_line(runner, hub, big_shards):
+#: tgkill(2), by architecture: a signal to one thread of another process (os has none).
+TGKILL = {"x86_64": 234, "aarch64": 131}
+
+
+def signal_threads(pid: int, sig: int) -> int:
+    """SIG to each thread of process PID but its main one (what the kernel may pick for a
+    Ctrl-C); returns how many."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid]
+    for tid in threads:
+        libc.syscall(TGKILL[os.uname().machine], pid, tid, sig)
+    return len(threads)
+
+
+@pytest.mark.parametrize("to", ["the process", "its other threads"])
+def test_ctrl_c_on_a_foreground_fetch_ends_in_one_line(runner, hub, big_shards, to):
+    """A Ctrl-C ends the fetch whatever its download threads do, and whichever thread the
+    kernel gives it to (to the threads: Python runs the handler in the main thread, which then
+    waited for the downloads, 30 s and more on a loaded machine)."""
     hub.repos[NAME].commits[hub.repos[NAME].refs["main"]] = big_shards
     commit = runner.plan()["commit"]
     process = start_slow_fetch(runner, commit)
-    # Still fetching when the Ctrl-C comes, on a loaded machine too (two full runs under
-    # pytest-xdist saw the fetch end first, exit 0): the rest comes at an eighth of the pace.
-    hub.rate = BIG_SHARD // 16
-    process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=30)
-    hub.rate = None
+    # The rest nearly stalls: no download can end before the Ctrl-C is answered, however
+    # loaded the machine (a fetch that waits for them is still running at the timeout below).
+    hub.rate = 1024
+    try:
+        if to == "the process":
+            process.send_signal(signal.SIGINT)
+        else:
+            assert signal_threads(process.pid, signal.SIGINT) >= 2  # the download and the meter
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+        hub.rate = None
     assert process.returncode == 130, err
     assert "Traceback" not in err
     last = json.loads(out.splitlines()[-1])
     assert last["error"]["kind"] == "interrupted" and "the next run resumes" in last["error"]["message"]
+    log = (runner.root / f"{commit}.log").read_text().splitlines()
+    assert json.loads(log[-1]) == last
 
 
 def test_each_file_is_verified_as_it_completes(runner, hub, big_shards):
@@ -361,41 +413,98 @@ def test_each_file_is_verified_as_it_completes(runner, hub, big_shards):
 
 
 @pytest.fixture
-def small_disk(as_root, tmp_path):
-    """A 6 MiB filesystem (tmpfs), unmounted after."""
-    disk = tmp_path / "small"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)], check=True)
-    yield disk
-    subprocess.run(["umount", str(disk)], check=True)
+def disk(as_root, tmp_path):
+    """``disk(size)``: a filesystem of SIZE (tmpfs, e.g. ``6m``), unmounted after."""
+    mounted = []
+
+    def make(size: str) -> Path:
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
+        mounted.append(folder)
+        return folder
+
+    yield make
+    for folder in mounted:  # lazily: a fetch a failed test left running does not keep it
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+@pytest.fixture
+def small_disk(disk):
+    """A 2 MiB filesystem: too small for the 16 MiB of shards, and for one of 4 MiB."""
+    return disk("2m")
+
+
+def fill(folder: Path) -> None:
+    """FOLDER's filesystem full, to its last byte (a write that does not fit writes what does)."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        with contextlib.suppress(OSError):
+            while os.write(fd, b"\0" * 65536):
+                pass
+    finally:
+        os.close(fd)
+    assert os.statvfs(folder).f_bavail == 0
 
 
 def test_a_full_disk_is_named_in_plan_and_fetch(hf_python, script, hub, shards, small_disk):
     small = Runner(hf_python, script, hub, small_disk / "standin-org--Standin-7B")
     commit = small.plan()["commit"]
     # fetch by itself checks the space before any byte (16 MiB of shards into 6 MiB)
-    done = subprocess.run(small.argv("fetch", "--commit", commit), env=small.env(),
-                          capture_output=True, text=True, timeout=60)
-    error = json.loads(done.stdout.splitlines()[-1])["error"]
-    assert done.returncode == 1 and error["kind"] == "disk-full", error
+    status, lines, _err = small.call("fetch", "--commit", commit)
+    error = lines[-1]["error"]
+    assert status == 1 and error["kind"] == "disk-full", error
     assert f"the filesystem of {small.root / commit} is full" in error["message"]
     assert not gets(hub)
-    # a hub whose sizes are too small: the disk fills during the download
-    hub.repos[NAME].declared = {name: 1 for name in shards if name.endswith(".safetensors")}
+    # a hub whose sizes are too small, in its listing and its answers alike: the disk fills
+    # during the download
+    lying = [name for name in shards if name.endswith(".safetensors")]
+    hub.repos[NAME].declared = dict.fromkeys(lying, 1)
+    hub.repos[NAME].answers = {name: {"X-Linked-Size": "1"} for name in lying}
     error = small.fetch(commit)["error"]
     assert error["kind"] == "disk-full" and "bytes free" in error["message"], error
-    # plan on the full disk: its cache cannot be written
-    (small_disk / "filler").write_bytes(b"")
-    with (small_disk / "filler").open("ab") as handle, contextlib.suppress(OSError):
-        while True:
-            handle.write(b"\0" * 65536)
-            handle.flush()
-    done = subprocess.run(small.argv("plan"), env=small.env(), capture_output=True, text=True,
-                          timeout=60)
-    assert "Traceback" not in done.stderr, done.stderr
-    error = json.loads(done.stdout.splitlines()[-1])["error"]
-    assert done.returncode == 1 and error["kind"] == "disk-full", error
+    # plan on the full disk: it answers (its cache is only a cache), and the preflight refuses
+    hub.repos[NAME].declared = hub.repos[NAME].answers = {}
+    fill(small_disk)
+    status, lines, err = small.call("plan")
+    assert "Traceback" not in err, err
+    plan = lines[-1]
+    assert status == 0 and not plan["complete"] and plan["free_bytes"] < SHARD, plan
+    verdict, text = preflight(plan, "host h", NAME, None, "the store")
+    assert verdict is Verdict.REFUSE and "free" in text and "larger filesystem" in text
     assert not [p for p in small.root.rglob("*.tmp*")]  # no empty temp file left
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_first_fetch_onto_a_full_disk_ends_in_a_last_line(hf_python, script, hub, small_disk, background):
+    """Not a traceback: the foreground fetch's last line, or the background one's before it
+    leaves (the deploy's watch would find no log line to read)."""
+    small = Runner(hf_python, script, hub, small_disk / "standin-org--Standin-7B")
+    commit = small.plan()["commit"]
+    fill(small_disk)
+    status, lines, err = small.call("fetch", "--commit", commit, *(["--background"] if background else []))
+    assert "Traceback" not in err, err
+    assert status == 1 and lines[-1]["error"]["kind"] == "disk-full", lines
+    assert "is full" in lines[-1]["error"]["message"]
+
+
+def test_a_verified_model_on_a_disk_filled_since_needs_nothing(hf_python, script, hub, shards, disk):
+    """Neither the plan nor the fetch fails rewriting its cache, and the deploy's preflight
+    takes the model as it is."""
+    store = disk("24m")
+    runner = Runner(hf_python, script, hub, store / "standin-org--Standin-7B")
+    commit = runner.plan()["commit"]
+    assert "done" in runner.fetch(commit)
+    fill(store)
+    shard = runner.root / commit / "model-00001-of-00004.safetensors"
+    os.utime(shard)  # its stat moves: hashed again, and the cache would be written again
+    status, lines, err = runner.call("plan")
+    assert "Traceback" not in err and status == 0, err
+    assert lines[-1]["complete"] and lines[-1]["missing_files"] == 0, lines
+    assert preflight(lines[-1], "host h", NAME, None, "the store").verdict is Verdict.READY
+    status, lines, err = runner.call("fetch", "--commit", commit)
+    assert "Traceback" not in err and status == 0, (lines, err)
+    assert lines[-1]["done"]["fetched_files"] == 0
 
 
 def test_watch_reads_the_last_line_of_a_fetch_that_ends_while_it_looks(tmp_path, monkeypatch,
@@ -418,3 +527,191 @@ def test_watch_reads_the_last_line_of_a_fetch_that_ends_while_it_looks(tmp_path,
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert printed[-2] == {"done": {"commit": "c", "files": 1}}
     assert printed[-1] == {"offset": log.stat().st_size, "running": False}
+
+
+# --- issue 47: what a mirror answers per file, an empty or unhashed model, errors no run cures
+
+#: From huggingface_hub's ``.cache/huggingface/download/<hash>.x`` six levels up: the store's
+#: folder, beside the model's own (ROOT/..).
+ESCAPE = "x/../../../../../../OUTSIDE"
+
+
+def client_folder(name: str) -> str:
+    """The first part of the ``.incomplete`` file's name huggingface_hub downloads NAME into
+    (``_local_folder._short_hash`` of its ``.metadata`` file's name, in every release here)."""
+    return base64.urlsafe_b64encode(hashlib.sha1(f"{name}.metadata".encode()).digest()).decode()
+
+
+def hostile_mirror(hub: StandinHub, shards: dict[str, Path], attack: str) -> str:
+    """The stand-in hub made a hostile mirror of ATTACK, by config.json's answer: ``etag``, the
+    ESCAPE, with a harmless sibling whose name makes the client create the folder the ESCAPE
+    climbs out of (the kernel follows '..' only out of a folder that exists); ``commit``,
+    another commit; ``size``, another size. Returns the commit."""
+    commit = hub.repos[NAME].refs["main"]
+    files = dict(shards)
+    if attack == "etag":
+        files[f"{client_folder('config.json')}.x/pad.json"] = shards["tokenizer_config.json"]
+        answer = {"ETag": f'"{ESCAPE}"'}
+    elif attack == "commit":
+        answer = {"X-Repo-Commit": "2" * 40}
+    else:
+        answer = {"Content-Length": "1"}
+    hub.repos[NAME].commits[commit] = files
+    hub.repos[NAME].answers = {"config.json": answer}
+    return commit
+
+
+def tree(folder: Path, but: Path) -> dict[str, tuple[int, int]]:
+    """Each path under FOLDER but under BUT, with its size and mtime."""
+    found = {}
+    for path in folder.rglob("*"):
+        if path != but and but not in path.parents:
+            found[str(path)] = (path.lstat().st_size, path.lstat().st_mtime_ns)
+    return found
+
+
+@pytest.mark.parametrize("version", CLIENTS)
+@pytest.mark.parametrize("attack", ["etag", "commit", "size"])
+def test_a_file_answer_unlike_its_listing_is_refused_before_the_client_writes(
+        hf_clients, version, attack, script, hub, shards, tmp_path):
+    """huggingface_hub builds its ``.incomplete`` path of the ETag: 0.36.2 appended to a file
+    outside the model folder, moved it in and deleted it; 1.33 created one there."""
+    runner = Runner(hf_clients[version], script, hub, tmp_path / "store" / "standin-org--Standin-7B")
+    commit = hostile_mirror(hub, shards, attack)
+    victim = tmp_path / "store" / "OUTSIDE.incomplete"
+    runner.root.mkdir(parents=True)
+    victim.write_text("not the model's\n")
+    before = tree(tmp_path, runner.root)
+    status, lines, err = runner.call("fetch", "--commit", commit, "--workers", "1")
+    error = lines[-1]["error"]
+    expected = {"etag": f"ETag {ESCAPE!r} for file 'config.json'",
+                "commit": f"commit {'2' * 40!r} for file 'config.json'",
+                "size": "size 1 for file 'config.json'"}[attack]
+    assert status == 1 and error["kind"] == "untrusted" and expected in error["message"], (error, err)
+    assert not (runner.root / commit / "config.json").exists()
+    assert victim.read_text() == "not the model's\n"
+    assert tree(tmp_path, runner.root) == before
+
+
+@pytest.mark.parametrize("version", CLIENTS)
+def test_the_confinement_alone_keeps_a_hostile_etag_inside_the_store(hf_clients, version, script, hub, shards, tmp_path):
+    """With the check of the answers taken away, the client follows the ETag out: the write is
+    refused (Landlock, as root too), the victim and everything outside the store untouched."""
+    runner = Runner(hf_clients[version], script, hub, tmp_path / "store" / "standin-org--Standin-7B",
+                    without="model_fetch.Answers.install = lambda self, hub: None")
+    commit = hostile_mirror(hub, shards, "etag")
+    victim = tmp_path / "store" / "OUTSIDE.incomplete"
+    runner.root.mkdir(parents=True)
+    victim.write_text("not the model's\n")
+    before = tree(tmp_path, runner.root)
+    status, lines, err = runner.call("fetch", "--commit", commit, "--workers", "1")
+    error = lines[-1]["error"]
+    assert status == 1 and error["kind"] == "denied", (error, err)
+    assert "OUTSIDE" in error["message"] and f"writes only under {runner.root}" in error["message"]
+    assert victim.read_text() == "not the model's\n"
+    assert tree(tmp_path, runner.root) == before
+
+
+def test_a_read_only_mount_namespace_alone_keeps_a_hostile_etag_inside_the_store(
+        as_root, hf_python, script, hub, shards, tmp_path):
+    """Where the kernel has no Landlock (stood in for by its ABI read as 0) and the answers are
+    not checked: the fetch's own mount namespace, read-only but the store, holds."""
+    runner = Runner(hf_python, script, hub, tmp_path / "store" / "standin-org--Standin-7B",
+                    without="model_fetch.Answers.install = lambda self, hub: None; "
+                            "confine.landlock_abi = lambda: 0")
+    commit = hostile_mirror(hub, shards, "etag")
+    victim = tmp_path / "store" / "OUTSIDE.incomplete"
+    runner.root.mkdir(parents=True)
+    victim.write_text("not the model's\n")
+    before = tree(tmp_path, runner.root)
+    status, lines, err = runner.call("fetch", "--commit", commit, "--workers", "1")
+    error = lines[-1]["error"]
+    assert status == 1 and error["kind"] == "denied" and "Read-only file system" in error["message"], (error, err)
+    assert victim.read_text() == "not the model's\n"
+    assert tree(tmp_path, runner.root) == before
+    assert str(tmp_path) not in Path("/proc/self/mountinfo").read_text()
+
+
+@pytest.mark.parametrize("listing", ["no files", "no weights"])
+def test_a_model_without_weights_is_refused_and_never_marked(runner, hub, shards, listing):
+    commit = hub.repos[NAME].refs["main"]
+    hub.repos[NAME].commits[commit] = ({} if listing == "no files" else
+                                       {n: p for n, p in shards.items() if n.endswith(".json")})
+    status, lines, _err = runner.call("plan")
+    assert status == 1 and lines[-1]["error"]["kind"] == "no-weights"
+    assert f"answered {NAME} at commit {commit} with" in lines[-1]["error"]["message"]
+    assert ("no files" if listing == "no files" else "3 files and no weights") in lines[-1]["error"]["message"]
+    status, lines, _err = runner.call("fetch", "--commit", commit)
+    assert status == 1 and lines[-1]["error"]["kind"] == "no-weights"
+    assert not (runner.root / commit / MARKER).exists() and not gets(hub)
+
+
+def test_files_without_a_hash_or_size_are_refused_unless_accepted_and_then_said(runner, hub, shards):
+    bare = {"config.json", "model-00001-of-00004.safetensors"}
+    hub.repos[NAME].bare = bare
+    status, lines, _err = runner.call("plan")
+    error = lines[-1]["error"]
+    assert status == 1 and error["kind"] == "unverifiable", error
+    assert "2 files that cannot be verified, e.g. 'config.json': no size and no sha256 or git blob id" in error["message"]
+    assert "model_accept_unhashed: true" in error["message"]
+    commit = hub.repos[NAME].refs["main"]
+    status, lines, _err = runner.call("fetch", "--commit", commit)
+    assert status == 1 and lines[-1]["error"]["kind"] == "unverifiable" and not gets(hub)
+    plan = runner.plan("--accept-unhashed")
+    assert plan["unverified"] == 2
+    assert plan["missing_bytes"] == sum(p.stat().st_size for n, p in shards.items() if n not in bare)
+    assert "not verified" in preflight(plan, "host h", NAME, None, "the store").text
+    done = runner.fetch(commit, "--accept-unhashed")["done"]
+    assert (done["fetched_files"], done["unverified"]) == (7, 2)
+    for name, path in shards.items():
+        assert (runner.root / commit / name).read_bytes() == path.read_bytes()
+    again = runner.plan("--accept-unhashed")
+    assert again["complete"] and again["unverified"] == 2
+
+
+def test_a_name_longer_than_the_filesystem_takes_is_named_not_a_network_error(hf_python, script, hub, shards, tmp_path):
+    """The store's path and the hub's name are more than Linux's 4096 bytes together: no
+    retry cures it, and the error says what to change."""
+    deep = tmp_path.joinpath(*["d" * 240] * 16)
+    runner = Runner(hf_python, script, hub, deep / "standin-org--Standin-7B")
+    commit = hub.repos[NAME].refs["main"]
+    hub.repos[NAME].commits[commit] = dict(shards, **{"t" * 200 + "/" + "v" * 200 + ".json": shards["config.json"]})
+    status, lines, err = runner.call("fetch", "--commit", commit, cwd=tmp_path)
+    error = lines[-1]["error"]
+    assert status == 1 and error["kind"] == "name-too-long", (error, err)
+    assert "set model_store (or model_path) to a shorter folder" in error["message"]
+
+
+def test_a_file_in_the_way_of_a_folder_is_named_not_a_network_error(runner, hub, shards, tmp_path):
+    commit = hub.repos[NAME].refs["main"]
+    hub.repos[NAME].commits[commit] = dict(shards, **{"tokenizer/vocab.json": shards["config.json"]})
+    (runner.root / commit).mkdir(parents=True)
+    (runner.root / commit / "tokenizer").write_text("put here by hand")
+    status, lines, err = runner.call("fetch", "--commit", commit)
+    error = lines[-1]["error"]
+    assert status == 1 and error["kind"] == "in-the-way", (error, err)
+    assert f"{str(runner.root / commit / 'tokenizer')!r} is in the way" in error["message"]
+    assert (runner.root / commit / "tokenizer").read_text() == "put here by hand"
+
+
+def test_a_name_the_client_refuses_is_refused_before_any_byte(runner, hub, shards):
+    """huggingface_hub 1.33 refuses a name with a backslash ('Invalid filename'), which was
+    called a network error the next run would cure."""
+    commit = hub.repos[NAME].refs["main"]
+    hub.repos[NAME].commits[commit] = dict(shards, **{"tok\\vocab.json": shards["config.json"]})
+    for command in (("plan",), ("fetch", "--commit", commit)):
+        status, lines, _err = runner.call(*command)
+        error = lines[-1]["error"]
+        assert status == 1 and error["kind"] == "untrusted", error
+        assert "file name 'tok\\\\vocab.json' holds a backslash" in error["message"]
+    assert not gets(hub)
+
+
+def test_plan_with_a_relative_root_that_does_not_exist_answers(hf_python, script, hub, tmp_path):
+    """It looped for ever, looking for an existing folder above ''."""
+    runner = Runner(hf_python, script, hub, Path("rel") / "missing")
+    status, lines, err = runner.call("plan", cwd=tmp_path)
+    plan = lines[-1]
+    assert status == 0 and not plan["complete"], (plan, err)
+    assert plan["dir"] == str(tmp_path / "rel" / "missing" / plan["commit"]) and plan["free_bytes"] > 0
+    assert not (tmp_path / "rel").exists()  # a plan makes nothing

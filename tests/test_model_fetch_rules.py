@@ -4,9 +4,13 @@ which half-fetched commits are the deploy's to remove, a moved branch kept at it
 
 from __future__ import annotations
 
+import errno
+import json
+
 import pytest
 
 from pve_sglang.model_store import model_fetch as mf
+from pve_sglang.model_store import rules
 
 COMMIT = "a" * 40
 
@@ -197,3 +201,193 @@ def test_disk_full_follows_the_chain(error, full):
             raise RuntimeError("wrapped by the client") from inner
     except RuntimeError as outer:
         assert mf.disk_full(outer) is full
+
+
+# --- the fetcher's pure parts at their edges (issue 47) ------------------------------------
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("a\x1fb", "holds a control character"),  # the last C0 control
+    ("a b", None),  # the first character after them
+    ("a~b", None),  # the last before DEL
+    ("a\x7fb", "holds a control character"),  # DEL
+    ("a\x9fb", "holds a control character"),  # the last C1 control
+    ("a\xa0b", None),  # the first after them
+    ("a\ud800b", "is not text (a lone surrogate)"),
+    ("tok\\vocab.json", "holds a backslash (a folder on Windows: huggingface_hub refuses it)"),
+    ("C:config.json", "has a part that is a Windows drive (huggingface_hub refuses it)"),
+    ("sub/c:x", "has a part that is a Windows drive (huggingface_hub refuses it)"),
+    ("ab:c", None),
+    ("x" * mf.NAME_PART_MAX, None),
+    ("x" * (mf.NAME_PART_MAX + 1), f"has a part of {mf.NAME_PART_MAX + 1} bytes"),
+    ("d/" + "é" * (mf.NAME_PART_MAX // 2), None),  # two bytes each: 246 in all
+    ("d/" + "é" * (mf.NAME_PART_MAX // 2) + "x", f"has a part of {mf.NAME_PART_MAX + 1} bytes"),
+    (".cache", "is where the fetcher keeps its own state"),
+    (".cachex/a", None),
+])
+def test_name_problem_at_its_edges(name, problem):
+    found = mf.name_problem(name)
+    assert (found is None) if problem is None else found.startswith(problem), found
+
+
+@pytest.mark.parametrize(("size", "ok"), [
+    (0, True),  # an empty file
+    (-1, False), (1, True), (True, False), (False, False), (1.0, False), ("3", False), (None, True),
+])
+def test_entry_sizes_at_their_edges(size, ok):
+    entry = {"name": "c.json", "size": size, "sha256": None, "blob": "b" * 40}
+    assert (mf.entry_problem(entry) is None) is ok
+
+
+@pytest.mark.parametrize(("names", "problem"), [
+    (["a", "b/a", "b/c"], None),
+    (["a", "a"], "file 'a' twice"),
+    (["a", "a/b"], "both 'a' and 'a/b'"),
+    (["x/y/z", "x/y"], "both 'x/y' and 'x/y/z'"),
+    (["ab", "a/b"], None),
+])
+def test_listing_problem(names, problem):
+    found = mf.listing_problem(names)
+    assert (found is None) if problem is None else found.startswith(problem)
+
+
+def entry(name="m.safetensors", size=3, sha256="c" * 64, blob=None) -> dict:
+    return {"name": name, "size": size, "sha256": sha256, "blob": blob}
+
+
+@pytest.mark.parametrize(("item", "lacks"), [
+    (entry(), None),
+    (entry(sha256=None, blob="b" * 40), None),
+    (entry(size=0), None),
+    (entry(size=None), "no size"),
+    (entry(sha256=None), "no sha256 or git blob id"),
+    (entry(size=None, sha256=None), "no size and no sha256 or git blob id"),
+])
+def test_unverifiable(item, lacks):
+    assert mf.unverifiable(item) == lacks
+
+
+@pytest.mark.parametrize(("files", "problem"), [
+    ([], "no files"),
+    ([entry("config.json", blob="b" * 40, sha256=None)], "1 files and no weights"),
+    ([entry("model.safetensors.index.json")], "1 files and no weights"),
+    ([entry(size=0)], "1 files and no weights"),  # an empty shard is no weights
+    ([entry(size=1)], None),
+    ([entry(size=None)], None),  # a mirror without sizes: checked by unverifiable
+    ([entry("pytorch_model.bin")], None),
+    ([entry("model.gguf")], None),
+])
+def test_weights_problem(files, problem):
+    found = mf.weights_problem(files)
+    assert (found is None) if problem is None else found.startswith(problem)
+
+
+SHA = "c" * 64
+
+
+@pytest.mark.parametrize(("listed", "answer", "problem"), [
+    (entry(), (COMMIT, SHA, 3), None),
+    (entry(), (COMMIT, SHA, None), None),  # no size in the answer: the hash checks it after
+    (entry(), ("b" * 40, SHA, 3), "commit 'bbbb"),
+    (entry(), (None, SHA, 3), "commit None"),
+    (entry(), (COMMIT, "x/../../OUTSIDE", 3), "ETag 'x/../../OUTSIDE'"),
+    (entry(), (COMMIT, SHA[:-1] + "d", 3), "ETag 'cccc"),
+    (entry(), (COMMIT, SHA, 2), "size 2"),
+    (entry(), (COMMIT, SHA, 4), "size 4"),
+    (entry(sha256=None, blob="b" * 40), (COMMIT, "b" * 40, 3), None),
+    (entry(sha256=None, blob="b" * 40), (COMMIT, SHA, 3), "ETag 'cccc"),
+    (entry(sha256=None, size=None), (COMMIT, "w" * 128, 9), None),  # unhashed: a word
+    (entry(sha256=None, size=None), (COMMIT, "w" * 129, 9), "ETag 'www"),
+    (entry(sha256=None, size=None), (COMMIT, "x/../y", 9), "ETag 'x/../y'"),
+    (entry(sha256=None, size=None), (COMMIT, "a.b", 9), "ETag 'a.b'"),
+    (entry(sha256=None, size=None), (COMMIT, None, 9), "ETag None"),
+])
+def test_answer_problem(listed, answer, problem):
+    found = mf.answer_problem(listed, COMMIT, *answer)
+    assert (found is None) if problem is None else found.startswith(problem), found
+
+
+@pytest.mark.parametrize(("sizes", "resumed", "need"), [
+    ([10, 20], 0, 30),
+    ([10, 20], 7, 23),  # the bytes of a cut download are not fetched again
+    ([10, 20], 30, 0),
+    ([10, 20], 31, 0),  # never below nothing
+    ([10, None], 0, 10),  # a size the hub did not say counts none
+    ([], 0, 0),
+])
+def test_bytes_to_fetch(sizes, resumed, need):
+    missing = [entry(f"m{i}.safetensors", size=size) for i, size in enumerate(sizes)]
+    assert mf.bytes_to_fetch(missing, resumed) == need
+
+
+@pytest.mark.parametrize(("need", "free", "ok"), [(100, 100, True), (101, 100, False), (0, 0, True)])
+def test_fits_at_its_edge(need, free, ok):
+    assert mf.fits(need, free) is ok
+
+
+def wrapped(error: BaseException) -> BaseException:
+    """ERROR as a client raises it: from within its own."""
+    try:
+        try:
+            raise error
+        except BaseException as inner:
+            raise RuntimeError("the client's own") from inner
+    except RuntimeError as outer:
+        return outer
+
+
+@pytest.mark.parametrize(("error", "kind"), [
+    (OSError(errno.ENOSPC, "No space left on device"), "disk-full"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded"), "disk-full"),
+    (OSError(errno.ENAMETOOLONG, "File name too long", "/m/x"), "name-too-long"),
+    (FileExistsError(errno.EEXIST, "File exists", "/m/tokenizer"), "in-the-way"),
+    (NotADirectoryError(errno.ENOTDIR, "Not a directory", "/m/tokenizer/v"), "in-the-way"),
+    (IsADirectoryError(errno.EISDIR, "Is a directory", "/m/config.json"), "in-the-way"),
+    (PermissionError(errno.EACCES, "Permission denied", "/outside"), "denied"),
+    (PermissionError(errno.EPERM, "Operation not permitted", "/outside"), "denied"),
+    (OSError(errno.EROFS, "Read-only file system", "/outside"), "denied"),
+    (ValueError("Invalid filename 'a\\\\..\\\\b': cannot contain a '..' path segment."), "invalid-name"),
+    (mf.HubError("untrusted", "the hub answered ..."), "untrusted"),
+    (ValueError("some other value"), None),
+    (ConnectionError("reset by peer"), None),  # the network's: hub_error's
+    (OSError(errno.ECONNRESET, "Connection reset by peer"), None),
+    (TimeoutError("timed out"), None),
+])
+def test_local_failure(error, kind):
+    for raised in (error, wrapped(error)):
+        found = mf.local_failure(raised, "/store/o--m")
+        assert (found and found[0]) == kind, found
+        if kind in ("name-too-long", "in-the-way", "denied"):
+            assert repr(error.filename) in found[1] and "resumes" not in found[1]
+
+
+@pytest.mark.parametrize(("kind", "resumes"), [
+    ("network", True), ("download", True), ("disk-full", True),
+    ("untrusted", False), ("unverifiable", False), ("no-weights", False), ("name-too-long", False),
+    ("in-the-way", False), ("denied", False), ("invalid-name", False), ("unconfined", False),
+    ("verify", False), ("interrupted", False),
+])
+def test_a_fetch_error_says_the_next_run_resumes_only_where_it_does(kind, resumes):
+    text = rules.fetch_failure("host h", "o/m", COMMIT, {"kind": kind, "message": "what happened"})
+    assert text.startswith(f"host h: model o/m at commit {COMMIT}: what happened")
+    assert text.endswith("; the next run resumes") is resumes
+
+
+def test_a_relative_root_is_made_absolute_and_its_existing_folder_found(tmp_path, monkeypatch):
+    """plan --root rel/missing looped for ever looking for an existing folder above ''."""
+    monkeypatch.chdir(tmp_path)
+    layout = mf.Layout("rel/missing", flat=False)
+    assert layout.root == str(tmp_path / "rel" / "missing")
+    assert mf.existing_folder(layout.files(COMMIT)) == str(tmp_path)
+    assert mf.existing_folder("/no/such/folder") == "/"
+
+
+def test_watch_reads_a_log_cut_for_its_last_line_from_its_start(tmp_path, capsys):
+    """On a full disk the fetch cuts its log to write its last line (``Log.last``): a watch
+    that had read past the new end reads it from the start, and learns how the fetch ended."""
+    log = tmp_path / "fetch.log"
+    log.write_text('{"error": {"kind": "disk-full", "message": "full"}}\n')
+    assert mf.main(["watch", "--log", str(log), "--offset", "4096", "--max-wait", "5"]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert printed[0] == {"error": {"kind": "disk-full", "message": "full"}}
+    assert printed[-1] == {"offset": log.stat().st_size, "running": False}

@@ -194,3 +194,28 @@ def test_served_needs_each_file_of_the_marker_not_the_marker_alone(site, hub, sh
     ok, _, output = site.deploy(fetch=False, serves=str(link))
     assert not ok
     assert f"{link}: {shard} of {NAME} at commit {'3' * 40} is missing: the next deploy fetches it again" in output
+
+
+# --- issue 47 ----------------------------------------------------------------------------------
+
+
+def test_a_hostile_answer_fails_the_run_saying_what_it_was_not_that_it_resumes(site, hub):
+    """The mirror's ETag for a file is a path: the run stops naming it; a retry cures nothing,
+    and the deploy does not say it would."""
+    hub.repos[NAME].answers = {"config.json": {"ETag": '"x/../../../OUTSIDE"'}}
+    ok, _, output = site.deploy()
+    assert not ok
+    assert f"host @local: model {NAME} at commit {'3' * 40}: the hub {hub.url} answered {NAME} " \
+           "with ETag 'x/../../../OUTSIDE' for file 'config.json'" in output, output[-3000:]
+    assert "the next run resumes" not in output
+
+
+def test_a_mirror_without_hashes_is_taken_when_accepted_and_said(site, hub, shards):
+    hub.repos[NAME].bare = set(shards)
+    ok, _, output = site.deploy(dry=True)
+    assert not ok and "6 files that cannot be verified" in output and "model_accept_unhashed: true" in output
+    ok, changed, output = site.deploy(accept_unhashed=True)
+    assert ok and changed == [f"Model {NAME}"], output[-3000:]
+    assert "fetched 6 files" in output and "; 6 files not verified" in output
+    ok, changed, output = site.deploy(accept_unhashed=True)
+    assert ok and changed == [] and "; 6 files not verified" in output

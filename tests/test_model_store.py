@@ -45,6 +45,15 @@ CASES = [
     (error("not-found"), False, Verdict.REFUSE, ["the hub says not-found"]),
     (error("revision-not-found"), False, Verdict.REFUSE, ["the hub says revision-not-found"]),
     (error("network"), False, Verdict.REFUSE, ["the hub says network"]),
+    (error("no-weights"), False, Verdict.REFUSE, ["the hub says no-weights"]),
+    (error("unverifiable"), False, Verdict.REFUSE, ["the hub says unverifiable"]),
+    (error("unconfined"), False, Verdict.REFUSE, ["the hub says unconfined"]),
+    # Files taken without a hash (model_accept_unhashed): said, in a fetch and when ready.
+    (plan(free_bytes=500 * 10**9, unverified=2), False, Verdict.FETCH,
+     ["; 2 files not verified: the hub gave no hash or size of them (model_accept_unhashed; "
+      "a size not given is not counted against the free space)"]),
+    (plan(complete=True, settled=True, missing_files=0, missing_bytes=0, unverified=1), False,
+     Verdict.READY, ["verified in /store/", "; 1 files not verified"]),
     # A token this run writes may grant what the old one did not: checked at run time.
     (error("gated"), True, Verdict.AT_RUN, ["the hub says gated", "checked again at run time"]),
     (error("unauthorized"), True, Verdict.AT_RUN, ["checked again at run time"]),
@@ -65,6 +74,8 @@ def test_preflight(answer, token_pending, verdict, words):
     assert result.verdict is verdict
     for word in words:
         assert word in result.text
+    if not (answer or {}).get("unverified"):
+        assert "not verified" not in result.text
 
 
 # --- the served check, the plan's answer, the progress line (issue 33) ---------------------

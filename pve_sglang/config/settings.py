@@ -564,6 +564,7 @@ class ContainerSettings(_Strict):
     model_download: Annotated[str, AfterValidator(hf_repo_id)] | None
     model_revision: Annotated[str, AfterValidator(git_revision)] | None
     model_store: MountPath | None
+    model_accept_unhashed: bool
     served_model_name: Annotated[str, AfterValidator(model_name)] | None
     # An IP address, not a host name: the server binds to it (a name may resolve to several
     # addresses, or to none in the container) and verify reaches the server by it.

@@ -14,11 +14,13 @@ from pve_sglang.remote import json_objects
 
 
 def fetch_args(repo: str, root: str, flat: bool, link: str | None, env_file: str | None,
-               revision: str | None) -> list:
+               revision: str | None, accept_unhashed: bool = False) -> list:
     """The arguments ``plan`` and ``fetch`` share, each quoted."""
     args: list = ["--repo", QuoteString(repo), "--root", QuoteString(root)]
     if flat:
         args.append("--flat")
+    if accept_unhashed:
+        args.append("--accept-unhashed")
     if link:
         args += ["--link", QuoteString(link)]
     if env_file:
@@ -45,8 +47,8 @@ class ModelPlan(FactBase["dict | None"]):
     @override
     def command(self, python: str, script: str, repo: str, revision: str | None, root: str,
                 flat: bool, link: str | None, env_file: str | None,
-                fallback: str | None = None) -> StringCommand:
-        args = fetch_args(repo, root, flat, link, env_file, revision)
+                fallback: str | None = None, accept_unhashed: bool = False) -> StringCommand:
+        args = fetch_args(repo, root, flat, link, env_file, revision, accept_unhashed)
         parts: list = []
         for py in [python] + ([fallback] if fallback else []):
             # find_spec, not an import: the check costs a Python start, not the client's import.

@@ -13,31 +13,37 @@ store (default)   ROOT/<commit>/ holds the files (mounted read-only into contain
 
 Commands:
 
-``plan --repo R [--revision REV] --root ROOT [--flat] [--link L] [--env-file F]``
-    Changes nothing. Resolves REV (default: the default branch) to a commit: a branch or tag
-    fetched before keeps the commit recorded in revisions.json, and a hub that moved it since
-    is reported (``recorded`` differs from ``hub_commit``), never followed. Checks every file
-    present at the hub's size, LFS files at their sha256 and the others at their git blob id
-    (a file whose size, mtime, inode and ctime are those it was verified at is not hashed again).
+``plan --repo R [--revision REV] --root ROOT [--flat] [--link L] [--env-file F]
+[--accept-unhashed]``
+    Changes nothing (but its cache of the hashes verified, where it can write it). Resolves REV
+    (default: the default branch) to a commit: a branch or tag fetched before keeps the commit
+    recorded in revisions.json, and a hub that moved it since is reported (``recorded``
+    differs from ``hub_commit``), never followed. Checks every file present at the hub's size,
+    LFS files at their sha256 and the others at their git blob id (a file whose size, mtime,
+    inode and ctime are those it was verified at is not hashed again).
     Prints ``{"repo", "commit", "revision", "recorded", "hub_commit", "files", "bytes",
     "missing_files", "missing_bytes", "partial_bytes", "free_bytes", "complete", "settled",
-    "gated", "dir"}`` (``settled``: the revision is recorded and the link L names the commit)
-    or ``{"error": {"kind", "message"}}`` and exit 1 (kinds: invalid, not-found,
-    revision-not-found, gated, unauthorized, network, untrusted, disk-full). ``complete``: no
-    file missing and the marker is this commit's.
+    "gated", "unverified", "dir"}`` (``settled``: the revision is recorded and the link L names
+    the commit; ``unverified``: the files the hub gave no hash or size of, taken with
+    ``--accept-unhashed`` only) or ``{"error": {"kind", "message"}}`` and exit 1 (kinds: invalid,
+    not-found, revision-not-found, gated, unauthorized, network, untrusted, no-weights,
+    unverifiable, unconfined, disk-full). ``complete``: no file missing and the marker is this
+    commit's.
 ``fetch --repo R --commit C [--revision REV] --root ROOT [--flat] [--link L] [--env-file F]
-[--interval S] [--workers N] [--background]``
+[--accept-unhashed] [--interval S] [--workers N] [--background]``
     Pins REV to C (revisions.json) and removes the commit folders a changed pin left
     half-fetched; removes the marker (MARKER in the commit's folder) before anything else
     changes, then each file that is not the hub's; refuses when what is missing does not fit
     the free space; downloads what is missing (huggingface_hub resumes a ``.incomplete``
     file), hashing each file as it completes; writes the marker (each file with its size)
     last, then points the link L (the path the containers mount) at the commit's folder.
-    Writes ``{"p": {"done", "total", "files_done", "files", "verified", "rate", "eta"}}``
-    every S seconds and at the end ``{"done": {...}}`` or ``{"error":
-    {...}}`` to ROOT's ``<commit>.log`` (and the last line to stdout). One fetch of a commit
-    runs at a time (a lock file): another prints ``{"busy": true}`` and returns. Ctrl-C: the
-    last line ``{"error": {"kind": "interrupted", ...}}``, exit 130.
+    Writes ``{"begun": true}``, then ``{"p": {"done", "total", "files_done", "files",
+    "verified", "rate", "eta"}}`` every S seconds and at the end ``{"done": {...}}`` or
+    ``{"error": {...}}`` to ROOT's ``<commit>.log`` (and the last line to stdout, which also
+    gets the error of a fetch that could not begin: a full disk, no confinement). One fetch of a commit
+    runs at a time (a lock file): another prints ``{"busy": true}`` and returns. Ctrl-C (to
+    whichever thread the kernel gives it): the last line ``{"error": {"kind": "interrupted",
+    ...}}``, exit 130, at once: the client's downloads are not waited for.
     ``--background``: returns once the lock is held and the log is fresh (``{"started":
     true}``), the fetch going on in its own session.
 ``watch --log L --offset N --max-wait S``
@@ -45,8 +51,14 @@ Commands:
     once on the fetch's last line; then ``{"offset": M, "running": bool}``.
 
 What the hub answers is not trusted (``HF_ENDPOINT`` may name any mirror): every commit must
-be 40 hex digits and every file name a relative path inside the commit's folder, or nothing is
-written and the error (kind ``untrusted``) names what it sent.
+be 40 hex digits, every file name a relative path inside the commit's folder, every file
+listed with its size and hash (``--accept-unhashed``: a mirror of the user's own that lists
+none), and among them weights; each file's own answer (its ETag, commit and size, of which
+huggingface_hub makes its paths) must be what the listing said, checked before the client
+writes a byte of it. Else nothing is written and the error (kind ``untrusted``,
+``unverifiable`` or ``no-weights``) names what it sent. Whatever the client does, ``plan``
+and ``fetch`` write only under ROOT (and L's folder): ``confine.py`` beside this script
+(Landlock; else a read-only mount namespace), or they refuse (kind ``unconfined``).
 
 The token is read from the env file (``HF_TOKEN="..."``) by this process: never on a
 command line, never printed. ``HF_ENDPOINT`` in the env file names a hub mirror.
@@ -60,17 +72,22 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import signal
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import unicodedata
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 try:  # uploaded beside this script (remote.COMPANIONS)
+    from confine import Unconfined, confine
     from remote_env import env_value
 except ImportError:  # imported as part of pve_sglang (the deploy's side, the tests)
+    from pve_sglang.remote.confine import Unconfined, confine
     from pve_sglang.remote.remote_env import env_value
 
 MARKER = ".pve-sglang-model.json"
@@ -80,11 +97,50 @@ ENDPOINT_VAR = "HF_ENDPOINT"
 DEFAULT_LABEL = "_default"
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 HASH_CHUNK = 8 * 1024 * 1024
+#: The longest part of a file name: a Linux name holds 255 bytes, and huggingface_hub keeps
+#: ``<part>.metadata`` beside it in its ``.cache``.
+NAME_PART_MAX = 255 - len(".metadata")
+#: What a model's weights are named (what sglang loads: safetensors, PyTorch, GGUF).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+#: An ETag a mirror may answer for a file it lists no hash of (``--accept-unhashed``): a word,
+#: never a path (huggingface_hub names its ``.incomplete`` file after it).
+PLAIN_ETAG_RE = re.compile(r"[0-9A-Za-z_-]{1,128}")
+#: Seconds the main thread waits at most before it looks at a signal again: the kernel may
+#: give a Ctrl-C to a download thread, and Python runs its handler in the main thread only.
+SIGNAL_POLL_S = 0.2
 
 
-def emit(obj: dict, out=None) -> None:
-    (out or sys.stdout).write(json.dumps(obj) + "\n")
-    (out or sys.stdout).flush()
+def emit(obj: dict) -> None:
+    """OBJ as one line on stdout."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+class Log:
+    """A fetch's log (``<commit>.log``): its lines go whole with one ``write`` each, from the
+    fetch and its progress thread. On a full disk a progress line is dropped, and the last line
+    takes the place of the progress lines (the log cut to nothing first): the watch that reads
+    it always learns how the fetch ended."""
+
+    def __init__(self, path: str):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
+
+    def line(self, obj: dict) -> bool:
+        data = (json.dumps(obj) + "\n").encode()
+        try:
+            return os.write(self.fd, data) == len(data)
+        except OSError:
+            return False
+
+    def last(self, obj: dict) -> None:
+        if not self.line(obj):
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, 0)  # frees the progress lines' blocks for this one
+                self.line(obj)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 # --- where things are ---------------------------------------------------------------------
@@ -92,7 +148,9 @@ def emit(obj: dict, out=None) -> None:
 
 class Layout:
     def __init__(self, root: str, flat: bool):
-        self.root, self.flat = root.rstrip("/") or "/", flat
+        # Absolute: the search for an existing parent folder ends at /, never at '' (a
+        # relative ROOT that does not exist looped for ever there).
+        self.root, self.flat = os.path.abspath(root), flat
         self.state = os.path.join(self.root, ".cache", "pve-sglang") if flat else self.root
 
     def files(self, commit: str) -> str:
@@ -109,6 +167,13 @@ class Layout:
 
     def verified(self, commit: str) -> str:
         return os.path.join(self.files(commit), ".cache", "pve-sglang", "verified.json")
+
+
+def existing_folder(path: str) -> str:
+    """PATH, or the nearest folder above it that exists (PATH is absolute)."""
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def read_json(path: str, default):
@@ -144,23 +209,56 @@ class HubError(Exception):
         self.kind = kind
 
 
+def causes(error: BaseException | None) -> list[BaseException]:
+    """ERROR and those it was raised from (or while handling), outermost first."""
+    chain: list[BaseException] = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain
+
+
 def disk_full(error: BaseException | None) -> bool:
     """Whether ERROR, or one it was raised from, is a full disk (or quota)."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in causes(error))
 
 
-def no_space(folder: str, need: int) -> HubError:
-    probe = folder
-    while not os.path.isdir(probe):
-        probe = os.path.dirname(probe)
-    free = shutil.disk_usage(probe).free
-    return HubError("disk-full", f"the filesystem of {folder} is full: {free} bytes free, "
-                                 f"{need} bytes still to fetch: free space there, or set "
-                                 "model_store to a folder on a larger filesystem")
+def local_failure(error: BaseException, root: str) -> tuple[str, str] | None:
+    """(kind, message) of a failure on this machine's side, or None (the hub's answer, the
+    network: ``hub_error``). A full disk is ``disk-full`` (its message, with the numbers, made
+    by ``no_space``); what no retry cures says what to fix, never that the next run resumes.
+    ROOT: where the fetch may write."""
+    for cause in causes(error):
+        if isinstance(cause, HubError):
+            return cause.kind, str(cause)
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "disk-full", ""
+        path = repr(getattr(cause, "filename", None) or "a file")
+        if isinstance(cause, OSError) and cause.errno == errno.ENAMETOOLONG:
+            return "name-too-long", (f"{path} is a longer name than the filesystem of {root} takes "
+                                     "(255 bytes a part, 4096 in all): set model_store (or "
+                                     "model_path) to a shorter folder, or one on another filesystem")
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOTDIR, errno.EISDIR, errno.EEXIST):
+            return "in-the-way", (f"{path} is in the way of a file of the model (a file where a "
+                                  f"folder goes, or a folder where a file goes): remove it, then "
+                                  "run again")
+        if isinstance(cause, OSError) and cause.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return "denied", (f"writing {path} was refused ({os.strerror(cause.errno)}): the fetch "
+                              f"writes only under {root}, and there only where its permissions "
+                              "allow (a path outside it came from the hub's answer)")
+        if isinstance(cause, ValueError) and str(cause).startswith("Invalid filename"):
+            return "invalid-name", (f"huggingface_hub refuses a file name of the hub: "
+                                    f"{str(cause).splitlines()[0][:300]}")
+    return None
+
+
+def no_space(folder: str, need: int | None) -> HubError:
+    """A full disk under FOLDER, NEED bytes still to fetch (None: not known yet)."""
+    free = shutil.disk_usage(existing_folder(folder)).free
+    still = "" if need is None else f", {need} bytes still to fetch"
+    return HubError("disk-full", f"the filesystem of {folder} is full: {free} bytes free{still}: "
+                                 "free space there, or set model_store to a folder on a larger "
+                                 "filesystem")
 
 
 def client():
@@ -169,6 +267,7 @@ def client():
     try:
         import huggingface_hub
         import huggingface_hub.errors  # noqa: F401 - the submodule, for its attribute
+        import huggingface_hub.file_download  # noqa: F401 - Answers wraps a function of it
     except ImportError:
         raise HubError("client", f"huggingface_hub is not installed for {sys.executable}") from None
     return huggingface_hub
@@ -215,16 +314,27 @@ def repo_problem(repo: str) -> str | None:
 
 def name_problem(name: object) -> str | None:
     """Why NAME, a file name the hub answered, cannot be written under the commit's folder
-    (None: it can): a mirror is not trusted to keep its names inside it."""
+    (None: it can): a mirror is not trusted to keep its names inside it, and a name that no
+    client writes on Linux is refused before the first byte."""
     if not isinstance(name, str) or not name:
         return "is empty"
     if name.startswith("/"):
         return "is absolute"
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+    if any(unicodedata.category(c) == "Cc" for c in name):
         return "holds a control character"
+    if any(unicodedata.category(c) == "Cs" for c in name):
+        return "is not text (a lone surrogate)"
+    if "\\" in name:
+        return "holds a backslash (a folder on Windows: huggingface_hub refuses it)"
     parts = name.split("/")
     if any(part in ("", ".", "..") for part in parts):
         return "has an empty, '.' or '..' part"
+    if any(re.match(r"[A-Za-z]:", part) for part in parts):
+        return "has a part that is a Windows drive (huggingface_hub refuses it)"
+    longest = max(len(part.encode()) for part in parts)
+    if longest > NAME_PART_MAX:
+        return (f"has a part of {longest} bytes (a Linux file name holds {NAME_PART_MAX} beside "
+                "huggingface_hub's '.metadata')")
     if parts[0] == ".cache" or name == MARKER:
         return "is where the fetcher keeps its own state"
     return None
@@ -234,13 +344,19 @@ def commit_problem(commit: object) -> str | None:
     return None if isinstance(commit, str) and COMMIT_RE.fullmatch(commit) else "is not 40 lowercase hex digits"
 
 
+def size_ok(size: object) -> bool:
+    """A size the hub may answer: a whole number of bytes, 0 included (an empty file)."""
+    return isinstance(size, int) and not isinstance(size, bool) and size >= 0
+
+
 def entry_problem(entry: dict) -> str | None:
-    """Why a file of the hub's answer is refused (None: it is taken)."""
+    """Why a file of the hub's answer is refused (None: it is taken; a size or hash it lacks
+    is ``unverifiable``'s)."""
     name = entry["name"]
     problem = name_problem(name)
     if problem:
         return f"file name {name!r} {problem}"
-    if entry["size"] is not None and not (isinstance(entry["size"], int) and entry["size"] >= 0):
+    if entry["size"] is not None and not size_ok(entry["size"]):
         return f"file {name!r} has size {entry['size']!r}"
     for key, pattern in (("sha256", r"[0-9a-f]{64}"), ("blob", r"[0-9a-f]{40}")):
         if entry[key] is not None and not (isinstance(entry[key], str) and re.fullmatch(pattern, entry[key])):
@@ -248,15 +364,73 @@ def entry_problem(entry: dict) -> str | None:
     return None
 
 
+def listing_problem(names: list[str]) -> str | None:
+    """Why the hub's list of file NAMES cannot all be on disk at once (None: they can): a name
+    twice, or a file that another's name makes a folder."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            return f"file {name!r} twice"
+        seen.add(name)
+    for name in names:
+        parts = name.split("/")
+        for end in range(1, len(parts)):
+            if "/".join(parts[:end]) in seen:
+                return f"both {'/'.join(parts[:end])!r} and {name!r} (a file cannot be a folder too)"
+    return None
+
+
+def unverifiable(entry: dict) -> str | None:
+    """What the hub did not say of a file that the check needs (None: nothing): its size (the
+    space it takes, a short file told) and its hash (sha256, or the git blob id)."""
+    lacks = [what for what, absent in (("size", entry["size"] is None),
+                                       ("sha256 or git blob id", entry["sha256"] is None and entry["blob"] is None))
+             if absent]
+    return " and ".join(f"no {what}" for what in lacks) or None
+
+
+def weights_problem(files: list[dict]) -> str | None:
+    """Why FILES are no model (None: they hold weights): no file at all, or no weights file
+    (``WEIGHT_SUFFIXES``) that the hub gave bytes to."""
+    if not files:
+        return "no files"
+    if not any(e["name"].endswith(WEIGHT_SUFFIXES) and e["size"] != 0 for e in files):
+        return (f"{len(files)} files and no weights among them (a file ending in "
+                f"{', '.join(WEIGHT_SUFFIXES)}, not empty)")
+    return None
+
+
+def answer_problem(entry: dict, commit: str, answered_commit: object, etag: object,
+                   size: object) -> str | None:
+    """Why the hub's answer for one file (its HEAD: the commit, the ETag, of which
+    huggingface_hub names its ``.incomplete`` file, and the size) is refused (None: it is the
+    listing's ENTRY of COMMIT)."""
+    name = entry["name"]
+    if answered_commit != commit:
+        return f"commit {answered_commit!r} for file {name!r} of commit {commit}"
+    expected = entry["sha256"] or entry["blob"]
+    if expected is not None and etag != expected:
+        return f"ETag {etag!r} for file {name!r}, listed with {expected}"
+    if expected is None and not (isinstance(etag, str) and PLAIN_ETAG_RE.fullmatch(etag)):
+        return f"ETag {etag!r} for file {name!r} (listed with no hash: at most a word of letters, digits, '-' and '_')"
+    if size is not None and entry["size"] is not None and size != entry["size"]:
+        return f"size {size!r} for file {name!r}, listed with {entry['size']}"
+    return None
+
+
 def untrusted(repo: str, what: str) -> HubError:
-    return HubError("untrusted", f"the hub {endpoint()} answered {repo} with {what}: refused, "
-                                 "nothing written (a commit is 40 hex digits, a file name a "
-                                 "relative path inside the commit's folder)")
+    return HubError("untrusted", f"the hub {endpoint()} answered {repo} with {what}: refused "
+                                 "before it was written (a commit is 40 hex digits, a file name "
+                                 "a relative path inside the commit's folder, a file's ETag, "
+                                 "commit and size those it was listed with)")
 
 
-def model_files(repo: str, revision: str | None, token: str | None) -> tuple[str, list[dict], object]:
+def model_files(repo: str, revision: str | None, token: str | None,
+                accept_unhashed: bool = False) -> tuple[str, list[dict], object]:
     """(commit, [{"name", "size", "sha256" | None, "blob"}], gated) of REPO at REVISION, each
-    checked before it names anything on disk."""
+    checked before it names anything on disk: names and commit (``untrusted``), a model with
+    weights (``no-weights``), each file with its size and a hash (``unverifiable``, unless
+    ACCEPT_UNHASHED: a mirror of the user's own that lists none)."""
     problem = repo_problem(repo)
     if problem:
         raise HubError("invalid", problem)
@@ -274,6 +448,22 @@ def model_files(repo: str, revision: str | None, token: str | None) -> tuple[str
         problem = entry_problem(entry)
         if problem:
             raise untrusted(repo, problem)
+    problem = listing_problem([entry["name"] for entry in files])
+    if problem:
+        raise untrusted(repo, problem)
+    where = f"the hub {endpoint()} answered {repo} at commit {info.sha}"
+    problem = weights_problem(files)
+    if problem:
+        raise HubError("no-weights", f"{where} with {problem}: refused, nothing written "
+                                     "(model_download names a model's repository)")
+    lacking = [(entry["name"], why) for entry in files if (why := unverifiable(entry))]
+    if lacking and not accept_unhashed:
+        name, why = lacking[0]
+        raise HubError("unverifiable", f"{where} with {len(lacking)} files that cannot be "
+                                       f"verified, e.g. {name!r}: {why}: refused, nothing "
+                                       "written. A mirror of your own that lists no hashes: set "
+                                       "model_accept_unhashed: true (then such files are "
+                                       "fetched unverified, and said so)")
     return info.sha, files, info.gated
 
 
@@ -289,6 +479,47 @@ def check_access(repo: str, commit: str, files: list[dict], token: str | None,
         hub.get_hf_file_metadata(hub.hf_hub_url(repo, files[0]["name"], revision=commit), token=token or False)
     except Exception as error:  # noqa: BLE001
         raise hub_error(error, repo, revision or commit) from None
+
+
+class Answers:
+    """The client's own answer for each file (the commit, the ETag, of which huggingface_hub
+    makes its ``.incomplete`` file's path, and the size) checked against the listing before
+    the client writes a byte of the file: ``file_download.get_hf_file_metadata``, which each
+    release's download calls, wrapped. The file a download thread fetches is its own."""
+
+    def __init__(self, repo: str, commit: str):
+        self.repo, self.commit = repo, commit
+        self.local = threading.local()
+
+    def install(self, hub) -> None:
+        module = hub.file_download
+        original = getattr(module, "get_hf_file_metadata", None)
+        if original is None:
+            raise HubError("client", f"huggingface_hub {hub.__version__} has no "
+                                     "file_download.get_hf_file_metadata: the answers it writes "
+                                     "by cannot be checked first (a release this fetcher does "
+                                     "not know)")
+
+        def checked(*args, **kwargs):
+            metadata = original(*args, **kwargs)
+            entry = getattr(self.local, "entry", None)
+            problem = ("an answer for no file this fetch asked for" if entry is None else
+                       answer_problem(entry, self.commit, metadata.commit_hash, metadata.etag,
+                                      metadata.size))
+            if problem:
+                raise untrusted(self.repo, problem)
+            return metadata
+
+        module.get_hf_file_metadata = checked
+
+    @contextlib.contextmanager
+    def of(self, entry: dict):
+        """A block in which this thread's client asks for ENTRY."""
+        self.local.entry = entry
+        try:
+            yield
+        finally:
+            self.local.entry = None
 
 
 # --- verification -------------------------------------------------------------------------
@@ -398,13 +629,20 @@ def partial_bytes(folder: str) -> int:
 
 def each(function, items: list, workers: int) -> list:
     """FUNCTION of each item on WORKERS threads (hashlib and the downloads release the GIL),
-    in order. On an error the items not begun are cancelled; on Ctrl-C nothing is waited for."""
+    in order. On an error or Ctrl-C the items not begun are cancelled, and those running are
+    not waited for (a download cut is resumed; the caller writes its last line and ends). The
+    main thread wakes every SIGNAL_POLL_S: a signal the kernel gave a worker runs its handler
+    there, not when the downloads end."""
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
     try:
-        results = [future.result() for future in [pool.submit(function, item) for item in items]]
-    except Exception:
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
+        futures = [pool.submit(function, item) for item in items]
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=SIGNAL_POLL_S, return_when=FIRST_EXCEPTION)
+            for future in done:
+                if future.exception() is not None:
+                    raise future.exception()
+        results = [future.result() for future in futures]
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         raise
@@ -412,11 +650,34 @@ def each(function, items: list, workers: int) -> list:
     return results
 
 
+def missing_bytes(missing: list[dict]) -> int:
+    """The bytes of the files MISSING (a file of no known size counts none)."""
+    return sum(entry["size"] or 0 for entry in missing)
+
+
+def bytes_to_fetch(missing: list[dict], resumed: int) -> int:
+    """The bytes a fetch of MISSING still downloads: RESUMED of them are on disk already (the
+    client's ``.incomplete`` files, which it resumes)."""
+    return max(0, missing_bytes(missing) - resumed)
+
+
+def fits(need: int, free: int) -> bool:
+    return need <= free
+
+
 def load_records(verified_path: str, commit: str) -> dict:
     """The verified files' records ({name: {"stat", "hash"}}) of COMMIT."""
     records = read_json(verified_path, {})
     ok = isinstance(records, dict) and records.get("commit") == commit and isinstance(records.get("files"), dict)
     return records["files"] if ok else {}
+
+
+def save_records(layout: Layout, commit: str, records: dict) -> None:
+    """The verified files' records written, where they can be: only a cache (a file not in it
+    is hashed again), so a disk full (or read-only) since fails neither a plan nor a fetch of
+    a verified model."""
+    with contextlib.suppress(OSError):
+        write_json(layout.verified(commit), {"commit": commit, "files": records})
 
 
 def check(folder: str, files: list[dict], records: dict, workers: int = 4) -> list[dict]:
@@ -538,15 +799,47 @@ def set_link(link: str | None, folder: str) -> None:
 # --- commands -----------------------------------------------------------------------------
 
 
+def writable(layout: Layout, link: str | None) -> list[str]:
+    """Where a fetch writes: ROOT, and the folder of the link L where it is not under ROOT."""
+    folders = [layout.root]
+    if link and not inside(layout.root, os.path.abspath(link)):
+        folders.append(os.path.dirname(os.path.abspath(link)))
+    return folders
+
+
+def unconfined(root: str, error: Unconfined) -> dict:
+    return {"kind": "unconfined", "message": f"the fetch cannot be kept from writing outside {root} "
+                                             f"({error}): refused, as the hub's answers name paths "
+                                             "and the fetcher may run as root. It needs Linux 5.19 "
+                                             "with Landlock, or a mount namespace (root, Linux 5.12)"}
+
+
+def failure(error: BaseException, layout: Layout, commit: str, need: int | None = None) -> dict:
+    """The last line's error of a fetch that ended in ERROR (NEED: the bytes it had to fetch)."""
+    local = local_failure(error, layout.root)
+    if local and local[0] == "disk-full":
+        return {"kind": "disk-full", "message": str(no_space(layout.files(commit), need))}
+    if local:
+        return {"kind": local[0], "message": local[1]}
+    return {"kind": "download", "message": f"{type(error).__name__}: "
+                                           f"{str(error).splitlines()[0][:300] if str(error) else ''}"}
+
+
 def plan(args) -> dict:
     """What a fetch would do; changes nothing (but the cache of verified hashes)."""
     token = env_value(args.env_file, TOKEN_VAR)
     layout = Layout(args.root, args.flat)
     try:
-        hub_commit, files, gated = model_files(args.repo, args.revision, token)
+        # Its cache aside, a plan writes nothing, whatever the client does: none where ROOT is
+        # not there yet.
+        confine([layout.root] if os.path.isdir(layout.root) else [])
+    except Unconfined as error:
+        return {"error": unconfined(layout.root, error)}
+    try:
+        hub_commit, files, gated = model_files(args.repo, args.revision, token, args.accept_unhashed)
         commit, recorded = pinned(layout, args.repo, args.revision, hub_commit)
         if commit != hub_commit:
-            _c, files, gated = model_files(args.repo, commit, token)
+            _c, files, gated = model_files(args.repo, commit, token, args.accept_unhashed)
         if gated:
             check_access(args.repo, commit, files, token, args.revision)
     except HubError as error:
@@ -554,40 +847,32 @@ def plan(args) -> dict:
     folder = layout.files(commit)
     marker = read_json(os.path.join(folder, MARKER), None)
     records = load_records(layout.verified(commit), commit)
+    before = dict(records)
     missing = check(folder, files, records, args.workers)
-    if os.path.isdir(folder):
-        try:
-            write_json(layout.verified(commit), {"commit": commit, "files": records})
-        except OSError as error:
-            if not disk_full(error):
-                raise
-            need = sum(e["size"] or 0 for e in missing) - partial_bytes(folder)
-            return {"error": {"kind": "disk-full", "message": str(no_space(folder, max(0, need)))}}
-    total = sum(entry["size"] or 0 for entry in files)
-    probe = folder
-    while not os.path.isdir(probe):
-        probe = os.path.dirname(probe)
+    if os.path.isdir(folder) and records != before:
+        save_records(layout, commit, records)
     return {
         "repo": args.repo, "commit": commit, "revision": args.revision, "recorded": recorded,
-        "hub_commit": hub_commit, "files": len(files), "bytes": total, "dir": folder,
-        "missing_files": len(missing), "missing_bytes": sum(e["size"] or 0 for e in missing),
-        "partial_bytes": partial_bytes(folder), "free_bytes": shutil.disk_usage(probe).free,
+        "hub_commit": hub_commit, "files": len(files), "bytes": missing_bytes(files), "dir": folder,
+        "missing_files": len(missing), "missing_bytes": missing_bytes(missing),
+        "partial_bytes": partial_bytes(folder),
+        "free_bytes": shutil.disk_usage(existing_folder(folder)).free,
         "complete": not missing and marker_current(marker, args.repo, commit, files),
         "settled": (recorded is not None or bool(args.revision and COMMIT_RE.fullmatch(args.revision)))
                    and link_ok(args.link, folder),
-        "gated": bool(gated),
+        "gated": bool(gated), "unverified": sum(1 for entry in files if unverifiable(entry)),
     }
 
 
 class Meter:
     """Bytes done of the commit's total, from what is on disk (finished files and
-    huggingface_hub's ``.incomplete`` files), sampled every INTERVAL seconds."""
+    huggingface_hub's ``.incomplete`` files), sampled every INTERVAL seconds into LOG."""
 
-    def __init__(self, folder: str, files: list[dict], missing: list[dict], out, interval: float):
-        self.folder, self.out, self.interval = folder, out, interval
-        self.total = sum(e["size"] or 0 for e in files)
+    def __init__(self, folder: str, files: list[dict], missing: list[dict], log: Log, interval: float):
+        self.folder, self.log, self.interval = folder, log, interval
+        self.total = missing_bytes(files)
         self.files = len(files)
-        self.base = self.total - sum(e["size"] or 0 for e in missing)
+        self.base = self.total - missing_bytes(missing)
         self.base_files = self.files - len(missing)
         self.missing = missing
         self.finished: set[str] = set()
@@ -616,19 +901,43 @@ class Meter:
 
     def run(self) -> None:
         while not self.stop.wait(self.interval):
-            emit(self.line(), self.out)
+            self.log.line(self.line())
+
+
+INTERRUPTED = {"error": {"kind": "interrupted", "message": "interrupted (Ctrl-C): the files "
+                                                           "fetched are kept, the next run resumes"}}
 
 
 def fetch(args) -> int:
     layout = Layout(args.root, args.flat)
-    os.makedirs(layout.state, exist_ok=True)
-    lock = open(layout.lock(args.commit), "a+")  # noqa: SIM115 - held for the whole fetch
+    try:
+        os.makedirs(layout.state, exist_ok=True)
+        if args.link:
+            os.makedirs(os.path.dirname(os.path.abspath(args.link)), exist_ok=True)
+        # Before the client is imported, before any thread: whatever it does from here on,
+        # this process (and the background one it forks) writes only there.
+        confine(writable(layout, args.link))
+        lock = open(layout.lock(args.commit), "a+")  # noqa: SIM115 - held for the whole fetch
+    except Unconfined as error:
+        emit({"error": unconfined(layout.root, error)})
+        return 1
+    except OSError as error:  # a full disk, a file in the way: said on the last line
+        emit({"error": failure(error, layout, args.commit)})
+        return 1
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         emit({"busy": True})
         return 0
-    out = open(layout.log(args.commit), "w", encoding="utf-8")  # noqa: SIM115
+    try:
+        log = Log(layout.log(args.commit))
+        # Its first line takes the log's first block: an early last line fits beside it on a
+        # disk that is full (the watch of a background fetch reads nothing else).
+        if not log.line({"begun": True}):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), layout.log(args.commit))
+    except OSError as error:
+        emit({"error": failure(error, layout, args.commit)})
+        return 1
     if args.background:
         # The lock (held by this open file) and the fresh log go with the child: once this
         # returns, a watch of the log sees this fetch, never an earlier one's last line.
@@ -639,34 +948,40 @@ def fetch(args) -> int:
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
-    with out:
-        try:
-            result = fetch_locked(args, layout, out)
-        except KeyboardInterrupt:
-            result = {"error": {"kind": "interrupted", "message": "interrupted (Ctrl-C): the "
-                                "files fetched are kept, the next run resumes"}}
-            emit(result, out)
-            emit(result)
-            os._exit(130)  # the downloads' threads are not waited for
-        except HubError as error:
-            result = {"error": {"kind": error.kind, "message": str(error)}}
-        except Exception as error:  # noqa: BLE001 - reported, the next run resumes
-            if disk_full(error):
-                result = {"error": {"kind": "disk-full", "message": str(no_space(layout.files(args.commit), 0))}}
-            else:
-                result = {"error": {"kind": "download", "message": f"{type(error).__name__}: "
-                                    f"{str(error).splitlines()[0][:300] if str(error) else ''}"}}
-        emit(result, out)
-        emit(result)
+    # The client's own files (hf_xet's cache and logs) go under ROOT too.
+    os.environ["HF_HOME"] = os.path.join(layout.state, ".hf-home")
+
+    def interrupt(_signum, _frame) -> None:
+        # Whatever the threads do: the last line, then the end (a cut download is resumed).
+        log.last(INTERRUPTED)
+        with contextlib.suppress(Exception):
+            emit(INTERRUPTED)
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        result = fetch_locked(args, layout, log)
+    except Exception as error:  # noqa: BLE001 - each named on the last line
+        result = {"error": failure(error, layout, args.commit)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the last line is this one
+    log.last(result)
+    emit(result)
+    log.close()
     return 0 if "done" in result else 1
 
 
-def fetch_locked(args, layout: Layout, out) -> dict:
-    hf_hub_download = client().hf_hub_download
+def fetch_locked(args, layout: Layout, log: Log) -> dict:
+    hub = client()
+    # huggingface_hub 0.36 probes the mode of new files in the parent of a flat model folder,
+    # outside the confinement: it fails harmlessly, and is not said for each file.
+    logging.getLogger("huggingface_hub.file_download").addFilter(
+        lambda record: "Could not set the permissions" not in record.getMessage())
     token = env_value(args.env_file, TOKEN_VAR)
-    commit, files, _gated = model_files(args.repo, args.commit, token)
+    commit, files, _gated = model_files(args.repo, args.commit, token, args.accept_unhashed)
     if commit != args.commit:
         raise untrusted(args.repo, f"commit {commit!r} for commit {args.commit}")
+    answers = Answers(args.repo, commit)
+    answers.install(hub)
     folder = layout.files(commit)
     os.makedirs(folder, exist_ok=True)
     # Pinned before the first byte: a branch that moves before this fetch ends is not followed
@@ -675,6 +990,7 @@ def fetch_locked(args, layout: Layout, out) -> dict:
     remove_leftovers(layout, commit, args.link)
     marker = os.path.join(folder, MARKER)
     records = load_records(layout.verified(commit), commit)
+    before = dict(records)
     missing = check(folder, files, records, args.workers)
     current = marker_current(read_json(marker, None), args.repo, commit, files)
     if missing or not current:
@@ -682,18 +998,19 @@ def fetch_locked(args, layout: Layout, out) -> dict:
     if not client_resumes():
         remove_partials(folder)  # a killed run's: this client would only leave more beside them
     resumed = partial_bytes(folder)
-    need = sum(e["size"] or 0 for e in missing) - resumed
-    if need > shutil.disk_usage(folder).free:
+    need = bytes_to_fetch(missing, resumed)
+    if not fits(need, shutil.disk_usage(folder).free):
         raise no_space(folder, need)
-    meter = Meter(folder, files, missing, out, args.interval)
-    emit(meter.line(), out)
+    meter = Meter(folder, files, missing, log, args.interval)
+    log.line(meter.line())
     ticker = threading.Thread(target=meter.run, daemon=True)
     ticker.start()
     started = time.monotonic()
 
     def one(entry: dict) -> None:
-        hf_hub_download(args.repo, entry["name"], revision=commit, local_dir=folder,
-                        token=token or False)
+        with answers.of(entry):
+            hub.hf_hub_download(args.repo, entry["name"], revision=commit, local_dir=folder,
+                                token=token or False)
         meter.finished.add(entry["name"])
         # Hashed as it completes, on this worker: the check after the downloads only stats it.
         if verify_file(folder, entry, records):
@@ -702,8 +1019,11 @@ def fetch_locked(args, layout: Layout, out) -> dict:
     try:
         each(one, missing, args.workers)
     except Exception as error:  # noqa: BLE001
-        if disk_full(error):
+        local = local_failure(error, layout.root)
+        if local and local[0] == "disk-full":
             raise no_space(folder, need) from None
+        if local:
+            raise HubError(*local) from None
         raise hub_error(error, args.repo, commit) from None
     finally:
         meter.stop.set()
@@ -711,7 +1031,8 @@ def fetch_locked(args, layout: Layout, out) -> dict:
     still = check(folder, files, records, args.workers)
     if still:
         invalidate(folder, marker, still)
-    write_json(layout.verified(commit), {"commit": commit, "files": records})
+    if records != before:
+        save_records(layout, commit, records)
     if still:
         return {"error": {"kind": "verify", "message": f"{len(still)} files differ from the hub "
                           f"after download, e.g. {still[0]['name']}: removed, fetched again next run"}}
@@ -719,10 +1040,10 @@ def fetch_locked(args, layout: Layout, out) -> dict:
     if missing or not current:
         write_json(marker, {**marker_of(args.repo, commit, files), "verified_at": int(time.time())})
     set_link(args.link, folder)
-    emit({"p": final}, out)
+    log.line({"p": final})
     return {"done": {"commit": commit, "files": len(files), "bytes": meter.total,
-                     "fetched_files": len(missing),
-                     "fetched_bytes": max(0, sum(e["size"] or 0 for e in missing) - resumed),
+                     "fetched_files": len(missing), "fetched_bytes": bytes_to_fetch(missing, resumed),
+                     "unverified": sum(1 for entry in files if unverifiable(entry)),
                      "seconds": round(time.monotonic() - started, 3)}}
 
 
@@ -751,6 +1072,8 @@ def watch(args) -> int:
         alive = running(lock_path)
         try:
             with open(args.log, "rb") as handle:
+                if os.fstat(handle.fileno()).st_size < offset:
+                    offset = 0  # cut by the fetch on a full disk, to make room for its last line
                 handle.seek(offset)
                 data = handle.read()
         except OSError:
@@ -786,6 +1109,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--env-file")
         sub.add_argument("--revision")
         sub.add_argument("--link")
+        sub.add_argument("--accept-unhashed", action="store_true")
         if name == "fetch":
             sub.add_argument("--commit", required=True, type=commit_arg)
             sub.add_argument("--interval", type=float, default=10.0)
@@ -812,4 +1136,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # a download thread still running after a failure is not waited for

@@ -18,6 +18,7 @@ from pve_sglang.model_store.model_fetch import MARKER
 from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.model_store.rules import (
     Verdict,
+    fetch_failure,
     log_path,
     moved_warning,
     preflight,
@@ -25,6 +26,7 @@ from pve_sglang.model_store.rules import (
     served_problem,
     size_text,
     space_error,
+    unverified_text,
 )
 
 #: Seconds between two progress lines of a fetch, by default: a 400 GB download shows about
@@ -37,7 +39,7 @@ UNRESOLVED = "the-commit-resolved-at-run-time"
 def checked(python: str, script: str, repo: str, revision: str | None, root: str,
             flat: bool = False, link: str | None = None, env_file: str | None = None,
             space_of: str = "the model's filesystem", fallback: str | None = None,
-            token_pending: bool = False) -> dict | None:
+            token_pending: bool = False, accept_unhashed: bool = False) -> dict | None:
     """
     The model's preflight, read by the deploy's code before any change, in a plan (``--dry``)
     and a run (``-y`` too) alike: ``model_fetch.py plan`` on the machine that will download
@@ -50,9 +52,12 @@ def checked(python: str, script: str, repo: str, revision: str | None, root: str
     + fallback: a second Python to run the plan with (the serving stack's, while this run
       builds the one PYTHON names)
     + token_pending: this run rewrites ENV_FILE (a token the plan cannot see yet)
+    + accept_unhashed: files the hub lists without a hash or size are taken, unverified (a
+      mirror of the user's own, ``model_accept_unhashed``), and said so; else refused
     """
     plan = host.get_fact(ModelPlan, python=python, script=script, repo=repo, revision=revision,
-                         root=root, flat=flat, link=link, env_file=env_file, fallback=fallback)
+                         root=root, flat=flat, link=link, env_file=env_file, fallback=fallback,
+                         accept_unhashed=accept_unhashed)
     where = f"host {host.name}"
     later = {"script": f"{script} is uploaded by this run",
              "client": f"huggingface_hub for {python} is installed by this run"}
@@ -70,7 +75,7 @@ def checked(python: str, script: str, repo: str, revision: str | None, root: str
 def fetched(python: str, script: str, repo: str, revision: str | None, root: str,
             flat: bool = False, link: str | None = None, env_file: str | None = None,
             space_of: str = "the model's filesystem", interval_s: float = PROGRESS_EVERY_S,
-            planned: dict | None = None):
+            planned: dict | None = None, accept_unhashed: bool = False):
     """
     Hugging Face REPO at REVISION, resolved once to a commit, every file of it present at the
     hub's size and hash, under ROOT; fetched (resumed) when not, with a progress line (bytes
@@ -94,6 +99,8 @@ def fetched(python: str, script: str, repo: str, revision: str | None, root: str
     + interval_s: seconds between two progress lines
     + planned: ``checked``'s plan: a plan (``--dry``) lists the fetch when it will run (a
       change, so the server's restart it causes is planned too); None: it is listed as one
+    + accept_unhashed: files the hub lists without a hash or size are fetched unverified (a
+      mirror of the user's own), and said so; else the fetch refuses them
 
     **Example:**
 
@@ -112,7 +119,7 @@ def fetched(python: str, script: str, repo: str, revision: str | None, root: str
             env_file="/etc/sglang/sglang.env",
         )
     """
-    shared = fetch_args(repo, root, flat, link, env_file, revision)
+    shared = fetch_args(repo, root, flat, link, env_file, revision, accept_unhashed)
     if not state.is_executing:
         if planned is not None and planned.get("complete") and planned.get("settled"):
             host.noop(f"model {repo} at commit {planned['commit'][:12]} verified")
@@ -124,7 +131,8 @@ def fetched(python: str, script: str, repo: str, revision: str | None, root: str
         return
     where = f"host {host.name}"
     plan = host.get_fact(ModelPlan, python=python, script=script, repo=repo, revision=revision,
-                         root=root, flat=flat, link=link, env_file=env_file)
+                         root=root, flat=flat, link=link, env_file=env_file,
+                         accept_unhashed=accept_unhashed)
     if plan is None or "unavailable" in plan:
         raise OperationError(f"{where}: {script} did not answer: is it there, and "
                              f"huggingface_hub installed for {python}?")
@@ -136,7 +144,8 @@ def fetched(python: str, script: str, repo: str, revision: str | None, root: str
     commit = plan["commit"]
     if plan["complete"] and plan["settled"]:
         logger.info(f"{where}: model {repo} at commit {commit}: {plan['files']} files, "
-                    f"{size_text(plan['bytes'])}, verified in {plan['dir']}")
+                    f"{size_text(plan['bytes'])}, verified in {plan['dir']}"
+                    f"{unverified_text(plan.get('unverified'))}")
         host.noop(f"model {repo} at commit {commit[:12]} verified")
         return
     problem = space_error(plan, where, space_of)
@@ -159,14 +168,13 @@ def fetched(python: str, script: str, repo: str, revision: str | None, root: str
             logger.info(f"{where}: {repo}: {progress_text(progress[-1])}")
         for line in watch["lines"]:
             if "error" in line:
-                raise OperationError(f"{where}: model {repo} at commit {commit}: "
-                                     f"{line['error'].get('message')}; the next run resumes")
+                raise OperationError(fetch_failure(where, repo, commit, line["error"]))
             if "done" in line:
                 done = line["done"]
                 logger.info(f"{where}: model {repo} at commit {commit}: {done['files']} files, "
                             f"{size_text(done['bytes'])} verified; fetched "
                             f"{done['fetched_files']} files, {size_text(done['fetched_bytes'])} "
-                            f"in {done['seconds']:.0f}s")
+                            f"in {done['seconds']:.0f}s{unverified_text(done.get('unverified'))}")
                 return
         if not watch["running"]:
             raise OperationError(f"{where}: the fetch of {repo} stopped without a last line "

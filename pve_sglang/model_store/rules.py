@@ -119,6 +119,26 @@ def served_problem(marker: dict | None, sizes: dict[str, int], repo: str, path: 
     return None
 
 
+#: The fetch errors a later run can cure by itself (the network, a download cut, the space
+#: freed): said so. The others (a hostile or unhashed answer, a name the filesystem cannot
+#: hold, a file in the way, no confinement) say what to fix instead.
+RESUMES = frozenset({"network", "download", "disk-full"})
+
+
+def fetch_failure(where: str, repo: str, commit: str, error: dict) -> str:
+    """What the deploy says of a fetch whose last line is ERROR (``{"kind", "message"}``)."""
+    resumes = "; the next run resumes" if error.get("kind") in RESUMES else ""
+    return f"{where}: model {repo} at commit {commit}: {error.get('message')}{resumes}"
+
+
+def unverified_text(count: int | None) -> str:
+    """The files taken without a hash or size (``model_accept_unhashed``), said each time."""
+    if not count:
+        return ""
+    return (f"; {count} files not verified: the hub gave no hash or size of them "
+            "(model_accept_unhashed; a size not given is not counted against the free space)")
+
+
 class Verdict(Enum):
     """What the preflight of a model says before any change (``preflight``)."""
 
@@ -163,7 +183,7 @@ def preflight(plan: dict | None, where: str, repo: str, revision: str | None, sp
     if plan.get("complete") and plan.get("settled"):
         return Preflight(Verdict.READY, f"{where}: {model}: commit {commit}, {plan.get('files')} "
                                         f"files, {size_text(plan.get('bytes') or 0)}, verified in "
-                                        f"{plan.get('dir')}")
+                                        f"{plan.get('dir')}{unverified_text(plan.get('unverified'))}")
     problem = space_error(plan, where, space_of)
     if problem:
         return Preflight(Verdict.REFUSE, problem)
@@ -172,4 +192,5 @@ def preflight(plan: dict | None, where: str, repo: str, revision: str | None, sp
                                     f"fetch, {size_text(plan.get('missing_bytes') or 0)} of "
                                     f"{size_text(plan.get('bytes') or 0)} "
                                     f"({size_text(plan.get('partial_bytes') or 0)} partly there), "
-                                    f"{size_text(plan.get('free_bytes') or 0)} free in {space_of}")
+                                    f"{size_text(plan.get('free_bytes') or 0)} free in {space_of}"
+                                    f"{unverified_text(plan.get('unverified'))}")

@@ -42,6 +42,8 @@ container's Python. ``model_fetch.py`` lives with the rest of the model store
 ``remote_env.py``             a value of the deploy's env file (a secret read by the script,
                               never on a command line): uploaded beside ``model_fetch.py``
                               and ``startup_watch.py``, which import it
+``confine.py``                this process's writes kept to some folders (Landlock, else a
+                              read-only mount namespace): beside ``model_fetch.py``
 ============================  ===============================================================
 """
 
@@ -64,11 +66,12 @@ BENCH_RECORD = "bench_record.py"
 SERVER_METRICS = "server_metrics.py"
 MODEL_FETCH = "model_fetch.py"
 REMOTE_ENV = "remote_env.py"
+CONFINE = "confine.py"
 STACK_FALLBACK = "stack_fallback.py"
 GATEWAY_WORKERS = "gateway_workers.py"
 
 #: The modules a script imports from beside it: uploaded with it, to the same folder.
-COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV,), STARTUP_WATCH: (REMOTE_ENV,),
+COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV, CONFINE), STARTUP_WATCH: (REMOTE_ENV,),
                                           GATEWAY_WORKERS: (REMOTE_ENV,)}
 
 _HERE = Path(__file__).resolve().parent
