@@ -164,7 +164,8 @@ def test_a_workers_key_and_body(worker, keys, key):
      ["worker @lxc/b (http://10.9.0.2:30000) is not up: the gateway holds its registration"]),
     ({"not_up": [{"name": "@lxc/b", "url": W2, "pending": False}]},
      ["worker @lxc/b (http://10.9.0.2:30000) is not up: the gateway does not list it"]),
-    ({"stray": [W3]}, ["http://10.9.0.3:30000 is no longer a worker, but the gateway still holds"]),
+    ({"stray": [W3]}, ["http://10.9.0.3:30000 is no longer a worker of this gateway, but the "
+                       "gateway still holds the registration"]),
 ])
 def test_a_syncs_problems_in_words(result, words):
     lines = gw.sync_problems(result)
@@ -251,7 +252,7 @@ def test_sync_standin_smg_a_worker_down_is_not_up_and_the_next_sync_no_409(site)
     from the gateway; the next sync finds smg's registration pending (409 in progress) and says
     the same, no error; once its server answers, it is listed."""
     site.smg.up.add(W1)
-    code, result, stderr = site.run("sync", [W1, W2], 1)
+    code, result, stderr = site.run("sync", [W1, W2], 0.5)
     assert code == gw.EXIT_NOT_UP, (result, stderr)
     assert result["listed"] == 1 == len(site.smg.listed_urls())
     assert result["added"] == [W1]
@@ -259,7 +260,7 @@ def test_sync_standin_smg_a_worker_down_is_not_up_and_the_next_sync_no_409(site)
     assert "worker @lxc/10.9.0.2:30000 (http://10.9.0.2:30000) is not up" in stderr
     assert site.smg.pending_urls() == [W2]
     assert set(site.registered()) == {W1, W2}
-    code, result, stderr = site.run("sync", [W1, W2], 1)
+    code, result, stderr = site.run("sync", [W1, W2], 0.5)
     assert code == gw.EXIT_NOT_UP and "error" not in result, (result, stderr)
     assert result["not_up"] == [{"name": "@lxc/10.9.0.2:30000", "url": W2, "pending": True}]
     assert ("POST", "/workers") in site.smg.requests  # answered 409 in progress
@@ -278,7 +279,8 @@ def test_sync_standin_smg_a_worker_dropped_while_pending_is_reported_then_remove
     assert site.run("sync", [W1, W3], 0.5)[0] == gw.EXIT_NOT_UP
     code, result, stderr = site.run("sync", [W1], 0.5)
     assert code == gw.EXIT_NOT_UP and result["stray"] == [W3], (result, stderr)
-    assert "http://10.9.0.3:30000 is no longer a worker, but the gateway still holds" in stderr
+    assert ("http://10.9.0.3:30000 is no longer a worker of this gateway, but the gateway still "
+            "holds the registration") in stderr
     assert W3 in site.registered()
     code, status, _ = site.run("status", [W1])
     assert code == 0 and status["pending"] == [W3] and W3 in status["registered"]

@@ -450,9 +450,9 @@ def sync_problems(result: dict) -> list[str]:
                         "server answers /health" if worker.get("pending") else
                         "the gateway does not list it"))
     for url in result.get("stray") or []:
-        lines.append(f"{url} is no longer a worker, but the gateway still holds its registration "
-                     "(pending): it serves once its server answers, until the next sync removes "
-                     "it")
+        lines.append(f"{url} is no longer a worker of this gateway, but the gateway still holds "
+                     "the registration this script made (pending: smg cannot withdraw it): it "
+                     "serves once its server answers, until a sync removes it")
     return lines
 
 
