@@ -11,7 +11,9 @@ No root, no GPU. On 127.0.0.1: WORKERS stand-in SGLang servers (tests/standin_sg
 index or WHEELHOUSE) started as the deploy's unit starts it (through remote/sglang_launch.py,
 its flags from ``gateway.render.smg_argv``), workers registered by remote/gateway_workers.py.
 The load is tests/gateway_client.py: CONCURRENCY clients sending /generate back to back, unique
-prompts; "direct" spreads them over the workers in turn (balancing by hand), "gateway" sends
+prompts; a request counts as served only when its stream ended with its last event (``data:
+[DONE]``): one cut short is failed whatever its status (``cut``: smg ends a stream whose worker
+died with 200 and no error); "direct" spreads them over the workers in turn (balancing by hand), "gateway" sends
 all to smg, once with cache_aware (the default policy) and once with round_robin (the
 gateway's own cost, without the policy's choice of worker). Then, under load at 16 concurrent requests, one
 worker is SIGKILLed: the time until smg marks it unhealthy (``GET /workers``, polled every
@@ -182,13 +184,18 @@ def death(venv: Path, work: Path, settings: dict, args) -> dict:
         thread.join()
         requests = json.loads(out["raw"])["requests"]
         failed = [end for start, end, status in requests if status != "200" and end >= killed]
+        codes: dict[str, int] = {}
+        for start, end, status in requests:
+            if end >= killed and status != "200":
+                codes[status] = codes.get(status, 0) + 1
         after = [status for start, _, status in requests if marked and start > marked]
         result = {
             "health_check_interval_s": gs.gateway_health_check_interval_s,
             "health_failure_threshold": gs.gateway_health_failure_threshold,
             "death_to_marked_s": round(marked - killed, 2) if marked else None,
             "death_to_last_failed_request_s": round(max(failed) - killed, 2) if failed else 0.0,
-            "failed_requests": len(failed), "requests": len(requests),
+            "failed_requests": len(failed), "failed_by_status": codes,
+            "requests": len(requests),
             "after_marked_all_ok": bool(after) and set(after) == {"200"},
         }
     finally:
@@ -252,7 +259,8 @@ def main(argv: list[str]) -> int:
                   f"{deaths[-1]['health_failure_threshold']}: marked after "
                   f"{deaths[-1]['death_to_marked_s']} s, last failed request after "
                   f"{deaths[-1]['death_to_last_failed_request_s']} s "
-                  f"({deaths[-1]['failed_requests']} of {deaths[-1]['requests']} failed)",
+                  f"({deaths[-1]['failed_requests']} of {deaths[-1]['requests']} failed: "
+                  f"{deaths[-1]['failed_by_status']})",
                   flush=True)
     RESULTS.write_text(json.dumps({
         "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -300,6 +300,11 @@ gateway_wheelhouse = None
 gateway_pip_index_url = None
 # Seconds the deploy waits for the gateway to answer and take its worker list.
 gateway_register_timeout_s = 60
+# Seconds the gateway keeps trying a worker registered while its server does not answer yet
+# (smg --worker-startup-timeout-secs, 1..86400; checked every gateway_health_check_interval_s):
+# as long as a server may take to start (health_timeout_s), so that one still loading after a
+# reboot is added once it serves. Meanwhile the deploy reports it "not up (registration pending)".
+gateway_worker_startup_timeout_s = 3600
 # Run the benchmark through the gateway after its phase, from its first worker's container (its
 # bench_* settings; saved under bench_history_dir/gateway); needs gateway_host off loopback.
 gateway_bench = False

@@ -50,8 +50,9 @@ def gateway_phase() -> None:
     if problem:
         raise PreflightError(problem)
     wheels = gateway_store(host_settings(ContainerSettings), gs)
-    run_when_container_exists(lambda: gateway_steps(gs, workers, keys, wheels), "gateway",
-                              lambda: planned_steps(gs, workers, wheels))
+    timeout_s = check_timeout_s(workers)
+    run_when_container_exists(lambda: gateway_steps(gs, workers, keys, wheels, timeout_s),
+                              "gateway", lambda: planned_steps(gs, workers, wheels))
 
 
 def gateway_workers() -> list[Worker]:
@@ -69,6 +70,13 @@ def worker_keys(workers: list[Worker]) -> list[str | None]:
     return keys
 
 
+def check_timeout_s(workers: list[Worker]) -> int:
+    """Seconds each worker may take to answer the gateway's generation check: the longest
+    ``generation_timeout_s`` of their containers (their own verify phase's bound)."""
+    return max((host_settings(ContainerSettings, of=state.inventory.get_host(w.name))
+                .generation_timeout_s for w in workers), default=60)
+
+
 def planned_steps(gs: GatewaySettings, workers: list[Worker], wheels: str | None) -> list[str]:
     """What the gateway steps do, in words, for a plan made before its container runs."""
     return [f"smg {gs.smg_version} from its hashed lock in {gs.gateway_venv}"
@@ -76,13 +84,15 @@ def planned_steps(gs: GatewaySettings, workers: list[Worker], wheels: str | None
             f"{render.unit_name(gs)} on {gs.gateway_host}:{gs.gateway_port}, policy "
             f"{gs.gateway_policy}, its env file (0600)",
             f"{len(workers)} workers registered: " + ", ".join(w.url for w in workers),
-            "each worker healthy in the gateway, one chat completion through it"]
+            "each worker healthy in the gateway and answering a generation asked as the "
+            "gateway asks it, one chat completion through it"]
 
 
 def gateway_steps(gs: GatewaySettings, workers: list[Worker], keys: list[str | None],
-                  wheels: str | None = None) -> None:
+                  wheels: str | None = None, timeout_s: int = 60) -> None:
     """The gateway's steps in its container; WHEELS: the host's wheel store it installs smg from
-    (``gateway_store``), None: ``gateway_wheelhouse`` or the index."""
+    (``gateway_store``), None: ``gateway_wheelhouse`` or the index; TIMEOUT_S: each worker's
+    bound to answer the generation check (``check_timeout_s``)."""
     tools = render.TOOLS
     lock, _ = gateway_lock(gs)
     files = {render.lock_path(gs), render.env_file_path(gs), render.keys_path(gs),
@@ -125,8 +135,9 @@ def gateway_steps(gs: GatewaySettings, workers: list[Worker], keys: list[str | N
     gateway.workers_registered(name=f"The gateway lists its {len(workers)} workers",
                                status_argv=render.sync_argv(gs, "status"),
                                sync_argv=render.sync_argv(gs), workers=workers)
-    gateway.workers_healthy(name="Each worker as the gateway sees it",
-                            status_argv=render.sync_argv(gs, "status"), workers=workers)
+    gateway.workers_healthy(name="Each worker as the gateway sees it, answering a generation",
+                            status_argv=render.sync_argv(gs, "status"),
+                            check_argv=render.sync_argv(gs, "check", timeout_s), workers=workers)
     upload_script(remote.STARTUP_WATCH, "Upload the generation check", tools)
     verify.generation_works(name="One chat completion through the gateway",
                             url=render.gateway_url(gs), env_file=render.env_file_path(gs),

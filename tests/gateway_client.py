@@ -8,7 +8,9 @@ gateway's container for the tests, beside the workers for the bench.
 ``--seconds`` it sends for that long instead (N ignored). URL may list several servers,
 comma-separated: the client then sends to each in turn (balancing by hand, no gateway). The key, if any, comes from the
 ``API_KEY`` environment variable. Prints one JSON line: the count of each HTTP status (or
-``error``), wall seconds, output tokens per second, and each request's (start, end, status).
+``error``; ``cut``: HTTP 200, but the stream ended without its last event ``data: [DONE]``, as
+smg ends a stream whose worker died: a failed request, whatever its status), wall seconds,
+output tokens per second, and each request's (start, end, status).
 ``--counts URL...`` prints each server's ``sglang:num_requests_total`` from its /metrics.
 """
 
@@ -25,7 +27,13 @@ import urllib.request
 import uuid
 
 
+#: The status of a request whose stream ended without its last event.
+CUT = "cut"
+
+
 def one(url: str, key: str | None, text: str, tokens: int) -> tuple[str, int]:
+    """(status, tokens generated) of one streamed /generate: the HTTP status, ``cut`` where
+    the stream ended without ``data: [DONE]``, ``error`` where none came."""
     body = json.dumps({"text": text, "stream": True,
                        "sampling_params": {"max_new_tokens": tokens}}).encode()
     request = urllib.request.Request(url.rstrip("/") + "/generate", data=body, method="POST")
@@ -34,12 +42,14 @@ def one(url: str, key: str | None, text: str, tokens: int) -> tuple[str, int]:
         request.add_header("Authorization", f"Bearer {key}")
     try:
         with urllib.request.urlopen(request, timeout=60) as answer:
-            generated = 0
+            generated, ended = 0, False
             for line in answer:
                 if line.startswith(b"data: {"):
                     meta = json.loads(line[6:]).get("meta_info", {})
                     generated = int(meta.get("completion_tokens", generated))
-            return str(answer.status), generated
+                elif line.strip() == b"data: [DONE]":
+                    ended = True
+            return (str(answer.status) if ended else CUT), generated
     except urllib.error.HTTPError as error:
         return str(error.code), 0
     except (urllib.error.URLError, OSError, ValueError):

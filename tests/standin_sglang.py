@@ -15,8 +15,12 @@ record; this one holds a few of those fields, with the key from ``SGLANG_API_KEY
 + ``stall-autotune``: the start up to the autotune, two failed-tactic lines, then silence
 + ``oom``: the start up to the CUDA graph capture, then CUDA out of memory; exit 1
 + ``degenerate``: the whole start, then serve a run of ``!`` with null (NaN) logprobs
-+ ``headers-then-silence``: the whole start, then a chat completion's status and headers,
-  then nothing (the stream stalls; /health stays 200)
++ ``headers-then-silence``: the whole start, then a chat completion's (or a ``/generate``'s)
+  status and headers, then nothing (the stream stalls; /health stays 200)
++ ``fail-generation``: the whole start, then HTTP 500 to every chat completion and
+  ``/generate`` (/health stays 200: a server whose every request fails)
++ ``die-mid-stream``: the whole start, then the first ``/generate`` streams half its tokens
+  and the process exits (``os._exit``), its connection closed without the last event
 + ``no-ready-line``: the whole start without its ready line (a release that words it
   otherwise), then serve
 + ``crash-after-ready``: the whole start, serve for ``CRASH_AFTER_S`` (6 s: long enough for the
@@ -225,10 +229,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
         request = json.loads(self.rfile.read(length) or b"{}")
         if not self._authorised():
             return
-        if self.path == "/generate" and STATE["ready"]:
+        generation = self.path in ("/generate", "/v1/chat/completions")
+        if generation and STATE["ready"] and self.case == "fail-generation":
+            self._send(500, b'{"object": "error", "message": "Internal server error", '
+                            b'"type": "InternalServerError", "code": 500}')
+            return
+        if self.path == "/generate" and STATE["ready"] and self.case != "headers-then-silence":
             self._generate(request)
             return
-        if self.path != "/v1/chat/completions" or not STATE["ready"]:
+        if not generation or not STATE["ready"]:
             self._send(404 if STATE["ready"] else 503)
             return
         if self.case == "headers-then-silence":
@@ -282,6 +291,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         time.sleep(0.02)  # prefill
         text = ""
         for n in range(1, count + 1):
+            if self.case == "die-mid-stream" and n > count // 2:
+                mark(self.event_file)
+                os._exit(1)
             text += f"w{n % 200} "
             event = {"text": text, "meta_info": {"id": "standin", "completion_tokens": n,
                                                  "prompt_tokens": prompt_tokens, "cached_tokens": 0}}

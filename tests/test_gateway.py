@@ -20,6 +20,7 @@ from pve_sglang.gateway.workers import (
     choose_workers,
     judge,
     key_problem,
+    strays,
     verdict,
 )
 from pve_sglang.hosts_file import build_inventory
@@ -111,6 +112,49 @@ def test_the_gateways_answer_judged(listed, lines, problems):
     assert len(found) == len(problems)
 
 
+HEALTHY = [{"url": w.url, "is_healthy": True, "status": "ready"} for w in WORKERS]
+
+
+def ok(url: str, elapsed: float = 0.2) -> dict:
+    return {"url": url, "ok": True, "why": None, "elapsed_s": elapsed}
+
+
+@pytest.mark.parametrize("listed, pending, answers, lines, problems", [
+    # each listed healthy and answering
+    (HEALTHY, [], [ok("http://a:1"), ok("http://b:1/"), ok("http://c:1")],
+     ["healthy (ready, answered in 0.20s)"] * 3, []),
+    # listed healthy, but its generation fails or hangs: /health is not an answer
+    (HEALTHY, [], [ok("http://a:1"),
+                   {"url": "http://b:1", "ok": False, "why": "HTTP 500: Internal server error"},
+                   {"url": "http://c:1", "ok": False, "why": "HTTP 200, then nothing for 5s"}],
+     ["healthy", "fails a generation: HTTP 500: Internal server error",
+      "fails a generation: HTTP 200, then nothing for 5s"],
+     ["@lxc/b (http://b:1) fails a generation asked as the gateway asks it: HTTP 500",
+      "@lxc/c (http://c:1) fails a generation asked as the gateway asks it: HTTP 200, then"]),
+    # a worker the check did not answer for is not taken as answering
+    (HEALTHY, [], [ok("http://a:1"), ok("http://b:1")], ["healthy", "healthy", "not asked"],
+     ["@lxc/c (http://c:1) fails a generation asked as the gateway asks it: not asked"]),
+    # not listed, but pending in smg: not up, not "removed"
+    (HEALTHY[:2], ["http://c:1/"], [ok("http://a:1"), ok("http://b:1")],
+     ["healthy", "healthy", "not up (the gateway holds its registration"],
+     ["@lxc/c (http://c:1) is not up: the gateway waits for its server"]),
+    # unhealthy in the gateway comes first: its answer is not asked about
+    ([{**HEALTHY[0], "is_healthy": False}, *HEALTHY[1:]], [],
+     [{"url": "http://a:1", "ok": False, "why": "x"}, ok("http://b:1"), ok("http://c:1")],
+     ["unhealthy (ready)", "healthy", "healthy"], ["@lxc/a (http://a:1) is unhealthy"]),
+    # a registration the deploy made, pending for a worker no longer in the inventory
+    (HEALTHY, ["http://old:1"], [ok(w.url) for w in WORKERS],
+     ["healthy", "healthy", "healthy", "http://old:1: no longer a worker, registration pending"],
+     ["http://old:1 is no longer a worker of this gateway, but the gateway still holds"]),
+])
+def test_each_worker_judged_by_its_listing_and_its_answer(listed, pending, answers, lines,
+                                                         problems):
+    said, found = verdict(judge(WORKERS, listed, pending, answers), strays(WORKERS, pending))
+    assert len(said) == len(lines) and all(word in line for word, line in zip(lines, said)), said
+    assert len(found) == len(problems)
+    assert all(p.startswith(q) for p, q in zip(found, problems)), found
+
+
 @pytest.mark.parametrize("data, words", [
     ({"gateway_policy": "fastest"}, ["gateway_policy", "'fastest'", "cache_aware"]),
     ({"smg_version": "1.12.0"}, ["smg_version", "1.12.0", "allowed: 1.13.0 for Python 3.11"]),
@@ -193,6 +237,26 @@ def test_the_unit_holds_no_key_and_no_worker():
     assert render.keys_path(gs) not in unit.split("[Service]")[1].split("ExecStart=")[0]
 
 
+def test_the_unit_bounds_a_pending_registration_and_its_start_survives_a_worker_down():
+    gs = gateway(gateway_worker_startup_timeout_s=900, gateway_health_check_interval_s=7)
+    assert " --worker-startup-timeout-secs 900 --worker-startup-check-interval 7 " in " ".join(
+        map(str, render.smg_argv(gs)))
+    post = render.render_unit(gs).split("ExecStartPost=")[1].split("\nRestart=")[0]
+    assert post.rstrip().endswith("--not-up-ok") and " sync " in post
+    # The deploy's own sync reports a worker not up as a failure: no such flag.
+    assert "--not-up-ok" not in render.sync_argv(gateway())
+    assert render.sync_argv(gateway(), "check", 45)[-2:] == ["--timeout", "45"]
+
+
+@pytest.mark.parametrize("value, allowed", [(0, False), (1, True), (86400, True), (86401, False)])
+def test_the_worker_startup_timeout_at_its_edges(value, allowed):
+    if allowed:
+        assert gateway(gateway_worker_startup_timeout_s=value).gateway_worker_startup_timeout_s == value
+    else:
+        with pytest.raises(SettingsError, match="gateway_worker_startup_timeout_s"):
+            gateway(gateway_worker_startup_timeout_s=value)
+
+
 def test_no_key_no_launcher_option_and_settings_change_the_unit():
     base = render.render_unit(gateway())
     assert "--arg-from-env" not in base
@@ -222,12 +286,13 @@ def test_the_command_line_parses_with_the_pinned_smg(package_index, tmp_path):
         "a = parse_router_args(sys.argv[1:]); print(json.dumps([a.host, a.port, a.policy, "
         "a.prometheus_port, a.health_check_interval_secs, a.health_check_timeout_secs, "
         "a.health_failure_threshold, a.health_check_endpoint, a.remove_unhealthy_workers, "
-        "a.api_key]))")
+        "a.api_key, a.worker_startup_timeout_secs, a.worker_startup_check_interval]))")
     done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True,
                           env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == (
-        '["127.0.0.1", 30000, "power_of_two", 29000, 10, 5, 3, "/health", true, "secret-value"]')
+        '["127.0.0.1", 30000, "power_of_two", 29000, 10, 5, 3, "/health", true, "secret-value", '
+        '3600, 10]')
 
 
 # --- its container, on recorded Proxmox and H200 answers (tests/fixtures) --------------------

@@ -9,8 +9,12 @@ requests spread over the workers; a shared prefix sticks to one worker (cache_aw
 added is registered without restarting the gateway or the other servers; a worker killed is
 marked by the gateway while requests keep being served, and the deploy fails naming it; a worker
 dropped from the inventory is removed through the worker API; then a re-run changes nothing; a
-worker's key rotated (its server restarted with a new one) is registered again with it, in
-place, without a gateway restart.
+worker answering /health but failing every generation (HTTP 500), and one hanging after its
+headers, both listed healthy by smg, are named by the deploy, and a worker someone else
+registered stays when the inventory drops it; a worker down when registered is named not up
+(smg's registration pending, its 409 understood), reported while pending once dropped from the
+inventory, and removed once its server came up; a worker's key rotated (its server restarted
+with a new one) is registered again with it, in place, without a gateway restart, and serves.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import shlex
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -35,12 +38,20 @@ LOGS = REPO / "tests" / "fixtures" / "sglang_logs"
 STANDIN = "/opt/standin"
 KEY = "sk-gateway-test-Zr4"
 PORTS = (31001, 31002, 31003)
+#: Stand-ins that fail as a worker can: 500 to every generation, silence after the headers;
+#: and the port of a worker whose server is down when it is registered.
+FAILING, HANGING, DOWN = 31004, 31005, 31006
 GATEWAY_PORT = 30000
 CLIENT = "/opt/client/gateway_client.py"
 SETTINGS = {"gateway_api_key": KEY, "gateway_wheelhouse": "/opt/wheels",
             "gateway_health_check_interval_s": 1, "gateway_health_check_timeout_s": 1,
-            "gateway_health_failure_threshold": 2, "gateway_register_timeout_s": 60,
+            "gateway_health_failure_threshold": 2, "gateway_register_timeout_s": 20,
             "gateway_port": GATEWAY_PORT}
+#: Seconds each worker has to answer the deploy's generation check (the hanging one takes them).
+CHECK_TIMEOUT_S = 8
+SCRIPT = (f"python3 {render.TOOLS}/gateway_workers.py --gateway http://127.0.0.1:{GATEWAY_PORT} "
+          "--workers /opt/smg/smg-workers.json --env-file /etc/smg/smg.env --keys-file "
+          "/etc/smg/smg-workers.env --state /opt/smg/smg-registered.json")
 TIMES: dict[str, float] = {}
 
 
@@ -59,11 +70,35 @@ class Site:
     def url(self, port: int) -> str:
         return f"http://{self.address}:{port}"
 
-    def start_standin(self, port: int, key: str = KEY) -> None:
+    def start_standin(self, port: int, key: str = KEY, case: str = "normal") -> None:
         self.servers.attach(
             f"systemd-run --unit standin-{port} --setenv=SGLANG_API_KEY={key} /usr/bin/python3 "
             f"{STANDIN}/standin_sglang.py --logs {STANDIN}/logs --port {port} --host 0.0.0.0 "
-            f"--event-file /run/standin-{port} --pause-scale 0.01 --enable-metrics")
+            f"--event-file /run/standin-{port} --pause-scale 0.01 --enable-metrics --case {case}")
+
+    def stop_standin(self, port: int) -> None:
+        self.servers.attach(f"systemctl stop standin-{port}", check=False)
+
+    def script(self, command: str, *args: str) -> tuple[int, dict]:
+        """The worker script in the gateway's container, as the deploy runs it."""
+        done = self.gateway.attach(f"{SCRIPT.replace(' --gateway', f' {command} --gateway', 1)} "
+                                   + " ".join(args), check=False)
+        return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
+
+    def smg(self, method: str, path: str, body: dict | None = None) -> dict:
+        """smg's worker API, asked by hand in its container (someone else's change)."""
+        done = self.gateway.attach(
+            f"python3 -c {shlex.quote(SMG_CALL)} {method} {shlex.quote(path)} "
+            f"{shlex.quote(json.dumps(body) if body else '')}")
+        return json.loads(done.stdout or "{}")
+
+    def wait_listed(self, wanted: dict[int, bool], seconds: float = 60) -> None:
+        """Until smg lists exactly the ports of WANTED, each with that health."""
+        deadline = time.monotonic() + seconds
+        want = {self.url(p): healthy for p, healthy in wanted.items()}
+        while (found := {w["url"]: w["is_healthy"] for w in self.gateway_listing()}) != want:
+            assert time.monotonic() < deadline, (found, want)
+            time.sleep(0.2)
 
     def standin_pid(self, port: int) -> str:
         return self.servers.attach(f"systemctl show -p MainPID --value standin-{port}").stdout.strip()
@@ -75,7 +110,7 @@ class Site:
         workers = [{"name": f"@lxc/standin-{p}", "url": self.url(p), "has_key": True} for p in ports]
         inventory = self.folder / "inventory.py"
         data = {**self.gateway.host_data(), "settings": {**SETTINGS, **settings},
-                "gateway_worker_list": workers,
+                "gateway_worker_list": workers, "check_timeout_s": CHECK_TIMEOUT_S,
                 "worker_keys": [(keys or {}).get(p, KEY) for p in ports]}
         inventory.write_text(f"gateways = [({self.gateway.inventory_name!r}, {data!r})]\n")
         done = subprocess.run([str(PYINFRA), str(inventory), "tests/deploys/gateway.py", "-y",
@@ -96,15 +131,26 @@ class Site:
         return {p: found[self.url(p)] for p in ports}
 
     def gateway_listing(self) -> list[dict]:
-        status = self.gateway.attach(
-            f"python3 {render.TOOLS}/gateway_workers.py status --gateway "
-            f"http://127.0.0.1:{GATEWAY_PORT} --workers /opt/smg/smg-workers.json --env-file /etc/smg/smg.env "
-            "--keys-file /etc/smg/smg-workers.env --state /opt/smg/smg-registered.json",
-            check=False).stdout
+        status = self.gateway.attach(SCRIPT.replace(" --gateway", " status --gateway", 1),
+                                     check=False).stdout
         return json.loads(status).get("workers") or [] if status.strip() else []
 
     def gateway_pid(self) -> str:
         return self.gateway.attach("systemctl show -p MainPID --value smg.service").stdout.strip()
+
+
+#: smg's worker API asked by hand (METHOD PATH [BODY]) in its container, with the gateway's key
+#: from its env file.
+SMG_CALL = f"""
+import sys, urllib.request
+method, path, body = sys.argv[1], sys.argv[2], sys.argv[3]
+key = open("/etc/smg/smg.env").read().split('SGLANG_API_KEY="')[1].split('"')[0]
+request = urllib.request.Request("http://127.0.0.1:{GATEWAY_PORT}" + path, method=method,
+                                 data=body.encode() or None, headers={{
+                                     "Authorization": "Bearer " + key,
+                                     "Content-Type": "application/json"}})
+print(urllib.request.urlopen(request, timeout=10).read().decode())
+"""
 
 
 def changed(results: dict) -> list[str]:
@@ -242,6 +288,74 @@ def test_a_worker_dropped_from_the_inventory_is_removed_and_then_nothing_changes
     assert done.returncode == 0 and results and changed(results) == [], done.stderr[-4000:]
 
 
+def test_workers_failing_or_hanging_on_every_generation_are_named_though_listed_healthy(site, first):
+    """One worker answers /health but 500 to every generation, one stalls after its headers:
+    smg lists both healthy (it retries the 500 elsewhere; the hang only times out), and the
+    deploy names each. One of them was registered by someone else, before the inventory named
+    it: when the inventory drops both, the deploy removes only its own (the other one's 500s
+    smg retries on another worker: the chat completion through the gateway still passes)."""
+    site.start_standin(FAILING, case="fail-generation")
+    site.start_standin(HANGING, case="headers-then-silence")
+    try:
+        other = site.smg("POST", "/workers", {"url": site.url(FAILING), "api_key": KEY})
+        assert other.get("worker_id"), other
+        site.wait_listed({PORTS[0]: True, PORTS[1]: True, FAILING: True})
+        done, results = site.deploy((*PORTS[:2], FAILING, HANGING))
+        assert done.returncode != 0, done.stderr[-4000:]
+        assert (f"@lxc/standin-{FAILING} ({site.url(FAILING)}) fails a generation asked as the "
+                "gateway asks it: HTTP 500") in done.stderr, done.stderr[-4000:]
+        assert (f"@lxc/standin-{HANGING} ({site.url(HANGING)}) fails a generation asked as the "
+                f"gateway asks it: HTTP 200, then nothing for {CHECK_TIMEOUT_S}s after its "
+                "headers") in done.stderr, done.stderr[-4000:]
+        assert f"{site.url(PORTS[0])}: healthy" in done.stderr
+        # What smg says of them: healthy.
+        listed = {w["url"]: w["is_healthy"] for w in site.gateway_listing()}
+        assert listed[site.url(FAILING)] is True and listed[site.url(HANGING)] is True, listed
+        done, results = site.deploy(PORTS[:2])
+        assert done.returncode == 0 and results and not failed(results), done.stderr[-4000:]
+        assert {w["url"] for w in site.gateway_listing()} == {
+            site.url(PORTS[0]), site.url(PORTS[1]), site.url(FAILING)}
+    finally:
+        for worker in site.smg("GET", "/workers")["workers"]:
+            if worker["url"] in (site.url(FAILING), site.url(HANGING)):
+                site.smg("DELETE", f"/workers/{worker['id']}")
+        site.wait_listed({PORTS[0]: True, PORTS[1]: True})
+        site.stop_standin(FAILING)
+        site.stop_standin(HANGING)
+
+
+def test_a_worker_down_when_registered_is_not_up_then_reported_and_removed_once_dropped(site, first):
+    """smg holds the registration of a worker whose server is down (pending): the deploy says
+    so, naming it; a second sync meets smg's 409 in progress and says the same; dropped from the
+    inventory meanwhile, it is reported while smg may still add it, and removed once it did."""
+    done, results = site.deploy((*PORTS[:2], DOWN))
+    assert done.returncode != 0
+    assert (f"worker @lxc/standin-{DOWN} ({site.url(DOWN)}) is not up: the gateway holds its "
+            "registration (pending)") in done.stderr, done.stderr[-4000:]
+    assert {w["url"] for w in site.gateway_listing()} == {site.url(p) for p in PORTS[:2]}
+    code, result = site.script("sync", "--timeout", "2")
+    assert code == 4 and "error" not in result, result
+    assert result["not_up"] == [{"name": f"@lxc/standin-{DOWN}", "url": site.url(DOWN),
+                                 "pending": True}] and result["listed"] == 2, result
+    # The sync runs (the keys file changed with the list) and says so; the next run, with
+    # nothing to sync, says it in its check.
+    for _ in range(2):
+        done, results = site.deploy(PORTS[:2])
+        assert done.returncode != 0
+        assert (f"{site.url(DOWN)} is no longer a worker of this gateway, but the gateway still "
+                "holds the registration") in done.stderr, done.stderr[-4000:]
+    assert "gateway worker " + site.url(DOWN) + ": no longer a worker, registration pending" in (
+        done.stderr), done.stderr[-4000:]
+    site.start_standin(DOWN)
+    try:
+        site.wait_listed({PORTS[0]: True, PORTS[1]: True, DOWN: True})  # smg added it: it serves
+        done, results = site.deploy(PORTS[:2])
+        assert done.returncode == 0 and results and not failed(results), done.stderr[-4000:]
+        assert {w["url"] for w in site.gateway_listing()} == {site.url(p) for p in PORTS[:2]}
+    finally:
+        site.stop_standin(DOWN)
+
+
 def test_a_rotated_worker_key_is_registered_again_without_a_restart(site, first):
     """Without a gateway key (smg then sends each worker its own: ``key_problem``), the server of
     one worker restarts with a new key, and the inventory says so: the deploy registers that
@@ -266,18 +380,17 @@ def test_a_rotated_worker_key_is_registered_again_without_a_restart(site, first)
             site.url(p): True for p in PORTS[:2]}:
         assert time.monotonic() < deadline, site.gateway_listing()
         time.sleep(0.2)
-    # cache_aware sends a prompt no worker's tree matches to the worker with the smaller tree:
-    # after the earlier tests' prompts, the rotated worker got 0 to 12 of the first 40. Sent
-    # until both have answered; a 401 from the rotated worker is what the bug looked like.
-    before, codes = site.counts(PORTS[:2]), Counter()
-    for _ in range(5):
-        answer = site.client("requests", "--url", f"http://127.0.0.1:{GATEWAY_PORT}", "--count",
-                             "40", "--concurrency", "8", key=None)
-        codes.update(answer["codes"])
-        after = site.counts(PORTS[:2])
-        if all(after[p] > before[p] for p in PORTS[:2]):
-            break
-    assert set(codes) == {"200"}, codes
-    assert all(after[p] > before[p] for p in PORTS[:2]), (before, after)
+    # Whatever the policy would choose, the rotated worker is the only one serving: the other
+    # stopped and marked, every request reaches it. With its old key (the bug) it answers 401.
+    site.stop_standin(PORTS[1])
+    site.wait_listed({PORTS[0]: True, PORTS[1]: False})
+    before = site.counts(PORTS[:1])
+    answer = site.client("requests", "--url", f"http://127.0.0.1:{GATEWAY_PORT}", "--count",
+                         "12", "--concurrency", "4", key=None)
+    after = site.counts(PORTS[:1])
+    assert answer["codes"] == {"200": 12}, answer["codes"]
+    assert after[PORTS[0]] - before[PORTS[0]] == 12, (before, after)
+    site.start_standin(PORTS[1])
+    site.wait_listed({PORTS[0]: True, PORTS[1]: True})
     done, results = site.deploy(PORTS[:2], {PORTS[0]: rotated}, gateway_api_key=None)
     assert done.returncode == 0 and results and changed(results) == [], done.stderr[-4000:]

@@ -85,6 +85,7 @@ class GatewaySettings(_Strict):
     gateway_wheelhouse: ContainerPath | None
     gateway_pip_index_url: HttpUrl | None
     gateway_register_timeout_s: Int = Field(ge=1, le=3600)
+    gateway_worker_startup_timeout_s: Int = Field(ge=1, le=86400)
     gateway_bench: bool
 
     @field_validator("gateway_workers")

@@ -34,8 +34,10 @@ class SmgVenvPackages(FactBase["dict[str, str] | None"]):
 
 class GatewayWorkers(FactBase[dict]):
     """Returns the gateway's workers as ``remote/gateway_workers.py status`` prints them
-    (``{"workers": [{url, is_healthy, status}]}``), or ``{"error": ...}`` when the gateway does
-    not answer. ARGV: the script's status command line (no secret: keys come from files)."""
+    (``{"workers": [{url, is_healthy, status}], "registered", "pending", "keys_current"}``), or
+    ``{"error": ...}`` when the gateway does not answer. ARGV: the script's status command line
+    (no secret: keys come from files). Also each worker's answer to one generation:
+    ``check``'s command line (``{"workers": [{name, url, ok, why, ...}]}``)."""
 
     @override
     def command(self, argv: list[str]) -> StringCommand:

@@ -91,6 +91,10 @@ def smg_argv(gs: GatewaySettings) -> list[str]:
             "--health-check-timeout-secs", str(gs.gateway_health_check_timeout_s),
             "--health-failure-threshold", str(gs.gateway_health_failure_threshold),
             "--health-check-endpoint", "/health",
+            # A worker registered while its server is down stays pending this long (smg's
+            # default: 1800 s), checked as often as the registered ones (default: 30 s).
+            "--worker-startup-timeout-secs", str(gs.gateway_worker_startup_timeout_s),
+            "--worker-startup-check-interval", str(gs.gateway_health_check_interval_s),
             "--remove-unhealthy-workers" if gs.gateway_remove_unhealthy
             else "--no-remove-unhealthy-workers"]
     if gs.gateway_api_key:
@@ -98,14 +102,17 @@ def smg_argv(gs: GatewaySettings) -> list[str]:
     return argv
 
 
-def sync_argv(gs: GatewaySettings, command: str = "sync") -> list[str]:
-    """The worker script's argv (``remote/gateway_workers.py``): no secret in it."""
+def sync_argv(gs: GatewaySettings, command: str = "sync", timeout_s: int | None = None) -> list[str]:
+    """The worker script's argv (``remote/gateway_workers.py``): no secret in it. ``sync``
+    waits ``gateway_register_timeout_s``; ``check`` gives each worker TIMEOUT_S to answer."""
     argv = ["/usr/bin/python3", remote.path(remote.GATEWAY_WORKERS, TOOLS), command,
             "--gateway", gateway_url(gs), "--workers", workers_path(gs),
             "--env-file", env_file_path(gs), "--keys-file", keys_path(gs),
             "--state", state_path(gs)]
     if command == "sync":
         argv += ["--timeout", str(gs.gateway_register_timeout_s)]
+    elif timeout_s is not None:
+        argv += ["--timeout", str(timeout_s)]
     return argv
 
 
@@ -156,7 +163,8 @@ def render_unit(gs: GatewaySettings) -> str:
         env_file=_plain_path("env_file", env_file),
         description=f"SGLang model gateway (smg {gs.smg_version}) on port {gs.gateway_port}",
         exec_start=systemd_command(launch_argv(smg_argv(gs), mask, launcher)),
-        exec_start_post=systemd_command(sync_argv(gs)),
+        # A worker still loading when the gateway starts is reported, and no reason to fail it.
+        exec_start_post=systemd_command([*sync_argv(gs), "--not-up-ok"]),
         launcher_config_error=sglang_launch.EX_CONFIG,
         timeout_start_s=gs.gateway_register_timeout_s + 30,
     )

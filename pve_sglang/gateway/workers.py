@@ -110,45 +110,94 @@ def choose_workers(where: str, wanted: list[str] | None,
 
 @dataclass(frozen=True)
 class WorkerView:
-    """A worker as the gateway reports it (``GET /workers``), or not at all."""
+    """A worker as the gateway reports it (``GET /workers``), or not at all, and its answer to
+    one generation asked straight from the gateway's container (``gateway_workers.py check``)."""
 
     name: str
     url: str
     listed: bool
     healthy: bool | None = None
     status: str | None = None
+    pending: bool = False  # not listed: smg holds its registration until its server answers
+    fails: str | None = None  # why its generation failed; None: it answered (or was not asked)
+    answered_s: float | None = None
 
 
-def judge(workers: list[Worker], listed: list[dict]) -> list[WorkerView]:
+def _by_url(items: list) -> dict[str, dict]:
+    return {str(item.get("url", "")).rstrip("/"): item for item in items if isinstance(item, dict)}
+
+
+def judge(workers: list[Worker], listed: list[dict], pending: list[str] = (),
+          answers: list[dict] | None = None) -> list[WorkerView]:
     """Each worker of the inventory as the gateway's LISTED answer (``GET /workers``'s
-    ``workers``) shows it: missing (removed), healthy or not."""
-    by_url = {str(item.get("url", "")).rstrip("/"): item for item in listed if isinstance(item, dict)}
+    ``workers``) shows it: missing (removed, or PENDING: registered, its server not up),
+    healthy or not; and, with ANSWERS (``check``'s ``workers``), whether it answered a
+    generation: a worker that does not is no worker, whatever its /health says."""
+    by_url = _by_url(listed)
+    waiting = {str(url).rstrip("/") for url in pending}
+    answered = _by_url(answers or [])
     views = []
     for worker in workers:
-        item = by_url.get(worker.url.rstrip("/"))
+        url = worker.url.rstrip("/")
+        item = by_url.get(url)
         if item is None:
-            views.append(WorkerView(worker.name, worker.url, False))
-        else:
-            healthy = item.get("is_healthy")
-            views.append(WorkerView(worker.name, worker.url, True,
-                                    healthy if isinstance(healthy, bool) else None,
-                                    str(item.get("status", ""))[:40] or None))
+            views.append(WorkerView(worker.name, worker.url, False, pending=url in waiting))
+            continue
+        healthy = item.get("is_healthy")
+        fails, took = None, None
+        if answers is not None:
+            answer = answered.get(url)
+            if answer is None:
+                fails = "not asked (no answer of the check)"
+            elif answer.get("ok") is not True:
+                fails = str(answer.get("why") or "no answer")[:300]
+            elif isinstance(answer.get("elapsed_s"), (int, float)):
+                took = float(answer["elapsed_s"])
+        views.append(WorkerView(worker.name, worker.url, True,
+                                healthy if isinstance(healthy, bool) else None,
+                                str(item.get("status", ""))[:40] or None, fails=fails,
+                                answered_s=took))
     return views
 
 
-def verdict(views: list[WorkerView]) -> tuple[list[str], list[str]]:
+def strays(workers: list[Worker], pending: list[str]) -> list[str]:
+    """The PENDING registrations (the deploy's, smg still waiting for their server) of URLs no
+    worker of the inventory has: each serves once its server answers."""
+    wanted = {w.url.rstrip("/") for w in workers}
+    return sorted({str(url).rstrip("/") for url in pending} - wanted)
+
+
+def verdict(views: list[WorkerView], stray: list[str] = ()) -> tuple[list[str], list[str]]:
     """(lines for the log, problems): every worker's state as the gateway sees it; a worker
-    it removed or marks unhealthy is a problem, named."""
+    it removed, marks unhealthy, still waits for (pending) or that fails a generation is a
+    problem, named; so is each STRAY registration."""
     lines, problems = [], []
     for view in views:
-        if not view.listed:
+        if not view.listed and view.pending:
+            lines.append(f"{view.name} {view.url}: not up (the gateway holds its registration, "
+                         "pending until its server answers /health)")
+            problems.append(f"{view.name} ({view.url}) is not up: the gateway waits for its "
+                            "server (registration pending)")
+        elif not view.listed:
             lines.append(f"{view.name} {view.url}: not in the gateway's list (removed)")
             problems.append(f"{view.name} ({view.url}) was removed by the gateway")
         elif view.healthy is False:
             lines.append(f"{view.name} {view.url}: unhealthy ({view.status or 'no status'})")
             problems.append(f"{view.name} ({view.url}) is unhealthy in the gateway")
+        elif view.fails:
+            lines.append(f"{view.name} {view.url}: listed healthy "
+                         f"({view.status or 'no status'}), but fails a generation: {view.fails}")
+            problems.append(f"{view.name} ({view.url}) fails a generation asked as the gateway "
+                            f"asks it: {view.fails}")
         else:
-            lines.append(f"{view.name} {view.url}: healthy ({view.status or 'no status'})")
+            took = f", answered in {view.answered_s:.2f}s" if view.answered_s is not None else ""
+            lines.append(f"{view.name} {view.url}: healthy ({view.status or 'no status'}{took})")
+    for url in stray:
+        lines.append(f"{url}: no longer a worker, registration pending")
+        problems.append(
+            f"{url} is no longer a worker of this gateway, but the gateway still holds the "
+            "registration the deploy made (pending: smg cannot withdraw it): it serves once its "
+            "server answers, until the next deploy removes it; restart the gateway to drop it now")
     return lines, problems
 
 

@@ -7,7 +7,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
 from pve_sglang.facts.gateway import GatewayWorkers, SmgVenvPackages
-from pve_sglang.gateway.workers import Worker, judge, verdict
+from pve_sglang.gateway.workers import Worker, judge, strays, verdict
 from pve_sglang.operations.venv import lock_differences
 from pve_sglang.stack.lock import Lock
 
@@ -120,12 +120,17 @@ def workers_registered(status_argv: list[str], sync_argv: list[str], workers: li
 
 
 @operation()
-def workers_healthy(status_argv: list[str], workers: list[Worker]):
+def workers_healthy(status_argv: list[str], check_argv: list[str], workers: list[Worker]):
     """
-    Log each worker as the gateway sees it (healthy, unhealthy, or removed from its list) and
-    fail naming every worker it removed or marks unhealthy. Read-only: a check, no change.
+    Log each worker as the gateway sees it (healthy, unhealthy, not up, or removed from its
+    list) and as it answers one short generation asked straight from the gateway's container,
+    as the gateway forwards one (smg lists a worker healthy while its every generation fails or
+    hangs: its ``/health`` answers); fail naming every worker it removed, marks unhealthy,
+    still waits for, or that fails its generation, and each registration the deploy made that
+    smg still holds for a worker no longer in the inventory. Read-only: a check, no change.
 
     + status_argv: ``remote/gateway_workers.py status``
+    + check_argv: ``remote/gateway_workers.py check`` (``render.sync_argv(gs, "check", S)``)
     + workers: the gateway's workers
 
     **Example:**
@@ -136,7 +141,8 @@ def workers_healthy(status_argv: list[str], workers: list[Worker]):
         from pve_sglang.operations import gateway
 
         gateway.workers_healthy(name="Each worker healthy in the gateway",
-                                status_argv=render.sync_argv(gs, "status"), workers=workers)
+                                status_argv=render.sync_argv(gs, "status"),
+                                check_argv=render.sync_argv(gs, "check", 60), workers=workers)
     """
     if not state.is_executing:
         host.noop("the workers' health in the gateway: checked after the run")
@@ -145,10 +151,16 @@ def workers_healthy(status_argv: list[str], workers: list[Worker]):
     listed = answer.get("workers")
     if not isinstance(listed, list):
         raise OperationError(f"{host.name}: the gateway does not answer: {answer.get('error')}")
-    lines, problems = verdict(judge(workers, listed))
+    pending = [str(url) for url in answer.get("pending") or ()]
+    checked = host.get_fact(GatewayWorkers, argv=check_argv)
+    answers = checked.get("workers")
+    if not isinstance(answers, list):
+        raise OperationError(f"{host.name}: the workers' generation check did not run: "
+                             f"{checked.get('error')}")
+    lines, problems = verdict(judge(workers, listed, pending, answers), strays(workers, pending))
     for line in lines:
         logger.info(f"{host.name}: gateway worker {line}")
     if problems:
         raise OperationError(f"{host.name}: " + "; ".join(problems))
-    host.noop(f"the gateway routes to all {len(workers)} workers")
+    host.noop(f"the gateway routes to all {len(workers)} workers, each answering")
     yield from ()
