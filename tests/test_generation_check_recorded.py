@@ -75,3 +75,50 @@ def test_recorded_normal_answer_passes_and_logs_the_rate(caplog):
     assert not state.failed_hosts
     assert ("chat completion of standin-model: 8 tokens, TTFT 0.05s, 84.3 tok/s single stream: "
             "'Red, blue and yellow are the primary colours.'") in caplog.text
+
+
+def test_a_failed_answer_through_the_gateway_names_the_worker_it_was_routed_to(caplog):
+    """smg names the worker it chose in ``x-smg-routed-worker-id``: the check's own command,
+    run here against a local server answering as smg does when that worker fails (HTTP 500 with
+    the header), and its output judged as the deploy judges it, names the worker. The header's
+    value is the gateway's, untrusted: a control character in it never reaches the message."""
+    import http.server
+    import json
+    import subprocess
+    import sys
+    import threading
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # /v1/models
+            body = json.dumps({"data": [{"id": "m"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b'{"error": "worker failed"}'
+            self.send_response(500)
+            self.send_header("x-smg-routed-worker-id", "http://10.0.3.7:30000\x1b[31m")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        script = Path(verify.__file__).parent.parent / "remote" / "startup_watch.py"
+        answer = subprocess.run(
+            [sys.executable, str(script), "generate", "--url",
+             f"http://127.0.0.1:{server.server_address[1]}", "--timeout", "20"],
+            capture_output=True, text=True, timeout=60, check=True).stdout
+    finally:
+        server.shutdown()
+    message = failed_with(answer, caplog)
+    assert "chat completion: HTTP 500" in message, message
+    assert "(the gateway routed it to worker http://10.0.3.7:30000[31m)\n" in message + "\n"
+    assert "\x1b" not in message

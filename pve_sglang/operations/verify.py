@@ -468,6 +468,18 @@ def generation_answers(url: str, env_file: str, script: str, max_tokens: int,
     ``OperationError`` when it fails, is degenerate or takes longer than TIMEOUT_S."""
     result = host.get_fact(GenerationCheck, script=script, url=url, env_file=env_file,
                            max_tokens=max_tokens, timeout_s=timeout_s)
+    try:
+        _judge_answer(result, timeout_s)
+    except OperationError as failure:
+        worker = (result or {}).get("worker")
+        if worker:  # through a gateway: the worker it chose is the one to look at
+            raise OperationError(f"{failure} (the gateway routed it to worker {worker})") from None
+        raise
+
+
+def _judge_answer(result: dict | None, timeout_s: int) -> None:
+    """Raise ``OperationError`` unless RESULT (``startup_watch.py generate``'s) is a timely,
+    non-degenerate answer; log its rate when it is."""
     if result and result.get("timed_out"):
         raise OperationError(f"chat completion timed out after {timeout_s}s "
                              f"(generation_timeout_s): {result.get('error')}")

@@ -182,7 +182,7 @@ def generate(args: argparse.Namespace) -> int:
     """The ``generate`` command (see the module's docstring): one deadline for the whole
     answer, an alarm, since a socket timeout bounds each read and not the sum of them."""
     result = {"status": None, "text": "", "tokens": 0, "ttft_s": None, "elapsed_s": None,
-              "logprobs": [], "model": None, "error": None, "timed_out": False}
+              "logprobs": [], "model": None, "error": None, "timed_out": False, "worker": None}
     start = time.monotonic()
     signal.signal(signal.SIGALRM, _timed_out)
     signal.setitimer(signal.ITIMER_REAL, args.timeout)
@@ -203,6 +203,19 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The header smg answers with the worker it sent the request to.
+ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
+
+
+def routed_worker(response) -> str | None:
+    """The worker a gateway (smg) routed the request to, from RESPONSE's header; None without
+    one. The gateway's answer is untrusted: printable characters only, at most 200."""
+    value = response.headers.get(ROUTED_WORKER_HEADER) if response is not None else None
+    if not value:
+        return None
+    return "".join(c for c in str(value) if c.isprintable())[:200] or None
+
+
 def _answer(args: argparse.Namespace, result: dict) -> None:
     """Ask for the completion and fill RESULT as the stream comes (times from the request)."""
     base = args.url.rstrip("/")
@@ -220,6 +233,7 @@ def _answer(args: argparse.Namespace, result: dict) -> None:
     status, response = http(f"{base}/v1/chat/completions", args.env_file, body,
                             timeout=args.timeout)
     result["status"] = status
+    result["worker"] = routed_worker(response)
     if status != 200:
         result["error"] = (response.read(2000).decode("utf-8", "replace") if response else
                            "no answer (connection refused, reset or timed out)")
