@@ -79,7 +79,8 @@ def status_phase() -> None:
     if any(h.name not in rows for h in active):
         return
     for other in state.inventory:
-        if _has_row(other) and other.name not in rows:
+        # Outside --limit: no row; within it and not reached: pyinfra could not connect.
+        if _has_row(other) and other.name not in rows and state.is_host_in_limit(other):
             rows[other.name] = status.down_row(str(other.data.get("pve_host") or ""), other.name,
                                                "unreachable: pyinfra could not connect (above)")
     ordered = [rows[h.name] for h in state.inventory if h.name in rows]
