@@ -22,6 +22,7 @@ where the sglang venv's Python runs this); the ``ContainerStatus`` fact sends bo
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -151,8 +152,10 @@ def read(args: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    print(json.dumps(read(json.loads(argv[0])), sort_keys=True))
+    parser = argparse.ArgumentParser(description="One container's status, as one JSON object.")
+    parser.add_argument("args_json", help="what to read (this module's docstring)")
+    options = parser.parse_args(argv)
+    print(json.dumps(read(json.loads(options.args_json)), sort_keys=True))
     return 0
 
 
