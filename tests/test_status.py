@@ -197,3 +197,17 @@ def test_a_read_that_printed_no_json_is_a_row_not_a_traceback():
     read = ContainerStatus().process(["Traceback (most recent call last):", "boom"])
     row = status.container_row("pve1", "c1", "/opt/sglang/venv", read, [], None, NOW)
     assert row["state"].startswith("running; status read failed: the status read printed no JSON")
+
+
+@pytest.mark.parametrize("active, sub, pending", [
+    ("active", "running", "the unit file"),
+    ("activating", "start", "the unit file"),
+    ("activating", "auto-restart", ""),  # between two automatic restarts: not serving
+    ("failed", "failed", ""),
+    ("inactive", "dead", ""),
+])
+def test_a_restart_is_pending_only_for_a_serving_unit(active, sub, pending):
+    read = {"unit": {"active": active, "sub": sub, "started": 100},
+            "mtimes": {"the unit file": 101, "the launcher": 100}}
+    row = status.container_row("pve1", "c1", "/opt/sglang/venv", read, [], None, NOW)
+    assert row["restart_pending"] == pending

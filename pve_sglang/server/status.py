@@ -13,7 +13,7 @@ import time
 import unicodedata
 from typing import Any
 
-from pve_sglang.server.unit_action import changed_after
+from pve_sglang.server.unit_action import RUNNING_STATES, changed_after, looping
 from pve_sglang.stack import switch_rules
 
 #: The columns, in order: key -> heading.
@@ -141,7 +141,9 @@ def container_row(host: str, container: str, venv_path: str, read: dict, runs: l
     row.update(bench_tok_s=_number(tok_s, 1), bench_date=when)
     row["probation"] = probation_words(record, found.current, now)
     row["rollback"] = rollback_words(record)
-    serving = unit.get("active") == "active"
+    # As the deploy decides it (``systemd_unit.service_running``): only a serving unit waits.
+    active = unit.get("active")
+    serving = active in RUNNING_STATES and not looping(active, unit.get("sub"))
     mtimes = read.get("mtimes") or {}
     row["restart_pending"] = ", ".join(changed_after(started, mtimes)) if serving else ""
     row["tuned"] = utc(tuned_mtime)
