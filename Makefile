@@ -67,9 +67,10 @@ tune: deploy-deps $(STAMP)
 	$(VENV)/bin/pyinfra inventory.py tune.py $(ARGS)
 
 # One row per GPU container and gateway, read-only (pyinfra inventory.py status.py): JSON=1 prints
-# JSON (STATUS_JSON=1 for pyinfra itself), ARGS="--limit NAME" picks hosts.
+# JSON (STATUS_JSON=1 for pyinfra itself), ARGS="--limit NAME" picks hosts. -y: it changes
+# nothing, and pyinfra would ask whether to go on when a host cannot be reached.
 status: $(STAMP)
-	@STATUS_JSON=$(JSON) $(VENV)/bin/pyinfra inventory.py status.py $(ARGS)
+	@STATUS_JSON=$(JSON) $(VENV)/bin/pyinfra inventory.py status.py -y $(ARGS)
 
 test: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(ARGS)

@@ -28,6 +28,8 @@ from pve_sglang.stack import switch_rules
 
 #: The groups that have rows.
 GROUPS = ("gpu_containers", "gateways")
+#: A host pyinfra could not connect to: its reason is pyinfra's line above the table.
+UNREACHABLE = "unreachable: could not connect"
 #: Each pyinfra run's rows so far, by host name (one run per process; keyed by the state).
 _ROWS: dict[int, dict[str, dict[str, str]]] = {}
 
@@ -82,7 +84,7 @@ def status_phase() -> None:
         # Outside --limit: no row; within it and not reached: pyinfra could not connect.
         if _has_row(other) and other.name not in rows and state.is_host_in_limit(other):
             rows[other.name] = status.down_row(str(other.data.get("pve_host") or ""), other.name,
-                                               "unreachable: pyinfra could not connect (above)")
+                                               UNREACHABLE)
     ordered = [rows[h.name] for h in state.inventory if h.name in rows]
     text = status.as_json(ordered) if os.environ.get("STATUS_JSON") == "1" else status.table(ordered)
     sys.stdout.write(text + "\n")

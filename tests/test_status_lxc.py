@@ -15,6 +15,7 @@ import sys
 import pytest
 import yaml
 
+from tasks.status import UNREACHABLE as UNREACHABLE_STATE
 from test_deploy_lxc import REPO, Deploy
 
 NAME = "pvs-status"
@@ -42,7 +43,7 @@ def status_run(deploy: Deploy, tmp_path, extra: dict | None = None) -> tuple[lis
     env["PVE_SGLANG_HOSTS"] = str(hosts)
     log = tmp_path / "commands.json"
     done = subprocess.run([sys.executable, "-m", "devtools.deploy_cost.driver", str(log), "--",
-                           "inventory.py", "status.py"], cwd=REPO,
+                           "inventory.py", "status.py", "-y"], cwd=REPO,
                           env={**env, "STATUS_JSON": "1"}, capture_output=True, text=True,
                           timeout=600)
     # pyinfra's own exit status: 1 when a host could not be reached, the rows printed still.
@@ -56,8 +57,8 @@ def test_a_deployed_container_is_one_row_read_in_one_command(deploy, tmp_path):
     assert len(rows) == 2, rows
     row = next(r for r in rows if r["container"] == HOST)
     assert [(r["host"], r["container"], r["state"]) for r in rows if r is not row] == [
-        ("nowhere", "@pct/nowhere/105", "unreachable: pyinfra could not connect (above)")]
-    assert (row["host"], row["container"], row["state"]) == ("local", HOST, "running"), row
+        ("nowhere", "@pct/nowhere/105", UNREACHABLE_STATE)]
+    assert (row["host"], row["container"], row["state"]) == ("@local", HOST, "running"), row
     assert re.fullmatch(r"[0-9a-f]{16}", row["stack"]), row
     assert deploy.attach("readlink /opt/sglang/venv").endswith(row["stack"])
     assert row["release"] == "sglang 0.5.9", row
