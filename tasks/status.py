@@ -47,10 +47,11 @@ def _read_args(cs: ContainerSettings) -> dict:
 
 def _row() -> dict[str, str]:
     where = str(host.data.get("pve_host") or "")
-    state_of = getattr(host.connector, "container_state", None)
-    current = state_of() if state_of is not None else "running"
-    if current != "running":
-        return status.down_row(where, host.name, current)
+    # container_ready asks the host once and keeps a yes for the read below (container_state
+    # would be asked again by it); a no is asked once more for its word (stopped, missing).
+    ready = getattr(host.connector, "container_ready", None)
+    if ready is not None and not ready():
+        return status.down_row(where, host.name, host.connector.container_state())
     if "gateways" in host.groups:
         gs = host_settings(GatewaySettings)
         read = host.get_fact(ContainerStatus, python="/nonexistent",
