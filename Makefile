@@ -15,7 +15,7 @@ define apt_install
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null
 endef
 
-.PHONY: deploy deploy-deps tune test test-fast system-deps bench lock bench-stack release
+.PHONY: deploy deploy-deps tune status test test-fast system-deps bench lock bench-stack release
 
 # The tests' caches (the Debian rootfs, wheels, venvs: GBs, built once) live outside the clone
 # as root, so that a fresh clone on this machine finds them (CI's .ci/run uses the same folder).
@@ -65,6 +65,12 @@ deploy: deploy-deps $(STAMP)
 # its plan, ARGS="--limit NAME" picks one container.
 tune: deploy-deps $(STAMP)
 	$(VENV)/bin/pyinfra inventory.py tune.py $(ARGS)
+
+# One row per GPU container and gateway, read-only (pyinfra inventory.py status.py): JSON=1 prints
+# JSON (STATUS_JSON=1 for pyinfra itself), ARGS="--limit NAME" picks hosts. -y: it changes
+# nothing, and pyinfra would ask whether to go on when a host cannot be reached.
+status: $(STAMP)
+	@STATUS_JSON=$(JSON) $(VENV)/bin/pyinfra inventory.py status.py -y $(ARGS)
 
 test: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(ARGS)

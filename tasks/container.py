@@ -31,6 +31,7 @@ from pve_sglang.server.unit_text import (
     env_file_path,
     fallback_unit_name,
     fallback_unit_path,
+    restart_since,
     unit_name,
     unit_path,
 )
@@ -473,11 +474,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
         restart=restart_check(cs, [unit_file, env, launcher, *model_ops], stack_ops, switched,
                               unit),
         # A run killed after one of these changed, before the restart: restarted by the next.
-        # The link's own mtime moves at a switch; the serving stack's when an install in it
-        # ends (its marker goes) and before a patch.
-        since={"the unit file": unit_path(cs), "the environment file": env_file,
-               "the launcher": LAUNCHER, "the sglang stack link": cs.venv_path,
-               "the sglang venv": f"{cs.venv_path}/"},
+        since=restart_since(cs),
         restart_on_change=cs.restart_on_change,
     )
     if not start:

@@ -11,7 +11,8 @@
   ``Part``, the parts of a container's one read;
 - ``store``: a host's wheel store, for its retention;
 - ``gateway``: a gateway's container (the smg venv's packages, its worker list);
-- ``verify``: the verify phase's read-only checks (GPUs, CUDA, health, startup, benchmark).
+- ``verify``: the verify phase's read-only checks (GPUs, CUDA, health, startup, benchmark);
+- ``status``: ``make status``'s one read of a container (``ContainerStatus``).
 
 The model store's facts live with the model store (``pve_sglang/model_store/facts.py``).
 """

@@ -18,19 +18,13 @@ from pve_sglang.server.unit_action import Action
 
 def restart_pending(started: int | None, since: dict[str, str]) -> list[str]:
     """The names in SINCE (``{name: path}``) whose path changed after STARTED (the running
-    server's start, microseconds since the epoch): a run that changed them was killed before
-    it restarted the server. Both times are read in the container, on its clock; a file's
-    mtime is never later than the write (the kernel stamps it with a coarse clock), so a
-    server started after the change is never found pending. Unknown times decide nothing."""
-    if started is None:
-        return []
-    changed = []
+    server's start, microseconds since the epoch): ``unit_action.changed_after`` of their
+    mtimes, from the run's one read of the managed paths."""
+    mtimes = {}
     for name, path in since.items():
         current = paths.state(path)
-        mtime = current.get("mtime") if current else None
-        if mtime is not None and mtime > started:
-            changed.append(name)
-    return changed
+        mtimes[name] = current.get("mtime") if current else None
+    return unit_action.changed_after(started, mtimes)
 
 
 def _state_words(unit_state: dict) -> str:

@@ -39,6 +39,9 @@ container's Python. ``model_fetch.py`` lives with the rest of the model store
 ``gateway_workers.py``        the gateway's worker list through smg's worker API (register,
                               remove what it registered), and each worker's health as the
                               gateway reports it
+``status_read.py``            one container's status for ``make status`` (unit, stacks, model
+                              marker, /health, /metrics), read-only, sent as ``python -c``
+                              with ``server_metrics.py`` (``piped``)
 ``remote_env.py``             a value of the deploy's env file (a secret read by the script,
                               never on a command line): uploaded beside ``model_fetch.py``
                               and ``startup_watch.py``, which import it
@@ -69,10 +72,13 @@ REMOTE_ENV = "remote_env.py"
 CONFINE = "confine.py"
 STACK_FALLBACK = "stack_fallback.py"
 GATEWAY_WORKERS = "gateway_workers.py"
+STATUS_READ = "status_read.py"
 
 #: The modules a script imports from beside it: uploaded with it, to the same folder.
-COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV, CONFINE), STARTUP_WATCH: (REMOTE_ENV,),
-                                          GATEWAY_WORKERS: (REMOTE_ENV,)}
+COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV, CONFINE),
+                                          STARTUP_WATCH: (REMOTE_ENV,),
+                                          GATEWAY_WORKERS: (REMOTE_ENV,),
+                                          STATUS_READ: (SERVER_METRICS,)}
 
 _HERE = Path(__file__).resolve().parent
 #: The scripts kept in another folder of the package, with the code of their topic: the same
@@ -97,6 +103,20 @@ def stage(script: str, folder: Path) -> Path:
     for name in (script, *COMPANIONS.get(script, ())):
         (folder / name).write_bytes(source(name).read_bytes())
     return folder / script
+
+
+def piped(script: str) -> str:
+    """SCRIPT with its companions as one program for ``python -c``, for a read that uploads
+    nothing (``make status``): each companion becomes the module its name says, then SCRIPT
+    runs as ``__main__``; each keeps its own file name in a traceback."""
+    lines = ["import sys, types"]
+    for name in COMPANIONS.get(script, ()):
+        module = name.removesuffix(".py")
+        lines += [f"_m = types.ModuleType({module!r})", f"sys.modules[{module!r}] = _m",
+                  f"exec(compile({source(name).read_text()!r}, {name!r}, 'exec'), _m.__dict__)"]
+    lines.append(f"exec(compile({source(script).read_text()!r}, {script!r}, 'exec'), "
+                 "{'__name__': '__main__'})")
+    return "\n".join(lines)
 
 
 def path(script: str, tools: str = TOOLS) -> str:

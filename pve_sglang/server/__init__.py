@@ -3,4 +3,5 @@ and env file as text (``unit_text``), both rendered once per container for the p
 the container phase (``render``), where it is reached (``addresses``), each flag's spelling per
 sglang release (``spelling``), what to do with the unit after a change (``unit_action``), what
 its startup log means (``startup_log``), the benchmark's command and results (``bench``), its
-history (``bench_history``) and the hints drawn from it (``bench_hints``)."""
+history (``bench_history``) and the hints drawn from it (``bench_hints``); ``make status``'s
+rows and table (``status``)."""

@@ -35,6 +35,17 @@ class UnitPlan(NamedTuple):
     why: str = ""
 
 
+def changed_after(started: int | None, mtimes: dict[str, int | None]) -> list[str]:
+    """The names in MTIMES (``{name: mtime}``, microseconds since the epoch, None: not there)
+    changed after STARTED (the running server's start, on the same clock): a run that changed
+    them was killed before it restarted the server (a restart pending). A file's mtime is never
+    later than the write (the kernel stamps it with a coarse clock), so a server started after
+    the change is never found pending. Unknown times decide nothing."""
+    if started is None:
+        return []
+    return [name for name, mtime in mtimes.items() if mtime is not None and mtime > started]
+
+
 def looping(active: str, sub: str | None) -> bool:
     """The unit failed, or waits between two tries of Restart= (auto-restart): it does not serve."""
     return active == "failed" or sub == "auto-restart"

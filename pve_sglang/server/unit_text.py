@@ -164,6 +164,16 @@ def unit_path(settings: ContainerSettings) -> str:
     return unit_file(unit_name(settings))
 
 
+def restart_since(settings: ContainerSettings) -> dict[str, str]:
+    """What the server reads when it starts, ``{what: path}``: one changed after the running
+    server started is a restart pending (a run killed before its restart; ``make status`` says
+    so too). The link's own mtime moves at a switch; the serving stack's when an install in it
+    ends (its marker goes) and before a patch."""
+    return {"the unit file": unit_path(settings), "the environment file": env_file_path(settings),
+            "the launcher": LAUNCHER, "the sglang stack link": settings.venv_path,
+            "the sglang venv": f"{settings.venv_path}/"}
+
+
 def cache_environment(settings: ContainerSettings) -> dict[str, str]:
     """Persistent caches: SGLang's (FlashInfer autotune results among them) and the JIT caches.
 
