@@ -110,10 +110,8 @@ def container_row(host: str, container: str, venv_path: str, read: dict, runs: l
                   tuned_mtime: float | None, now: float) -> dict[str, str]:
     """The row of a running container from its status READ, its benchmark RUNS and its tuned
     file's mtime (None: no tuned file)."""
-    row = {key: "" for key in COLUMNS}
-    row.update(host=host, container=container, state="running")
+    row = _running_row(host, container, "running", read)
     if "error" in read:
-        row["state"] = f"running; status read failed: {read['error']}"
         return row
     raw = read.get("stacks") or {}
     found = switch_rules.found_of(venv_path, {"kind": raw.get("kind", "missing"), **raw})
@@ -126,10 +124,7 @@ def container_row(host: str, container: str, venv_path: str, read: dict, runs: l
     if isinstance(marker, dict):
         row["model"], row["commit"] = marker.get("repo"), str(marker.get("commit") or "")[:12]
     unit = read.get("unit") or {}
-    row["unit"] = "/".join(str(p) for p in (unit.get("active"), unit.get("sub")) if p)
     started = unit.get("started")
-    row["since"] = utc(started / 1e6) if isinstance(started, int) else ""
-    row["health"] = health_words(read.get("health"))
     figures = read.get("metrics") or {}
     if "error" in figures:
         row["running"] = f"metrics: {figures['error']}"
@@ -152,8 +147,13 @@ def container_row(host: str, container: str, venv_path: str, read: dict, runs: l
 
 def gateway_row(host: str, container: str, read: dict) -> dict[str, str]:
     """The row of a running gateway container: its unit and /health."""
-    row = {key: "" for key in COLUMNS}
-    row.update(host=host, container=container, state="running (gateway)")
+    return _running_row(host, container, "running (gateway)", read)
+
+
+def _running_row(host: str, container: str, state: str, read: dict) -> dict[str, str]:
+    """A running container's row with what every kind shows: its unit, since when, /health;
+    the STATE cell says where its status READ failed."""
+    row = down_row(host, container, state)
     if "error" in read:
         row["state"] = f"running; status read failed: {read['error']}"
         return row
