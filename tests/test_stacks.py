@@ -505,6 +505,8 @@ JUDGED = {**ON_TRIAL, "trial_until": NOW + 60}
 def test_a_crash_on_probation_switches_back_at_once(record, current, present, now, rollback,
                                                      result, act):
     assert rules.at_exit(record, current, present, now, rollback, result) is act
+    # An exit the unit is not restarted on (a missing secret) is no release's fault.
+    assert rules.at_exit(record, current, present, now, rollback, result, True) is rules.Act.LEAVE
 
 
 @pytest.mark.parametrize("record, current, present, now, rollback, prevented, act", [
@@ -707,6 +709,7 @@ def test_a_crash_on_probation_is_switched_back_at_its_first_exit_with_a_standin_
     side.layout(f"venv.stacks/{B}", {A, B}, judged)
     crashed = {"SERVICE_RESULT": "exit-code", "EXIT_CODE": "exited", "EXIT_STATUS": "1"}
     assert side.run("--on-exit", environment={"SERVICE_RESULT": "success"}) == []
+    assert side.run("--on-exit", environment={**crashed, "EXIT_STATUS": "78"}) == []
     side.unit(jobs="123 sglang.service restart running\n")
     assert side.run("--on-exit", environment=crashed) == []
     side.unit()

@@ -94,14 +94,17 @@ class Act(Enum):
 
 
 def at_exit(record: dict, current: str | None, stacks, now: float, rollback: bool,
-            result: str) -> Act:
+            result: str, restart_prevented: bool = False) -> Act:
     """
     The server's process ended with RESULT (systemd's ``$SERVICE_RESULT``, the unit's
     ``ExecStopPost=``): a stack judged good and on probation is switched back at its first
     crash, the previous release started at once. Before its verdict the run that switched it
     is judging it (a run cut short before it leaves it to the start limit, ``at_start_limit``).
+    RESTART_PREVENTED: its exit status is one the unit is not restarted on (a missing secret:
+    no release's fault).
     """
-    if result == "success" or not judged_on_probation(record.get("trial_until"), now):
+    if result == "success" or restart_prevented or \
+            not judged_on_probation(record.get("trial_until"), now):
         return Act.LEAVE
     verdict = failure_verdict(record, current, stacks, now, rollback)
     return Act.SWITCH_BACK if verdict is Verdict.ROLL_BACK else Act.LEAVE
