@@ -422,9 +422,32 @@ def test_a_rollback_cut_short_is_planned_back_then_cleared():
     assert '"trial": null' in back[2] and '"previous": null' in back[2] and B in back[2]
     cleared = plan(A)
     assert len(cleared) == 2 and "systemctl restart" in cleared[0] and '"trial": null' in cleared[1]
+    # Given the start's watch, the run follows that restart until the previous release serves
+    # (as the verify phase's rollback does), after the record is cleared.
+    for current, restart in ((B, 1), (A, 0)):
+        waited = op_commands(stack_ops.rollback_finished, venv_path=VENV, lock_file="/x",
+                             service="sglang", unit="sglang.service", watch=lambda: None,
+                             facts={Stacks: read_of(current, {A: 1, B: 2}, record)})
+        assert waited[:-1] == plan(current) and waited[-1] == ["serving", [], {}]
+        assert "systemctl restart" in waited[restart]
     assert plan(A) and op_commands(
         stack_ops.rollback_finished, venv_path=VENV, lock_file="/x", service="sglang",
         unit="sglang.service", facts={Stacks: read_of(A, {A: 1}, {"failed": {}})}) == []
+
+
+def test_a_trial_that_failed_while_no_run_was_there_is_rolled_back_and_waited_for():
+    """A run killed before its verdict, the server restarted on its own since: the next run
+    records the set, rolls back, and follows the previous release's start until it serves."""
+    def plan(**more):
+        return op_commands(stack_ops.rollback_finished, venv_path=VENV, lock_file="/x",
+                           service="sglang", unit="sglang.service",
+                           facts={Stacks: read_of(B, {A: 1, B: 2}, {"previous": A, "trial": B}),
+                                  UnitState: {"active": "active", "restarts": 1}}, **more)
+
+    commands = plan(watch=lambda: None)
+    assert commands[:-1] == plan() and len(commands) == 5
+    assert "before its verdict" in commands[0] and f"venv.stacks/{A}" in commands[1]
+    assert "systemctl restart" in commands[2] and commands[-1] == ["serving", [], {}]
 
 
 NOW = 1_000_000.0
