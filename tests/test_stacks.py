@@ -577,13 +577,16 @@ def test_a_crash_loop_pause_doubles_up_to_its_cap(loop, now, restarts, pause):
 
 #: ``systemctl`` as the fallback calls it: ``show -pNAME... UNIT`` answers NAME=value lines (from
 #: the folder's ``show`` file), ``list-jobs --no-legend UNIT`` the jobs (``jobs``); every call is
-#: logged (``calls``).
+#: logged (``calls``). ``systemd-run`` logs its call too (the unit it would start runs apart).
 STANDIN_SYSTEMCTL = """#!/bin/sh
 echo "$*" >> "$STANDIN/calls"
 case "$1" in
   show) cat "$STANDIN/show" ;;
   list-jobs) cat "$STANDIN/jobs" 2>/dev/null ;;
 esac
+"""
+STANDIN_SYSTEMD_RUN = """#!/bin/sh
+echo "systemd-run $*" >> "$STANDIN/calls"
 """
 
 
@@ -598,9 +601,9 @@ class Fallback:
         self.script = remote.stage(remote.STACK_FALLBACK, tmp / "tools")
         self.standin = tmp / "standin"
         (self.standin / "bin").mkdir(parents=True)
-        systemctl = self.standin / "bin/systemctl"
-        systemctl.write_text(STANDIN_SYSTEMCTL)
-        systemctl.chmod(0o755)
+        for name, text in (("systemctl", STANDIN_SYSTEMCTL), ("systemd-run", STANDIN_SYSTEMD_RUN)):
+            (self.standin / "bin" / name).write_text(text)
+            (self.standin / "bin" / name).chmod(0o755)
         self.unit(ActiveState="failed", Result="exit-code", ExecMainStatus="1", NRestarts="3",
                   RestartUSec="10s")
 
@@ -744,10 +747,38 @@ def test_a_crash_on_probation_is_switched_back_at_its_first_exit_with_a_standin_
     assert record["fell_back"] == {"from": B, "to": A, "when": record["failed"][B]["when"],
                                    "why": why}
     assert record["trial"] is None and "trial_until" not in record
-    assert side.calls() == ["reset-failed sglang.service", "restart --no-block sglang.service"]
+    # The unit is still stopping: its start runs apart (systemd-run), once it stopped, instead
+    # of the automatic restart's RestartSec.
+    reset, start = side.calls()
+    assert reset == "reset-failed sglang.service"
+    assert start.startswith("systemd-run --no-block --collect --quiet ") and \
+        start.endswith(f"stack_fallback.py --unit sglang.service --venv-path {side.venv} "
+                       f"--state {side.state} --start-once-stopped"), start
     # Before its verdict the run that switched judges it: the exit leaves it.
     side.layout(f"venv.stacks/{B}", {A, B}, ON_TRIAL)
     assert side.run("--on-exit", environment=crashed) == []
+
+
+@pytest.mark.parametrize("active, sub, started", [
+    ("activating", "auto-restart", True),  # waits for its automatic restart: started now
+    ("failed", "failed", True),
+    ("inactive", "dead", True),
+    ("active", "running", False),  # started meanwhile by someone: left
+    ("activating", "start", False),
+])
+def test_the_switch_backs_start_waits_for_the_stop_with_a_standin_systemctl(tmp_path, active, sub,
+                                                                          started):
+    """``--start-once-stopped``, run apart by ``systemd-run`` as the uploaded script runs
+    (``-E -S``: its folder, the standard library and nothing else)."""
+    side = Fallback(tmp_path)
+    side.unit(ActiveState=active, SubState=sub)
+    env = {"PATH": f"{side.standin / 'bin'}:{os.environ['PATH']}", "STANDIN": str(side.standin)}
+    done = subprocess.run([sys.executable, "-E", "-S", str(side.script), "--unit", "sglang.service",
+                           "--venv-path", side.venv, "--state", str(side.state),
+                           "--start-once-stopped"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert side.calls() == (["reset-failed sglang.service", "restart --no-block sglang.service"]
+                            if started else []), done.stdout
 
 
 def test_a_crash_loop_after_probation_is_started_again_never_given_up_with_a_standin_systemctl(

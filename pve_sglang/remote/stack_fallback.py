@@ -36,10 +36,17 @@ except ImportError:  # imported as part of pve_sglang (the deploy's side, the te
     from pve_sglang.remote import rollback_rules as rules
 
 #: What the unit reports of its last failure, and its restart settings.
-SHOWN = ("Result", "NRestarts", "ExecMainStatus", "ActiveState", "RestartUSec")
+SHOWN = ("Result", "NRestarts", "ExecMainStatus", "ActiveState", "SubState", "RestartUSec")
 #: A pause before a restart of the crash loop is cut in slices this long: the server unit is
 #: looked at between them (started meanwhile by someone: nothing more to do).
 PAUSE_SLICE_S = 1.0
+#: The unit's states while its process stops (``ExecStopPost=`` runs in ``stop-post``): a
+#: restart asked then is lost to the automatic restart's ``RestartSec`` (systemd 252), so the
+#: switch back's start waits for the unit to leave them (``--start-once-stopped``).
+STOPPING = ("stop", "stop-sigterm", "stop-sigkill", "stop-post", "final-sigterm",
+            "final-sigkill", "final-watchdog")
+#: How long that start waits for the stop to end at most (the unit's TimeoutStopSec is 120 s).
+STOPPED_WITHIN_S = 180.0
 
 Step = tuple[str, Callable[[], None]]
 
@@ -137,7 +144,11 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep-failed", action="store_true",
                         help="upgrade_rollback is false: a failed stack on trial stays")
     parser.add_argument("--no-restart-status", type=int, action="append", default=[],
-                        help="an exit status the unit is not restarted on (RestartPreventExitStatus)")
+                        help="an exit status the unit is not restarted on "
+                             "(RestartPreventExitStatus)")
+    parser.add_argument("--start-once-stopped", action="store_true",
+                        help="start the unit once its process stopped (the switch back's start "
+                             "from ExecStopPost=, run apart by systemd-run)")
     return parser.parse_args(argv)
 
 
@@ -203,18 +214,40 @@ def _switch_back_steps(args: argparse.Namespace, record: dict, venv: str, now: f
         os.symlink(f"{os.path.basename(venv)}{rules.SUFFIX}/{previous}", temporary)
         os.rename(temporary, venv)
 
-    # --no-block: this runs as the server's OnFailure= or ExecStopPost=; the start is the
-    # server's own job, after this one ends (from ExecStopPost=, instead of its automatic
-    # restart's RestartSec).
+    if args.on_exit:
+        # The unit is still stopping (this is its ExecStopPost=): a start apart from it, once
+        # it stopped, in place of the automatic restart's RestartSec.
+        start = ["systemd-run", "--no-block", "--collect", "--quiet", sys.executable,
+                 os.path.abspath(__file__), "--unit", args.unit, "--venv-path", args.venv_path,
+                 "--state", args.state, "--start-once-stopped"]
+    else:
+        # --no-block: this runs as the server's OnFailure=; the start is the server's own job.
+        start = ["systemctl", "restart", "--no-block", args.unit]
     return [
         ("record the failed set", lambda: _write(args.state, recorded)),
         ("link back", link_back),
         ("reset the start limit",
          lambda: subprocess.run(["systemctl", "reset-failed", args.unit], check=False)),
-        ("queue the start",
-         lambda: subprocess.run(["systemctl", "restart", "--no-block", args.unit], check=True)),
+        ("queue the start", lambda: subprocess.run(start, check=True)),
         ("clear the trial", lambda: _write(args.state, cleared)),
     ]
+
+
+def start_once_stopped(unit: str, within_s: float = STOPPED_WITHIN_S) -> str:
+    """Start UNIT once its process stopped (its state out of ``STOPPING``): when it waits for
+    its automatic restart, failed, or is inactive; one started meanwhile is left. What it did,
+    in words."""
+    end = time.monotonic() + within_s
+    shown = _show(unit)
+    while shown.get("SubState") in STOPPING and time.monotonic() < end:
+        time.sleep(0.1)
+        shown = _show(unit)
+    if shown.get("SubState") != "auto-restart" and \
+            shown.get("ActiveState") not in ("failed", "inactive"):
+        return f"{unit} is {shown.get('ActiveState')}/{shown.get('SubState')}: not started"
+    subprocess.run(["systemctl", "reset-failed", unit], check=False)
+    subprocess.run(["systemctl", "restart", "--no-block", unit], check=True)
+    return f"{unit} started (it was {shown.get('ActiveState')}/{shown.get('SubState')})"
 
 
 def _restart_steps(args: argparse.Namespace, record: dict, now: float, words: str,
@@ -248,7 +281,11 @@ def _restart_steps(args: argparse.Namespace, record: dict, now: float, words: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    for _name, step in steps(arguments(argv)):
+    args = arguments(argv)
+    if args.start_once_stopped:
+        print(start_once_stopped(args.unit))
+        return 0
+    for _name, step in steps(args):
         step()
     return 0
 
