@@ -169,6 +169,8 @@ def steps(args: argparse.Namespace, now: float | None = None) -> list[Step]:
         status = os.environ.get("EXIT_STATUS", "")
         prevented = status.isdigit() and int(status) in args.no_restart_status
         act = rules.at_exit(record, current, stacks, now, rollback, result, prevented)
+        if act is rules.Act.LEAVE and result == "success":
+            return []  # a clean exit or stop: nothing to say, each time
         if act is rules.Act.SWITCH_BACK and _asked_to_stop(args.unit):
             print(f"{args.unit} was stopped on request ({result}): its stack stays")
             return []
