@@ -1,12 +1,13 @@
 """How long the server does not answer during an upgrade (issue 22): a good upgrade (the new
 stack built beside, one switch, one restart), a failed one (rolled back), and the old way (stop,
-reinstall in place, start); and a release that crashes after it was judged good (issue 34),
-without and with ``upgrade_probation_s`` (systemd switches back by itself: the unit's
-``OnFailure=``), with no deploy run for ``--window-s`` after its deploy; and a rollback cut
-short after each of its steps (``rollback_commands``), then ``--cut-wait-s`` without a deploy
-run, then the next run.
+reinstall in place, start); and a release that crashes after it was judged good (issues 34,
+47), after its window (``upgrade_probation_s`` 0: its crash loop started again after each
+start limit) and within it (the unit's ``ExecStopPost=`` switches back at its first crash),
+with no deploy run for ``--window-s`` after its deploy; and a rollback cut short after each of
+its steps (``rollback_commands``), then ``--cut-wait-s`` without a deploy run, then the next
+run.
 
-    .venv/bin/python bench/upgrade_downtime.py [--pause-scale 1.0]
+    .venv/bin/python bench/upgrade_downtime.py [--pause-scale 1.0] [--cases crash-on-probation]
 
 Needs root and lxc (``make system-deps``) and the sglang wheels of tests/wheels.py's cache (or
 the package index). One container of ``devtools/upgrade_site.py``: real venvs of real sglang
@@ -50,6 +51,8 @@ POLLER = "/opt/standin/poll.py"
 #: ExecMainStatus would still hold the exit of the process the restart stopped.
 CRASHED = ("auto-restart", "failed")
 POLL_LOG = "/run/poll.log"
+#: The groups of cases (``--cases``), in the order they run.
+CASES = ("upgrades", "crash-after-window", "crash-on-probation", "cuts")
 #: A client polling /health every 100 ms, one line per answer: time and status.
 POLL_SCRIPT = f"""
 import time, urllib.request
@@ -136,7 +139,7 @@ def measured(site: Site, what: str, action, extra: dict | None = None) -> dict:
         row.update(extra)
     if not lines:
         raise SystemExit(f"{what}: the poller wrote nothing: {site.sh('systemctl status pvs-poll', check=False)}")
-    still = " and still down: until the next deploy run" if row["down_at_end"] else ""
+    still = " and still down at the end" if row["down_at_end"] else ""
     print(f"{what:<40} down {row['downtime_s']:>6.2f}s{still}  (run {wall:.1f}s, gaps "
           f"{row['gaps_s']}, answers {statuses}, {extra or ''})", flush=True)
     return row
@@ -172,8 +175,16 @@ def crash_after_ready(site: Site, probation_s: int, back: str, window_s: float,
         if site.link().endswith(stack_of(back)) and site.serves() == back:
             served = served or time.monotonic()
             if time.monotonic() - served >= 5:
-                return True
+                break
         time.sleep(0.5)
+    # The release's own starts (its first journal line each), and the crash loop the unit's
+    # fallback keeps restarting (its starts, its last pause).
+    extra["new_release_starts"] = int(site.sh(
+        f"journalctl -u {UNIT} --no-pager -o cat --since @{int(extra['since'])} | grep -c "
+        "'^stand-in of sglang 0.5.7:' || true"))
+    loop = site.record().get("crash_loop") or {}
+    extra["fallback_restarts"] = loop.get("restarts", 0)
+    extra["last_pause_s"] = loop.get("pause_s")
     return served is not None
 
 
@@ -227,6 +238,8 @@ def main() -> int:
                         help="how long a crash-after-ready case waits without a deploy run")
     parser.add_argument("--cut-wait-s", type=float, default=45.0,
                         help="how long a rollback cut short waits without a deploy run")
+    parser.add_argument("--cases", default=",".join(CASES),
+                        help=f"which cases, comma-separated (default all: {','.join(CASES)})")
     args = parser.parse_args()
     import wheels
 
@@ -241,30 +254,35 @@ def main() -> int:
         assert site.deploy("0.5.8").returncode == 0
         site.put(POLLER, POLL_SCRIPT)
         site.sh(f"systemd-run --unit pvs-poll -p Restart=always /usr/bin/python3 {POLLER}")
-        rows.append(measured(site, "good upgrade 0.5.8 -> 0.5.9 (switch)",
-                             lambda: site.deploy("0.5.9").returncode == 0))
-        rows.append(measured(site, "failed upgrade 0.5.9 -> 0.5.7 (rollback)",
-                             lambda: site.deploy("0.5.7").returncode != 0
-                             and site.link().endswith(stack_of("0.5.9"))))
-        rows.append(measured(site, "old way: stop, reinstall 0.5.8, start",
-                             lambda: old_way(site, "0.5.8")))
-        # A release that crashes after it was judged good (issue 34): before, the trial ended
-        # at the verdict and the model stayed down once the start limit stopped the unit; now
-        # it stays on trial (upgrade_probation_s) and the unit's OnFailure= switches back.
-        assert site.deploy("0.5.9").returncode == 0
+        wanted = set(args.cases.split(","))
+        if "upgrades" in wanted:
+            rows.append(measured(site, "good upgrade 0.5.8 -> 0.5.9 (switch)",
+                                 lambda: site.deploy("0.5.9").returncode == 0))
+            rows.append(measured(site, "failed upgrade 0.5.9 -> 0.5.7 (rollback)",
+                                 lambda: site.deploy("0.5.7").returncode != 0
+                                 and site.link().endswith(stack_of("0.5.9"))))
+            rows.append(measured(site, "old way: stop, reinstall 0.5.8, start",
+                                 lambda: old_way(site, "0.5.8")))
+        # A release that crashes after it was judged good (issues 34, 47): after its window
+        # (upgrade_probation_s 0: the trial ends at the verdict) the crash loop is started
+        # again after each start limit, a growing pause between (the unit's OnFailure=); within
+        # it the unit's ExecStopPost= switches back at the first crash.
         site.cases(**{"0_5_7": "crash-after-ready"})
-        before: dict = {}
-        rows.append(measured(site, "crash after ready 0.5.9 -> 0.5.7, no probation (before)",
-                             lambda: not crash_after_ready(site, 0, "0.5.9", args.window_s,
-                                                           before), before))
-        assert site.deploy("0.5.9").returncode == 0
-        now: dict = {}
-        rows.append(measured(site, "crash after ready 0.5.9 -> 0.5.7, probation (OnFailure)",
-                             lambda: crash_after_ready(site, 600, "0.5.9", args.window_s, now),
-                             now))
+        if "crash-after-window" in wanted:
+            assert site.deploy("0.5.9").returncode == 0
+            before: dict = {}
+            rows.append(measured(
+                site, "crash after ready 0.5.9 -> 0.5.7, probation 0 (after its window)",
+                lambda: not crash_after_ready(site, 0, "0.5.9", args.window_s, before), before))
+        if "crash-on-probation" in wanted:
+            assert site.deploy("0.5.9").returncode == 0
+            now: dict = {}
+            rows.append(measured(
+                site, "crash after ready 0.5.9 -> 0.5.7, probation (first crash: ExecStopPost)",
+                lambda: crash_after_ready(site, 600, "0.5.9", args.window_s, now), now))
         # A rollback killed after each of its steps (issue 34 item 4), 0.5.7 crashing at load.
         site.cases(**{"0_5_7": "crash-load"})
-        for steps in (1, 2, 3):
+        for steps in (1, 2, 3) if "cuts" in wanted else ():
             assert site.deploy("0.5.9").returncode == 0 and site.serves() == "0.5.9"
             cut: dict = {}
             rows.append(measured(site, f"rollback 0.5.7 -> 0.5.9 cut after step {steps}",
@@ -290,6 +308,15 @@ def main() -> int:
             "pause_scale": args.pause_scale, "poll_ms": 100,
             "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
             "recorded_real_set_install_s": stores}
+    for row in rows:  # which revision measured it: a run of some --cases keeps the other rows
+        row["measured"] = {"date": meta["date"], "git_commit": meta["git_commit"]}
+    if set(args.cases.split(",")) != set(CASES) and RESULT.exists():
+        earlier = json.loads(RESULT.read_text())
+        again = {row["case"] for row in rows}
+        kept = [row for row in earlier["rows"] if row["case"] not in again]
+        meta["cases"] = args.cases.split(",")
+        meta["earlier"] = earlier["meta"].get("earlier", earlier["meta"])
+        rows = kept + rows
     RESULT.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     print(f"written {RESULT.relative_to(REPO)}")
     return 0

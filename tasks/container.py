@@ -213,7 +213,9 @@ def container_steps() -> None:
     paths.watch(
         *(ca_dest(path) for path in ca_files(cs)), *([CA_BUNDLE] if ca_files(cs) else []),
         *(remote.path(script) for script in (remote.AUTOTUNE_PATCH, remote.FLAG_LISTER,
-                                             remote.STACK_FALLBACK)),
+                                             remote.STACK_FALLBACK, remote.STARTUP_WATCH,
+                                             *remote.COMPANIONS[remote.STACK_FALLBACK],
+                                             *remote.COMPANIONS[remote.STARTUP_WATCH])),
         *([DOWNLOADS] if driver else []), LAUNCHER, f"{stack_dir(cs)}/pyvenv.cfg",
         cs.venv_path, f"{cs.venv_path}/", stack_dir(cs),
         f"{stack_dir(cs)}/{switch_rules.RELEASE_FILE}",

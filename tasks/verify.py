@@ -86,10 +86,7 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     url = base_url(address, cs.server_port)
     watch = remote.path(remote.STARTUP_WATCH)
     health = f"{url}/health"
-
-    def follow() -> None:
-        verify.watch_start(unit, health, env_file, watch, cs.health_timeout_s,
-                           cs.startup_stall_s)
+    follow = stack_steps.follow_start(cs, address)
 
     def judged(failure):
         # A stack on trial (an upgrade) that fails is rolled back, and its start followed; a

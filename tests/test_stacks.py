@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from harness import sh
 from pve_sglang.facts.installed_stacks import Stacks
 from pve_sglang.operations.stack_switch import link_command, record_command
+from pve_sglang import remote
+from pve_sglang.remote import rollback_rules as rules
 from pve_sglang.stack import switch_rules as stacks
 from pve_sglang.stack.switch_rules import (
     Found, Move, SwitchPlan, Unfinished, Verdict, decide_switch, found_of, judge,
@@ -417,12 +422,48 @@ def test_a_rollback_cut_short_is_planned_back_then_cleared():
     assert '"trial": null' in back[2] and '"previous": null' in back[2] and B in back[2]
     cleared = plan(A)
     assert len(cleared) == 2 and "systemctl restart" in cleared[0] and '"trial": null' in cleared[1]
+    # Given the start's watch, the run follows that restart until the previous release serves
+    # (as the verify phase's rollback does), after the record is cleared.
+    for current, restart in ((B, 1), (A, 0)):
+        waited = op_commands(stack_ops.rollback_finished, venv_path=VENV, lock_file="/x",
+                             service="sglang", unit="sglang.service", watch=lambda: None,
+                             facts={Stacks: read_of(current, {A: 1, B: 2}, record)})
+        assert waited[:-1] == plan(current) and waited[-1] == ["serving", [], {}]
+        assert "systemctl restart" in waited[restart]
     assert plan(A) and op_commands(
         stack_ops.rollback_finished, venv_path=VENV, lock_file="/x", service="sglang",
         unit="sglang.service", facts={Stacks: read_of(A, {A: 1}, {"failed": {}})}) == []
 
 
+def test_a_trial_that_failed_while_no_run_was_there_is_rolled_back_and_waited_for():
+    """A run killed before its verdict, the server restarted on its own since: the next run
+    records the set, rolls back, and follows the previous release's start until it serves."""
+    def plan(**more):
+        return op_commands(stack_ops.rollback_finished, venv_path=VENV, lock_file="/x",
+                           service="sglang", unit="sglang.service",
+                           facts={Stacks: read_of(B, {A: 1, B: 2}, {"previous": A, "trial": B}),
+                                  UnitState: {"active": "active", "restarts": 1}}, **more)
+
+    commands = plan(watch=lambda: None)
+    assert commands[:-1] == plan() and len(commands) == 5
+    assert "before its verdict" in commands[0] and f"venv.stacks/{A}" in commands[1]
+    assert "systemctl restart" in commands[2] and commands[-1] == ["serving", [], {}]
+
+
 NOW = 1_000_000.0
+
+
+# --- the rollback rule (``remote/rollback_rules.py``), written once for both sides ----------
+
+@pytest.mark.parametrize("until, open_", [
+    (None, True),  # not judged yet: on trial until its verdict
+    (NOW + 1, True),  # the second before its end
+    (NOW, False),  # its end: the whole window served
+    (NOW - 1, False),  # the second after
+])
+def test_the_probation_window_ends_at_its_exact_second(until, open_):
+    assert rules.window_open(until, NOW) is open_
+    assert rules.judged_on_probation(until, NOW) is (open_ and until is not None)
 
 
 @pytest.mark.parametrize("trial, current, until, probation_s, step", [
@@ -430,8 +471,9 @@ NOW = 1_000_000.0
     (C, B, None, 600, stacks.Probation.NONE),  # the link names another stack
     (B, B, None, 600, stacks.Probation.START),  # the first good verdict: on probation
     (B, B, None, 0, stacks.Probation.PASSED),  # no probation: the trial ends at the verdict
-    (B, B, NOW + 1, 600, stacks.Probation.WAIT),  # its window still runs
+    (B, B, NOW + 1, 600, stacks.Probation.WAIT),  # the second before its end
     (B, B, NOW, 600, stacks.Probation.PASSED),  # served the whole window
+    (B, B, NOW - 1, 600, stacks.Probation.PASSED),  # the second after
     (B, B, NOW - 5, 0, stacks.Probation.PASSED),
 ])
 def test_probation(trial, current, until, probation_s, step):
@@ -439,12 +481,20 @@ def test_probation(trial, current, until, probation_s, step):
 
 
 @pytest.mark.parametrize("trial, current, until, restarts, active, failed", [
-    (B, B, NOW + 60, 1, "active", "restarted on its own 1 time since the switch"),
+    (B, B, NOW + 60, 1, "active", "restarted on its own 1 time since the switch, while on "
+                                  "probation (upgrade_probation_s)"),
     (B, B, NOW + 60, 3, "activating", "restarted on its own 3 times"),
     (B, B, NOW + 60, 2, "failed", "failed for good on its own"),
-    (B, B, None, 1, "active", "restarted on its own"),  # not judged yet: still on trial
+    # Not judged yet: the run that switched was cut short before its verdict (whatever
+    # upgrade_probation_s is, 0 too): said so, not "after its verdict ... upgrade_probation_s".
+    (B, B, None, 1, "active", "restarted on its own 1 time since the switch, before its "
+                              "verdict (the run that switched to it was cut short)"),
+    (B, B, None, 3, "failed", "failed for good on its own (its start limit, after 3 automatic "
+                              "restarts) before its verdict"),
     (B, B, NOW + 60, 0, "active", None),  # serving, no restart
-    (B, B, NOW - 1, 4, "active", None),  # after the window: not the upgrade's failure
+    (B, B, NOW + 1, 4, "active", "restarted on its own 4 times"),  # the second before its end
+    (B, B, NOW, 4, "active", None),  # at its end: not the upgrade's failure
+    (B, B, NOW - 1, 4, "active", None),  # the second after
     (B, A, NOW + 60, 4, "failed", None),  # the link names another stack
     (None, B, None, 4, "failed", None),  # nothing on trial
 ])
@@ -452,20 +502,309 @@ def test_failed_on_probation(trial, current, until, restarts, active, failed):
     why = stacks.failed_on_probation(trial, current, until, NOW, restarts, active)
     assert (why is None) is (failed is None)
     assert failed is None or failed in why
+    assert why is None or until is not None or "upgrade_probation_s" not in why
 
 
-@pytest.mark.parametrize("record, current, present, back", [
-    ({"trial": B, "previous": A}, B, {A, B}, A),  # never judged: a crash loop goes back
-    ({"trial": B, "previous": A, "trial_until": NOW + 60}, B, {A, B}, A),  # on probation
-    ({"trial": B, "previous": A, "trial_until": NOW}, B, {A, B}, None),  # probation over
-    ({"trial": B, "previous": A}, A, {A, B}, None),  # the link went back already
-    ({"trial": B, "previous": A}, B, {B}, None),  # the previous stack is gone
-    ({"trial": None, "previous": None}, B, {A, B}, None),  # nothing on trial
-    ({"trial": B, "previous": B}, B, {B}, None),
-    # A rollback cut short (the failed set recorded, the link still on it): back too.
-    ({"trial": B, "previous": A, "failed": {B: {}}}, B, {A, B}, A),
+ON_TRIAL = {"trial": B, "previous": A}
+JUDGED = {**ON_TRIAL, "trial_until": NOW + 60}
+
+
+@pytest.mark.parametrize("record, current, present, now, rollback, result, act", [
+    # A stack judged good that crashes on probation: switched back at its first crash.
+    (JUDGED, B, {A, B}, NOW, True, "exit-code", rules.Act.SWITCH_BACK),
+    (JUDGED, B, {A, B}, NOW, True, "signal", rules.Act.SWITCH_BACK),
+    (JUDGED, B, {A, B}, NOW, True, "success", rules.Act.LEAVE),  # a clean stop
+    # Not judged yet: the run that switched judges it (the start limit, if it was cut short).
+    (ON_TRIAL, B, {A, B}, NOW, True, "exit-code", rules.Act.LEAVE),
+    # Probation's end at its exact second: the second before, at, after.
+    (JUDGED, B, {A, B}, NOW + 59, True, "exit-code", rules.Act.SWITCH_BACK),
+    (JUDGED, B, {A, B}, NOW + 60, True, "exit-code", rules.Act.LEAVE),
+    (JUDGED, B, {A, B}, NOW + 61, True, "exit-code", rules.Act.LEAVE),
+    (JUDGED, A, {A, B}, NOW, True, "exit-code", rules.Act.LEAVE),  # the link went back already
+    (JUDGED, B, {B}, NOW, True, "exit-code", rules.Act.LEAVE),  # no previous stack
+    (JUDGED, B, {A, B}, NOW, False, "exit-code", rules.Act.LEAVE),  # upgrade_rollback: false
+    ({}, B, {A, B}, NOW, True, "exit-code", rules.Act.LEAVE),  # nothing on trial
 ])
-def test_the_units_fallback_switches_back_only_a_stack_on_trial(record, current, present, back):
-    from pve_sglang.remote.stack_fallback import fall_back
+def test_a_crash_on_probation_switches_back_at_once(record, current, present, now, rollback,
+                                                     result, act):
+    assert rules.at_exit(record, current, present, now, rollback, result) is act
+    # An exit the unit is not restarted on (a missing secret) is no release's fault.
+    assert rules.at_exit(record, current, present, now, rollback, result, True) is rules.Act.LEAVE
 
-    assert fall_back(record, current, present, NOW) == back
+
+@pytest.mark.parametrize("record, current, present, now, rollback, prevented, act", [
+    (ON_TRIAL, B, {A, B}, NOW, True, False, rules.Act.SWITCH_BACK),  # never judged
+    (JUDGED, B, {A, B}, NOW, True, False, rules.Act.SWITCH_BACK),  # on probation
+    # A rollback cut short (the failed set recorded, the link still on it): back too.
+    ({**ON_TRIAL, "failed": {B: {}}}, B, {A, B}, NOW, True, False, rules.Act.SWITCH_BACK),
+    # Probation's end at its exact second: the second before, at, after.
+    (JUDGED, B, {A, B}, NOW + 59, True, False, rules.Act.SWITCH_BACK),
+    (JUDGED, B, {A, B}, NOW + 60, True, False, rules.Act.RESTART),
+    (JUDGED, B, {A, B}, NOW + 61, True, False, rules.Act.RESTART),
+    # Not on trial (it served its whole window, or none was ever): the best there is, started
+    # again after a growing pause, never given up; unless restarting cannot help.
+    ({}, B, {A, B}, NOW, True, False, rules.Act.RESTART),
+    ({"trial": None, "previous": A}, B, {A, B}, NOW, True, False, rules.Act.RESTART),
+    ({}, B, {A, B}, NOW, True, True, rules.Act.LEAVE),
+    ({"trial": B, "previous": A}, A, {A, B}, NOW, True, False, rules.Act.RESTART),  # link back
+    ({"trial": B, "previous": A}, B, {B}, NOW, True, False, rules.Act.RESTART),  # no target
+    ({"trial": B, "previous": B}, B, {B}, NOW, True, False, rules.Act.RESTART),
+    # upgrade_rollback: false: the failed release is kept for debugging, as the deploy keeps it.
+    (JUDGED, B, {A, B}, NOW, False, False, rules.Act.LEAVE),
+])
+def test_the_start_limit_switches_back_a_stack_on_trial_else_restarts(
+        record, current, present, now, rollback, prevented, act):
+    assert rules.at_start_limit(record, current, present, now, rollback, prevented) is act
+
+
+@pytest.mark.parametrize("loop, now, restarts, pause", [
+    (None, NOW, 1, 20.0),  # the first start limit: RestartSec (10 s) doubled
+    ({"since": NOW - 100, "restarts": 1, "last": NOW - 50}, NOW, 2, 40.0),
+    ({"since": NOW - 100, "restarts": 5, "last": NOW - 50}, NOW, 6, 600.0),  # 640: capped
+    ({"since": NOW - 100, "restarts": 20, "last": NOW - 50}, NOW, 21, 600.0),  # never gives up
+    # A failure LOOP_RESET_S after the loop's last start is a new loop: the second before, at.
+    ({"since": NOW - 9999, "restarts": 4, "last": NOW - rules.LOOP_RESET_S + 1}, NOW, 5, 320.0),
+    ({"since": NOW - 9999, "restarts": 4, "last": NOW - rules.LOOP_RESET_S}, NOW, 1, 20.0),
+])
+def test_a_crash_loop_pause_doubles_up_to_its_cap(loop, now, restarts, pause):
+    after = rules.loop_after(loop, now, 10.0)
+    assert (after["restarts"], after["pause_s"]) == (restarts, pause)
+    assert after["last"] == now + pause
+    assert after["since"] == (loop["since"] if loop and restarts > 1 else now)
+
+
+# --- the uploaded fallback, run as systemd runs it, against a stand-in ``systemctl`` --------
+
+#: ``systemctl`` as the fallback calls it: ``show -pNAME... UNIT`` answers NAME=value lines (from
+#: the folder's ``show`` file), ``list-jobs --no-legend UNIT`` the jobs (``jobs``); every call is
+#: logged (``calls``). ``systemd-run`` logs its call too (the unit it would start runs apart).
+STANDIN_SYSTEMCTL = """#!/bin/sh
+echo "$*" >> "$STANDIN/calls"
+case "$1" in
+  show) cat "$STANDIN/show" ;;
+  list-jobs) cat "$STANDIN/jobs" 2>/dev/null ;;
+esac
+"""
+STANDIN_SYSTEMD_RUN = """#!/bin/sh
+echo "systemd-run $*" >> "$STANDIN/calls"
+"""
+
+
+class Fallback:
+    """``stack_fallback.py`` staged with its companions alone (``remote.stage``), on a stacks
+    folder, link and record in TMP; run by a Python without site-packages (``-I -S``: only the
+    standard library and what was uploaded), ``systemctl`` a stand-in."""
+
+    def __init__(self, tmp):
+        self.tmp, self.venv = tmp, str(tmp / "opt/sglang/venv")
+        self.state = tmp / "state.json"
+        self.script = remote.stage(remote.STACK_FALLBACK, tmp / "tools")
+        self.standin = tmp / "standin"
+        (self.standin / "bin").mkdir(parents=True)
+        for name, text in (("systemctl", STANDIN_SYSTEMCTL), ("systemd-run", STANDIN_SYSTEMD_RUN)):
+            (self.standin / "bin" / name).write_text(text)
+            (self.standin / "bin" / name).chmod(0o755)
+        self.unit(ActiveState="failed", Result="exit-code", ExecMainStatus="1", NRestarts="3",
+                  RestartUSec="10s")
+
+    def unit(self, jobs: str = "", **shown: str) -> None:
+        (self.standin / "show").write_text("".join(f"{k}={v}\n" for k, v in shown.items()))
+        (self.standin / "jobs").write_text(jobs)
+
+    def layout(self, link: str | None, complete: set[str], record: dict | None) -> None:
+        for name in (A, B):
+            folder = self.tmp / "opt/sglang/venv.stacks" / name
+            folder.mkdir(parents=True, exist_ok=True)
+            release = folder / stacks.RELEASE_FILE
+            if name in complete:
+                release.write_text(json.dumps({"sglang": f"0.5.{'9' if name == A else '10'}"}))
+            elif release.exists():
+                release.unlink()
+        if os.path.lexists(self.venv):
+            os.unlink(self.venv)
+        if link:
+            os.symlink(link, self.venv)
+        if record is None:
+            self.state.unlink(missing_ok=True)
+        else:
+            self.state.write_text(json.dumps(record))
+
+    def run(self, *flags: str, now: float | None = None, run: tuple[str, ...] = (),
+            environment: dict | None = None) -> list[str]:
+        """The names of the steps the fallback would take (FLAGS: its own, ``--on-exit``...),
+        and those named in RUN taken."""
+        argv = ["--unit", "sglang.service", "--venv-path", self.venv, "--state",
+                str(self.state), "--no-restart-status", "78", *flags]
+        code = (f"import json, sys; sys.path.insert(0, {str(self.script.parent)!r}); "
+                "import stack_fallback as f; "
+                f"steps = f.steps(f.arguments({argv!r}), now={now!r}); "
+                "print(json.dumps([name for name, _ in steps])); "
+                f"[step() for name, step in steps if name in {list(run)!r}]")
+        env = {"PATH": f"{self.standin / 'bin'}:{os.environ['PATH']}",
+               "STANDIN": str(self.standin), **(environment or {})}
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                              text=True, env=env, check=False)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    def calls(self) -> list[str]:
+        path = self.standin / "calls"
+        return [line for line in path.read_text().splitlines() if not line.startswith(
+            ("show", "list-jobs"))] if path.exists() else []
+
+    def record(self) -> dict:
+        return json.loads(self.state.read_text())
+
+
+SWITCH_BACK = ["record the failed set", "link back", "reset the start limit", "queue the start",
+               "clear the trial"]
+RESTART = ["record the crash loop", "pause", "start again"]
+
+
+def deploy_sees(tmp_path, rollback: bool) -> str:
+    """What the deploy's next run does with this failure (the server restarted on its own, its
+    start limit reached), from its own read of the folder (the ``Stacks`` fact run with sh):
+    ``switch back``, ``record`` (a failed upgrade kept), or ``nothing`` (not an upgrade's)."""
+    raw = read(tmp_path)
+    commands = op_commands(stack_ops.rollback_finished, venv_path=str(tmp_path / "opt/sglang/venv"),
+                           lock_file="/x", service="sglang", unit="sglang.service",
+                           rollback=rollback,
+                           facts={Stacks: raw, UnitState: {"active": "failed", "restarts": 3}})
+    if any(f"venv.stacks/{A}" in command for command in commands):
+        return "switch back"
+    return "record" if commands else "nothing"
+
+
+@pytest.mark.parametrize("link, complete, record, until_s, rollback, deploy, fallback", [
+    # On trial, never judged (a run cut short before its verdict), or judged and on probation.
+    (f"venv.stacks/{B}", {A, B}, ON_TRIAL, None, True, "switch back", SWITCH_BACK),
+    (f"venv.stacks/{B}", {A, B}, ON_TRIAL, 600, True, "switch back", SWITCH_BACK),
+    # The link written absolute: read the same on both sides.
+    ("{venv}.stacks/" + B, {A, B}, ON_TRIAL, 600, True, "switch back", SWITCH_BACK),
+    # After the window: not the upgrade's failure; the fallback restarts it, after a pause.
+    (f"venv.stacks/{B}", {A, B}, ON_TRIAL, -600, True, "nothing", RESTART),
+    # upgrade_rollback: false: recorded and kept on both sides.
+    (f"venv.stacks/{B}", {A, B}, ON_TRIAL, 600, False, "record", []),
+    # The previous stack is not complete: no target on either side.
+    (f"venv.stacks/{B}", {B}, ON_TRIAL, 600, True, "record", RESTART),
+    # The link names the previous stack already; no record at all.
+    (f"venv.stacks/{A}", {A, B}, ON_TRIAL, 600, True, "nothing", RESTART),
+    (f"venv.stacks/{B}", {A, B}, None, None, True, "nothing", RESTART),
+])
+def test_the_uploaded_fallback_and_the_deploy_give_one_verdict_with_a_standin_systemctl(
+        tmp_path, link, complete, record, until_s, rollback, deploy, fallback):
+    """The rollback rule is written once (``rollback_rules``): the deploy's next run, reading
+    the folder its way, and the fallback uploaded beside its companion, reading it its own,
+    decide the same on each row (the fallback switches back exactly where the deploy would)."""
+    side = Fallback(tmp_path)
+    if record is not None and until_s is not None:
+        record = {**record, "trial_until": time.time() + until_s}
+    side.layout(link.format(venv=side.venv), complete, record)
+    flags = () if rollback else ("--keep-failed",)
+    assert side.run(*flags) == fallback
+    assert deploy_sees(tmp_path, rollback) == deploy
+    assert (deploy == "switch back") is (fallback == SWITCH_BACK)
+
+
+def test_the_fallbacks_switch_back_keeps_the_reason_the_deploy_recorded_with_a_standin_systemctl(
+        tmp_path):
+    """A rollback cut after its first step (the failed set recorded with the deploy's reason,
+    the link still on it), then the crash loop's start limit: systemd's switch back keeps the
+    deploy's reason, and notes its own for the next run to report."""
+    side = Fallback(tmp_path)
+    ours = {"sglang": "0.5.10", "when": "2026-12-04 06:00:00 UTC",
+            "why": "sglang.service stopped running: failed/exit-code (the deploy's watch)"}
+    side.layout(f"venv.stacks/{B}", {A, B}, {**ON_TRIAL, "failed": {B: ours}})
+    assert side.run(run=tuple(SWITCH_BACK)) == SWITCH_BACK
+    assert os.readlink(side.venv) == f"venv.stacks/{A}"
+    record = side.record()
+    assert record["failed"] == {B: ours}
+    assert record["trial"] is None and record["previous"] is None
+    assert record["fell_back"]["from"] == B and "failed for good while on trial" in \
+        record["fell_back"]["why"]
+    assert side.calls() == ["reset-failed sglang.service", "restart --no-block sglang.service"]
+
+
+def test_a_crash_on_probation_is_switched_back_at_its_first_exit_with_a_standin_systemctl(
+        tmp_path):
+    """The unit's ExecStopPost= (``--on-exit``), its process ended with systemd's
+    ``$SERVICE_RESULT``: a stack judged good, on probation, that crashed goes back at once; a
+    stop someone asked for (a job on the unit) or a clean exit leaves it."""
+    side = Fallback(tmp_path)
+    judged = {**ON_TRIAL, "failed": {}, "trial_until": time.time() + 600}
+    side.layout(f"venv.stacks/{B}", {A, B}, judged)
+    crashed = {"SERVICE_RESULT": "exit-code", "EXIT_CODE": "exited", "EXIT_STATUS": "1"}
+    assert side.run("--on-exit", environment={"SERVICE_RESULT": "success"}) == []
+    assert side.run("--on-exit", environment={**crashed, "EXIT_STATUS": "78"}) == []
+    side.unit(jobs="123 sglang.service restart running\n")
+    assert side.run("--on-exit", environment=crashed) == []
+    side.unit()
+    assert side.run("--on-exit", environment=crashed, run=tuple(SWITCH_BACK)) == SWITCH_BACK
+    assert os.readlink(side.venv) == f"venv.stacks/{A}"
+    record = side.record()
+    why = record["failed"][B]["why"]
+    assert "crashed on probation (Result=exit-code, exited 1), its first crash" in why, why
+    assert record["fell_back"] == {"from": B, "to": A, "when": record["failed"][B]["when"],
+                                   "why": why}
+    assert record["trial"] is None and "trial_until" not in record
+    # The unit is still stopping: its start runs apart (systemd-run), once it stopped, instead
+    # of the automatic restart's RestartSec.
+    reset, start = side.calls()
+    assert reset == "reset-failed sglang.service"
+    assert start.startswith("systemd-run --no-block --collect --quiet ") and \
+        start.endswith(f"stack_fallback.py --unit sglang.service --venv-path {side.venv} "
+                       f"--state {side.state} --start-once-stopped"), start
+    # Before its verdict the run that switched judges it: the exit leaves it.
+    side.layout(f"venv.stacks/{B}", {A, B}, ON_TRIAL)
+    assert side.run("--on-exit", environment=crashed) == []
+
+
+@pytest.mark.parametrize("active, sub, started", [
+    ("activating", "auto-restart", True),  # waits for its automatic restart: started now
+    ("failed", "failed", True),
+    ("inactive", "dead", True),
+    ("active", "running", False),  # started meanwhile by someone: left
+    ("activating", "start", False),
+])
+def test_the_switch_backs_start_waits_for_the_stop_with_a_standin_systemctl(tmp_path, active, sub,
+                                                                          started):
+    """``--start-once-stopped``, run apart by ``systemd-run`` as the uploaded script runs
+    (``-E -S``: its folder, the standard library and nothing else)."""
+    side = Fallback(tmp_path)
+    side.unit(ActiveState=active, SubState=sub)
+    env = {"PATH": f"{side.standin / 'bin'}:{os.environ['PATH']}", "STANDIN": str(side.standin)}
+    done = subprocess.run([sys.executable, "-E", "-S", str(side.script), "--unit", "sglang.service",
+                           "--venv-path", side.venv, "--state", str(side.state),
+                           "--start-once-stopped"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert side.calls() == (["reset-failed sglang.service", "restart --no-block sglang.service"]
+                            if started else []), done.stdout
+
+
+def test_a_crash_loop_after_probation_is_started_again_never_given_up_with_a_standin_systemctl(
+        tmp_path):
+    """A release that served its whole window and crash-loops: at each start limit the
+    fallback records the loop (the next run reports it) and starts it again after a pause
+    that doubles; a server started meanwhile, a missing secret, are left alone."""
+    side = Fallback(tmp_path)
+    side.layout(f"venv.stacks/{B}", {A, B}, {"trial": None, "previous": A, "failed": {}})
+    now = time.time()
+    assert side.run(now=now, run=("record the crash loop", "start again")) == RESTART
+    loop = side.record()["crash_loop"]
+    assert (loop["restarts"], loop["pause_s"]) == (1, 20.0)
+    assert "failed for good (Result=exit-code, exit status 1, after 3 automatic" in loop["why"]
+    assert side.calls() == ["reset-failed sglang.service", "start --no-block sglang.service"]
+    side.run(now=now + 60, run=("record the crash loop",))
+    assert (side.record()["crash_loop"]["restarts"], side.record()["crash_loop"]["pause_s"]) \
+        == (2, 40.0)
+    assert side.record()["crash_loop"]["since"] == loop["since"]
+    # RestartSec as the unit has it (a drop-in's 1 s): the pause doubles from there.
+    side.unit(ActiveState="failed", Result="exit-code", ExecMainStatus="1", RestartUSec="1s")
+    side.layout(f"venv.stacks/{B}", {A, B}, {})
+    side.run(now=now, run=("record the crash loop",))
+    assert side.record()["crash_loop"]["pause_s"] == 2.0
+    # Started by someone before the fallback ran, or a missing secret (exit 78): nothing.
+    side.unit(ActiveState="active")
+    assert side.run() == []
+    side.unit(ActiveState="failed", Result="exit-code", ExecMainStatus="78")
+    assert side.run() == []

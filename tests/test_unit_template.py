@@ -16,16 +16,20 @@ from pathlib import Path
 import pytest
 
 from pve_sglang import remote
+from pve_sglang.remote import sglang_launch, stack_fallback
 from pve_sglang.server.command import server_argv
 from pve_sglang.server.unit_text import (
     LAUNCHER,
     env_file_path,
     env_quote,
+    fallback_unit_name,
     launch_argv,
     render_env,
+    render_fallback_unit,
     render_unit,
     systemd_quote,
 )
+from pve_sglang.stack.switch_rules import state_path
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
 
@@ -245,3 +249,25 @@ def test_env_file_read_by_systemds_parser(tmp_path):
     printed = tmp_path / "printed.env"
     printed.write_text(line + "\n")
     assert sh_env(printed)["HF_TOKEN"] == value
+
+
+@pytest.mark.parametrize("rollback", [True, False])
+def test_the_fallback_is_called_with_the_units_own_rule(tmp_path, rollback):
+    """The server unit's ExecStopPost= and its OnFailure= unit call the uploaded fallback with
+    this unit, link and record, ``upgrade_rollback`` and the exit status the unit is not
+    restarted on: read back as systemd parses the units, then by the fallback's own parser."""
+    s = settings(sglang_cache_dir=str(tmp_path / "cache"), upgrade_rollback=rollback,
+                 venv_path="/srv/sglang/venv")
+    unit, _, _ = write_unit(tmp_path, s, server_argv(s, 1, [], None, 1, None, PYTHON))
+    fallback = tmp_path / fallback_unit_name(s)
+    fallback.write_text(render_fallback_unit(s))
+    (stop_post,) = parsed_commands(unit)["ExecStopPost"]
+    (start,) = parsed_commands(fallback)["ExecStart"]
+    assert stop_post[:2] == start[:2] == [PYTHON, remote.path(remote.STACK_FALLBACK)]
+    assert stop_post[2:] == [*start[2:], "--on-exit"]
+    args = stack_fallback.arguments(stop_post[2:])
+    assert (args.unit, args.venv_path, args.state) == ("sglang.service", s.venv_path,
+                                                       state_path(s.service_name))
+    assert args.on_exit and args.keep_failed is (not rollback)
+    assert args.no_restart_status == [sglang_launch.EX_CONFIG]
+    assert not stack_fallback.arguments(start[2:]).on_exit

@@ -232,12 +232,19 @@ def test_a_rollback_killed_at_each_step_converges_on_the_previous_release(site, 
     restarted = steps == 3 and wait_serving(site, "0.5.10")  # cut after its own restart
     starts = site.starts()
     done = site.deploy("0.5.7")
+    # The run that finished the rollback waited until the previous release serves again, as
+    # the verify phase's rollback does (before, it ended with /health 503).
+    served = site.serves()
     assert done.returncode != 0
     assert f"the set sglang 0.5.7 (stack {new}) failed as an upgrade" in done.log, done.log[-3000:]
     assert ("was cut short: switching back" in done.log) == (steps == 1), done.log[-3000:]
     assert site.link() == f"venv.stacks/{old}"
     record = site.record()
     assert record["trial"] is None and set(record["failed"]) == {new}
+    if steps < 3:  # this run restarted it
+        assert f"rolled back: sglang 0.5.10 (stack {old}) serves again" in done.log, \
+            done.log[-3000:]
+        assert served == "0.5.10", done.log[-3000:]
     assert wait_serving(site, "0.5.10")
     if restarted:  # the server the rollback restarted, within its link's second, is kept
         assert site.starts() == starts, done.log[-3000:]
@@ -260,13 +267,14 @@ FALLBACK_STEPS = ("python3 -c 'import sys; sys.path.insert(0, \"/opt/sglang\"); 
                                          (3, "deploy"), (4, "deploy")])
 def test_a_fallback_killed_at_each_step_converges_on_the_previous_release(site, steps, then):
     """systemd's own switch back (the unit's OnFailure=, remote/stack_fallback.py) killed
-    after each of its steps: 0.5.7 on probation crashed at load, and the fallback's own code
+    after each of its steps: 0.5.7 on trial (its run cut short before its verdict: the unit's
+    ExecStopPost= leaves it to the start limit) crashed at load, and the fallback's own code
     ran up to the kill. The next fallback (the server failing again: the unit started as
     OnFailure= starts it) or the next deploy run (asking for 0.5.7 again) gets 0.5.10 serving,
     the trial cleared, and the record says why 0.5.7 failed; the deploy refuses 0.5.7."""
     site.cases(**{"0_5_7": "crash-load"})
     old, new = stack_of("0.5.10"), stack_of("0.5.7")
-    on_trial = {"previous": old, "trial": new, "failed": {}, "trial_until": time.time() + 600}
+    on_trial = {"previous": old, "trial": new, "failed": {}}
     site.sh(record_command("sglang", on_trial).get_raw_value())
     site.sh(link_command(VENV, new).get_raw_value())
     site.sh(f"systemctl reset-failed {UNIT}; systemctl restart {UNIT}")
@@ -301,11 +309,17 @@ def test_a_fallback_killed_at_each_step_converges_on_the_previous_release(site, 
     assert "fell_back" not in site.record()
 
 
-def test_a_crash_after_ready_on_probation_switches_back_without_a_deploy_run(site):
-    """A release judged good (ready, a good chat completion) that crashes 6 s later, each
-    restart the same: within upgrade_probation_s systemd itself, once the unit's start limit
-    stopped it, switches the link back to the previous stack and starts it (the unit's
-    OnFailure=, remote/stack_fallback.py). No deploy runs meanwhile; the next one reports it."""
+def started(site, release: str) -> int:
+    """How many times RELEASE's stand-in started (its first line in the journal)."""
+    return int(site.sh(f"journalctl -u {UNIT} --no-pager -o cat | grep -c '^stand-in of sglang "
+                       f"{release}:' || true"))
+
+
+def test_a_crash_after_ready_on_probation_switches_back_at_its_first_crash(site):
+    """A release judged good (ready, a good chat completion) that crashes 6 s later: within
+    upgrade_probation_s the unit's ExecStopPost= (remote/stack_fallback.py) switches the link
+    back to the previous stack at this first crash and starts it at once, without a deploy run
+    (before: three crashes and the start limit, then OnFailure=). The next run reports it."""
     site.cases(**{"0_5_7": "crash-after-ready"})
     done = site.deploy("0.5.7", "--data", "retry_failed_stack=true", *PROBATION)
     assert done.returncode == 0, done.log[-5000:]
@@ -313,19 +327,24 @@ def test_a_crash_after_ready_on_probation_switches_back_without_a_deploy_run(sit
     record = site.record()
     assert record["trial"] == stack_of("0.5.7") and record["trial_until"] > time.time()
     assert record["failed"] == {}  # the retried set judged good; on probation
-    started = time.monotonic()
-    deadline = started + 180
+    new_starts = started(site, "0.5.7")
+    started_at = time.monotonic()
+    deadline = started_at + 180
     back = f"venv.stacks/{stack_of('0.5.10')}"
     while time.monotonic() < deadline and not (site.link() == back and site.serves() == "0.5.10"):
-        time.sleep(1)
-    print(f"\ncrash after ready, on probation: 0.5.10 serves again {time.monotonic() - started:.1f}s "
-          "after the deploy's verdict, no deploy run")
+        time.sleep(0.5)
+    print(f"\ncrash after ready, on probation: 0.5.10 serves again "
+          f"{time.monotonic() - started_at:.1f}s after the deploy's verdict, no deploy run")
     assert site.link() == back
     assert site.serves() == "0.5.10"
+    # Its first crash was its last: 0.5.7 was not started again.
+    assert started(site, "0.5.7") == new_starts, site.sh(
+        f"journalctl -u {UNIT} --no-pager -n 60 -o short-precise | grep -v -e TP -e blob")
     record = site.record()
     assert record["trial"] is None and record["previous"] is None and "trial_until" not in record
     why = record["failed"][stack_of("0.5.7")]["why"]
-    assert "failed for good while on trial" in why and "OnFailure=" in why, why
+    assert "crashed on probation" in why and "its first crash" in why and "ExecStopPost=" in why
+    assert "crash_loop" not in record  # the start it queued is no crash loop
     assert record["fell_back"]["from"] == stack_of("0.5.7")
     assert record["fell_back"]["to"] == stack_of("0.5.10")
     # The next run reports the switch back, and forgets the note (the failed set stays).
@@ -337,14 +356,22 @@ def test_a_crash_after_ready_on_probation_switches_back_without_a_deploy_run(sit
     assert site.serves() == "0.5.10"
 
 
-def test_a_restart_on_probation_seen_by_the_next_run_is_a_failed_upgrade(site):
-    """The same release, one crash and systemd's automatic restart (serving again, before its
-    start limit), then a deploy run: it reads the restart since the switch (NRestarts), records
-    the set as failed, rolls back, and refuses the set."""
+def test_a_restart_before_the_verdict_seen_by_the_next_run_is_rolled_back_until_served(site):
+    """A run killed after its switch and restart, before its verdict (its own commands, as
+    the switch leaves them), and 0.5.7 crashing 6 s after ready, restarted once by systemd:
+    the next run (upgrade_probation_s 0) reads the restart since the switch (NRestarts),
+    says it failed before its verdict (not "after its verdict", not upgrade_probation_s),
+    records the set, rolls back, and waits until 0.5.10 serves again before it ends."""
     site.cases(**{"0_5_7": "crash-after-ready"})
-    done = site.deploy("0.5.7", "--data", "retry_failed_stack=true", *PROBATION)
-    assert done.returncode == 0, done.log[-5000:]
-    assert site.record()["trial"] == stack_of("0.5.7")
+    old, new = stack_of("0.5.10"), stack_of("0.5.7")
+    # 0.5.7's stack built beside (retention removed the failed set), its switch held back.
+    built = site.deploy("0.5.7", "--data", "retry_failed_stack=true", "--data",
+                        "restart_on_change=false")
+    assert built.returncode == 0 and new in site.stacks(), built.log[-3000:]
+    site.sh(record_command("sglang", {**site.record(), "previous": old, "trial": new,
+                                      "failed": {}}).get_raw_value())
+    site.sh(link_command(VENV, new).get_raw_value())
+    site.sh(f"systemctl reset-failed {UNIT}; systemctl restart {UNIT}")
     deadline = time.monotonic() + 60
     while int(site.sh(f"systemctl show -p NRestarts --value {UNIT}") or 0) < 1 and \
             time.monotonic() < deadline:
@@ -353,17 +380,69 @@ def test_a_restart_on_probation_seen_by_the_next_run_is_a_failed_upgrade(site):
         site.sh(f"systemctl show -p NRestarts -p ActiveState -p SubState {UNIT}; journalctl "
                 f"-u {UNIT} -u {FALLBACK_UNIT} --no-pager -n 300 -o short-precise | grep -v "
                 "-e TP -e blob") + f"\n{site.record()}"
-    assert site.link() == f"venv.stacks/{stack_of('0.5.7')}"
-    done = site.deploy("0.5.7", *PROBATION)
+    assert site.link() == f"venv.stacks/{new}"
+    done = site.deploy("0.5.7")
+    served = site.serves()
     assert done.returncode != 0
-    assert "failed after its verdict: the server restarted on its own 1 time since the switch" \
-        in done.log, done.log[-3000:]
-    assert f"the set sglang 0.5.7 (stack {stack_of('0.5.7')}) failed as an upgrade" in done.log
-    assert site.link() == f"venv.stacks/{stack_of('0.5.10')}"
+    said = [line for line in done.log.splitlines() if "rolling back to" in line]
+    assert any(f"the upgrade to sglang 0.5.7 (stack {new}) failed: the server restarted on its "
+               "own 1 time since the switch, before its verdict (the run that switched to it "
+               "was cut short); rolling back to sglang 0.5.10" in line for line in said), \
+        "\n".join(said) or done.log[:8000]
+    assert "after its verdict" not in done.log and "(upgrade_probation_s)" not in done.log
+    assert f"the set sglang 0.5.7 (stack {new}) failed as an upgrade" in done.log
+    assert f"rolled back: sglang 0.5.10 (stack {old}) serves again" in done.log, done.log[-3000:]
+    assert served == "0.5.10", done.log[-3000:]
+    assert site.link() == f"venv.stacks/{old}"
     record = site.record()
     assert record["trial"] is None
-    assert "restarted on its own" in record["failed"][stack_of("0.5.7")]["why"]
-    deadline = time.monotonic() + 60
-    while site.serves() != "0.5.10" and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert site.serves() == "0.5.10"
+    assert "before its verdict" in record["failed"][new]["why"]
+
+
+def test_a_crash_loop_after_probation_is_started_again_and_reported(site):
+    """0.5.10 served its whole window (no stack on trial) and now crashes at each load: at
+    each start limit the unit's OnFailure= starts it again after a pause that doubles, never
+    giving up (before: down until the next deploy run); the next run reports the loop, and the
+    first run whose server answers ends it. RestartSec 1 s here (a drop-in) so the bursts are
+    short; the pauses double from it."""
+    fast = f"/etc/systemd/system/{UNIT}.d/zz-fast-restart.conf"
+    site.put(fast, "[Service]\nRestartSec=1\n")
+    site.sh("systemctl daemon-reload")
+    try:
+        site.cases(**{"0_5_10": "crash-load"})
+        assert site.record().get("trial") is None
+        site.sh(f"systemctl reset-failed {UNIT}; systemctl restart {UNIT}")
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and \
+                (site.record().get("crash_loop") or {}).get("restarts", 0) < 2:
+            time.sleep(0.5)
+        loop = site.record().get("crash_loop") or {}
+        assert loop.get("restarts", 0) >= 2, site.sh(
+            f"journalctl -u {UNIT} -u {FALLBACK_UNIT} --no-pager -n 80 -o short-precise | "
+            "grep -v -e TP -e blob") + f"\n{site.record()}"
+        # RestartSec (1 s) doubled at each start limit: 2 s, 4 s, ...
+        assert loop["pause_s"] == 2.0 ** loop["restarts"], loop
+        assert "failed for good (Result=" in loop["why"], loop
+        # Started again after its second start limit: it did not give up.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and \
+                site.sh(f"systemctl show -p ActiveState --value {UNIT}") == "failed":
+            time.sleep(0.5)
+        assert site.sh(f"systemctl show -p ActiveState --value {UNIT}") != "failed"
+        # The next run reports the loop (and fails: the release does not serve).
+        done = site.deploy("0.5.10")
+        assert done.returncode != 0
+        assert f"{UNIT} of sglang 0.5.10 (stack {stack_of('0.5.10')}) crash-loops" in done.log, \
+            done.log[-3000:]
+        assert "its fallback (remote/stack_fallback.py) starts it again after each start " \
+            "limit" in done.log, done.log[-3000:]
+        # Repaired: the first run whose server answers ends the loop.
+        site.cases()
+        done = site.deploy("0.5.10")
+        assert done.returncode == 0, done.log[-5000:]
+        assert "its crash loop" in done.log and "is over" in done.log, done.log[-3000:]
+        assert "crash_loop" not in site.record()
+        assert site.serves() == "0.5.10"
+    finally:
+        site.sh(f"rm -f {fast} && systemctl daemon-reload")
+        site.cases()

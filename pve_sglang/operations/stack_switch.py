@@ -8,12 +8,13 @@ import time
 from collections.abc import Callable
 
 from pyinfra import host, logger
-from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.context import state as pyinfra_state
 
 from pve_sglang.facts.one_read import Part
 from pve_sglang.operations import container_reads
 from pve_sglang.operations.verify import host_fails
+from pve_sglang.remote import rollback_rules
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
 from pve_sglang.server import unit_action
@@ -499,23 +500,28 @@ def rollback_commands(venv_path: str, service: str, unit: str, record: dict,
 
 @operation()
 def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str,
-                      rollback: bool = True):
+                      rollback: bool = True, watch: Callable[[], None] | None = None):
     """
     Finish a rollback a kill cut short, before anything else: the failed set is recorded and
     the link still names it (switch back to the previous stack and restart it), or the link
     went back and the record still holds the trial (clear it; the restart follows from the
     link's change, ``since``). The model serves the previous release again, and the next check
     (``not_failed``) reads a failed set that was rolled back, truly. Then: a switch back that
-    systemd made on its own (``remote/stack_fallback.py``, the unit's ``OnFailure=``) is
-    reported, and a stack on trial whose server restarted on its own since the switch, or
-    failed for good, within its probation (``switch_rules.failed_on_probation``) is a failed
-    upgrade: recorded and rolled back here, as the verify phase would.
+    systemd made on its own (``remote/stack_fallback.py``, the unit's ``ExecStopPost=`` and
+    ``OnFailure=``) is reported, and a stack on trial whose server restarted on its own since
+    the switch, or failed for good, before its verdict or within its probation
+    (``switch_rules.failed_on_probation``) is a failed upgrade: recorded and rolled back here,
+    as the verify phase would. A crash loop the server's fallback keeps restarting is reported.
+    A rollback begun here is followed with WATCH until the previous release serves again, as
+    the verify phase's rollback is.
 
     + venv_path: the ``venv_path`` setting (the link to the serving stack)
     + lock_file: the lock file of a venv made before stacks (to name it)
     + service: the server's service name (the state record is named by it)
     + unit: the server's systemd unit
     + rollback: ``upgrade_rollback`` (false: a failure on probation is recorded, not rolled back)
+    + watch: follows the server's start until it serves (``verify.watch_start``); None: the
+      run does not wait for it
 
     **Example:**
 
@@ -531,14 +537,15 @@ def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str,
     raw = read(venv_path, lock_file, service)
     found = switch_rules.found_of(venv_path, raw)
     record = dict(raw.get("state") or {})
+    _report_crash_loop(unit, raw, found, record)
     step = switch_rules.unfinished_rollback(found, tuple(record.get("failed") or {}))
     if step is None:
-        yield from _after_trial(venv_path, service, unit, rollback, raw, found, record)
+        yield from _after_trial(venv_path, service, unit, rollback, raw, found, record, watch)
         return
     failed, old = release_words(raw, found.trial), release_words(raw, found.previous)
-    # systemd's own switch back (OnFailure=) cut short: its note is reported here, once.
+    # systemd's own switch back cut short: its note is reported here, once.
     fell = record.get("fell_back")
-    which = "systemd's switch back (OnFailure=)" if fell else "the rollback"
+    which = "systemd's switch back" if fell else "the rollback"
     if step is Unfinished.SWITCH_BACK:
         logger.warning(f"{host.name}: {which} of the failed upgrade to {failed} was cut "
                        f"short: switching back to {old} and restarting it")
@@ -556,10 +563,48 @@ def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str,
                if key not in ("trial_until", "fell_back")}
     yield record_command(service, {**cleared, "trial": None, "previous": None})
     forget()
+    yield from _serving_again(watch, failed, old)
+
+
+def _serving_again(watch: Callable[[], None] | None, failed: str, old: str):
+    """At execution, once a rollback begun at the start of a run restarted the previous
+    release: follow its start with WATCH until it serves, as the verify phase's rollback does;
+    the host fails, naming both releases, when it does not."""
+    if watch is None:
+        return
+
+    def serving(state, host) -> bool:  # pyinfra passes both to a FunctionCommand naming them
+        try:
+            watch()
+        except OperationError as again:
+            host.log_styled(f"{host.name}: the failed upgrade to {failed} was rolled back, but "
+                            f"{old} does not serve either:\n{again}", fg="red",
+                            log_func=logger.error)
+            return False
+        logger.warning(f"{host.name}: rolled back: {old} serves again")
+        return True
+
+    yield FunctionCommand(serving, (), {})
+
+
+def _report_crash_loop(unit: str, raw: dict, found: Found, record: dict) -> None:
+    """The crash loop the server's fallback keeps restarting (the record's ``crash_loop``,
+    cleared by the next good verdict), reported once a run."""
+    loop = record.get("crash_loop")
+    if not loop or not cache.once(Kind.UNIT_LOOPING, f"{unit} crash loop"):
+        return
+    count = int(loop.get("restarts") or 0)
+    logger.warning(
+        f"{host.name}: {unit} of {release_words(raw, found.named)} crash-loops: "
+        f"{loop.get('why')}; not on trial, so its fallback (remote/stack_fallback.py) starts it "
+        f"again after each start limit, {count} time{'s' if count != 1 else ''} since "
+        f"{_utc(loop.get('since'))}, the last after a pause of {loop.get('pause_s')}s (it "
+        f"doubles, up to {rollback_rules.MAX_PAUSE_S:.0f}s): the model is down most of that "
+        f"time; see journalctl -u {unit}")
 
 
 def _after_trial(venv_path: str, service: str, unit: str, rollback: bool, raw: dict,
-                 found: Found, record: dict):
+                 found: Found, record: dict, watch: Callable[[], None] | None):
     """``rollback_finished``'s other part: systemd's own switch back reported (and its note
     cleared), or a stack on trial that failed since its switch rolled back."""
     fell = record.get("fell_back")
@@ -580,18 +625,17 @@ def _after_trial(venv_path: str, service: str, unit: str, rollback: bool, raw: d
         restarts = int(unit_state.get("restarts") or 0)
     except ValueError:
         restarts = 0
+    now = time.time()
     why = switch_rules.failed_on_probation(found.trial, found.current, record.get("trial_until"),
-                                           time.time(), restarts, unit_state.get("active"))
+                                           now, restarts, unit_state.get("active"))
     if why is None:
         host.noop("no rollback cut short")
         return
-    verdict = switch_rules.judge(True, found.trial, found.current, found.previous, found.stacks,
-                                 rollback)
+    verdict = switch_rules.failure_verdict(record, found.current, found.stacks, now, rollback)
     new, old = release_words(raw, found.current), release_words(raw, found.previous)
     failed = dict(record.get("failed") or {})
     failed[found.current] = {"sglang": (raw["stacks"].get(found.current) or {}).get("sglang"),
-                             "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                             "why": why}
+                             "when": _utc(now), "why": why}
     record = {**record, "failed": failed}
     if verdict is not Verdict.ROLL_BACK:
         logger.error(f"{host.name}: UPGRADE FAILED, NOT ROLLED BACK: {new}: {why} ("
@@ -600,10 +644,10 @@ def _after_trial(venv_path: str, service: str, unit: str, rollback: bool, raw: d
         yield record_command(service, record)
         forget()
         return
-    logger.warning(f"{host.name}: the upgrade to {new} failed after its verdict: {why}; rolling "
-                   f"back to {old}")
+    logger.warning(f"{host.name}: the upgrade to {new} failed: {why}; rolling back to {old}")
     yield from rollback_commands(venv_path, service, unit, record, found.previous)
     forget()
+    yield from _serving_again(watch, new, old)
 
 
 def _told(summary: str, details: str, group: object) -> OperationError:
@@ -652,7 +696,17 @@ def trial_passed(venv_path: str, lock_file: str, service: str, probation_s: int 
     found = switch_rules.found_of(venv_path, raw)
     record = dict(raw.get("state") or {})
     failed = dict(record.get("failed") or {})
+    # It serves and answers: a crash loop its fallback restarted is over.
+    loop = record.pop("crash_loop", None)
+    if loop:
+        logger.info(f"{host.name}: {release_words(raw, found.named)} serves again: its crash loop "
+                    f"({loop.get('restarts')} starts by its fallback since "
+                    f"{_utc(loop.get('since'))}) is over")
     if found.trial is None and found.current not in failed:
+        if loop:
+            yield record_command(service, record)
+            forget()
+            return
         host.noop("no stack on trial")
         return
     now = time.time()
@@ -661,8 +715,8 @@ def trial_passed(venv_path: str, lock_file: str, service: str, probation_s: int 
     if step is switch_rules.Probation.START:
         until = now + probation_s
         logger.info(f"{host.name}: the upgrade to {release_words(raw, found.current)} serves; on "
-                    f"trial until {_utc(until)} (upgrade_probation_s {probation_s}): a crash loop "
-                    f"before then switches back to {release_words(raw, found.previous)}")
+                    f"trial until {_utc(until)} (upgrade_probation_s {probation_s}): its first "
+                    f"crash before then switches back to {release_words(raw, found.previous)}")
         # A set retried (retry_failed_stack) and judged good is no longer recorded as failed:
         # a failure on probation records it again (and a later run must not read a trial in
         # the failed sets as a rollback cut short).
@@ -671,6 +725,10 @@ def trial_passed(venv_path: str, lock_file: str, service: str, probation_s: int 
         forget()
         return
     if step is switch_rules.Probation.WAIT:
+        if loop:
+            yield record_command(service, record)
+            forget()
+            return
         host.noop(f"{release_words(raw, found.current)} serves, on trial until {_utc(until)}")
         return
     record.pop("trial_until", None)

@@ -34,8 +34,12 @@ container's Python. ``model_fetch.py`` lives with the rest of the model store
 ``model_fetch.py``            in ``model_store/``: the model, its revision pinned to a commit,
                               its files checked against the hub's sizes and hashes, the rest
                               downloaded (resumed), with progress lines (``huggingface_hub``)
-``stack_fallback.py``         the server unit's ``OnFailure=``: a stack on trial that failed
-                              for good is switched back to the previous one and started
+``stack_fallback.py``         the server unit's ``ExecStopPost=`` and ``OnFailure=``: a stack
+                              on probation that crashed, or on trial and failed for good, is
+                              switched back to the previous one and started; a crash loop
+                              after probation is started again, a growing pause between
+``rollback_rules.py``         the rollback rule, written once: the deploy imports it, and it
+                              is uploaded beside ``stack_fallback.py``, which imports it
 ``gateway_workers.py``        the gateway's worker list through smg's worker API (register,
                               remove what it registered), and each worker's health as the
                               gateway reports it
@@ -71,6 +75,7 @@ MODEL_FETCH = "model_fetch.py"
 REMOTE_ENV = "remote_env.py"
 CONFINE = "confine.py"
 STACK_FALLBACK = "stack_fallback.py"
+ROLLBACK_RULES = "rollback_rules.py"
 GATEWAY_WORKERS = "gateway_workers.py"
 STATUS_READ = "status_read.py"
 
@@ -78,7 +83,8 @@ STATUS_READ = "status_read.py"
 COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV, CONFINE),
                                           STARTUP_WATCH: (REMOTE_ENV,),
                                           GATEWAY_WORKERS: (REMOTE_ENV,),
-                                          STATUS_READ: (SERVER_METRICS,)}
+                                          STATUS_READ: (SERVER_METRICS,),
+                                          STACK_FALLBACK: (ROLLBACK_RULES,)}
 
 _HERE = Path(__file__).resolve().parent
 #: The scripts kept in another folder of the package, with the code of their topic: the same

@@ -245,6 +245,7 @@ def render_unit(
         start_limit_burst=START_LIMIT_BURST,
         start_limit_interval_s=start_limit_interval_s(settings),
         on_failure=fallback_unit_name(settings),
+        exec_stop_post=systemd_command([*fallback_argv(settings), "--on-exit"]),
     )
 
 
@@ -258,13 +259,22 @@ def fallback_unit_path(settings: ContainerSettings) -> str:
     return unit_file(fallback_unit_name(settings))
 
 
+def fallback_argv(settings: ContainerSettings, script: str = FALLBACK) -> list[str]:
+    """The container's Python running SCRIPT (``remote/stack_fallback.py``) on the server's
+    unit, link and stack record, with ``upgrade_rollback`` and the exit status the unit is not
+    restarted on (the launcher's missing secret): the unit's ``ExecStopPost=`` (with
+    ``--on-exit``) and its ``OnFailure=`` unit."""
+    return ["/usr/bin/python3", script, "--unit", unit_name(settings), "--venv-path",
+            settings.venv_path, "--state", switch_rules.state_path(settings.service_name),
+            *([] if settings.upgrade_rollback else ["--keep-failed"]),
+            "--no-restart-status", str(sglang_launch.EX_CONFIG)]
+
+
 def render_fallback_unit(settings: ContainerSettings, script: str = FALLBACK) -> str:
-    """The oneshot unit the server's unit names in ``OnFailure=``: the container's Python runs
-    SCRIPT (``remote/stack_fallback.py``) on the server's unit, link and stack record."""
-    argv = ["/usr/bin/python3", script, "--unit", unit_name(settings), "--venv-path",
-            settings.venv_path, "--state", switch_rules.state_path(settings.service_name)]
+    """The oneshot unit the server's unit names in ``OnFailure=`` (``fallback_argv``)."""
     return _templates().get_template(FALLBACK_TEMPLATE).render(
-        server_unit=unit_name(settings), exec_start=systemd_command(argv))
+        server_unit=unit_name(settings), unit_name=fallback_unit_name(settings),
+        exec_start=systemd_command(fallback_argv(settings, script)))
 
 
 def start_limit_interval_s(settings: ContainerSettings) -> int:

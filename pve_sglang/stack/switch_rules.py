@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-import re
 from enum import Enum
 from typing import NamedTuple
 
 from pve_sglang.remote import TOOLS
-
-#: The folder of a deploy's stacks, beside ``venv_path``.
-SUFFIX = ".stacks"
-#: A stack's name: a lock id (``Lock.id``: 16 hex digits). Nothing else in the folder is ours.
-STACK_NAME = re.compile(r"^[0-9a-f]{16}$")
-#: What a stack says about itself, written once it is complete (built, locked, patched).
-RELEASE_FILE = "pve-sglang-stack.json"
+# The rollback rule and the stacks' names, written once for the deploy and the server's own
+# fallback (``remote/stack_fallback.py``, uploaded with it).
+from pve_sglang.remote.rollback_rules import (  # noqa: F401 (the deploy's names for them)
+    RELEASE_FILE, STACK_NAME, SUFFIX, Verdict, failure_verdict, has_target, judge, window_open,
+)
 #: The deploy's record of a container's stacks: the previous one (the rollback target), the one
 #: on trial, and the sets that failed.
 STATE_DIR = "/var/lib/pve-sglang"
@@ -164,37 +161,6 @@ def decide_switch(found: Found, wanted: str, restart_on_change: bool,
     return SwitchPlan(Move.PENDING, current)
 
 
-class Verdict(Enum):
-    GOOD = "good"  # served and answered: nothing to do (or the trial ends)
-    ROLL_BACK = "roll_back"  # a failed upgrade: switch back to the previous stack
-    KEEP_FAILED = "keep_failed"  # a failed upgrade kept on purpose (upgrade_rollback: false)
-    NO_TARGET = "no_target"  # a failed upgrade with no stack to go back to
-    NOT_AN_UPGRADE = "not_an_upgrade"  # failed, but no stack is on trial: reported as today
-
-
-def judge(failed: bool, trial: str | None, current: str | None, previous: str | None,
-          stacks: tuple[str, ...], rollback: bool) -> Verdict:
-    """
-    What follows the verify phase's judgement of the server's start and answer.
-
-    + failed: the startup watch or the generation check failed (for a node of several: on any
-      node of its group, ``group_failed``)
-    + trial: the stack on trial (switched to and not judged yet), from the state record
-    + current: the stack the link names; previous: the rollback target
-    + stacks: the complete stacks in the folder
-    + rollback: ``upgrade_rollback``
-    """
-    if not failed:
-        return Verdict.GOOD
-    if trial is None or trial != current:
-        return Verdict.NOT_AN_UPGRADE
-    if not rollback:
-        return Verdict.KEEP_FAILED
-    if previous is None or previous == current or previous not in stacks:
-        return Verdict.NO_TARGET
-    return Verdict.ROLL_BACK
-
-
 class Unfinished(Enum):
     """A rollback cut short (``unfinished_rollback``): what is left of it."""
 
@@ -215,8 +181,7 @@ def unfinished_rollback(found: Found, failed: tuple[str, ...]) -> Unfinished | N
         return None
     if found.current != found.trial:
         return Unfinished.FORGET_TRIAL
-    if found.previous is None or found.previous == found.current or \
-            found.previous not in found.stacks:
+    if not has_target(found.current, found.previous, found.stacks):
         return None  # no target: the failed release stays, as judge's NO_TARGET says
     return Unfinished.SWITCH_BACK
 
@@ -324,24 +289,28 @@ def probation(trial: str | None, current: str | None, until: float | None, now: 
         return Probation.NONE
     if until is None:
         return Probation.START if probation_s > 0 else Probation.PASSED
-    return Probation.WAIT if now < until else Probation.PASSED
+    return Probation.WAIT if window_open(until, now) else Probation.PASSED
 
 
 def failed_on_probation(trial: str | None, current: str | None, until: float | None, now: float,
                         restarts: int, active: str | None) -> str | None:
     """
     Why the stack on trial failed since its switch, as a later run sees it (before it changes
-    anything), or None: the link names TRIAL, its probation runs (UNTIL, the record's
-    ``trial_until``, is None or after NOW), and its unit restarted on its own (RESTARTS:
-    ``NRestarts``, counted since the last start the deploy made: the switch's) or failed for good
-    (ACTIVE: ``failed``). A failure after the probation is not an upgrade's.
+    anything), or None: the link names TRIAL, its trial runs (``window_open``: UNTIL, the
+    record's ``trial_until``, is None, never judged, or after NOW), and its unit restarted on its
+    own (RESTARTS: ``NRestarts``, counted since the last start the deploy made: the switch's) or
+    failed for good (ACTIVE: ``failed``). A failure after the probation is not an upgrade's.
     """
-    if trial is None or trial != current or (until is not None and now >= until):
+    if trial is None or trial != current or not window_open(until, now):
         return None
+    # Never judged: the run that switched was cut short before its verdict, whatever
+    # upgrade_probation_s says.
+    when = ("before its verdict (the run that switched to it was cut short)" if until is None
+            else "while on probation (upgrade_probation_s)")
     if active == "failed":
         return (f"the server failed for good on its own (its start limit, after {restarts} "
-                "automatic restarts) while on trial (upgrade_probation_s)")
+                f"automatic restarts) {when}")
     if restarts > 0:
         return (f"the server restarted on its own {restarts} time{'s' if restarts > 1 else ''} "
-                "since the switch, while on trial (upgrade_probation_s)")
+                f"since the switch, {when}")
     return None
