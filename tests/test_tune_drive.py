@@ -411,6 +411,18 @@ def test_a_server_that_hangs_in_the_last_benchmark_ends_serving_the_best(tmp_pat
     assert done.ended["serving"] == search.best and server.clock.now <= budget
 
 
+def test_a_server_found_hung_is_started_again_at_the_end(tmp_path):
+    """The server as found hangs in its first part: nothing measured, the flags it runs are
+    unknown, so the end starts the flags found again, checked."""
+    drive, server = tune_sim.drive(seed_moe(), tmp_path, seed=8, budget_s=3600)
+    server.hung = True
+    again, calls = counting(server)
+    search = drive.run(again)
+    assert search.best is None and search.stopped.startswith("the server as found did not")
+    assert calls["apply"] == [seed_moe().start] and not server.hung
+    assert record.read(record.record_path(drive.tuned)).ended["serving"] == seed_moe().start
+
+
 def test_the_end_falls_back_to_the_flags_found_when_the_best_no_longer_starts(tmp_path):
     landscape = seed_moe()
     drive, server = tune_sim.drive(landscape, tmp_path, seed=7, budget_s=2 * 3600)

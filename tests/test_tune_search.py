@@ -38,7 +38,9 @@ from pve_sglang.tuning.strategy import (
     Outcome,
     Proposal,
     Search,
+    Z_CLEAR,
     additive,
+    clearly_above,
     coordinate_order,
     more_memory,
     no_op,
@@ -129,7 +131,8 @@ SPACE = default_space("0.5.23", moe=True)
     (row(256, 256, 40, 0.5, 35), ["disable_cuda_graph", "cuda_graph_max_bs",
                                   "moe_runner_backend"]),                # GPUs idle, queue
     (row(256, 64, 192, 0.14, 35), ["max_running_requests", "disable_cuda_graph"]),
-    (row(256, 256, 0, 0.5, 90), ["max_running_requests", "mem_fraction_static"]),  # no signal
+    (row(256, 256, 0, 0.5, 90), ["disable_cuda_graph", "moe_runner_backend",
+                                 "max_running_requests"]),  # no signal: the prior order
 ])
 def test_the_figures_decide_the_next_coordinate(figures, first):
     assert coordinate_order(SPACE, figures, 60)[:len(first)] == first
@@ -186,6 +189,18 @@ def test_the_noise_is_the_pooled_spread_never_below_its_floor(sum_squares, df, n
 
 
 SE = 0.125
+
+
+def worse_edge_se() -> float:
+    """The SE at which 0 + Z_WORSE * SE is exactly log1p(MIN_GAIN) in floats."""
+    se = math.log1p(MIN_GAIN) / Z_WORSE
+    for _ in range(64):
+        if Z_WORSE * se == math.log1p(MIN_GAIN):
+            return se
+        se = math.nextafter(se, 1.0 if Z_WORSE * se < math.log1p(MIN_GAIN) else -1.0)
+    raise AssertionError("no such SE")
+
+
 WORSE_EDGE = math.log1p(MIN_GAIN) - Z_WORSE * SE
 
 
@@ -199,6 +214,18 @@ WORSE_EDGE = math.log1p(MIN_GAIN) - Z_WORSE * SE
 ])
 def test_the_verdict_of_a_challenger_at_its_edges(diff, said):
     assert verdict(diff, SE) == said
+
+
+def test_a_challenger_that_could_just_reach_the_least_gain_is_not_dropped():
+    se = worse_edge_se()  # 0 + Z_WORSE * se is log1p(MIN_GAIN) exactly: at the edge
+    assert verdict(0.0, se) == "undecided"
+    assert verdict(0.0, math.nextafter(se, 0.0)) == "worse"
+
+
+@pytest.mark.parametrize("diff, clear", [
+    (Z_CLEAR * SE + 1e-9, True), (Z_CLEAR * SE, False), (Z_BETTER * SE + 1e-9, False)])
+def test_clearly_above_at_its_edge(diff, clear):
+    assert clearly_above(diff, SE) is clear
 
 
 BASE = {MEM: 0.88, "chunked_prefill_size": 4096, "cuda_graph_max_bs": 256,
@@ -315,6 +342,43 @@ def test_a_move_far_below_the_best_drops_at_its_first_part_and_the_search_stops(
                      ({**START, POLICY: "lpm"}, [60.0])])
     assert run.best == START and run.stopped.startswith("no move left")
     assert [t.proposal.length for t in run.tries[6:]] == [CHUNK, CHUNK]  # one part each
+
+
+@pytest.mark.parametrize("first, kept", [(104.0, False), (125.0, True)])
+def test_a_win_the_budget_cuts_before_its_repeat_is_kept_only_when_clearly_above(first, kept):
+    """The budget holds the flags found (6 parts), one move and its first part, a restart in
+    reserve: a win at that part is kept at its length only when clearly above the best."""
+    lpm = {**START, POLICY: "lpm"}
+    run = search_of([(START, STEADY), (lpm, [first])], space={POLICY: (None, "lpm")},
+                    budget_s=900 + 570 + 420)
+    assert run.stopped.startswith("budget") and run.weight(lpm) == CHUNK
+    assert run.bests[1][1] == lpm  # it won at its first part ...
+    assert (run.best == lpm) is kept  # ... and stays only when clearly above
+
+
+def duel_of(found_after: float, best: float) -> tuple[Search, list]:
+    """A best a little above the flags found (within the noise), then the duel: the flags
+    found measured again at FOUND_AFTER, the best at BEST."""
+    lpm = {**START, POLICY: "lpm"}
+    script = Scripted({key(START): [*STEADY, *[found_after] * 12],
+                       key(lpm): [101.5] * 7 + [best] * 12})
+    run = Search({POLICY: (None, "lpm")}, START, 1e6, costs=Costs(420, 600)).run(script)
+    duel = [t for t in run.tries if "in alternation" in t.proposal.why]
+    return run, duel
+
+
+def test_the_best_and_the_flags_found_measured_in_alternation_decide_at_the_end():
+    run, duel = duel_of(found_after=97.0, best=102.0)
+    assert run.best == {**START, POLICY: "lpm"}
+    # Alternation: a restart each time the side changes, two parts each.
+    sides = [t.proposal.candidate[POLICY] for t in duel]
+    assert sides[:4] == [None, None, "lpm", "lpm"] and duel[0].outcome.start_s > 0
+    assert duel[2].outcome.start_s > 0 and duel[1].outcome.start_s == 0
+
+
+def test_a_best_the_duel_does_not_keep_above_the_flags_found_gives_way_to_them():
+    run, duel = duel_of(found_after=101.0, best=99.0)
+    assert duel and run.best == START and run.bests[-1][1] == START
 
 
 def test_no_part_starts_that_could_not_end_within_the_budget():

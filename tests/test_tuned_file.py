@@ -180,8 +180,8 @@ def test_the_plan_lists_space_budget_objective_and_first_tries(tmp_path, monkeyp
     assert "schedule_policy: [None], 'lpm', 'hrrn'" in text  # None: SGLang's own (fcfs)
     assert ("1. the server as found, where it runs (no restart): 1.5 of the benchmark in parts: "
             "chunked_prefill_size=None, ") in text
-    assert "2. mem_fraction_static=0.8 (one start, parts until a verdict)" in text
-    assert "7. disable_cuda_graph=False (one start" in text
+    assert "2. disable_cuda_graph=False (one start, parts until a verdict)" in text
+    assert "3. moe_runner_backend='auto' (one start" in text
     assert "cuda_graph_max_bs=64" not in text  # graphs are off in the flags found
     # The container's measured start time: what the budget buys follows.
     measured = "\n".join(plan_lines("@pct/pve1/105", settings, None, pinned, start_s=95.5))

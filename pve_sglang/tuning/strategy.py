@@ -58,6 +58,13 @@ NOISE_PRIOR = 0.03
 PRIOR_DF = 2
 #: How many standard errors a challenger must be above the best to take its place.
 Z_BETTER = 0.75
+#: How many standard errors above the best it replaced a new best must be to stay when the
+#: budget ends before its repeat (kept at the length it reached).
+Z_CLEAR = 3.0
+#: The best and the flags found measured in alternation at the end: how much of the benchmark
+#: each time, how many times at most.
+DUEL_WEIGHT = 0.5
+DUEL_ROUNDS = 3
 #: How many standard errors below the best plus ``MIN_GAIN`` drop a challenger.
 Z_WORSE = 1.5
 #: A gain too small to look for (a share of the objective).
@@ -88,6 +95,12 @@ SIGNAL_ORDER = {
     "kv_bound": ("mem_fraction_static", "chunked_prefill_size"),
     "idle_with_queue": ("disable_cuda_graph", "cuda_graph_max_bs", "moe_runner_backend"),
 }
+#: The coordinates' order where the figures say nothing: the large steps of the seed's tuning
+#: and SGLang's guide first (CUDA graphs, the MoE kernels), then what the batch holds (the cap,
+#: KV memory), then the finer ones.
+PRIOR_ORDER = ("disable_cuda_graph", "moe_runner_backend", "max_running_requests",
+               "mem_fraction_static", "cuda_graph_max_bs", "chunked_prefill_size",
+               "schedule_policy")
 #: Running requests at least this share of the concurrency, with no queue: the batch is whole.
 FULL_SHARE = 0.9
 
@@ -137,9 +150,9 @@ def signals(row: Mapping[str, Any], low_power_pct: float) -> list[str]:
 
 def coordinate_order(space: Mapping[str, tuple], row: Mapping[str, Any],
                      low_power_pct: float) -> list[str]:
-    """The space's coordinates, those the figures point at first."""
+    """The space's coordinates, those the figures point at first, then ``PRIOR_ORDER``."""
     first = [c for s in signals(row, low_power_pct) for c in SIGNAL_ORDER[s] if c in space]
-    rest = [c for c in COORDINATES if c in space]
+    rest = [c for c in (*PRIOR_ORDER, *COORDINATES) if c in space]
     return list(dict.fromkeys([*first, *rest]))
 
 
@@ -245,6 +258,13 @@ def verdict(diff: float, se: float) -> str:
     if diff + Z_WORSE * se < math.log1p(MIN_GAIN):
         return "worse"
     return "undecided"
+
+
+def clearly_above(diff: float, se: float) -> bool:
+    """Whether a log ratio DIFF of standard error SE is clearly above (``Z_CLEAR``): a new best
+    kept when the budget ends before its repeat, a best kept without a duel with the flags
+    found."""
+    return diff > Z_CLEAR * se
 
 
 def relief(coordinate: str, oom: Any, best: Candidate, space: Mapping[str, tuple]
@@ -361,6 +381,8 @@ class Search:
     _verdicts: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: Moves (coordinate, value) not tried again: they lost clearly, or failed by themselves.
     _lost: set = field(default_factory=set)
+    #: A new best measured on before its repeat: (the best before it, that one's bar).
+    _unconfirmed: tuple[Candidate, float | None] | None = None
     #: Each candidate measured, by its key.
     _candidates: dict[str, Candidate] = field(default_factory=dict)
     #: Per candidate taken as the best: how many of its parts were measured before.
@@ -460,7 +482,22 @@ class Search:
         except Stop:
             self.stopped = (f"budget: {self.spent_s:.0f} of {self.budget_s:.0f} s spent; the "
                             "next part would not end within it")
+            self._unconfirmed_back()
         return self
+
+    def _unconfirmed_back(self) -> None:
+        """The budget ended while a new best was measured on, before its repeat: it is kept
+        at the length it reached only when it is clearly above the best it replaced (more
+        than ``Z_CLEAR`` standard errors); else that one comes back."""
+        if self._unconfirmed is None or self.best is None:
+            return
+        before, old = self._unconfirmed
+        mine, weight = self._mean(key(self.best))
+        if mine is None or old is None:
+            return
+        se = self.noise * math.sqrt(1 / weight + 1 / max(self._mean(key(before))[1], CHUNK))
+        if not clearly_above(mine - old, se):
+            self._back(before)
 
     def _take(self, candidate: Candidate) -> None:
         self.best = dict(candidate)
@@ -508,10 +545,13 @@ class Search:
         self._take(candidate)
         if before is None:
             return seen
+        self._unconfirmed = (before, old)
         if not self._measure_on(measure, candidate, self.weight(candidate) + FRESH_WEIGHT,
                                 f"{why}: the new best, measured on while it runs"):
+            self._unconfirmed = None
             self._back(before)
             return self._failed.get(k, "bench")
+        self._unconfirmed = None
         repeat = self._bar()[0]
         if repeat is not None and old is not None and repeat <= old:
             self._back(before)
@@ -540,9 +580,44 @@ class Search:
             if len(self.bests) == taken:
                 self._resolve(measure)
             if len(self.bests) == taken:
+                self._duel(measure)
                 self.stopped = (f"no move left that could beat the best by more than the "
                                 f"noise ({self.noise:.1%} a whole run)")
                 return
+
+    def _against_found(self) -> tuple[float, float]:
+        """The best's log ratio to the flags found and its standard error: the best's parts
+        since it was taken (those before made it win), the flags found's all."""
+        assert self.best is not None
+        k = key(self.best)
+        fresh = self._parts.get(k, [])[self._taken.get(k, 0):] or self._parts.get(k, [])
+        weight = sum(length for length, _ in fresh)
+        mine = sum(length * z for length, z in fresh) / weight
+        theirs, found_weight = self._mean(key(self.start))
+        assert theirs is not None
+        return mine - theirs, self.noise * math.sqrt(1 / weight + 1 / found_weight)
+
+    def _duel(self, measure: Callable[[Proposal], Outcome]) -> None:
+        """The best against the flags found when it is not clearly above them (``Z_CLEAR``):
+        the two measured in alternation (a restart each, ``DUEL_WEIGHT`` each time, at most
+        ``DUEL_ROUNDS``), so that drift and a lucky run do not decide; the flags found come
+        back unless the best is above them as a challenger must be (``Z_BETTER``)."""
+        if self.best is None or key(self.best) == key(self.start):
+            return
+        best = dict(self.best)
+        for _ in range(DUEL_ROUNDS):
+            diff, se = self._against_found()
+            if clearly_above(diff, se):
+                return
+            if diff + Z_WORSE * se < 0:
+                break
+            self._measure_on(measure, self.start, self.weight(self.start) + DUEL_WEIGHT,
+                             "the flags found, in alternation with the best")
+            if not self._measure_on(measure, best, self.weight(best) + DUEL_WEIGHT,
+                                    "the best, in alternation with the flags found"):
+                break
+        if verdict(*self._against_found()) != "better" or key(best) in self._failed:
+            self._take(self.start)
 
     def moves(self) -> list[tuple[Candidate, str]]:
         """The moves from the best not yet tried from it, as (candidate, why), in the order to
