@@ -15,7 +15,7 @@ define apt_install
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null
 endef
 
-.PHONY: deploy deploy-deps tune status test test-fast system-deps bench lock bench-stack release
+.PHONY: deploy deploy-deps tune status test test-fast system-deps bench lock bench-stack release bench-tune
 
 # The tests' caches (the Debian rootfs, wheels, venvs: GBs, built once) live outside the clone
 # as root, so that a fresh clone on this machine finds them (CI's .ci/run uses the same folder).
@@ -82,6 +82,11 @@ test-fast: $(STAMP)
 
 bench: $(STAMP) system-deps
 	$(VENV)/bin/python bench/deploy_cost.py $(ARGS)
+
+# The tuning search beside Optuna and a random search on the simulated landscapes, one run
+# (bench/tune_search.py; ARGS="--hours 8,2 --seeds 10"): the table of docs/benchmarks.md.
+bench-tune: $(STAMP)
+	$(VENV)/bin/python bench/tune_search.py $(ARGS)
 
 # The repository's lock of the default release set (group_data/locks/), made again with uv
 # from the pins in group_data/all.py: after a pin changes, or to take newer dependencies.

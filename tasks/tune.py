@@ -29,8 +29,17 @@ from pve_sglang.config.settings import ContainerSettings, host_settings
 from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.tuning import record, report
 from pve_sglang.tuning.deployed import Deployed, Node, installed_flags, refused_flags
-from pve_sglang.tuning.drive import Drive
-from pve_sglang.tuning.plan import is_moe, objective_concurrency, plan_lines, space_for
+from pve_sglang.facts.verify import StartTimes
+from pve_sglang.server.startup_log import READY_LINE
+from pve_sglang.server.unit_text import unit_name
+from pve_sglang.tuning.drive import Drive, NotServing
+from pve_sglang.tuning.plan import (
+    is_moe,
+    objective_concurrency,
+    plan_lines,
+    space_for,
+    start_seconds,
+)
 from pve_sglang.tuning.space import start_of
 from pve_sglang.tuning.tuned_file import write_tuned
 from tasks.common import container_gpus, upload_script
@@ -56,7 +65,8 @@ def tune_container(cs: ContainerSettings, pinned: frozenset[str],
     """``make tune`` for the container of pyinfra's ``host``, on its host's driver and GPUs
     (GPU_HOST): without a GPU there is nothing to measure, and nothing changes."""
     driver, _ = gpu_host
-    print("\n".join(plan_lines(host.name, cs, None, pinned)))
+    print("\n".join(plan_lines(host.name, cs, None, pinned,
+                               start_s=measured_start_s(cs) if driver else None)))
     if not driver:
         logger.warning(f"{host.name}: make tune: nothing measured: the host has no NVIDIA GPU, "
                        "so no server runs; nothing was changed (the plan is above)")
@@ -91,6 +101,12 @@ def group_in_limit(cs: ContainerSettings) -> None:
             f"{host.name}: make tune: nodes {cs.nodes}: a multi-node group is tuned as one, and "
             f"{', '.join(missing)} is not in this run; allowed: --limit with every node of the "
             "group; nothing was changed")
+
+
+def measured_start_s(cs: ContainerSettings) -> float | None:
+    """The seconds the container's server took at its last start, from its journal; None
+    where it shows none."""
+    return start_seconds(host.get_fact(StartTimes, unit=unit_name(cs), ready=READY_LINE))
 
 
 def model_is_moe(cs: ContainerSettings) -> bool | None:
@@ -137,14 +153,18 @@ def search(pinned: frozenset[str], view: NodeView) -> None:
         with ctx_host.use(node.host):
             deployed.follow_start(node, node.settings)
     tuned = Path(first.host.data.get("tuned_file"))
+    start_s = measured_start_s(cs)
     drive = Drive(space, found, cs.tune_budget_s, tuned, level, cs.tune_max_p99_ttft_ms,
-                  cs.bench_low_power_pct)
+                  cs.bench_low_power_pct,
+                  **({"start_s": start_s} if start_s is not None else {}))
     stopped = False
     try:
         with ctrl_c_stops(f"{host.name}: make tune"):
             drive.run(deployed.server())
     except KeyboardInterrupt:
         stopped = True
+    except NotServing as error:
+        raise OperationError(f"{host.name}: {error}") from None
     finally:
         # The group's other nodes read the same best from their own tuned files.
         for node in nodes[1:]:
@@ -158,7 +178,8 @@ def search(pinned: frozenset[str], view: NodeView) -> None:
             logger.info(f"{host.name}: make tune: best in {tuned}, plot {plot}")
     if stopped:
         raise OperationError(f"{host.name}: make tune: stopped with Ctrl-C; the server serves "
-                             f"the best measured (in {tuned}); a new run searches again")
+                             f"the best measured (in {tuned}); the next run goes on from the "
+                             "record, each try measured once")
 
 
 @contextmanager

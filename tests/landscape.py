@@ -20,10 +20,15 @@ The model, per candidate (the settings the search moves; null: SGLang's own, the
 - ``interactions``: rules (``when`` as below) whose ``rate``, ``power`` or ``ttft`` multiply in
   when every condition holds (CUDA graphs that stop short of the batch: no gain);
 - ``failures``: the first rule whose ``when`` holds ends the try (``oom``, ``start``, ``stall``,
-  ``degenerate``); ``when`` maps a coordinate to a value, a list of values, or bounds
+  ``degenerate`` at its start; ``hang``: it starts and answers, then hangs under the
+  benchmark's load); ``when`` maps a coordinate to a value, a list of values, or bounds
   (``{ge: 0.94}``, ``gt``, ``le``, ``lt``);
 - a measurement's noise: ``noise_pct`` of the objective (one standard deviation) for the whole
-  benchmark, times 1/sqrt(length) for a shorter one.
+  benchmark, times 1/sqrt(length) for a shorter one (``read``'s NOISE_PCT in its place: the
+  same landscape at another noise). The server's own steady-state figure
+  (``gen_throughput_mean``, as its /metrics give it) is the measured throughput itself, with
+  the same noise: the simulator does not make the server's figures better than the
+  benchmark's.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import yaml
 COORDINATES = ("max_running_requests", "mem_fraction_static", "disable_cuda_graph",
                "cuda_graph_max_bs", "moe_runner_backend", "chunked_prefill_size",
                "schedule_policy")
-ENDS = ("oom", "start", "stall", "degenerate")
+ENDS = ("oom", "start", "stall", "degenerate", "hang")
 BOUNDS = {"ge": lambda a, b: a >= b, "gt": lambda a, b: a > b, "le": lambda a, b: a <= b,
           "lt": lambda a, b: a < b}
 
@@ -62,8 +67,10 @@ class Landscape:
     data: dict[str, Any]
 
     @classmethod
-    def read(cls, path: Path) -> Landscape:
+    def read(cls, path: Path, noise_pct: float | None = None) -> Landscape:
         data = yaml.safe_load(Path(path).read_text())
+        if noise_pct is not None:
+            data["noise_pct"] = noise_pct
         for needed in ("space", "start", "workload", "peak_tok_s", "half_running", "kv",
                        "sglang_defaults"):
             if needed not in data:
@@ -156,17 +163,33 @@ class Landscape:
         start (and the stall's wait); a measured one its start and LENGTH of the benchmark."""
         costs = self.data.get("costs", {"start_s": 300, "bench_s": 600})
         ended = self.failure(candidate)
+        if ended == "hang":
+            return ended, {"concurrency": self.data["workload"]["concurrency"]}, \
+                costs["start_s"] + 2 * costs["bench_s"] * length
         if ended:
             return ended, {}, costs["start_s"] * (1.5 if ended == "stall" else 1)
-        row = self.figures(candidate)
-        sd = self.data.get("noise_pct", 1.0) / 100 / math.sqrt(length)
-        row["output_token_throughput"] *= max(0.0, rng.gauss(1.0, sd))
+        row = self.noisy(candidate, length, rng)
         bound = self.data["workload"].get("max_p99_ttft_ms")
         ended = "constraint" if bound is not None and row["p99_ttft_ms"] > bound else "measured"
         return ended, row, costs["start_s"] + costs["bench_s"] * length
 
+    def noisy(self, candidate: dict[str, Any], length: float, rng: random.Random
+              ) -> dict[str, Any]:
+        """CANDIDATE's row measured over LENGTH of the benchmark: the throughput with the
+        landscape's noise, as the benchmark and the server's /metrics give it."""
+        row = self.figures(candidate)
+        sd = self.data.get("noise_pct", 1.0) / 100 / math.sqrt(length)
+        row["output_token_throughput"] *= max(0.0, rng.gauss(1.0, sd))
+        row["gen_throughput_mean"] = row["output_token_throughput"]
+        row["metrics_scrapes"] = max(1, int(length * self.costs["bench_s"]))
+        return row
+
+    @property
+    def costs(self) -> dict[str, float]:
+        return self.data.get("costs", {"start_s": 300, "bench_s": 600})
+
     def objective(self, candidate: dict[str, Any]) -> float | None:
-        """The true objective of CANDIDATE: None where it fails or breaks a bound."""
+        """The true objective of CANDIDATE: None where it fails (or hangs) or breaks a bound."""
         if self.failure(candidate):
             return None
         row = self.figures(candidate)

@@ -5,9 +5,11 @@ A local process, no LXC container and no GPU (about 12 s).
 
 The search finds the landscape's best (no cap, the fast backend) past a degenerate backend and
 an out-of-memory fraction, writes the tuned file and its record, and leaves the server on the
-best; stopped with Ctrl-C it leaves the server on the best so far; a record without its end (a
-killed search: emulated by cutting the end line a Ctrl-C'ed run wrote) is replayed and ended,
-each try measured once.
+best; stopped with Ctrl-C it leaves the server on the best so far, and the next run replays the
+record and goes on, each try measured once. The drive's rules on a simulated server and clock
+(tests/tune_sim.py): a killed search resumed, a finished one not; the budget a bound; a hang in
+the last benchmark; the end on the best, checked, whatever the last try did; the bounds at their
+edges.
 """
 
 from __future__ import annotations
@@ -23,9 +25,19 @@ from pathlib import Path
 
 import pytest
 
+import tune_sim
+from landscape import Landscape
 from pve_sglang.remote import server_metrics
 from pve_sglang.tuning import record
-from pve_sglang.tuning.drive import Drive, Server, ending_of
+from pve_sglang.tuning.drive import (
+    MIN_SCRAPES,
+    Drive,
+    Server,
+    ending_of,
+    objective_source,
+    within_bound,
+)
+from pve_sglang.tuning.strategy import Search
 from pve_sglang.tuning.tuned_file import read_tuned
 from test_server_metrics import LOGS, STANDIN, _free_port
 from test_standin_landscape import served_flags
@@ -42,7 +54,7 @@ workload: {concurrency: 4, input_len: 24, output_len: 8}
 sglang_defaults: {cap: 64}
 peak_tok_s: 1000
 half_running: 1
-kv: {weights_fraction: 0.5, tokens_per_fraction: 1000}
+kv: {weights_fraction: 0.5, tokens_per_fraction: 300}  # 3 requests of 4: a queue
 effects:
   moe_runner_backend: {flashinfer_cutlass: {rate: 2.0}}
 failures:
@@ -110,7 +122,7 @@ class StandinServer:
         return "".join(json.loads(e)["choices"][0]["delta"]["content"] for e in events
                        if json.loads(e).get("choices"))
 
-    def measure(self, length: float) -> dict:
+    def measure(self, length: float, limit_s: float) -> dict:
         end = time.monotonic() + WHOLE_S * length
         tokens = []
 
@@ -151,7 +163,7 @@ def setup(tmp_path):
              "moe_runner_backend": ("auto", "flashinfer_cutlass", "flashinfer_trtllm"),
              "mem_fraction_static": (0.85, 0.94)}
     drive = Drive(space, found, budget_s=600, tuned=tmp_path / "tuned" / "pve1-105.yml",
-                  objective_level=CLIENTS)
+                  objective_level=CLIENTS, start_s=2.0, bench_s=WHOLE_S)
     server.apply(found)  # the server as the search finds it
     yield drive, server
     server.stop()
@@ -161,33 +173,43 @@ BEST = {"max_running_requests": None, "moe_runner_backend": "flashinfer_cutlass"
         "mem_fraction_static": 0.85}
 
 
-def test_stopped_with_ctrl_c_the_server_serves_the_best_so_far_and_a_killed_one_goes_on(setup):
+def test_stopped_with_ctrl_c_the_server_serves_the_best_so_far_and_the_next_run_goes_on(setup):
     drive, server = setup
     measured = server.measure
     calls = []
 
-    def stops_at_the_tenth(length: float) -> dict:
+    def stops_at_the_tenth(length: float, limit_s: float) -> dict:
         calls.append(length)
         if len(calls) == 10:
             raise KeyboardInterrupt
-        return measured(length)
+        return measured(length, limit_s)
 
     with pytest.raises(KeyboardInterrupt):
         drive.run(Server(server.apply, stops_at_the_tenth))
     path = record.record_path(drive.tuned)
     stopped = record.read(path)
-    assert stopped.ended["stopped"] == "stopped before its end"
-    assert server.flags == stopped.ended["best"] == read_tuned(drive.tuned)
+    assert stopped.ended["stopped"] == "stopped before its end" and not stopped.finished
+    assert server.flags == stopped.ended["best"] == stopped.ended["serving"] == \
+        read_tuned(drive.tuned)
     assert server.proc.poll() is None
-    # A kill leaves no end line: the next run replays the tries and goes on.
-    path.write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")
+    # The next run replays the tries from the record and goes on: none measured again.
     before = len(stopped.tries)
     applied = server.applied
-    search = drive.run(Server(server.apply, server.measure))
+    again = []
+
+    def counted(length: float, limit_s: float) -> dict:
+        again.append(length)
+        return measured(length, limit_s)
+
+    search = drive.run(Server(server.apply, counted))
     done = record.read(path)
-    assert done.ended["stopped"].startswith("no candidate left") and search.best == BEST
+    assert done.finished and done.ended["stopped"].startswith("no move left")
+    assert search.best == BEST
     assert [t.proposal for t in done.tries[:before]] == [t.proposal for t in stopped.tries]
-    assert len(done.tries) == len(search.tries)  # no try measured twice
+    assert len(done.tries) == len(search.tries)  # each try once in the record ...
+    measures = [t for t in done.tries[before:] if t.outcome.ended not in (
+        "oom", "start", "stall", "degenerate")]
+    assert len(again) == len(measures)  # ... and measured once, over both runs
     assert server.flags == BEST and server.applied > applied
     assert server.proc.poll() is None and read_tuned(drive.tuned) == BEST  # serving the best
     endings = {t.outcome.ended for t in done.tries}
@@ -209,3 +231,243 @@ def test_stopped_with_ctrl_c_the_server_serves_the_best_so_far_and_a_killed_one_
 ])
 def test_how_a_start_ended_from_the_watch_and_the_generation_check(lines, stalled, answer, ended):
     assert ending_of(lines, stalled, answer) == ended
+
+
+# --- the drive's rules on a simulated server and clock ------------------------------------
+
+SEED_MOE = Path(__file__).parent / "landscapes" / "seed_moe.yaml"
+
+
+def seed_moe() -> Landscape:
+    return Landscape.read(SEED_MOE, noise_pct=4)
+
+
+class Killed(BaseException):
+    """The process killed (SIGKILL): raised from the server, the record and the server then put
+    back as the kill left them (no end line, nothing applied after)."""
+
+
+def killed_at(drive: Drive, server: tune_sim.SimServer, measures: int) -> tuple[list, dict]:
+    """DRIVE run on SERVER, killed as its MEASURES-th part begins: the record's lines and the
+    server's flags as the kill left them."""
+    path = record.record_path(drive.tuned)
+    real = server.measure
+    seen = {"n": 0, "lines": [], "serving": None}
+
+    def measure(length: float, limit_s: float) -> dict:
+        seen["n"] += 1
+        if seen["n"] == measures:
+            seen["lines"] = path.read_text().splitlines()
+            seen["serving"] = server.serving
+            raise Killed
+        return real(length, limit_s)
+
+    with pytest.raises(Killed):
+        drive.run(Server(server.apply, measure))
+    path.write_text("\n".join(seen["lines"]) + "\n")
+    server.serving = seen["serving"]
+    return seen["lines"], seen["serving"]
+
+
+def counting(server: tune_sim.SimServer) -> tuple[Server, dict]:
+    calls = {"apply": [], "measure": 0}
+
+    def apply(candidate: dict) -> str:
+        calls["apply"].append(dict(candidate))
+        return server.apply(candidate)
+
+    def measure(length: float, limit_s: float) -> dict:
+        calls["measure"] += 1
+        return server.measure(length, limit_s)
+
+    return Server(apply, measure), calls
+
+
+def test_a_killed_search_resumes_from_its_record_each_try_measured_once(tmp_path):
+    drive, server = tune_sim.drive(seed_moe(), tmp_path, seed=3)
+    lines, _ = killed_at(drive, server, 30)
+    killed = record.read(record.record_path(drive.tuned))
+    assert killed.ended is None and len(killed.tries) == 29
+    again, calls = counting(server)
+    search = drive.run(again)
+    done = record.read(record.record_path(drive.tuned))
+    assert done.finished and len(done.tries) == len(search.tries)
+    assert [t.proposal for t in done.tries[:29]] == [t.proposal for t in killed.tries]
+    measured = [t for t in done.tries[29:] if t.outcome.start_s == 0 or t.outcome.ok]
+    assert calls["measure"] == len(measured)  # none of the 29 measured again
+    assert calls["apply"][0] == done.tries[29].proposal.candidate  # unknown flags: restarted
+    assert tune_sim.same(server.serving, search.best)
+    assert tune_sim.share(seed_moe(), search.best) >= 0.9
+
+
+def test_killed_after_its_last_try_the_next_run_puts_the_server_on_the_best(tmp_path):
+    """The flags the server runs are unknown after a kill: the end applies the best even
+    when the replay measures nothing."""
+    landscape = seed_moe()
+    drive, server = tune_sim.drive(landscape, tmp_path, seed=1, budget_s=3 * 3600)
+    first = drive.run(server.server())
+    path = record.record_path(drive.tuned)
+    path.write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")  # no end: killed
+    server.serving = dict(landscape.start)  # as a kill during the final restart may leave it
+    again, calls = counting(server)
+    second = drive.run(again)
+    assert calls["measure"] == 0 and second.best == first.best
+    assert calls["apply"] == [first.best]
+    assert tune_sim.same(server.serving, first.best)
+
+
+def test_a_finished_search_is_not_resumed_the_next_run_searches_again(tmp_path):
+    landscape = seed_moe()
+    drive, server = tune_sim.drive(landscape, tmp_path, seed=2, budget_s=2 * 3600)
+    drive.run(server.server())
+    assert record.read(record.record_path(drive.tuned)).finished
+    again, calls = counting(server)
+    second = drive.run(again)
+    done = record.read(record.record_path(drive.tuned))
+    assert calls["measure"] > 0 and len(done.tries) == len(second.tries)
+    assert done.tries[0].proposal.why == "the server as found"
+
+
+def test_stopped_with_ctrl_c_the_next_run_goes_on_each_try_measured_once(tmp_path):
+    landscape = seed_moe()
+    drive, server = tune_sim.drive(landscape, tmp_path, seed=4)
+    real = server.measure
+    n = {"measures": 0}
+
+    def stops(length: float, limit_s: float) -> dict:
+        n["measures"] += 1
+        if n["measures"] == 25:
+            raise KeyboardInterrupt
+        return real(length, limit_s)
+
+    with pytest.raises(KeyboardInterrupt):
+        drive.run(Server(server.apply, stops))
+    stopped = record.read(record.record_path(drive.tuned))
+    assert not stopped.finished and tune_sim.same(server.serving, stopped.ended["best"])
+    assert stopped.ended["serving"] == stopped.ended["best"]
+    again, calls = counting(server)
+    search = drive.run(again)
+    done = record.read(record.record_path(drive.tuned))
+    assert done.finished and len(done.tries) == len(search.tries)
+    assert calls["measure"] == len([t for t in done.tries[len(stopped.tries):]
+                                    if t.outcome.ok or t.outcome.start_s == 0])
+
+
+@pytest.mark.parametrize("hours", [1, 2, 4, 8])
+def test_the_budget_is_a_bound_the_end_on_the_best_included(tmp_path, hours):
+    landscape = seed_moe()
+    drive, server = tune_sim.drive(landscape, tmp_path, seed=5, budget_s=hours * 3600)
+    search = drive.run(server.server())
+    assert server.clock.now <= hours * 3600  # the last restart, back to the best, included
+    assert tune_sim.same(server.serving, search.best)
+
+
+def test_a_tight_budget_keeps_the_best_measured_at_the_length_it_reached(tmp_path):
+    """The search stops within a win's measuring on: the win is kept, at its length."""
+    landscape = seed_moe()
+    budget = 900 + 570 + 420  # the flags found, one move and a restart back in reserve
+    drive, server = tune_sim.drive(landscape, tmp_path, seed=0, budget_s=budget)
+    search = drive.run(server.server())
+    assert search.best != landscape.start and search.best["max_running_requests"] is None
+    assert 0 < search.best_weight < 1
+    ended = record.read(record.record_path(drive.tuned)).ended
+    assert ended["weight"] == search.best_weight and ended["best"] == search.best
+    assert f"measured over {search.best_weight:g} of the benchmark" in drive.tuned.read_text()
+    assert server.clock.now <= budget
+
+
+def test_a_server_that_hangs_in_the_last_benchmark_ends_serving_the_best(tmp_path):
+    """A new best hangs in its own last part, the last before the budget ends (a budget that
+    ends while a win is measured on; the part found by a first run of the same seed): it
+    drops, the flags the server runs are unknown, so the end restarts the best before it, its
+    start checked, within the budget."""
+    landscape = seed_moe()
+    budget = 900 + 570 + 420 + 300
+    drive, server = tune_sim.drive(landscape, tmp_path / "first", seed=6, budget_s=budget)
+    parts: list[dict | None] = []
+    real = server.measure
+
+    def watched(length: float, limit_s: float) -> dict:
+        parts.append(server.serving)
+        return real(length, limit_s)
+
+    first = drive.run(Server(server.apply, watched))
+    assert tune_sim.same(parts[-1], first.best) and first.best != landscape.start
+    drive, server = tune_sim.drive(landscape, tmp_path / "again", seed=6, budget_s=budget)
+    real = server.measure
+    calls = {"n": 0}
+
+    def hangs_last(length: float, limit_s: float) -> dict:
+        calls["n"] += 1
+        if calls["n"] == len(parts):
+            server.hung = True  # it answered its start; now it hangs under the load
+        return real(length, limit_s)
+
+    search = drive.run(Server(server.apply, hangs_last))
+    done = record.read(record.record_path(drive.tuned))
+    # The win whose part hung drops: a try that fails is never the best.
+    assert done.tries[-1].outcome.ended == "bench" and search.best == landscape.start
+    assert not server.hung and tune_sim.same(server.serving, search.best)
+    assert done.ended["serving"] == search.best and server.clock.now <= budget
+
+
+def test_a_server_found_hung_is_started_again_at_the_end(tmp_path):
+    """The server as found hangs in its first part: nothing measured, the flags it runs are
+    unknown, so the end starts the flags found again, checked."""
+    drive, server = tune_sim.drive(seed_moe(), tmp_path, seed=8, budget_s=3600)
+    server.hung = True
+    again, calls = counting(server)
+    search = drive.run(again)
+    assert search.best is None and search.stopped.startswith("the server as found did not")
+    assert calls["apply"] == [seed_moe().start] and not server.hung
+    assert record.read(record.record_path(drive.tuned)).ended["serving"] == seed_moe().start
+
+
+def test_the_end_falls_back_to_the_flags_found_when_the_best_no_longer_starts(tmp_path):
+    landscape = seed_moe()
+    drive, server = tune_sim.drive(landscape, tmp_path, seed=7, budget_s=2 * 3600)
+    search = Search(landscape.space, landscape.start, 1.0)
+    search.best = {**landscape.start, "max_running_requests": None}
+    applied = []
+
+    def apply(candidate: dict) -> str:
+        applied.append(candidate)
+        return "oom" if candidate == search.best else server.apply(candidate)
+
+    assert drive._finish(Server(apply, server.measure), search, landscape.start, None) == \
+        landscape.start
+    assert applied == [search.best, landscape.start]
+    assert tune_sim.same(server.serving, landscape.start)
+    # Running the best already, measured: no restart.
+    applied.clear()
+    assert drive._finish(Server(apply, server.measure), search, landscape.start,
+                         dict(search.best)) == search.best and applied == []
+
+
+@pytest.mark.parametrize("ttft, bound, kept", [
+    (500.0, 500.0, True),        # at most the bound: kept
+    (500.001, 500.0, False),
+    (499.999, 500.0, True),
+    (None, 500.0, True),         # no figure: nothing to hold it to
+    (10_000.0, None, True),      # no bound
+])
+def test_the_p99_time_to_first_token_bound_at_its_edge(tmp_path, ttft, bound, kept):
+    assert within_bound(ttft, bound) is kept
+    drive = Drive({}, {}, 600, tmp_path / "t.yml", 4, max_p99_ttft_ms=bound)
+    outcome = drive._outcome({"output_token_throughput": 100.0, "p99_ttft_ms": ttft},
+                             {"key": None})
+    assert outcome.ended == ("measured" if kept else "constraint")
+
+
+@pytest.mark.parametrize("row, source", [
+    ({"gen_throughput_mean": 90.0, "metrics_scrapes": MIN_SCRAPES,
+      "output_token_throughput": 80.0}, "gen_throughput_mean"),
+    ({"gen_throughput_mean": 90.0, "metrics_scrapes": MIN_SCRAPES - 1,
+      "output_token_throughput": 80.0}, "output_token_throughput"),
+    ({"metrics_scrapes": 50, "output_token_throughput": 80.0}, "output_token_throughput"),
+    ({"gen_throughput_mean": float("nan"), "metrics_scrapes": 50,
+      "output_token_throughput": 80.0}, "output_token_throughput"),
+])
+def test_the_objective_is_the_servers_steady_state_throughput_where_enough_reads_made_it(
+        row, source):
+    assert objective_source(row) == source

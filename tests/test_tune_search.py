@@ -1,15 +1,20 @@
-"""The tuning search's pure parts on tables, and the whole search on three landscapes
-(tests/landscapes/*.yaml) through a simulator of the server (tests/tune_sim.py: no server, no
-GPU; the figures are the landscape's, with its noise).
+"""The tuning search's pure parts on tables (each rule with rows at its edges), the search on
+scripted measures, and the whole search through the real ``Drive`` on a simulated clock
+(tests/tune_sim.py: the landscape's figures and noise, its restart and benchmark times; no
+server, no GPU).
 
-On each landscape, over seeds 0-9 of the noise: the search's best is within 5% of the grid's
-best in at least 9 of 10, in fewer tries than the grid has candidates (seed_moe: about 95 of
-8,640; dense_kv_bound: about 60 of 2,700; graph_cap_coupled: about 65 of 960), a try that
-fails is never the best, and a killed search replays its record and goes on.
+The landscapes (tests/landscapes/*.yaml): the seed's own (seed_moe, 880 -> 3,760 tok/s), a
+narrow peak by an out-of-memory cliff, two peaks where the greedy path leads to the lesser, a
+plateau under the noise, the defaults already best (all at the seed's costs: a restart 420 s,
+a whole benchmark 600 s), and two of other costs. At 4% noise, within the default budget
+(8 h), seeds 0-9: the flags kept are at least 0.95 of the grid's true best in at least 8 of 10
+on each; never worse than the flags found by more than the noise; a try that fails is never
+the best.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -19,20 +24,37 @@ import tune_sim
 from landscape import Landscape, LandscapeError
 from pve_sglang.tuning import record
 from pve_sglang.tuning import space as tuning_space
-from pve_sglang.tuning.space import SpaceError, default_space, grid, user_space, valid
+from pve_sglang.tuning.space import SpaceError, default_space, grid, key, user_space, valid
 from pve_sglang.tuning.strategy import (
+    CHUNK,
+    MIN_GAIN,
+    NOISE_FLOOR,
+    NOISE_PRIOR,
+    PRIOR_DF,
+    RELIEF_STEPS,
+    Z_BETTER,
+    Z_WORSE,
+    Costs,
     Outcome,
     Proposal,
-    Replayed,
     Search,
-    Try,
+    Z_CLEAR,
+    additive,
+    clearly_above,
     coordinate_order,
-    keep,
-    ruled_out,
+    more_memory,
+    no_op,
+    noise_of,
+    relief,
+    value_order,
+    verdict,
 )
 
 LANDSCAPES = sorted((Path(__file__).parent / "landscapes").glob("*.yaml"))
+#: The seed's class: its costs, the five kinds of landscape the issue names.
+SEED_CLASS = ["seed_moe", "cliff_peak", "two_peaks", "plateau", "defaults_best"]
 SEEDS = range(10)
+NOISE_PCT = 4
 
 
 # --- the space ----------------------------------------------------------------------------
@@ -86,7 +108,13 @@ def test_grid_leaves_out_what_means_nothing():
     assert len(grid(space)) == 4  # graphs off once, graphs on with each size
 
 
-# --- the strategy's decisions -------------------------------------------------------------
+def test_coordinates_of_the_space_are_those_of_the_settings():
+    from pve_sglang.config.settings import ContainerSettings
+
+    assert set(tuning_space.COORDINATES) <= set(ContainerSettings.model_fields)
+
+
+# --- the strategy's decisions, on tables ---------------------------------------------------
 
 
 def row(level, running, queue, usage, power):
@@ -103,36 +131,275 @@ SPACE = default_space("0.5.23", moe=True)
     (row(256, 256, 40, 0.5, 35), ["disable_cuda_graph", "cuda_graph_max_bs",
                                   "moe_runner_backend"]),                # GPUs idle, queue
     (row(256, 64, 192, 0.14, 35), ["max_running_requests", "disable_cuda_graph"]),
-    (row(256, 256, 0, 0.5, 90), ["max_running_requests", "mem_fraction_static"]),  # no signal
+    (row(256, 256, 0, 0.5, 90), ["disable_cuda_graph", "moe_runner_backend",
+                                 "max_running_requests"]),  # no signal: the prior order
 ])
 def test_the_figures_decide_the_next_coordinate(figures, first):
     assert coordinate_order(SPACE, figures, 60)[:len(first)] == first
     assert sorted(coordinate_order(SPACE, figures, 60)) == sorted(SPACE)
 
 
-@pytest.mark.parametrize("failed, current, out", [
-    ({0.94}, 0.85, {0.94}),             # the largest failed: nothing beyond
-    ({0.9}, 0.85, {0.9, 0.92, 0.94}),   # out of memory at 0.9: 0.92 and 0.94 too
-    ({0.8}, 0.88, {0.8}),               # below the current: only what is further down
-    ({0.85}, 0.9, {0.8, 0.85}),
+CAP = "max_running_requests"
+MEM = "mem_fraction_static"
+
+
+@pytest.mark.parametrize("coordinate, value, best, figures, changes_nothing", [
+    # The best's cap holds requests back (running at FULL_SHARE of it, a queue): any cap counts.
+    (CAP, None, {CAP: 64}, row(256, 57.6, 1.0, 0.2, 80), False),
+    (CAP, None, {CAP: 64}, row(256, 57.5, 1.0, 0.2, 80), True),      # below: it did not bind
+    (CAP, None, {CAP: 64}, row(256, 64, 0.99, 0.2, 80), True),       # no queue: it did not bind
+    # No cap, the KV cache holds 99 requests: a cap binds only below 99 / FULL_SHARE.
+    (CAP, 110, {CAP: None}, row(256, 99, 150, 0.99, 80), True),      # 110 * 0.9 = 99
+    (CAP, 109, {CAP: None}, row(256, 99, 150, 0.99, 80), False),
+    # Every request runs: a cap of the concurrency or more cannot bind.
+    (CAP, 256, {CAP: None}, row(256, 256, 0, 0.5, 80), True),
+    (CAP, 255, {CAP: None}, row(256, 256, 0, 0.5, 80), False),
+    # More KV memory: nothing when no request waits.
+    (MEM, 0.9, {MEM: 0.85}, row(256, 256, 0.99, 0.95, 80), True),
+    (MEM, 0.9, {MEM: 0.85}, row(256, 200, 1.0, 0.99, 80), False),
+    (MEM, 0.8, {MEM: 0.85}, row(256, 256, 0, 0.5, 80), False),       # less memory may count
+    (CAP, None, {CAP: 64}, {"concurrency": 256}, False),             # no figures: it may count
+    ("cuda_graph_max_bs", 512, {"cuda_graph_max_bs": 160}, row(256, 256, 0, 0.5, 80), False),
 ])
-def test_a_failure_rules_out_the_values_beyond_it(failed, current, out):
-    assert ruled_out((0.8, 0.85, 0.88, 0.9, 0.92, 0.94), failed, current) == out
+def test_what_the_figures_say_cannot_change_anything_is_not_tried(
+        coordinate, value, best, figures, changes_nothing):
+    assert no_op(coordinate, value, best, figures) is changes_nothing
 
 
-def test_halving_keeps_the_better_half_and_those_within_the_noise():
-    scores = {"a": 100.0, "b": 99.0, "c": 80.0, "d": 70.0}
-    assert keep(scores, 90.0, 0.02, 1.0) == ["a", "b"]
-    assert keep({"a": 100.0, "b": 98.5, "c": 98.0}, 90.0, 0.02, 1.0) == ["a", "b", "c"]
-    # Far below the best: dropped even in the better half.
-    assert keep({"a": 50.0, "b": 40.0}, 100.0, 0.02, 1.0) == []
+@pytest.mark.parametrize("coordinate, values, current, figures, order", [
+    (CAP, (None, 64, 128, 256), 64, row(256, 64, 192, 0.2, 80), [None, 256, 128]),  # capped
+    (CAP, (None, 64, 128, 256), 64, row(256, 256, 0, 0.2, 80), [None, 128, 256]),   # not
+    (MEM, (0.8, 0.85, 0.88, 0.9), 0.85, row(256, 99, 150, 0.99, 80), [0.88, 0.9, 0.8]),
+    (MEM, (0.8, 0.85, 0.88, 0.9), 0.85, row(256, 256, 0, 0.5, 80), [0.8, 0.88, 0.9]),
+])
+def test_the_order_of_a_coordinates_values(coordinate, values, current, figures, order):
+    assert value_order(coordinate, values, current, figures, 60) == order
+
+
+@pytest.mark.parametrize("sum_squares, df, noise", [
+    (0.0, 98, NOISE_FLOOR),                         # a spread below the floor: the floor
+    (0.0082 - 1e-6, 98, NOISE_FLOOR),
+    (0.0082 + 1e-4, 98, math.sqrt((0.0018 + 0.0082 + 1e-4) / 100)),  # above it: the spread
+    (0.0, 0, NOISE_PRIOR),                          # nothing measured: the prior guess
+    (0.05, 8, math.sqrt((PRIOR_DF * NOISE_PRIOR ** 2 + 0.05) / (PRIOR_DF + 8))),
+])
+def test_the_noise_is_the_pooled_spread_never_below_its_floor(sum_squares, df, noise):
+    assert NOISE_PRIOR ** 2 * PRIOR_DF == pytest.approx(0.0018)
+    assert noise_of(sum_squares, df) == pytest.approx(noise)
+
+
+SE = 0.125
+
+
+def worse_edge_se() -> float:
+    """The SE at which 0 + Z_WORSE * SE is exactly log1p(MIN_GAIN) in floats."""
+    se = math.log1p(MIN_GAIN) / Z_WORSE
+    for _ in range(64):
+        if Z_WORSE * se == math.log1p(MIN_GAIN):
+            return se
+        se = math.nextafter(se, 1.0 if Z_WORSE * se < math.log1p(MIN_GAIN) else -1.0)
+    raise AssertionError("no such SE")
+
+
+WORSE_EDGE = math.log1p(MIN_GAIN) - Z_WORSE * SE
+
+
+@pytest.mark.parametrize("diff, said", [
+    (Z_BETTER * SE + 1e-9, "better"),
+    (Z_BETTER * SE, "undecided"),                   # at the edge: not yet
+    (0.0, "undecided"),
+    (WORSE_EDGE + 1e-9, "undecided"),
+    (WORSE_EDGE - 1e-9, "worse"),                   # it cannot beat the best by MIN_GAIN
+    (-1.0, "worse"),
+])
+def test_the_verdict_of_a_challenger_at_its_edges(diff, said):
+    assert verdict(diff, SE) == said
+
+
+def test_a_challenger_that_could_just_reach_the_least_gain_is_not_dropped():
+    se = worse_edge_se()  # 0 + Z_WORSE * se is log1p(MIN_GAIN) exactly: at the edge
+    assert verdict(0.0, se) == "undecided"
+    assert verdict(0.0, math.nextafter(se, 0.0)) == "worse"
+
+
+@pytest.mark.parametrize("diff, clear", [
+    (Z_CLEAR * SE + 1e-9, True), (Z_CLEAR * SE, False), (Z_BETTER * SE + 1e-9, False)])
+def test_clearly_above_at_its_edge(diff, clear):
+    assert clearly_above(diff, SE) is clear
+
+
+BASE = {MEM: 0.88, "chunked_prefill_size": 4096, "cuda_graph_max_bs": 256,
+        "disable_cuda_graph": False, CAP: 256, "moe_runner_backend": "auto",
+        "schedule_policy": None}
+
+
+@pytest.mark.parametrize("changes, more", [
+    ({}, True),                                     # the same flags: the same memory
+    ({MEM: 0.9}, True),
+    ({MEM: 0.85}, False),
+    ({"chunked_prefill_size": 8192}, True),
+    ({"chunked_prefill_size": 2048}, False),
+    ({"chunked_prefill_size": None}, False),        # SGLang's own: not comparable
+    ({"cuda_graph_max_bs": 512, MEM: 0.9}, True),
+    ({"cuda_graph_max_bs": 512, MEM: 0.85}, False),
+    ({"disable_cuda_graph": True}, False),          # graphs off: less memory
+    ({CAP: None}, True),                            # no cap: more requests' memory
+    ({CAP: 128}, False),
+    ({"moe_runner_backend": "triton"}, False),      # another kernel: not comparable
+    ({"schedule_policy": "lpm"}, True),             # the queue's order: no memory
+])
+def test_a_candidate_that_asks_at_least_the_memory_of_one_that_ran_out(changes, more):
+    assert more_memory({**BASE, **changes}, BASE) is more
+
+
+def test_out_of_memory_is_tried_again_with_the_memory_given_back():
+    space = {MEM: (0.8, 0.85, 0.88, 0.9), "chunked_prefill_size": (None, 2048, 4096, 8192),
+             "cuda_graph_max_bs": (None, 64, 256), "disable_cuda_graph": (True, False)}
+    best = {MEM: 0.85, "chunked_prefill_size": None, "cuda_graph_max_bs": None,
+            "disable_cuda_graph": True}
+    # More memory: with a smaller prefill chunk, the largest first (graphs off: no batch).
+    assert [(c[MEM], c["chunked_prefill_size"]) for c in relief(MEM, 0.9, best, space)] == [
+        (0.9, 8192), (0.9, 4096), (0.9, 2048)][:RELIEF_STEPS]
+    # Graphs on ran out: on again with less memory, a step at a time.
+    assert [(c["disable_cuda_graph"], c[MEM]) for c in relief(
+        "disable_cuda_graph", False, {**best, MEM: 0.9}, space)] == [
+        (False, 0.88), (False, 0.85), (False, 0.8)][:RELIEF_STEPS]
+
+
+def test_the_additive_effects_of_measures_under_other_flags():
+    truth = {("a", 0): 0.0, ("a", 1): 0.1, ("b", 0): 0.0, ("b", 1): -0.05}
+    parts = [({"a": a, "b": b}, 1.0, 5 + truth[("a", a)] + truth[("b", b)])
+             for a in (0, 1) for b in (0, 1) for _ in range(20)]
+    effects = additive(parts, ridge=0.0)
+    assert effects[("a", 1)] - effects[("a", 0)] == pytest.approx(0.1, abs=1e-3)
+    assert effects[("b", 1)] - effects[("b", 0)] == pytest.approx(-0.05, abs=1e-3)
+
+
+# --- the search on scripted measures -------------------------------------------------------
+
+
+class Scripted:
+    """MEASURE for ``Search.run``: each candidate's parts from VALUES (key -> its parts in
+    order, the last repeated); a restart (420 s) when the flags change, 150 s a part."""
+
+    def __init__(self, values: dict[str, list[float]]):
+        self.values = values
+        self.seen: dict[str, int] = {}
+        self.running = key(START)  # the server as found runs
+        self.proposals: list[Proposal] = []
+
+    def __call__(self, proposal: Proposal) -> Outcome:
+        k = key(proposal.candidate)
+        self.proposals.append(proposal)
+        n = self.seen.get(k, 0)
+        self.seen[k] = n + 1
+        parts = self.values.get(k, [50.0])
+        start = 0.0 if k == self.running else 420.0
+        self.running = k
+        return Outcome("measured", parts[min(n, len(parts) - 1)], {"concurrency": 4},
+                       start + 150.0, start)
+
+
+POLICY = "schedule_policy"
+CHUNKED = "chunked_prefill_size"
+START = {CHUNKED: None, POLICY: None}
+STEADY = [100.0, 102.0, 98.0, 100.0, 101.0, 99.0]
+
+
+def search_of(values: dict, space: dict | None = None, budget_s: float = 1e6) -> Search:
+    space = space or {CHUNKED: (None, 4096), POLICY: (None, "lpm")}
+    return Search(space, START, budget_s, costs=Costs(420, 600)).run(Scripted(
+        {key(c): v for c, v in values}))
+
+
+def test_a_winner_whose_repeat_does_not_beat_the_best_gives_its_place_back():
+    lucky = {**START, POLICY: "lpm"}
+    run = search_of([(START, STEADY), (lucky, [130.0, 95.0])])
+    assert run.bests[1][1] == lucky  # taken at its first part (far above) ...
+    assert run.best == START         # ... and given back: its repeat fell below the best
+    assert run.weight(lucky) > CHUNK
+
+
+def test_a_winner_whose_repeat_beats_the_best_keeps_it():
+    better = {**START, POLICY: "lpm"}
+    run = search_of([(START, STEADY), (better, [130.0, 104.0])])
+    assert run.best == better
+
+
+def test_a_new_best_tries_again_the_moves_tried_from_the_one_before():
+    lpm = {**START, POLICY: "lpm"}
+    run = search_of([(START, STEADY), ({**START, CHUNKED: 4096}, [100.5]),
+                     (lpm, [130.0]), ({**lpm, CHUNKED: 4096}, [130.0])])
+    assert run.best == lpm
+    tried = [key(t.proposal.candidate) for t in run.tries]
+    # chunked 4096 was within the noise from the flags found; from the new best it is tried
+    assert key({**START, CHUNKED: 4096}) in tried and key({**lpm, CHUNKED: 4096}) in tried
+    assert run.stopped.startswith("no move left")
+
+
+def test_a_move_far_below_the_best_drops_at_its_first_part_and_the_search_stops():
+    run = search_of([(START, STEADY), ({**START, CHUNKED: 4096}, [60.0]),
+                     ({**START, POLICY: "lpm"}, [60.0])])
+    assert run.best == START and run.stopped.startswith("no move left")
+    assert [t.proposal.length for t in run.tries[6:]] == [CHUNK, CHUNK]  # one part each
+
+
+@pytest.mark.parametrize("first, kept", [(104.0, False), (125.0, True)])
+def test_a_win_the_budget_cuts_before_its_repeat_is_kept_only_when_clearly_above(first, kept):
+    """The budget holds the flags found (6 parts), one move and its first part, a restart in
+    reserve: a win at that part is kept at its length only when clearly above the best."""
+    lpm = {**START, POLICY: "lpm"}
+    run = search_of([(START, STEADY), (lpm, [first])], space={POLICY: (None, "lpm")},
+                    budget_s=900 + 570 + 420)
+    assert run.stopped.startswith("budget") and run.weight(lpm) == CHUNK
+    assert run.bests[1][1] == lpm  # it won at its first part ...
+    assert (run.best == lpm) is kept  # ... and stays only when clearly above
+
+
+def duel_of(found_after: float, best: float) -> tuple[Search, list]:
+    """A best a little above the flags found (within the noise), then the duel: the flags
+    found measured again at FOUND_AFTER, the best at BEST."""
+    lpm = {**START, POLICY: "lpm"}
+    script = Scripted({key(START): [*STEADY, *[found_after] * 12],
+                       key(lpm): [101.5] * 7 + [best] * 12})
+    run = Search({POLICY: (None, "lpm")}, START, 1e6, costs=Costs(420, 600)).run(script)
+    duel = [t for t in run.tries if "in alternation" in t.proposal.why]
+    return run, duel
+
+
+def test_the_best_and_the_flags_found_measured_in_alternation_decide_at_the_end():
+    run, duel = duel_of(found_after=97.0, best=102.0)
+    assert run.best == {**START, POLICY: "lpm"}
+    # Alternation: a restart each time the side changes, two parts each.
+    sides = [t.proposal.candidate[POLICY] for t in duel]
+    assert sides[:4] == [None, None, "lpm", "lpm"] and duel[0].outcome.start_s > 0
+    assert duel[2].outcome.start_s > 0 and duel[1].outcome.start_s == 0
+
+
+def test_a_best_the_duel_does_not_keep_above_the_flags_found_gives_way_to_them():
+    run, duel = duel_of(found_after=101.0, best=99.0)
+    assert duel and run.best == START and run.bests[-1][1] == START
+
+
+def test_no_part_starts_that_could_not_end_within_the_budget():
+    # 6 parts of the flags found (900 s); a move needs a restart and a part (570 s) and a
+    # restart back to the best (420 s) in reserve.
+    for budget, moves in ((900 + 570 + 420 - 1, 0), (900 + 570 + 420, 1)):
+        run = search_of([(START, STEADY), ({**START, CHUNKED: 4096}, [60.0])],
+                        budget_s=budget)
+        assert len(run.tries) == 6 + moves, budget
+        assert run.spent_s <= budget and run.stopped.startswith("budget")
 
 
 # --- the landscapes -----------------------------------------------------------------------
 
 
-def test_three_landscapes():
-    assert [p.stem for p in LANDSCAPES] == ["dense_kv_bound", "graph_cap_coupled", "seed_moe"]
+def test_the_landscapes():
+    assert [p.stem for p in LANDSCAPES] == sorted(
+        [*SEED_CLASS, "dense_kv_bound", "graph_cap_coupled"])
+    for name in SEED_CLASS:
+        landscape = Landscape.read(Path(__file__).parent / "landscapes" / f"{name}.yaml")
+        assert landscape.costs == tune_sim.SEED_COSTS, name
 
 
 def test_a_landscape_that_does_not_say_what_it_must_is_refused(tmp_path):
@@ -143,130 +410,52 @@ def test_a_landscape_that_does_not_say_what_it_must_is_refused(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def searches():
-    """Per landscape: the grid's best, and the search of each seed."""
+def searches(tmp_path_factory):
+    """Per landscape of the seed's class, at 4% noise: the search of each seed through the real
+    ``Drive`` within the default budget, and the server it left."""
     out = {}
-    for path in LANDSCAPES:
-        landscape = Landscape.read(path)
-        out[path.stem] = (landscape, tune_sim.best_of(landscape),
-                          [tune_sim.search(landscape, seed=seed) for seed in SEEDS])
+    for name in SEED_CLASS:
+        landscape = Landscape.read(Path(__file__).parent / "landscapes" / f"{name}.yaml",
+                                   noise_pct=NOISE_PCT)
+        folder = tmp_path_factory.mktemp(name)
+        out[name] = (landscape, [tune_sim.search(landscape, folder, seed) for seed in SEEDS])
     return out
 
 
-@pytest.mark.parametrize("name", [p.stem for p in LANDSCAPES])
-def test_the_search_finds_the_best_within_5_percent_in_fewer_tries_than_the_grid(name, searches):
-    landscape, (best, best_value), runs = searches[name]
-    reached = [tune_sim.reached(landscape, run) for run in runs]
-    assert sum(r is not None for r in reached) >= 9, [landscape.objective(r.best) for r in runs]
-    grid_tries = len(grid(landscape.space))
-    assert max(len(run.tries) for run in runs) < grid_tries / 5
-    assert statistics.median(r[0] for r in reached if r) < grid_tries / 10
-    for run in runs:
-        assert run.stopped.startswith("no candidate left")
+@pytest.mark.parametrize("name", SEED_CLASS)
+def test_within_the_default_budget_the_best_kept_is_within_5_percent_in_8_of_10(
+        name, searches):
+    landscape, runs = searches[name]
+    shares = [tune_sim.share(landscape, run.best) for run, _ in runs]
+    assert sum(share >= 0.95 for share in shares) >= 8, [round(s, 3) for s in shares]
+    start = tune_sim.share(landscape, landscape.start)
+    for (run, server), share in zip(runs, shares):
+        # Never worse than the flags found beyond the noise; the budget a bound; the server
+        # left serving the flags kept.
+        assert share >= start * (1 - NOISE_PCT / 100), (share, start)
+        assert run.spent_s <= tune_sim.BUDGET_S and server.clock.now <= tune_sim.BUDGET_S
+        assert tune_sim.same(server.serving, run.best) and not server.hung
 
 
-@pytest.mark.parametrize("name", [p.stem for p in LANDSCAPES])
+@pytest.mark.parametrize("name", SEED_CLASS)
 def test_a_failed_try_is_recorded_and_never_the_best(name, searches):
-    landscape, _, runs = searches[name]
-    for run in runs:
-        failed = [t for t in run.tries if not t.outcome.ok]
-        assert failed, "each landscape has failures the search meets"
-        assert {t.outcome.ended for t in failed} <= {"oom", "start", "stall", "degenerate",
-                                                     "constraint"}
-        assert landscape.failure(run.best) is None and landscape.objective(run.best)
+    landscape, runs = searches[name]
+    for run, _ in runs:
+        assert {t.outcome.ended for t in run.tries if not t.outcome.ok} <= set(record.ENDINGS)
         for _, candidate, _ in run.bests:
             assert landscape.objective(candidate) is not None
 
 
-def test_the_budget_stops_the_search_with_the_best_so_far():
-    landscape = Landscape.read(LANDSCAPES[-1])
-    run = Search(landscape.space, landscape.start, budget_s=6 * 3600).run(
-        tune_sim.Simulated(landscape))
-    assert run.stopped.startswith("budget") and run.spent_s >= 6 * 3600
-    assert landscape.objective(run.best) > landscape.objective(landscape.start)
-
-
-def test_a_killed_search_replays_its_record_and_goes_on():
-    landscape = Landscape.read(LANDSCAPES[-1])
-    live = tune_sim.Simulated(landscape, seed=3)
-
-    class Killed(Exception):
-        pass
-
-    def dies_after_30(proposal: Proposal) -> Outcome:
-        if len(killed.tries) >= 30:
-            raise Killed
-        return live(proposal)
-
-    killed = Search(landscape.space, landscape.start, budget_s=1e9)
-    with pytest.raises(Killed):
-        killed.run(dies_after_30)
-    measured = []
-
-    def counted(proposal: Proposal) -> Outcome:
-        measured.append(proposal)
-        return live(proposal)
-
-    replay = Replayed(list(killed.tries), counted)
-    again = Search(landscape.space, landscape.start, budget_s=1e9).run(replay)
-    assert replay.replayed == 30
-    assert [t.proposal for t in again.tries[:30]] == [t.proposal for t in killed.tries]
-    assert measured and measured[0] == again.tries[30].proposal  # no try measured twice
-    assert again.stopped.startswith("no candidate left")
-    assert landscape.objective(again.best) >= 0.95 * tune_sim.best_of(landscape)[1]
-
-
-def test_coordinates_of_the_space_are_those_of_the_settings():
-    from pve_sglang.config.settings import ContainerSettings
-
-    assert set(tuning_space.COORDINATES) <= set(ContainerSettings.model_fields)
+def test_each_restart_measures_what_it_can_before_the_flags_change(searches):
+    landscape, runs = searches["seed_moe"]
+    for run, server in runs:
+        restarts = sum(t.outcome.start_s > 0 for t in run.tries)
+        assert server.starts <= restarts + 1  # the final one back to the best at most
+        assert restarts < len(run.tries) / 2
+    assert statistics.median(len(run.tries) for run, _ in runs) < len(grid(landscape.space)) / 50
 
 
 # --- the record of tries ------------------------------------------------------------------
-
-
-def recorded_search(landscape, path, seed, die_after=None, replay=None) -> Search:
-    """A search whose every try goes to the record at PATH as it ends; killed (KeyboardInterrupt,
-    as Ctrl-C) after DIE_AFTER tries; replaying REPLAY first."""
-    live = tune_sim.Simulated(landscape, seed=seed)
-    made = []
-
-    def measure(proposal: Proposal) -> Outcome:
-        if die_after is not None and len(made) >= die_after:
-            raise KeyboardInterrupt
-        outcome = live(proposal)
-        made.append(proposal)
-        record.add(path, Try(proposal, outcome))
-        return outcome
-
-    search = Search(landscape.space, landscape.start, budget_s=1e9)
-    if replay is None:
-        record.begin(path, landscape.start)
-        return search.run(measure)
-    return search.run(Replayed(replay.tries, measure))
-
-
-def test_a_killed_search_keeps_its_record_and_the_next_run_ends_it(tmp_path):
-    landscape = Landscape.read(LANDSCAPES[1])
-    path = record.record_path(tmp_path / "pve1-105.yml")
-    assert path.name == "pve1-105.tries.jsonl"
-    with pytest.raises(KeyboardInterrupt):
-        recorded_search(landscape, path, seed=1, die_after=25)
-    killed = record.read(path)
-    assert killed.found == landscape.start and len(killed.tries) == 25 and killed.ended is None
-    # A kill mid-line leaves a torn line: the reading stops there, the tries before it kept.
-    with open(path, "a") as handle:
-        handle.write('{"event": "try", "candidate": {"max_running')
-    torn = record.read(path)
-    assert len(torn.tries) == 25 and "line 27 not read" in torn.cut
-    path.write_text("\n".join(path.read_text().splitlines()[:26]) + "\n")
-    again = recorded_search(landscape, path, seed=1, replay=killed)
-    record.end(path, again.best, again.best_score, again.stopped)
-    done = record.read(path)
-    assert done.ended["stopped"].startswith("no candidate left") and not done.cut
-    assert [t.proposal for t in done.tries[:25]] == [t.proposal for t in killed.tries]
-    assert len(done.tries) == len(again.tries)  # each try measured once, over both runs
-    assert landscape.objective(again.best) >= 0.95 * tune_sim.best_of(landscape)[1]
 
 
 @pytest.mark.parametrize("line, why", [
@@ -276,6 +465,10 @@ def test_a_killed_search_keeps_its_record_and_the_next_run_ends_it(tmp_path):
      "length 2"),
     ('{"event": "try", "candidate": {}, "length": 1, "ended": "reboot", "cost_s": 1}',
      "ended 'reboot'"),
+    ('{"event": "try", "candidate": {}, "length": 1, "ended": "bench", "cost_s": 1, '
+     '"start_s": 2}', "start_s 2"),                   # a restart longer than its try
+    ('{"event": "try", "candidate": {}, "length": 1, "ended": "bench", "cost_s": 1, '
+     '"start_s": -1}', "start_s -1"),
     ('{"event": "found", "candidate": {}}', "a 'found' line here"),
     ('[1, 2]', "a None line here"),
 ])
@@ -289,18 +482,50 @@ def test_a_record_line_not_as_the_search_writes_it_ends_the_reading(tmp_path, li
     assert "line 2 not read" in read.cut and why in read.cut
 
 
+TRY = ('{"event": "try", "candidate": {}, "length": 0.25, "ended": "bench", "cost_s": 1, '
+       '"start_s": 1}')
+
+
+@pytest.mark.parametrize("ended, finished, tries", [
+    ('{"event": "end", "finished": false, "best": {}, "stopped": "stopped before its end"}',
+     False, 2),                                       # stopped: the search goes on after it
+    ('{"event": "end", "finished": true, "best": {}, "stopped": "no move left"}', True, 1),
+    ('{"event": "end", "best": {}, "stopped": "no candidate left"}', False, 2),  # an older one
+])
+def test_a_record_goes_on_after_an_end_that_did_not_finish_the_search(
+        tmp_path, ended, finished, tries):
+    path = tmp_path / "r.tries.jsonl"
+    record.begin(path, {})
+    with open(path, "a") as handle:
+        handle.write("\n".join([TRY, ended, TRY]) + "\n")
+    read = record.read(path)
+    assert read.finished is finished and len(read.tries) == tries
+    assert bool(read.cut) is finished  # a try after a finished search: not read
+
+
+def test_a_kill_mid_line_keeps_the_tries_before_it(tmp_path):
+    landscape = Landscape.read(Path(__file__).parent / "landscapes" / "seed_moe.yaml")
+    run, _ = tune_sim.search(landscape, tmp_path, seed=1, budget_s=2 * 3600)
+    path = record.record_path(tmp_path / "sim-1.yml")
+    assert path.name == "sim-1.tries.jsonl"
+    lines = path.read_text().splitlines()[:-1]  # no end: killed
+    path.write_text("\n".join(lines) + '\n{"event": "try", "candidate": {"max_running')
+    torn = record.read(path)
+    assert len(torn.tries) == len(run.tries) and f"line {len(lines) + 1} not read" in torn.cut
+    assert torn.ended is None and not torn.finished
+
+
 def test_the_table_and_the_plot_of_every_try(tmp_path):
     from pve_sglang.tuning.report import plot, summary_table
 
-    landscape = Landscape.read(LANDSCAPES[1])
-    path = tmp_path / "pve1-105.tries.jsonl"
-    run = recorded_search(landscape, path, seed=2)
-    record.end(path, run.best, run.best_score, run.stopped)
-    read = record.read(path)
+    landscape = Landscape.read(Path(__file__).parent / "landscapes" / "graph_cap_coupled.yaml")
+    run, _ = tune_sim.search(landscape, tmp_path, seed=2)
+    read = record.read(record.record_path(tmp_path / "sim-2.yml"))
     table = summary_table(read).splitlines()
     assert len([line for line in table if line.startswith("| ")]) == len(run.tries) + 2
-    assert table[2].startswith("| 1 | (none) | 1 | measured | ")
+    assert table[2].startswith("| 1 | (none) | 0.25 | 0 | measured | ")
     assert any("| oom |" in line or "| start |" in line or "| stall |" in line for line in table)
-    assert table[-1].startswith("best: ") and "no candidate left" in table[-1]
+    assert table[-1].startswith("best: ") and (
+        f"measured over {run.best_weight:g} of the benchmark" in table[-1])
     plot(read, tmp_path / "tries.png", "graph_cap_coupled")
     assert (tmp_path / "tries.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,7 +11,7 @@ from pve_sglang.config.settings import ContainerSettings, SettingsError
 from pve_sglang.hosts_file import build_groups
 from pve_sglang.project import load_defaults
 from pve_sglang.server.command import server_argv
-from pve_sglang.tuning.plan import is_moe, plan_lines, space_for
+from pve_sglang.tuning.plan import is_moe, plan_lines, space_for, start_seconds
 from pve_sglang.tuning.space import grid
 from pve_sglang.tuning.tuned_file import (
     TunedFileError,
@@ -140,6 +140,28 @@ def test_a_moe_model_is_told_by_its_config(config, moe):
     assert is_moe(config) is moe
 
 
+READY = "sglang[812]: [2026-12-01 10:00:00] The server is fired up and ready to roll!"
+
+
+@pytest.mark.parametrize("lines, seconds", [
+    ([], None),
+    (["1700000000.000000 ct systemd[1]: Started sglang.service - SGLang."], None),  # not ready
+    (["1700000000.000000 ct systemd[1]: Started sglang.service - SGLang.",
+      f"1700000095.500000 ct {READY}"], 95.5),
+    (["1700000000.000000 ct systemd[1]: Started sglang.service - SGLang.",
+      f"1700000095.500000 ct {READY}",
+      "1700001000.000000 ct systemd[1]: Started sglang.service - SGLang.",
+      f"1700001420.000000 ct {READY}"], 420.0),                  # the last start
+    (["1700000000.000000 ct systemd[1]: Started sglang.service - SGLang.",
+      f"1700000095.500000 ct {READY}",
+      "1700001000.000000 ct systemd[1]: Started sglang.service - SGLang."], 95.5),
+    ([f"1700000095.500000 ct {READY}"], None),                   # no start before it
+    (["garbage", "-- No entries --"], None),
+])
+def test_the_servers_start_time_from_its_journal(lines, seconds):
+    assert start_seconds(lines) == seconds
+
+
 def test_the_plan_lists_space_budget_objective_and_first_tries(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     settings, pinned = container_settings(hosts({"max_running_requests": 64,
@@ -148,16 +170,23 @@ def test_the_plan_lists_space_budget_objective_and_first_tries(tmp_path, monkeyp
     text = "\n".join(plan_lines("@pct/pve1/105", settings, None, pinned))
     assert "output tok/s at concurrency 1024, p99 time to first token at most 900 ms" in text
     assert "budget: 28800 s (8.0 h)" in text
+    assert "at a start of 420 s (assumed: no start measured)" in text
+    assert "at most 48 restarts with a part (0.25 of the benchmark) each, 28 whole tries" in text
     assert "max_running_requests:" not in text  # the container's own: kept
     assert "kept as the container's own entry sets them: max_running_requests" in text
     assert "mem_fraction_static: 0.8, 0.85, 0.88, 0.9, [0.92], 0.94" in text
     assert ("moe_runner_backend: 'auto', 'triton', ['flashinfer_cutlass'], 'flashinfer_trtllm' "
             "(only if the model is MoE") in text
     assert "schedule_policy: [None], 'lpm', 'hrrn'" in text  # None: SGLang's own (fcfs)
-    assert "1. the server as found: chunked_prefill_size=None, " in text
-    assert "3. the server as found again (the noise, 2 of 2)" in text
-    assert "4. the best at 0.25 (mem_fraction_static first: no figures yet)" in text
-    assert "5. mem_fraction_static=0.8 at 0.25" in text
+    assert ("1. the server as found, where it runs (no restart): 1.5 of the benchmark in parts: "
+            "chunked_prefill_size=None, ") in text
+    assert "2. disable_cuda_graph=False (one start, parts until a verdict)" in text
+    assert "3. moe_runner_backend='auto' (one start" in text
+    assert "cuda_graph_max_bs=64" not in text  # graphs are off in the flags found
+    # The container's measured start time: what the budget buys follows.
+    measured = "\n".join(plan_lines("@pct/pve1/105", settings, None, pinned, start_s=95.5))
+    assert "at a start of 96 s (measured: the server's last start)" in measured
+    assert "at most 113 restarts" in measured
     grid_size = len(grid(space_for(settings, None, pinned)))
     assert f"space ({grid_size} candidates in the grid)" in text
 

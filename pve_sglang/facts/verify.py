@@ -108,6 +108,27 @@ class JournalTail(FactBase[list[str]]):
         return list(output)
 
 
+class StartTimes(FactBase[list[str]]):
+    """Returns UNIT's journal lines (``journalctl -o short-unix``: the time first) that tell
+    its starts: systemd's ``Started`` lines and the server's ready line (READY), the last
+    LINES of them; [] where there is no journal (``tuning.plan.start_seconds`` reads them)."""
+
+    @override
+    def command(self, unit: str, ready: str, lines: int = 40) -> StringCommand:
+        return StringCommand("journalctl -u", QuoteString(unit), "-o short-unix --no-pager",
+                             "2>/dev/null | grep -F -e 'Started ' -e", QuoteString(ready),
+                             "| tail -n", str(int(lines)), "|| true")
+
+    @staticmethod
+    @override
+    def default() -> list[str]:
+        return []
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return list(output)
+
+
 class GenerationCheck(FactBase["dict | None"]):
     """Returns one streamed chat completion from the server at URL, asked by
     ``remote/startup_watch.py generate`` (SCRIPT) with the key from ENV_FILE, the whole answer

@@ -8,8 +8,8 @@ from pathlib import Path
 from pve_sglang.tuning.record import Record
 from pve_sglang.tuning.space import changed
 
-#: The record's lengths, lightest to darkest in the plot.
-COLOURS = {0.25: "#9ecae1", 0.5: "#4292c6", 1.0: "#08306b"}
+#: The plot's colours: a part of a restart's first measure, a part measured on the same start.
+COLOURS = {"first": "#08306b", "on": "#9ecae1"}
 
 
 def _shown(value: float | None) -> str:
@@ -20,35 +20,44 @@ def summary_table(record: Record) -> str:
     """Every try of RECORD as a Markdown table: what it changed from the flags found, its length,
     how it ended, its objective, and why it was tried."""
     found = record.found or {}
-    lines = ["| try | changed from the server as found | length | ended | output tok/s | why |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| try | changed from the server as found | length | restart s | ended | "
+             "output tok/s | why |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for number, done in enumerate(record.tries, 1):
         moved = changed(found, done.proposal.candidate)
         text = ", ".join(f"{k}={v!r}" for k, v in moved.items()) or "(none)"
-        lines.append(f"| {number} | {text} | {done.proposal.length:g} | {done.outcome.ended} | "
+        lines.append(f"| {number} | {text} | {done.proposal.length:g} | "
+                     f"{done.outcome.start_s:.0f} | {done.outcome.ended} | "
                      f"{_shown(done.outcome.objective)} | {done.proposal.why.replace('|', '/')} |")
     if record.ended:
         best = record.ended.get("best") or {}
         moved = changed(found, best)
         lines.append("")
+        weight = record.ended.get("weight")
+        over = f", measured over {weight:g} of the benchmark" if isinstance(
+            weight, (int, float)) and weight else ""
         lines.append(f"best: {', '.join(f'{k}={v!r}' for k, v in moved.items()) or 'as found'} "
-                     f"({_shown(record.ended.get('score'))} tok/s); {record.ended.get('stopped')}")
+                     f"({_shown(record.ended.get('score'))} tok/s{over}); "
+                     f"{record.ended.get('stopped')}"
+                     + ("" if record.finished else " (the next run goes on from here)"))
     return "\n".join(lines) + "\n"
 
 
 def plot(record: Record, path: Path, title: str) -> None:
-    """Each try's objective by its length, the failures at 0, into the PNG at PATH."""
+    """Each part's objective (after a restart or on the same start), the failures at 0, the
+    best's score, into the PNG at PATH."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    for length, colour in COLOURS.items():
+    for kind, label in (("first", "the first part after a restart"),
+                        ("on", "a part on the same start")):
         points = [(n, t.outcome.objective) for n, t in enumerate(record.tries, 1)
-                  if t.outcome.ok and t.proposal.length == length]
+                  if t.outcome.ok and (t.outcome.start_s > 0) == (kind == "first")]
         if points:
-            ax.scatter(*zip(*points), s=14, color=colour, label=f"{length:g} of the benchmark")
+            ax.scatter(*zip(*points), s=14, color=COLOURS[kind], label=label)
     failed = [n for n, t in enumerate(record.tries, 1) if not t.outcome.ok]
     if failed:
         ax.scatter(failed, [0] * len(failed), marker="x", color="#cb181d", s=20,
