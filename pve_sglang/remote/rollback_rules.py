@@ -4,8 +4,8 @@ and what a server that keeps failing gets instead (pure functions, the standard 
 Both sides decide with this module: the deploy (``stack.switch_rules``, the verify phase and the
 start of each run) and the server's own fallback, which systemd runs without a deploy run
 (``stack_fallback.py``, uploaded with this module beside it: ``remote.COMPANIONS``). Every rule
-is a row of ``tests/test_stacks.py``; ``tests/test_rollback_rules.py`` runs the uploaded copy and
-the deploy's side on one table.
+is a row of ``tests/test_stacks.py``, which also runs the uploaded copy and the deploy's side on
+one table.
 """
 
 from __future__ import annotations
