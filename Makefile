@@ -15,7 +15,8 @@ define apt_install
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null
 endef
 
-.PHONY: deploy deploy-deps tune status test test-fast system-deps bench lock bench-stack release bench-tune
+.PHONY: deploy deploy-deps tune status test test-fast system-deps bench lock bench-stack release bench-tune \
+	gpu-kit gpu-kit-check
 
 # The tests' caches (the Debian rootfs, wheels, venvs: GBs, built once) live outside the clone
 # as root, so that a fresh clone on this machine finds them (CI's .ci/run uses the same folder).
@@ -104,3 +105,14 @@ release: $(STAMP) system-deps
 # step of a first container, a second one on the same host, and the first recreated.
 bench-stack: $(STAMP) system-deps
 	$(VENV)/bin/python bench/stack_store.py $(ARGS)
+
+# The kit that takes SGLang 0.5.17 to a lent GPU machine (tests/device/gpu_kit.py): the trimmed
+# wheel set in parts under one call's carry, the model's config and tokenizer, the device
+# scripts, in $(GPU_KIT); gpu-kit-check imports what the start touches with that set first.
+# The run itself: tests/device/README.md.
+GPU_KIT ?= .devkit
+gpu-kit: $(STAMP)
+	$(VENV)/bin/python tests/device/gpu_kit.py build --out $(GPU_KIT) $(ARGS)
+
+gpu-kit-check: $(STAMP)
+	$(VENV)/bin/python tests/device/gpu_kit.py check $(ARGS)
