@@ -167,11 +167,13 @@ def _number(row: Mapping[str, Any], *names: str) -> float | None:
 def no_op(coordinate: str, value: Any, best: Candidate, row: Mapping[str, Any]) -> bool:
     """Whether the best's figures (ROW) say that VALUE of COORDINATE cannot change the
     throughput. A cap: when the best's own cap did not hold requests back (none, or the
-    running requests below ``FULL_SHARE`` of it, or none waiting), one that would not either
-    (none, the concurrency or more, or at least the running requests over ``FULL_SHARE``).
-    More KV memory: when no request waited (the cache held every request sent)."""
+    running requests below ``FULL_SHARE`` of it, or no request ever waiting), one that would
+    not either (none, the concurrency or more, or at least the running requests over
+    ``FULL_SHARE``). More KV memory: when no request ever waited (the cache held every request
+    sent). A request waited when the most queued over the level (else the mean) is 1 or more:
+    the mean of a short run may sit below 1 while requests did wait."""
     running = _number(row, "running_reqs_max")
-    queue = _number(row, "queue_reqs_mean")
+    queue = _number(row, "queue_reqs_max", "queue_reqs_mean")
     level = _number(row, "concurrency")
     if running is None or queue is None:
         return False
