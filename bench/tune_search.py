@@ -161,7 +161,8 @@ def main() -> int:
                 print(f"{name} {search} {hours:g} h: {summary(runs)}", file=sys.stderr)
         out["landscapes"][name] = entry
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "tune_search.json" if args.first_seed == 0 else f"tune_search_from_{args.first_seed}.json"
+    name = ("tune_search.json" if args.first_seed == 0
+            else f"tune_search_from_{args.first_seed}.json")
     (RESULTS / name).write_text(json.dumps(out, indent=1, default=str) + "\n")
     if args.first_seed == 0:
         plot(Landscape.read(REPO / "tests" / "landscapes" / "seed_moe.yaml", noise_pct=args.noise),

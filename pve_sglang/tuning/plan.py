@@ -94,10 +94,12 @@ def budget_lines(budget_s: int, start_s: float | None) -> list[str]:
     restarts = max(0, int((budget_s - first - start) // (start + CHUNK * bench)))
     whole = budget_s / (start + bench)
     said = next(words for least, words in reversed(EXPECTED) if whole >= least)
+    source = ("measured: the server's last start" if start_s is not None
+              else "assumed: no start measured")
     return [
         f"  budget: {budget_s} s ({budget_s / 3600:.1f} h), the restart back to the best "
         "included",
-        f"    at a start of {start:.0f} s ({'measured: the server' + chr(39) + 's last start' if start_s is not None else 'assumed: no start measured'}) "
+        f"    at a start of {start:.0f} s ({source}) "
         f"and a whole benchmark of about {bench:.0f} s (until measured): at most {restarts} "
         f"restarts with a part ({CHUNK:g} of the benchmark) each, {whole:.0f} whole tries",
         "    expected: " + said.format(two=BENCH_2H, eight=BENCH_8H),
