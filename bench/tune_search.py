@@ -17,7 +17,7 @@ table of docs/benchmarks.md on stdout (per landscape, budget and search: the kep
 of the true best, median and worst; the seeds within 5%; the tries, restarts and hours, and how
 much of the whole benchmark the kept flags were measured for, median).
 
-    .venv/bin/python bench/tune_search.py [--seeds 10] [--hours 8,2] [--noise 4]
+    .venv/bin/python bench/tune_search.py [--seeds 10] [--first-seed 0] [--hours 8,2] [--noise 4]
 
 The hours are the landscapes' (simulated), not a GPU's; each search's own computing time is
 measured (wall, this machine).
@@ -78,6 +78,52 @@ def one(landscape: Landscape, search: str, budget_s: float, seed: int) -> dict:
     return out
 
 
+def plot(landscape: Landscape, seed: int, budget_s: float, path: Path) -> None:
+    """One search of the project's on LANDSCAPE: each part's measured objective (the first after
+    a restart darker), the failures, the best taken (its true value), the grid's best."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with tempfile.TemporaryDirectory() as folder:
+        run, _ = tune_sim.search(landscape, Path(folder), seed, budget_s)
+    best = tune_sim.best_of(landscape)[1]
+    hours = []
+    clock = 0.0
+    for done in run.tries:
+        clock += done.outcome.cost_s
+        hours.append(clock / 3600)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for first, colour, label in ((True, "#08306b", "a part after a restart"),
+                                 (False, "#9ecae1", "a part on the same start")):
+        points = [(h, t.outcome.objective) for h, t in zip(hours, run.tries)
+                  if t.outcome.ok and (t.outcome.start_s > 0) == first]
+        if points:
+            ax.scatter(*zip(*points), s=12, color=colour, label=label)
+    failed = [h for h, t in zip(hours, run.tries) if not t.outcome.ok]
+    ax.scatter(failed, [0] * len(failed), marker="x", color="#cb181d", s=20,
+               label="failed (out of memory, no start, degenerate, hung, a bound)")
+    steps = [(hours[made - 1] if made else 0.0, landscape.objective(c)) for made, c, _ in
+             run.bests]
+    xs, ys = [], []
+    for (at, value), nxt in zip(steps, [*steps[1:], (hours[-1], None)]):
+        xs += [at, nxt[0]]
+        ys += [value, value]
+    ax.plot(xs, ys, color="#238b45", label="the best taken (its true value)")
+    ax.axhline(best, color="grey", ls="--", lw=0.8, label="the grid's best")
+    ax.axhline(0.95 * best, color="grey", ls=":", lw=0.8, label="5% below it")
+    ax.set_xlabel("hours (simulated)")
+    ax.set_ylabel("output tok/s at the target concurrency")
+    ax.set_title(f"the tuning search on {landscape.name} (seed {seed}, 4% noise): "
+                 f"{len(run.tries)} parts, {sum(t.outcome.start_s > 0 for t in run.tries)} "
+                 f"restarts, kept {tune_sim.share(landscape, run.best):.3f} of the best")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def summary(runs: list[dict]) -> dict:
     shares = [r["share"] for r in runs]
     return {"median_share": round(statistics.median(shares), 3), "worst_share": min(shares),
@@ -91,12 +137,14 @@ def summary(runs: list[dict]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--hours", default="8,2", help="budgets, comma separated")
     parser.add_argument("--noise", type=float, default=4.0, help="percent, one whole run")
     parser.add_argument("--landscapes", default=",".join(SEED_CLASS))
     args = parser.parse_args()
     budgets = [float(h) for h in args.hours.split(",")]
-    out: dict = {"seeds": args.seeds, "noise_pct": args.noise, "budgets_h": budgets,
+    out: dict = {"seeds": args.seeds, "first_seed": args.first_seed, "noise_pct": args.noise,
+                 "budgets_h": budgets,
                  "landscapes": {}}
     for name in args.landscapes.split(","):
         landscape = Landscape.read(REPO / "tests" / "landscapes" / f"{name}.yaml",
@@ -107,12 +155,18 @@ def main() -> int:
                        "runs": {}}
         for hours in budgets:
             for search in SEARCHES:
-                runs = [one(landscape, search, hours * 3600, seed) for seed in range(args.seeds)]
+                runs = [one(landscape, search, hours * 3600, seed)
+                        for seed in range(args.first_seed, args.first_seed + args.seeds)]
                 entry["runs"][f"{search} {hours:g}h"] = {"summary": summary(runs), "runs": runs}
                 print(f"{name} {search} {hours:g} h: {summary(runs)}", file=sys.stderr)
         out["landscapes"][name] = entry
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "tune_search.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
+    name = ("tune_search.json" if args.first_seed == 0
+            else f"tune_search_from_{args.first_seed}.json")
+    (RESULTS / name).write_text(json.dumps(out, indent=1, default=str) + "\n")
+    if args.first_seed == 0:
+        plot(Landscape.read(REPO / "tests" / "landscapes" / "seed_moe.yaml", noise_pct=args.noise),
+             0, budgets[0] * 3600, RESULTS / "tune_search.png")
     print("| landscape (start's share) | budget | search | kept / true best: median, worst | "
           "seeds within 5% | tries | restarts | hours | the kept measured over |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")

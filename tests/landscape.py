@@ -152,7 +152,8 @@ class Landscape:
             "output_token_throughput": self.data["peak_tok_s"] * rate * busy,
             "p99_ttft_ms": ttft,
             "running_reqs_max": running, "running_reqs_mean": running,
-            "queue_reqs_mean": queue, "token_usage_max": running * per_request / kv if kv else 1,
+            "queue_reqs_mean": queue, "queue_reqs_max": queue,
+            "token_usage_max": running * per_request / kv if kv else 1,
             "gpu_power_pct": min(100.0, 15 + 80 * busy * self._effect(candidate, "power")),
             "kv_tokens": kv,
         }

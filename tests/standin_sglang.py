@@ -98,11 +98,18 @@ LABELS = {"model_name": "standin-model", "engine_type": "unified", "tp_rank": "0
 class Load:
     """The requests the stand-in runs and queues, and the KV cache tokens they hold."""
 
+    #: ``sglang:gen_throughput`` is SGLang's recent generation rate (its scheduler sets it from
+    #: the tokens of its last decode log interval), not an average since the start: the tokens
+    #: of the requests that ended in the last this many seconds.
+    RECENT_S = 1.0
+
     def __init__(self, max_running: int = 0, kv_tokens: int = 1_000_000):
         self.max_running, self.kv_tokens = max_running, kv_tokens
         self.running = self.queued = self.used = 0
         self.prompt_total = self.generated_total = self.requests_total = 0
         self.started = time.monotonic()
+        self.recent: list[tuple[float, int]] = []
+        self.rate = 0.0
         self._cond = threading.Condition()
 
     def _fits(self, tokens: int) -> bool:
@@ -127,17 +134,23 @@ class Load:
             self.prompt_total += prompt
             self.generated_total += generated
             self.requests_total += 1
+            now = time.monotonic()
+            self.recent = [(t, n) for t, n in self.recent if t > now - self.RECENT_S]
+            self.recent.append((now, generated))
+            # Over the last RECENT_S, or since the first request when that is shorter; kept
+            # while idle, as SGLang keeps its last interval's.
+            span = min(self.RECENT_S, max(now - self.started, 1e-6))
+            self.rate = sum(n for _, n in self.recent) / span
             self._cond.notify_all()
 
     def exposition(self) -> str:
         """The metrics in Prometheus' text format (version 0.0.4), as prometheus_client
         renders SGLang's: HELP, TYPE, one sample per label set, counters with ``_total``."""
         with self._cond:
-            elapsed = max(time.monotonic() - self.started, 1e-6)
             values = {
                 "sglang:num_running_reqs": self.running,
                 "sglang:num_queue_reqs": self.queued,
-                "sglang:gen_throughput": self.generated_total / elapsed,
+                "sglang:gen_throughput": self.rate,
                 "sglang:cache_hit_rate": 0.0,
                 "sglang:token_usage": self.used / self.kv_tokens,
                 "sglang:num_used_tokens": self.used,

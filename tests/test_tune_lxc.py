@@ -8,10 +8,12 @@ user's own prompts (``bench_prompts_file``).
 
 Through the pyinfra CLI (tests/deploys/tune.py, ``tasks.tune.tune_steps``): the real flag
 lister reads the installed release's ``server_args.py`` before any restart; a candidate the
-landscape fails to start (out of memory) is recorded as failed; the group is tuned as one and
-left serving the best, each node's unit the one the deploy renders from its tuned file (a
-``make deploy`` right after changes nothing); the key is in no file the search wrote nor in its
-output (about a minute).
+landscape fails to start (out of memory) is recorded as failed and tried again with the memory
+given back; stopped with Ctrl-C the group serves the best so far and the next run goes on from
+the record, each try measured once; each start measures several parts of the benchmark; the
+group is tuned as one and left serving the best, each node's unit the one the deploy renders
+from its tuned file (a ``make deploy`` right after changes nothing); the key is in no file the
+search wrote nor in its output.
 """
 
 from __future__ import annotations
@@ -52,15 +54,17 @@ from test_secrets_lxc import (
 
 RELEASE = "0.5.9"
 PORT = 39950 + os.getpid() % 40
-#: Two coordinates: no cap serves the 4 clients at once (1 at a time with the cap of 1), and
-#: the larger memory fraction runs out of memory at its start.
+#: Two coordinates: no cap serves the 4 clients at once (1 at a time with the cap of 1); the
+#: server is found with the larger memory fraction, which runs out of memory once requests are
+#: no longer capped (more of them running): no cap is tried again with less memory.
 LANDSCAPE = yaml.safe_dump({
     "space": {"max_running_requests": [1, None], "mem_fraction_static": [0.85, 0.94]},
-    "start": {"max_running_requests": 1, "mem_fraction_static": 0.85},
+    "start": {"max_running_requests": 1, "mem_fraction_static": 0.94},
     "workload": {"concurrency": 4, "input_len": 12, "output_len": 8},
     "sglang_defaults": {"cap": 64}, "peak_tok_s": 1000, "half_running": 1,
     "kv": {"weights_fraction": 0.5, "tokens_per_fraction": 100000},
-    "failures": [{"when": {"mem_fraction_static": {"ge": 0.94}}, "ends": "oom"}],
+    "failures": [{"when": {"max_running_requests": None, "mem_fraction_static": {"ge": 0.94}},
+                  "ends": "oom"}],
 })
 # ``python -m sglang.launch_server`` of the deploy's unit, through the real launcher, finds this
 # one first (a drop-in's PYTHONPATH): it starts the stand-in with the unit's flags (the
@@ -94,7 +98,7 @@ def tune_settings(tmp_path: Path) -> dict:
             "bench_num_prompts": 8, "bench_prompts_per_concurrency": 2,
             "enable_metrics": True, "bench_metrics_sample_ms": 100,
             "extra_server_args": ["--device", "cpu"],
-            "max_running_requests": 1, "mem_fraction_static": 0.85,
+            "max_running_requests": 1, "mem_fraction_static": 0.94,
             "tune_space": {"max_running_requests": [1, None],
                            "mem_fraction_static": [0.85, 0.94]}}
 
@@ -143,7 +147,7 @@ def test_a_two_node_group_is_tuned_as_one_and_left_serving_the_best_as_the_deplo
     box, tuned = boxes[0], tuned_files[0]
 
     # Ctrl-C at a terminal (SIGINT to the run's process group) once 2 tries are recorded: the
-    # group is put on the best so far before the run ends.
+    # group is put on the best so far before the run ends; the record says it goes on.
     run = subprocess.Popen(deploy_argv("tests/deploys/tune.py", *hosts), cwd=REPO,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
@@ -156,6 +160,7 @@ def test_a_two_node_group_is_tuned_as_one_and_left_serving_the_best_as_the_deplo
     stopped = record.read(record.record_path(tuned))
     assert run.returncode != 0 and "stopped with Ctrl-C" in stopped_log, stopped_log[-4000:]
     assert stopped.ended and stopped.ended["stopped"] == "stopped before its end"
+    assert not stopped.finished and "the next run goes on from the record" in stopped_log
     so_far = stopped.ended["best"]
     assert read_tuned(tuned) == read_tuned(tuned_files[1]) == so_far
     for node in boxes:
@@ -163,18 +168,24 @@ def test_a_two_node_group_is_tuned_as_one_and_left_serving_the_best_as_the_deplo
         assert node.attach(["cat", unit_path(s)]).stdout == render_unit(
             tried(s, so_far), server_files(node.inventory_name, tried(s, so_far), [], None).argv)
 
-    # Run again to its end: a new search from the flags found (the best so far).
+    # Run again to its end: the search goes on from its record, none of its tries measured
+    # again.
     log, elapsed = test_deploy("tests/deploys/tune.py", *hosts)
 
     # The best: no cap (the landscape's 4 streams against 1), the fraction that starts.
-    assert read_tuned(tuned) == BEST, tuned.read_text()
+    assert read_tuned(tuned) == BEST, tuned.read_text() + log[-8000:]
     kept = record.read(record.record_path(tuned))
-    assert kept.ended and kept.ended["best"] == BEST
+    assert kept.finished and kept.ended["best"] == BEST
+    assert [t.proposal for t in kept.tries[:len(stopped.tries)]] == [
+        t.proposal for t in stopped.tries]  # replayed, not measured again
     endings = [t.outcome.ended for t in kept.tries]
-    print(f"make tune in LXC: {len(kept.tries)} tries ({endings}) in {elapsed:.0f}s")
+    restarts = sum(t.outcome.start_s > 0 for t in kept.tries)
+    print(f"make tune in LXC: {len(kept.tries)} tries, {restarts} restarts ({endings}) in "
+          f"{elapsed:.0f}s")
     assert "oom" in endings and endings.count("measured") >= 4
+    assert restarts < endings.count("measured") / 2  # a start measures several parts
     oom = next(t for t in kept.tries if t.outcome.ended == "oom")
-    assert oom.proposal.candidate["mem_fraction_static"] == 0.94
+    assert oom.proposal.candidate == {"max_running_requests": None, "mem_fraction_static": 0.94}
     rows = [t.outcome.row for t in kept.tries if t.outcome.ok]
     # Measured by the real benchmark's record, with the server's own metrics beside it.
     assert all(r["successful_requests"] >= 4 and r["concurrency"] == 4 for r in rows), rows
@@ -194,7 +205,7 @@ def test_a_two_node_group_is_tuned_as_one_and_left_serving_the_best_as_the_deplo
     # both nodes together.
     best = tried(s, BEST)
     assert read_tuned(tuned_files[1]) == BEST
-    assert starts(boxes[0], unit) == starts(boxes[1], unit) > len(kept.tries) // 2
+    assert starts(boxes[0], unit) == starts(boxes[1], unit) >= restarts
     assert hits(stopped_log) == 0
     for number, node in enumerate(boxes):
         path = unit_path(s)

@@ -42,8 +42,11 @@ from pve_sglang.tuning.tuned_file import render_tuned, write_tuned
 
 #: A startup hint (``startup_log.HINTS``) -> how the try ended.
 HINT_ENDINGS = {"cuda-oom": "oom", "sm120-autotune": "stall"}
-#: The server's steady-state throughput is the objective where this many reads made it.
-MIN_SCRAPES = 5
+#: The server's steady-state throughput is the objective where this many reads made it: its
+#: gauge is SGLang's rate over its last decode log interval (40 steps by default), so a window
+#: of a few reads (a benchmark of seconds) holds a handful of intervals and idle time; 30 reads
+#: are 30 s at the default sampling (``bench_metrics_sample_ms`` 1000).
+MIN_SCRAPES = 30
 #: The objective's sources, first choice first.
 OBJECTIVES = ("gen_throughput_mean", "output_token_throughput")
 #: A benchmark part may run this many times its expected length (plus ``LIMIT_SLACK_S``)

@@ -6,31 +6,35 @@ restarts on the moves the server's figures point at, and its benchmark time on t
 close ones apart:
 
 1. **The server as found**, measured where it runs (no restart) in ``CHUNK``-long parts of the
-   benchmark until ``BEST_WEIGHT`` of it: the first best, and the first estimate of the noise.
+   benchmark up to ``START_WEIGHT``: the first best, and the first estimate of the noise (the
+   spread of every candidate's parts, pooled, never below ``NOISE_FLOOR``: ``noise_of``).
 2. **Moves in the order the figures ask** (``server.bench_hints``' rules on the best's row):
-   running requests flat at a cap with a queue -> the cap (SGLang's own, none, first); token
-   usage near 1 with a queue -> more ``mem_fraction_static``, a smaller prefill chunk; GPUs
-   under their power limit with a queue -> CUDA graphs, their batch, the MoE backend; then the
-   rest. What the figures say cannot change anything is left out (``no_op``): a larger cap
-   than the running requests with none waiting, more KV memory than the requests use.
-3. **One start a candidate, measured until decided.** Each challenger is started once and
-   measured part after part while it runs, each part set against the best (``verdict``: a test
-   on the repeated measures, in logs, with the noise pooled from every candidate's parts):
-   ``better`` takes its place, ``worse`` (it cannot beat the best by ``MIN_GAIN``) drops it,
-   ``undecided`` measures another part, up to ``MAX_WEIGHT``; then it is within the noise.
-   A new best is measured on while it runs, up to ``BEST_WEIGHT``: it is the bar for what
-   follows.
+   running requests flat at a cap with a queue -> the cap (none first); token usage near 1
+   with a queue -> more ``mem_fraction_static`` (nearest first), a smaller prefill chunk; GPUs
+   under their power limit with a queue -> CUDA graphs, their batch, the MoE backend; then
+   ``PRIOR_ORDER``. What the figures say cannot change anything is left out (``no_op``): a cap
+   that would not bind, more KV memory when no request waited.
+3. **One start a move, measured until decided.** A move is started once and measured part
+   after part while it runs, each part set against the best (``verdict``, in logs): above by
+   ``Z_BETTER`` standard errors it takes the best's place and is measured on for
+   ``FRESH_WEIGHT`` while it runs, and that repeat must still beat the best it replaced, or
+   that one comes back; ``Z_WORSE`` below ``MIN_GAIN`` it drops; otherwise another part, up to
+   ``MAX_WEIGHT``: within the noise.
 4. **A try that fails** (no start, out of memory, a stall, degenerate text, a benchmark that
-   hangs, the p99 time-to-first-token bound) drops; on an ordered coordinate it rules out the
-   values beyond it. Out of memory is tried again with the memory given back (``relief``), as
-   SGLang's guide says: a larger ``mem_fraction_static`` with a smaller prefill chunk or CUDA
-   graph batch; any other value with less ``mem_fraction_static``, step by step down to
-   ``RELIEF_STEPS``, until one starts.
-5. **What the noise hid, together.** Moves of different coordinates that each measured above
-   the best but within the noise are tried at once: small gains add up to one that shows.
-6. **Stop** when no move is left (a whole pass made no new best), or when the next part could
-   not end within the budget (with a restart back to the best kept in reserve): the best is the
-   last candidate a test found better, at the length it was measured (``best_weight``).
+   fails or hangs, the p99 time-to-first-token bound) is never the best; a value that fails
+   by itself is not tried again; a candidate that asks at least the memory of one that ran out
+   of it is not tried (``more_memory``); out of memory is tried again with the memory given
+   back (``relief``), as SGLang's guide says.
+5. **What was measured elsewhere counts.** After a new best, moves tried from an earlier one
+   come back in the order an additive model of every part (``additive``: each value's effect
+   on the log throughput, pooled over the flags it ran with) says they could gain; the moves
+   each within the noise are tried together; the close ones are measured on.
+6. **The best and the flags found in alternation**: at the end, unless the best is clearly
+   above them (``clearly_above``), the two are measured in turn, a restart each (``_duel``);
+   the flags found come back unless the best beats them.
+7. **Stop** when no move is left, or when the next part could not end within the budget with a
+   restart in reserve (a win cut before its repeat is kept at its length only when clearly
+   above the best it replaced).
 
 ``Search.run(measure)`` drives it; MEASURE applies a proposal and measures it (``drive.Drive``:
 a restart only when the flags change, then the benchmark; the simulator of the tests and of
@@ -167,11 +171,13 @@ def _number(row: Mapping[str, Any], *names: str) -> float | None:
 def no_op(coordinate: str, value: Any, best: Candidate, row: Mapping[str, Any]) -> bool:
     """Whether the best's figures (ROW) say that VALUE of COORDINATE cannot change the
     throughput. A cap: when the best's own cap did not hold requests back (none, or the
-    running requests below ``FULL_SHARE`` of it, or none waiting), one that would not either
-    (none, the concurrency or more, or at least the running requests over ``FULL_SHARE``).
-    More KV memory: when no request waited (the cache held every request sent)."""
+    running requests below ``FULL_SHARE`` of it, or no request ever waiting), one that would
+    not either (none, the concurrency or more, or at least the running requests over
+    ``FULL_SHARE``). More KV memory: when no request ever waited (the cache held every request
+    sent). A request waited when the most queued over the level (else the mean) is 1 or more:
+    the mean of a short run may sit below 1 while requests did wait."""
     running = _number(row, "running_reqs_max")
-    queue = _number(row, "queue_reqs_mean")
+    queue = _number(row, "queue_reqs_max", "queue_reqs_mean")
     level = _number(row, "concurrency")
     if running is None or queue is None:
         return False
