@@ -321,6 +321,10 @@ def _gateway_responses(workers: list[dict]) -> dict:
         "gateway_workers.py status": json.dumps({
             "workers": [{"url": w["url"], "is_healthy": True, "status": "ready"} for w in workers],
             "registered": [w["url"] for w in workers], "keys_current": True}),
+        # Each worker answers the check's one generation (remote/gateway_workers.py check).
+        "gateway_workers.py check": json.dumps({"workers": [
+            {"name": w["url"], "url": w["url"], "ok": True, "why": None, "status": 200,
+             "events": 4, "elapsed_s": 0.1} for w in workers]}),
         "import importlib.metadata as m, json": json.dumps({**lock.packages, "pip": "23.0.1"}),
         UnitState().command("smg.service").get_raw_value():
             "ActiveState=active\nUnitFileState=enabled\n"
