@@ -371,8 +371,9 @@ def check(venv: Path | None = None) -> int:
     if not here_lock.exists():
         lock(here_lock, tag)
     locked = read_lock(here_lock)
-    image = [f"{n}=={locked[n]}" for n in sorted(IMAGE) if n in locked
-             and not n.startswith(("nvidia-", "cuda-", "torch"))]
+    # The CUDA libraries and torch are the CUDA torch's own here (nvidia-ml-py is no library).
+    image = [f"{n}=={locked[n]}" for n in sorted(IMAGE) if n in locked and (
+             n == "nvidia-ml-py" or not n.startswith(("nvidia-", "cuda-", "torch")))]
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", *image], check=True)
     here = CACHE / f"wheels-py{tag}"
     files = []
