@@ -50,8 +50,7 @@ PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x
 CACHE = Path(os.environ.get("PVE_SGLANG_TEST_CACHE", REPO / ".cache")) / "gpu-kit"
 
 #: What the device image holds already (its package list, 2026-11-17), as the set names them:
-#: taken from there, not carried. transformers is there too, at 5.17.0: the set pins 5.12.1,
-#: which travels (CARRY).
+#: taken from there, not carried, but for IMAGE_NOT_TAKEN.
 IMAGE = frozenset("""
 aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi charset-normalizer click
 cuda-bindings cuda-pathfinder cuda-toolkit einops filelock frozenlist fsspec h11 hf-xet httpcore
@@ -62,8 +61,13 @@ nvidia-cusparse nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13 nvidia-nvji
 nvidia-nvshmem-cu13 nvidia-nvtx packaging pillow prometheus-client propcache psutil pygments
 pyyaml regex requests rich safetensors scipy sentencepiece setuptools shellingham sympy tiktoken
 tokenizers torch torchaudio torchvision tqdm triton typer urllib3 uvloop xxhash
-yarl llvmlite protobuf pandas python-dateutil six tzdata pyarrow
+yarl llvmlite protobuf pandas python-dateutil six tzdata pyarrow transformers
 """.split())
+#: The image's packages at a version the set does not take: the set's own travels (CARRY).
+IMAGE_NOT_TAKEN = {
+    "transformers": "5.17.0 there; the set pins 5.12.1",
+    "tokenizers": "0.23.2 there; transformers 5.12.1 refuses it at import (<=0.23.0)",
+}
 
 #: What travels: the set's packages the start imports that the image lacks (found by ``check``,
 #: module by module), then the deploy's own needs there (pyinfra and pydantic: the tuning
@@ -367,8 +371,9 @@ def check(venv: Path | None = None) -> int:
     if not here_lock.exists():
         lock(here_lock, tag)
     locked = read_lock(here_lock)
-    image = [f"{n}=={locked[n]}" for n in sorted(IMAGE) if n in locked
-             and not n.startswith(("nvidia-", "cuda-", "torch"))]
+    # The CUDA libraries and torch are the CUDA torch's own here (nvidia-ml-py is no library).
+    image = [f"{n}=={locked[n]}" for n in sorted(IMAGE) if n in locked and (
+             n == "nvidia-ml-py" or not n.startswith(("nvidia-", "cuda-", "torch")))]
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", *image], check=True)
     here = CACHE / f"wheels-py{tag}"
     files = []

@@ -3,6 +3,7 @@ the deploy does it, with what it printed kept.
 
     python3 tests/device/gpu_serve.py serve --kit KIT --out OUT [--train-s S] [--deadline S]
     python3 tests/device/gpu_serve.py tries --kit KIT --out OUT [--train-s S] [--deadline S]
+    python3 tests/device/gpu_serve.py both ...    # serve, then tries with the time left
     python3 tests/device/gpu_serve.py stage --kit KIT
 
 Not part of the CPU test suite: run on the device machine (one Hopper GPU, the image's
@@ -36,7 +37,8 @@ of the process, one value made to run out of memory on purpose.
 
 Everything kept goes under OUT (at most 8 files come back): ``facts.json``, ``summary.json``,
 ``startup.jsonl`` (the server's lines as the watch emits them: ``{"t": us, "m": text}``),
-``metrics.txt``, ``bench.txt``, ``tries.jsonl``, ``tries_log.txt``.
+``metrics.txt``, ``bench.txt``, ``tries.jsonl`` (the drive's record), ``tries_log.txt`` (each
+try's server lines and benchmark output), ``tries_summary.json``.
 """
 
 from __future__ import annotations
@@ -572,7 +574,7 @@ def prepare(args, summary: Summary, clock: Clock) -> dict | None:
 
 
 def serve(args) -> int:
-    clock = Clock(time.monotonic() + args.deadline)
+    clock = Clock(args.ends)
     out = args.out
     summary = Summary(out / "summary.json")
     if prepare(args, summary, clock) is None:
@@ -624,9 +626,9 @@ def tries(args) -> int:
     from pve_sglang.tuning.drive import Drive, Server as DriveServer, ending_of
     from pve_sglang.tuning.space import start_of
 
-    clock = Clock(time.monotonic() + args.deadline)
+    clock = Clock(args.ends)
     out = args.out
-    summary = Summary(out / "summary.json")
+    summary = Summary(out / "tries_summary.json")
     if prepare(args, summary, clock) is None:
         return 3
     settings = settings_of({"api_key": secrets.token_urlsafe(24)})
@@ -692,14 +694,14 @@ def tries(args) -> int:
         if record_path(tuned).exists():
             shutil.copyfile(record_path(tuned), out / "tries.jsonl")
         if tuned.exists():
-            shutil.copyfile(tuned, out / "tuned.yml")
+            summary.put("tuned_file", tuned.read_text())
     log("done")
     return 0
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("serve", "tries", "stage"))
+    parser.add_argument("command", choices=("serve", "tries", "both", "stage"))
     parser.add_argument("--kit", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     parser.add_argument("--train-s", type=float, default=75)
@@ -721,7 +723,14 @@ def main(argv: list[str]) -> int:
         _, missing = stage(args.kit)
         log(f"missing: {missing or 'none'}")
         return 0
-    return serve(args) if args.command == "serve" else tries(args)
+    args.ends = time.monotonic() + args.deadline
+    if args.command == "tries":
+        return tries(args)
+    done = serve(args)
+    if args.command == "both" and done == 0 and args.ends - time.monotonic() > args.reserve + 60:
+        log(f"tries with the {args.ends - time.monotonic():.0f} s left")
+        return tries(args)
+    return done
 
 
 if __name__ == "__main__":
