@@ -564,6 +564,11 @@ def prepare(args, summary: Summary, clock: Clock) -> dict | None:
         return None
     summary.put("install", install(manifest, "/opt/sglang/venv", clock))
     log(f"installed: {summary['install']}")
+    # This script runs on the image's Python, which lacks the deploy's own packages (pyinfra,
+    # pydantic): the set's venv carries them, after the checkout and before the image's.
+    site_dir = str(venv_site("/opt/sglang/venv"))
+    if site_dir not in sys.path:
+        sys.path.insert(2, site_dir)
     settings = settings_of({})
     from pve_sglang.server.command import venv_python
 
@@ -621,16 +626,17 @@ def serve(args) -> int:
 
 
 def tries(args) -> int:
-    from pve_sglang.server.addresses import base_url
-    from pve_sglang.tuning.deployed import tried
-    from pve_sglang.tuning.drive import Drive, Server as DriveServer, ending_of
-    from pve_sglang.tuning.space import start_of
-
     clock = Clock(args.ends)
     out = args.out
     summary = Summary(out / "tries_summary.json")
     if prepare(args, summary, clock) is None:
         return 3
+    # The deploy's side (pyinfra, pydantic) comes with the set: importable once it is installed.
+    from pve_sglang.server.addresses import base_url
+    from pve_sglang.tuning.deployed import tried
+    from pve_sglang.tuning.drive import Drive, Server as DriveServer, ending_of
+    from pve_sglang.tuning.space import start_of
+
     settings = settings_of({"api_key": secrets.token_urlsafe(24)})
     url = base_url(settings.server_host, settings.server_port)
     state: dict = {"server": None, "n": 0, "starts": []}
