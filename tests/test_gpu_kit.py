@@ -129,3 +129,16 @@ def test_stage_keeps_the_parts_that_came_and_names_those_still_missing(tmp_path,
     parts[1]["sha256"] = gpu_kit.sha256(kit / "parts" / "wheels-2.tar.xz")
     (kit / "manifest.json").write_text(json.dumps({"parts": parts}))
     assert gpu_serve.stage(kit)[1] == []
+
+
+def test_the_deploys_modules_gpu_serve_imports_are_those_the_check_imports():
+    """gpu_serve runs on the device image's Python, which has neither pyinfra nor pydantic:
+    every deploy module it imports must be one ``gpu-kit-check`` imports with only the set and
+    the image's packages (the first real call failed on an import the check never made)."""
+    import ast
+
+    tree = ast.parse((Path(gpu_kit.__file__).parent / "gpu_serve.py").read_text())
+    used = {node.module for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pve_sglang.")}
+    assert used, "no deploy module found: the AST walk is wrong"
+    assert used <= set(gpu_kit.DRIVER_MODULES), sorted(used - set(gpu_kit.DRIVER_MODULES))

@@ -128,6 +128,15 @@ START_MODULES = (
     "sglang.srt.model_executor.model_runner", "sglang.srt.models.llama",
     "sglang.srt.layers.attention.flashinfer_backend", "sglang.benchmark.serving", "flashinfer",
 )
+#: The deploy's modules ``gpu_serve.py`` imports there, on the image's Python with the set's
+#: venv on its path (pyinfra and pydantic are the set's, not the image's).
+DRIVER_MODULES = (
+    "pve_sglang.project", "pve_sglang.remote", "pve_sglang.server", "pve_sglang.config.settings",
+    "pve_sglang.server.addresses",
+    "pve_sglang.server.bench", "pve_sglang.server.command", "pve_sglang.server.unit_text",
+    "pve_sglang.tuning.deployed", "pve_sglang.tuning.drive", "pve_sglang.tuning.record",
+    "pve_sglang.tuning.space",
+)
 
 
 def norm(name: str) -> str:
@@ -389,8 +398,8 @@ def check(venv: Path | None = None) -> int:
             "    except Exception as error:\n"
             "        failed += 1; print('FAILED', name, type(error).__name__, error)\n"
             "sys.exit(1 if failed else 0)\n")
-    done = subprocess.run([str(python), "-c", code, *START_MODULES],
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    done = subprocess.run([str(python), "-c", code, *START_MODULES, *DRIVER_MODULES],
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)})
     return done.returncode
 
 
