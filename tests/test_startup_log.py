@@ -199,6 +199,7 @@ SOURCE_LINES = [
 #: What the progress messages read, as each release's source spells it.
 PROGRESS_SOURCES = [
     'desc="Loading safetensors checkpoint shards"',
+    'desc="Multi-thread loading shards"',
     'BAR_FORMAT = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]',
     "#tokens: {num_tokens}, K size: {k_size_GB:.2f} GB",
     'logger.info("FlashInfer autotune completed.")',
@@ -213,6 +214,24 @@ def _phase_entered(line: str) -> str | None:
 @pytest.mark.parametrize("phase, call, line", SOURCE_LINES, ids=lambda v: v if len(v) < 20 else None)
 def test_each_source_line_starts_its_phase(phase, call, line):
     assert _phase_entered(line) == phase
+
+
+@pytest.mark.parametrize("bar", ["Loading safetensors checkpoint shards", "Multi-thread loading shards",
+                                 "Loading pt checkpoint shards",
+                                 "Multi-thread loading pt checkpoint shards",
+                                 "Loading np_cache checkpoint shards"])
+def test_every_weights_bar_of_the_loader_is_read(bar):
+    found = SHARDS.search(f"{bar}:  50% Completed | 73/145 [00:26<00:25,  2.81it/s]")
+    assert found and (found["n"], found["total"]) == ("73", "145")
+
+
+def test_a_bar_updated_by_carriage_returns_counts_its_last_state():
+    # As 0.5.17 logged it on an H100 (the journal keeps a tqdm bar's \r updates on one line).
+    line = ("Multi-thread loading shards:   0% Completed | 0/2 [00:00<?, ?it/s]\r"
+            "Multi-thread loading shards:  50% Completed | 1/2 [00:01<00:01,  1.00it/s]\r"
+            "Multi-thread loading shards: 100% Completed | 2/2 [00:02<00:00,  1.00it/s]")
+    progress = Progress(start=0.0)
+    assert "weights: 2/2 shards (100%), 1.00it/s" in progress.feed(line, 2.0)
 
 
 def test_progress_lines_as_the_sources_spell_them():

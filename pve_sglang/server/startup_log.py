@@ -29,8 +29,13 @@ READY_LINE = "The server is fired up and ready to roll!"
 # sglang's log prefix: ``[2025-10-16 09:06:22 TP5] `` (``DP1 PP0 TP3`` and the like too).
 _PREFIX = re.compile(
     r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?(?P<ranks>(?: [A-Z][A-Z_]*\d+)*)\] ")
+#: The weights' bars as sglang's ``model_loader/weight_utils.py`` names them: one thread's
+#: (``Loading safetensors checkpoint shards``) or several's (``Multi-thread loading shards``,
+#: what 0.5.17 drew on an H100 by default), of safetensors, pt or np_cache files.
+SHARDS_BAR = (r"(?:Loading (?:safetensors |pt |np_cache )?checkpoint|"
+              r"Multi-thread loading(?: pt checkpoint)?) shards")
 SHARDS = re.compile(
-    r"Loading safetensors checkpoint shards:\s+(?P<pct>\d+)% Completed \| (?P<n>\d+)/(?P<total>\d+)"
+    SHARDS_BAR + r":\s+(?P<pct>\d+)% Completed \| (?P<n>\d+)/(?P<total>\d+)"
     r" \[(?P<elapsed>[\d:]+)<(?P<eta>[\d:?]+),\s*(?P<rate>[^\]]*)\]")
 KV_CACHE = re.compile(
     r"KV Cache is allocated\. (?:dtype: \S+, )?#tokens: (?P<tokens>\d+), "
@@ -40,7 +45,7 @@ KV_CACHE = re.compile(
 #: starts; the server is ready at READY_LINE.
 PHASES: list[tuple[str, re.Pattern]] = [
     ("init", re.compile(r"Init torch distributed begin|Init parallel begin")),
-    ("weights", re.compile(r"Load weight begin|Loading safetensors checkpoint shards")),
+    ("weights", re.compile(r"Load weight begin|" + SHARDS_BAR)),
     ("kv cache", re.compile(r"KV Cache is allocated|Memory pool end")),
     ("autotune", re.compile(r"Running FlashInfer autotune")),
     ("cuda graph", re.compile(r"Capture (?:cuda|piecewise CUDA|(?:target|draft) (?:decode|prefill|"
@@ -123,7 +128,8 @@ class Progress:
             if pattern.search(text):
                 messages += self._enter(name, when)
                 break
-        shards = SHARDS.search(text)
+        # A bar's updates joined by carriage returns arrive as one line: the last one counts.
+        shards = next(reversed(list(SHARDS.finditer(text))), None)
         if shards:
             n, total = int(shards["n"]), int(shards["total"])
             logged, logged_at = self._shards_logged
