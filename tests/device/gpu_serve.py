@@ -3,6 +3,7 @@ the deploy does it, with what it printed kept.
 
     python3 tests/device/gpu_serve.py serve --kit KIT --out OUT [--train-s S] [--deadline S]
     python3 tests/device/gpu_serve.py tries --kit KIT --out OUT [--train-s S] [--deadline S]
+    python3 tests/device/gpu_serve.py tries --oom ...   # only the start out of memory on purpose
     python3 tests/device/gpu_serve.py both ...    # serve, then tries with the time left
     python3 tests/device/gpu_serve.py stage --kit KIT
 
@@ -95,6 +96,8 @@ TRY_SPACE = {
     "cuda_graph_max_bs": (None, 16),
 }
 TRY_LEVEL = 16
+#: What a whole benchmark at TRY_LEVEL is expected to take here (seconds).
+TRY_BENCH_S = 30.0
 #: Seconds of silence (no log line, /health not 200) that the watch calls a stall here (the
 #: deploy's startup_stall_s is 900: a large model's shards take minutes; this one's none).
 STALL_S = 150
@@ -671,8 +674,9 @@ def tries(args) -> int:
         log(f"start {state['n']} {candidate}: {ended or 'serves'} ({watched['seconds']}s)")
         return ended
 
-    def measure(length: float) -> dict:
-        row, output = bench(settings, TRY_LEVEL, length, max(30, min(120, clock.left() - 30)))
+    def measure(length: float, limit_s: float, level: int = TRY_LEVEL) -> dict:
+        # The drive's Server.measure: LENGTH of the whole, hung after LIMIT_S, at LEVEL.
+        row, output = bench(settings, level, length, max(30, min(limit_s, clock.left() - 30)))
         logs.write(f"### bench at {length}\n{output}\n")
         return row
 
@@ -680,13 +684,29 @@ def tries(args) -> int:
     shutil.rmtree(tuned.parent, ignore_errors=True)
     tuned.parent.mkdir(parents=True)
     found = start_of(settings, TRY_SPACE)
+    if args.oom:
+        # The try that runs out of memory on purpose, alone (the search may not reach it in
+        # a short call): its ending read from the real log by the drive's own ending_of.
+        try:
+            apply({**found, "mem_fraction_static": max(TRY_SPACE["mem_fraction_static"])})
+        finally:
+            if state["server"] is not None:
+                summary.put("stop", stop(state["server"]))
+            logs.close()
+        log("done")
+        return 0
     try:
         # The drive finds the server running on the flags it was found with (the deploy's):
         # started here first.
         apply(found)
         budget = max(60.0, clock.left() - args.reserve)
+        # The drive's expected costs are the seed's (a 400 GB model: 600 s a start, 600 s a
+        # benchmark) until it measures its own; at those no part fits a few minutes (the first
+        # call tried none): this small model's start as just measured, and a whole benchmark
+        # at TRY_LEVEL (about 20 s on an H100 in the serve phase), with room.
+        first_start_s = state["starts"][0]["start"]["seconds"] or 60.0
         drive = Drive(space=TRY_SPACE, found=found, budget_s=budget, tuned=tuned,
-                      objective_level=TRY_LEVEL)
+                      objective_level=TRY_LEVEL, start_s=first_start_s + 10, bench_s=TRY_BENCH_S)
         search = drive.run(DriveServer(apply=apply, measure=measure))
         summary.put("search", {"stopped": search.stopped, "best": search.best,
                                "best_score": search.best_score, "noise": search.noise,
@@ -714,6 +734,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--deadline", type=float, default=540)
     parser.add_argument("--reserve", type=float, default=70,
                         help="seconds kept from the tries' budget for the last restart")
+    parser.add_argument("--oom", action="store_true",
+                        help="tries: only the start that runs out of memory on purpose")
     parser.add_argument("--rehearse", type=Path, metavar="DIR",
                         help="on a machine without a GPU: the settings' venv, model and paths "
                         "under DIR/settings.json, a stand-in server in sglang's place")
