@@ -26,9 +26,10 @@ from pve_sglang.server.bench import (
     sampled_argv,
 )
 from pve_sglang.remote import GPU_SAMPLER, marked_json, source
-from pve_sglang.remote import gpu_sampler
+from pve_sglang.remote import gpu_sampler, server_metrics
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
+from test_server_metrics import START, STOP, WINDOWS
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_NVIDIA_SMI = """#!/bin/sh
@@ -165,6 +166,21 @@ def test_sampler_as_a_script_with_its_argv(fake_gpus, tmp_path):
     refused = subprocess.run([sys.executable, str(source(GPU_SAMPLER)), "--interval-ms", "50"],
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "no command given" in refused.stderr
+
+
+@pytest.mark.parametrize("lines, marks", WINDOWS)
+def test_the_gpu_sampler_opens_the_window_the_metrics_sampler_does(lines, marks, tmp_path,
+                                                                   monkeypatch):
+    """One markers' rule for both samplers: the GPU sampler reads its window with the metrics
+    sampler's ``Window`` (its companion), and on that one's table opens a window where it
+    does."""
+    assert gpu_sampler.Window is server_metrics.Window
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: the window alone is read
+    out = io.StringIO()
+    code = "".join(f"print({line!r})\n" for line in lines)
+    assert gpu_sampler.run([sys.executable, "-c", code], 50, START, STOP, out=out) == 0
+    summary = marked_json(gpu_sampler.SUMMARY_PREFIX, out.getvalue())
+    assert summary["window"] == ("benchmark" if marks[0] else "whole command")
 
 
 def test_parse_line():

@@ -84,6 +84,7 @@ COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV, CONFINE),
                                           STARTUP_WATCH: (REMOTE_ENV,),
                                           GATEWAY_WORKERS: (REMOTE_ENV,),
                                           STATUS_READ: (SERVER_METRICS,),
+                                          GPU_SAMPLER: (SERVER_METRICS,),
                                           STACK_FALLBACK: (ROLLBACK_RULES,)}
 
 _HERE = Path(__file__).resolve().parent

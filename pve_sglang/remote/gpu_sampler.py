@@ -17,9 +17,11 @@ venv holds): the energy used between the window's two ends over its length, exac
 only estimate; ``power_source`` says which (``nvml-energy``, else ``nvidia-smi``, with
 ``energy_error`` saying why), and ``sampled_power_w`` keeps the samples' mean.
 
-Standard library only (``pynvml`` where present): the deploy uploads this file as it is and
-runs it with the container's Python; the deploy's side imports ``parse_line`` and ``summarise``
-from it, and reads the summary line with ``remote.marked_json``.
+Standard library only (``pynvml`` where present), and its companion ``server_metrics.py``
+(uploaded beside it, ``remote.COMPANIONS``), whose ``Window`` is the markers' rule of both
+samplers: the deploy uploads this file as it is and runs it with the container's Python; the
+deploy's side imports ``parse_line`` and ``summarise`` from it, and reads the summary line with
+``remote.marked_json``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ import subprocess
 import sys
 import threading
 import time
+
+try:  # uploaded beside this script (remote.COMPANIONS)
+    from server_metrics import Window
+except ImportError:  # imported as part of pve_sglang (the deploy's side, the tests)
+    from pve_sglang.remote.server_metrics import Window
 
 #: The query, in the order ``FIELDS`` names its columns.
 QUERY = "index,power.draw,power.limit,utilization.gpu,memory.used,memory.total"
@@ -206,7 +213,7 @@ def run(command: list[str], interval_ms: int, start_marker: str | None,
     energy = _Energy()
     began = time.monotonic()
     at_began = energy.read()
-    start = stop = None
+    window = Window(start_marker, stop_marker)
     at_start = at_stop = None
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
@@ -219,10 +226,11 @@ def run(command: list[str], interval_ms: int, start_marker: str | None,
     for raw in proc.stdout:
         now = time.monotonic()
         line = raw.decode("utf-8", "replace")
-        if start is None and start_marker and start_marker in line:
-            start, at_start = now, energy.read()
-        elif start is not None and stop is None and stop_marker and stop_marker in line:
-            stop, at_stop = now, energy.read()
+        end = window.see(line, now)
+        if end == "start":
+            at_start = energy.read()
+        elif end == "stop":
+            at_stop = energy.read()
         out.write(line)
         out.flush()
     rc = proc.wait()
@@ -230,14 +238,14 @@ def run(command: list[str], interval_ms: int, start_marker: str | None,
     at_ended = energy.read()
     sampler.stop()
     energy.close()
-    window_from, window_to = (start, stop or ended) if start is not None else (began, ended)
-    first, last = ((at_start, at_stop if stop is not None else at_ended) if start is not None
-                   else (at_began, at_ended))
+    window_from, window_to = window.bounds(began, ended)
+    first, last = ((at_start, at_stop if window.stop is not None else at_ended)
+                   if window.start is not None else (at_began, at_ended))
     samples = [s for t, line in sampler.lines if window_from <= t <= window_to
                for s in [parse_line(line)] if s]
     power = energy_power(first, last, window_to - window_from) if first and last else {}
     summary = {
-        "window": "benchmark" if start is not None else "whole command",
+        "window": "benchmark" if window.start is not None else "whole command",
         "seconds": round(window_to - window_from, 2),
         "interval_ms": interval_ms,
         "gpus": with_energy(summarise(samples), power),

@@ -178,13 +178,17 @@ class Window:
     start: float | None = None
     stop: float | None = None
 
-    def see(self, line: str, now: float) -> None:
-        """LINE of the command's output, read at NOW."""
+    def see(self, line: str, now: float) -> str | None:
+        """LINE of the command's output, read at NOW; the end it marks (``"start"``,
+        ``"stop"``), else None."""
         if self.start is None:
             if self.start_marker and self.start_marker in line:
                 self.start = now
+                return "start"
         elif self.stop is None and self.stop_marker and self.stop_marker in line:
             self.stop = now
+            return "stop"
+        return None
 
     def bounds(self, began: float, ended: float) -> tuple[float, float]:
         """The window's first and last second, for a command run from BEGAN to ENDED."""
