@@ -256,6 +256,19 @@ def _located(
     return SettingsError(f"{first}{at}" + (f"\n{rest}" if rest else ""))
 
 
+def in_force(defaults: dict[str, Any] | None = None, host: dict[str, Any] | None = None,
+              tuned: dict[str, Any] | None = None, own: dict[str, Any] | None = None,
+              override: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings' precedence, written once; each later wins: DEFAULTS (``group_data/all.py``),
+    the HOST entry (its container settings are its containers' defaults), TUNED (``make
+    tune``'s best, the tuned file), the entry's OWN (a container's or a gateway's), OVERRIDE
+    (``--data``). Without DEFAULTS: the data a ``validate_*`` puts over the defaults itself."""
+    merged: dict[str, Any] = {}
+    for layer in (defaults, host, tuned, own, override):
+        merged.update(layer or {})
+    return merged
+
+
 def _shown(key: Any, value: Any) -> str:
     """A value for an error message: secrets masked (settings' own as ``settings.shown``)."""
     if key in SECRET_FIELDS | SECRET_CONNECTOR_KEYS | GATEWAY_SECRET_FIELDS:
@@ -517,7 +530,7 @@ def build_groups(
         names = []
         for name, data in pairs:
             names.append(name)
-            effective.append((name, {**data, **override}))
+            effective.append((name, in_force(own=data, override=override)))
             gpu_containers.append((name, _hide_secrets(data)))
         pve_hosts.append((inventory_name, {**host_data, "containers": names}))
     try:
@@ -582,10 +595,10 @@ def _validated_host(host_name: str, entry: dict[str, Any], defaults: dict[str, A
                     override: dict[str, Any], hosts: Any):
     """The host's settings (HostSettings) from its ENTRY; a bad one is refused with its line."""
     try:
-        platform = {**defaults, **entry, **override}.get("platform")
+        platform = in_force(defaults, host=entry, override=override).get("platform")
         if platform in PLATFORMS:
             _check_entry_connector_keys(f"host {host_name}", entry, platform, "host")
-        return validate_host(host_name, {**entry, **override}, defaults)
+        return validate_host(host_name, in_force(host=entry, override=override), defaults)
     except SettingsError as error:
         raise _located(error, hosts, (host_name,), override=override) from None
 
@@ -615,16 +628,17 @@ def _validated_container(host_name: str, key: Any, container: dict[str, Any],
     checks the host's container settings alone. A bad one is refused with its line."""
     host_path = (host_name,)
     platform = host_settings.platform
-    data = {**container_defaults, **container}
+    data = in_force(host=container_defaults, own=container)
     try:
         if key is not None:
-            data = {**container_defaults, **_tuned(host_name, key, data, defaults, override),
-                    **container}
-        _check_tune_space(host_name, key, container, {**defaults, **data, **override})
+            data = in_force(host=container_defaults,
+                             tuned=_tuned(host_name, key, data, defaults, override), own=container)
+        _check_tune_space(host_name, key, container,
+                          in_force(defaults, own=data, override=override))
     except SettingsError as error:
         paths = (path, host_path) if path != host_path else (host_path,)
         raise _located(error, hosts, *paths, override=override) from None
-    if {**defaults, **data, **override}.get("stack_python") is None:
+    if in_force(defaults, own=data, override=override).get("stack_python") is None:
         # The container's python3 is its Debian release's: the template or lxc_release it is
         # created from (Proxmox VE 9's debian-13-standard, trixie: 3.13).
         data["stack_python"] = release_of(platform, host_settings.template,
@@ -635,7 +649,7 @@ def _validated_container(host_name: str, key: Any, container: dict[str, Any],
             _check_entry_connector_keys(f"host {host_name}, container {key}", container,
                                         platform, "container")
             check_container_keys(host_name, str(key), container)
-        merged = {**data, **override}
+        merged = in_force(own=data, override=override)
         cs = validate_container(host_name, "(defaults)" if key is None else str(key), merged,
                                 defaults)
         if platform == "lxc":
@@ -651,7 +665,7 @@ def _tuned_file(host_name: str, key: Any, data: dict[str, Any], defaults: dict[s
                 override: dict[str, Any]) -> Path | None:
     """Where make tune keeps the best of container KEY: in its ``tune_dir`` (None where that
     is not a path: the settings' own check names it)."""
-    tune_dir = {**defaults, **data, **override}.get("tune_dir")
+    tune_dir = in_force(defaults, own=data, override=override).get("tune_dir")
     return tuned_path(tune_dir, host_name, str(key)) if isinstance(tune_dir, str) else None
 
 
@@ -739,7 +753,8 @@ def build_gateways(hosts: dict[str, Any], gpu_containers: Group, defaults: dict[
     keys), validated, with the workers each fronts (``gateway_worker_list``) chosen from the
     serving containers (GPU_CONTAINERS): a SettingsError before anything connects."""
     override = dict(override or {})
-    serving = [_serving(name, {**defaults, **data, **override}) for name, data in gpu_containers]
+    serving = [_serving(name, in_force(defaults, own=data, override=override))
+               for name, data in gpu_containers]
     group: Group = []
     for host_name, raw_entry in hosts.items():
         entry = raw_entry if isinstance(raw_entry, dict) else {}
@@ -750,13 +765,14 @@ def build_gateways(hosts: dict[str, Any], gpu_containers: Group, defaults: dict[
             raise SettingsError(
                 f"host {host_name}{_at(hosts, host_name, 'gateways')}: field 'gateways' is "
                 f"{_kind(items)}; expected a list of gateway entries (each with vmid or name)")
-        platform = {**defaults, **entry, **override}.get("platform")
+        host_in_force = in_force(defaults, host=entry, override=override)
+        platform = host_in_force.get("platform")
         data_key = PLATFORMS[platform][2]
         inventory_name = _host_inventory_name(host_name, entry)
         host_keys = connector_data_types(HOST_CONNECTOR)
         connection = {k: v for k, v in entry.items()
                       if k in host_keys or k in _user_connector_keys(platform)}
-        lxc_path = {**defaults, **entry, **override}.get("lxc_path")
+        lxc_path = host_in_force.get("lxc_path")
         host_entry = {k: v for k, v in entry.items() if k not in ("containers", "gateways")}
         container_defaults = {**{k: v for k, v in host_entry.items() if k in GATEWAY_CONTAINER_FIELDS},
                               **GATEWAY_CONTAINER_DEFAULTS}
@@ -773,9 +789,10 @@ def build_gateways(hosts: dict[str, Any], gpu_containers: Group, defaults: dict[
                             f"{where}: unknown field '{field}'"
                             f"{did_you_mean(field, allowed)}; allowed fields: "
                             f"{', '.join(sorted(allowed))}")
-                gs = validate_gateway(where, {**gateway, **override}, defaults)
+                gs = validate_gateway(where, in_force(own=gateway, override=override), defaults)
                 workers = choose_workers(where, gs.gateway_workers, serving)
-                hs = validate_host(host_name, {**host_entry, **override}, defaults)
+                hs = validate_host(host_name, in_force(host=host_entry, override=override),
+                                   defaults)
             except SettingsError as error:
                 raise _with_override_note(
                     _located(error, hosts, path, override=override), override) from None

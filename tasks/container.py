@@ -15,6 +15,7 @@ from pyinfra.operations import files, server, systemd
 
 from pve_sglang import remote
 from pve_sglang.model_store import operations as model
+from pve_sglang.model_store.rules import fetch_request
 from pve_sglang.operations import (
     apt, container_reads, layer, nvidia_driver, paths, stack_switch, systemd_unit, venv,
 )
@@ -424,11 +425,8 @@ def container_model(cs: ContainerSettings, py: str, env_file: str, env) -> list:
     read-only: nothing here."""
     if not cs.model_download or cs.uses_model_store:
         return []
-    fetch = {"python": py, "script": remote.path(remote.MODEL_FETCH), "repo": cs.model_download,
-             "revision": cs.model_revision, "root": cs.model_path, "flat": True,
-             "env_file": env_file,
-             "space_of": f"the container's filesystem of {cs.model_path}",
-             "accept_unhashed": cs.model_accept_unhashed}
+    fetch = fetch_request(cs, python=py, script=remote.path(remote.MODEL_FETCH),
+                          env_file=env_file)._asdict()
     planned = model.checked(**fetch, fallback=f"{cs.venv_path}/bin/python",
                             token_pending=env.will_change)
     script = upload_script(remote.MODEL_FETCH, "Upload the model fetcher")

@@ -218,13 +218,9 @@ def model_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
                       if name == "HF_TOKEN")
         token = paths.put(name=f"Hub token for {cs.model_download} (mode 0600)",
                           src=StringIO(env), dest=env_file, mode="600", secret=True)
-        fetch = {"python": f"{MODEL_TOOLS}/bin/python",
-                 "script": f"{MODEL_TOOLS}/{remote.MODEL_FETCH}", "repo": cs.model_download,
-                 "revision": cs.model_revision, "root": root, "env_file": env_file,
-                 "link": model_store.serving_link(cs.model_store, cs.model_download,
-                                                  cs.model_revision),
-                 "space_of": f"the model store {cs.model_store}",
-                 "accept_unhashed": cs.model_accept_unhashed}
+        fetch = model_store.fetch_request(cs, python=f"{MODEL_TOOLS}/bin/python",
+                                          script=f"{MODEL_TOOLS}/{remote.MODEL_FETCH}",
+                                          env_file=env_file)._asdict()
         # Before any change, on the host that downloads (a plan too): the size, the access.
         planned = model.checked(**fetch, token_pending=token.will_change)
         model.fetched(

@@ -45,9 +45,9 @@ from pve_sglang.tuning.tuned_file import write_tuned
 from tasks.common import container_gpus, upload_script
 from tasks.verify import upload_prompts
 
-#: The scripts a search runs in the container, as the verify phase uploads them.
-SCRIPTS = (remote.STARTUP_WATCH, remote.GPU_SAMPLER, remote.BENCH_RECORD, remote.SERVER_METRICS,
-           remote.FLAG_LISTER)
+#: The scripts a search runs in the container, as the verify phase uploads them (the server
+#: metrics sampler beside the GPU sampler, its companion).
+SCRIPTS = (remote.STARTUP_WATCH, remote.GPU_SAMPLER, remote.BENCH_RECORD, remote.FLAG_LISTER)
 
 #: What a search needs of a node, asked with pyinfra's ``host`` that node: its settings as
 #: found and the host's GPUs it has.

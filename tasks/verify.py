@@ -139,10 +139,8 @@ def benchmark_check(cs: ContainerSettings, address: str) -> None:
     upload_script(remote.GPU_SAMPLER, "Upload the GPU sampler")
     upload_script(remote.BENCH_RECORD, "Upload the benchmark record wrapper")
     upload_prompts(cs)
-    scraper = None
-    if cs.enable_metrics:
-        upload_script(remote.SERVER_METRICS, "Upload the server metrics sampler")
-        scraper = remote.path(remote.SERVER_METRICS)
+    # The server metrics sampler is uploaded beside the GPU sampler (its companion).
+    scraper = remote.path(remote.SERVER_METRICS) if cs.enable_metrics else None
     runs = bench_runs(cs, venv_python(cs), address, cs.sglang_version,
                       remote.path(remote.GPU_SAMPLER), remote.path(remote.BENCH_RECORD), scraper)
     verify.benchmark(name=f"Benchmark at concurrency {bench_levels(cs)}",

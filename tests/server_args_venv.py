@@ -97,3 +97,15 @@ def _build(release: str, wheel: Path, folder: Path, pins: list[str]) -> None:
         retried(build, f"the server_args venv of sglang {release}")
     except RuntimeError as error:
         pytest.fail(str(error))
+
+
+def flag_site(wheel: Path, root: Path) -> Path:
+    """ROOT as a site-packages folder holding only the files of WHEEL that the flag lister
+    (``remote/sglang_flags.py``, ``server.command.known_flags``) reads: its version files and
+    its flags' sources."""
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if name in ("sglang/srt/server_args.py", "sglang/_version.py", "sglang/version.py") or (
+                    name.startswith("sglang/srt/arg_groups/") and name.endswith(".py")):
+                archive.extract(name, root)
+    return root

@@ -26,9 +26,10 @@ from pve_sglang.server.bench import (
     sampled_argv,
 )
 from pve_sglang.remote import GPU_SAMPLER, marked_json, source
-from pve_sglang.remote import gpu_sampler
+from pve_sglang.remote import gpu_sampler, server_metrics
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
+from test_server_metrics import SAMPLER_REFUSALS, START, STOP, WINDOWS
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_NVIDIA_SMI = """#!/bin/sh
@@ -165,6 +166,40 @@ def test_sampler_as_a_script_with_its_argv(fake_gpus, tmp_path):
     refused = subprocess.run([sys.executable, str(source(GPU_SAMPLER)), "--interval-ms", "50"],
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "no command given" in refused.stderr
+
+
+@pytest.mark.parametrize("lines, marks", WINDOWS)
+def test_the_gpu_sampler_opens_the_window_the_metrics_sampler_does(lines, marks, tmp_path,
+                                                                   monkeypatch):
+    """One markers' rule for both samplers: the GPU sampler reads its window with the metrics
+    sampler's ``Window`` (its companion), and on that one's table opens a window where it
+    does."""
+    assert gpu_sampler.Window is server_metrics.Window
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: the window alone is read
+    out, metrics_out = io.StringIO(), io.StringIO()
+    code = "".join(f"print({line!r})\n" for line in lines)
+    assert gpu_sampler.run([sys.executable, "-c", code], 50, START, STOP, out=out) == 0
+    summary = marked_json(gpu_sampler.SUMMARY_PREFIX, out.getvalue())
+    assert summary["window"] == ("benchmark" if marks[0] else "whole command")
+    # Both summaries begin alike: the window's name, its length, the interval (a closed port:
+    # the metrics sampler's scrapes fail, its window is read all the same).
+    assert server_metrics.run([sys.executable, "-c", code], "http://127.0.0.1:9/metrics", 50,
+                              START, STOP, out=metrics_out) == 0
+    metrics = marked_json(server_metrics.SUMMARY_PREFIX, metrics_out.getvalue())
+    assert list(summary)[:3] == list(metrics)[:3] == ["window", "seconds", "interval_ms"]
+    assert (summary["window"], summary["interval_ms"]) == (metrics["window"], metrics["interval_ms"])
+    # The lines passed through are the command's, in order, on both.
+    assert out.getvalue().splitlines()[:-1] == metrics_out.getvalue().splitlines()[:-1] == lines
+
+
+@pytest.mark.parametrize("args, words", SAMPLER_REFUSALS)
+def test_the_gpu_sampler_refuses_the_arguments_the_metrics_sampler_does(args, words, capsys):
+    """One check of a sampler's arguments (``server_metrics.wrapped``): the GPU sampler refuses
+    each row of the metrics sampler's table with the same words, before anything runs."""
+    argv = [*args, "--", sys.executable, "-c", "pass"] if "no command" not in words else args
+    with pytest.raises(SystemExit) as stopped:
+        gpu_sampler.main(argv)
+    assert stopped.value.code == 2 and words in capsys.readouterr().err
 
 
 def test_parse_line():

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from pve_sglang.remote.file_hash import file_digest
+
 sys.path.insert(0, str(Path(__file__).parent / "device"))
 import gpu_kit  # noqa: E402
 import gpu_serve  # noqa: E402
@@ -84,7 +86,7 @@ def test_pack_keeps_each_part_under_its_size_and_each_wheel_whole(tmp_path, monk
     for part in parts:
         with tarfile.open(tmp_path / "parts" / part["name"]) as tar:
             assert sorted(tar.getnames()) == part["wheels"]
-        assert part["sha256"] == gpu_kit.sha256(tmp_path / "parts" / part["name"])
+        assert part["sha256"] == file_digest(tmp_path / "parts" / part["name"])
 
 
 def test_pack_refuses_a_wheel_larger_than_a_part(tmp_path, monkeypatch):
@@ -116,7 +118,7 @@ def test_stage_keeps_the_parts_that_came_and_names_those_still_missing(tmp_path,
     kit = tmp_path / "kit"
     (kit / "parts").mkdir(parents=True)
     (kit / "parts" / "wheels-1.tar.xz").write_bytes(b"one")
-    parts = [{"name": "wheels-1.tar.xz", "sha256": gpu_kit.sha256(kit / "parts" / "wheels-1.tar.xz"),
+    parts = [{"name": "wheels-1.tar.xz", "sha256": file_digest(kit / "parts" / "wheels-1.tar.xz"),
               "bytes": 3},
              {"name": "wheels-2.tar.xz", "sha256": "0" * 64, "bytes": 3}]
     (kit / "manifest.json").write_text(json.dumps({"parts": parts}))
@@ -126,7 +128,7 @@ def test_stage_keeps_the_parts_that_came_and_names_those_still_missing(tmp_path,
     # The next call carries only the second part: the first is still kept.
     (kit / "parts" / "wheels-1.tar.xz").unlink()
     (kit / "parts" / "wheels-2.tar.xz").write_bytes(b"two")
-    parts[1]["sha256"] = gpu_kit.sha256(kit / "parts" / "wheels-2.tar.xz")
+    parts[1]["sha256"] = file_digest(kit / "parts" / "wheels-2.tar.xz")
     (kit / "manifest.json").write_text(json.dumps({"parts": parts}))
     assert gpu_serve.stage(kit)[1] == []
 

@@ -10,8 +10,8 @@ from pyinfra.context import ctx_host, ctx_state
 
 from harness import FoldingHost, sh
 from pve_sglang.runtime import cache
-from pve_sglang.facts.one_read import part_values
-from pve_sglang.facts.lxc_host import HOST_PARTS, LxcHostState
+from pve_sglang.facts.one_read import PARTS, ReadPart, part_values
+from pve_sglang.facts.lxc_host import HOST_PARTS, HostPart, LxcHostState
 from pve_sglang.operations import host_reads as host_state, lxc, owned
 
 
@@ -143,3 +143,12 @@ def test_what_an_operation_changed_is_read_again_alone(folding):
     host_state.forget_container("c2", LXC, created=True)
     host_state.read("files", ["/r/etc/x.conf"])
     assert folding.reads[1:] == [("config",), ("files", "status", "cgroup")]
+
+
+@pytest.mark.parametrize("part", [*HOST_PARTS, *PARTS], ids=lambda part: f"{type(part).__name__}.{part}")
+def test_a_part_of_either_one_read_is_its_name(part):
+    """The host's parts and the container's are named by one rule (``one_read.ReadPart``): a
+    part given by its name is the same part, and it shows as that name (str, repr, f-string)."""
+    assert isinstance(part, ReadPart) and set(HOST_PARTS) == set(HostPart)
+    assert type(part)(part.value) is part and part == part.value
+    assert (str(part), repr(part), f"{part}") == (part.value, repr(part.value), part.value)

@@ -77,9 +77,10 @@ from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import (SECRET_FIELDS, ContainerSettings, HostSettings, Mount,
                                         SettingsError)
+from pve_sglang.remote.file_hash import file_digest
 from pve_sglang.runtime.pyinfra_private import operation_function
 from pve_sglang.stack.lock import SHIPPED, Lock, LockKey, default_key, parse
-from pve_sglang.stack.wheel_fetch import MANIFEST, sha256_of, wheel_dir
+from pve_sglang.stack.wheel_fetch import MANIFEST, wheel_dir
 from tasks.container import container_phase
 from tasks.host import host_phase
 from tasks.verify import verify_phase
@@ -876,7 +877,7 @@ def fetched_wheels(tmp_path_factory, monkeypatch):
     folder = wheel_dir(parse(SHIPPED_LOCK))
     folder.mkdir(parents=True)
     (folder / "standin-1.0-py3-none-any.whl").write_bytes(b"stand-in")
-    (folder / MANIFEST).write_text(f"{sha256_of(folder / 'standin-1.0-py3-none-any.whl')}  "
+    (folder / MANIFEST).write_text(f"{file_digest(folder / 'standin-1.0-py3-none-any.whl')}  "
                                    "standin-1.0-py3-none-any.whl\n")
 
 

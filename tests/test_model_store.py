@@ -121,3 +121,35 @@ def test_progress_says_how_many_files_are_verified():
     line = progress_text({"done": 5, "total": 10, "rate": 1, "eta": 5, "files_done": 3, "files": 7,
                           "verified": 2})
     assert line.endswith("3 of 7 files, 2 verified")
+
+
+# (model_store, model_revision, model_path): a store with and without its last "/", the default
+# branch and a revision the link must quote, a container's own model_path
+FETCHES = [("/tank/models", None, "/models/model"), ("/tank/", "v1/rc", "/srv/m"),
+           (None, None, "/models/model"), (None, "main", "/srv/m")]
+
+
+@pytest.mark.parametrize("store, revision, model_path", FETCHES)
+def test_one_fetch_request_serves_the_host_and_the_container(store, revision, model_path):
+    """The host (model store) and the container (own model_path) ask for the fetch through
+    one builder; what the store's fetch links is what the container mounts at model_path."""
+    from pve_sglang.config.settings import validate_container
+    from pve_sglang.model_store.rules import entry, fetch_request
+    from pve_sglang.project import load_defaults
+
+    cs = validate_container("pve1", "101", {"model_download": REPO, "model_revision": revision,
+                                            "model_store": store, "model_path": model_path},
+                            load_defaults())
+    request = fetch_request(cs, python="/opt/x/bin/python", script="/opt/x/model_fetch.py",
+                            env_file="/etc/x.env")
+    assert (request.repo, request.revision, request.env_file) == (REPO, revision, "/etc/x.env")
+    assert request.accept_unhashed is cs.model_accept_unhashed is False
+    mounted = {m.path: m.host_path for m in cs.all_mounts}
+    if store is None:
+        assert (request.root, request.flat, request.link) == (model_path, True, None)
+        assert model_path not in mounted and request.space_of.endswith(model_path)
+    else:
+        assert request.root == entry(store, REPO) and not request.flat
+        assert request.link == mounted[model_path]  # the container mounts what the fetch links
+        assert request.link.startswith(f"{request.root}/serving/")
+        assert request.space_of == f"the model store {cs.model_store}"

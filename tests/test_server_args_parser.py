@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import zipfile
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -27,10 +26,11 @@ from packaging.version import Version
 
 from pve_sglang.config.settings import ContainerSettings
 from pve_sglang.project import load_defaults
+from pve_sglang.remote.sglang_flags import flag_sources
 from pve_sglang.server import spelling
 from pve_sglang.server.command import EnvRef, check_flags, known_flags, server_argv
 from pve_sglang.tuning.space import default_space
-from server_args_venv import parser_venv
+from server_args_venv import flag_site, parser_venv
 
 PARSED_RELEASES = ["0.5.9", "0.5.10", "0.5.11", "0.5.13", "0.5.14", "0.5.18", "0.5.22", "0.5.23"]
 #: The releases the suite tests (issue 21), with both sides of the 0.5.14 boundary.
@@ -204,26 +204,14 @@ def test_argv_spells_for_the_release(release):
 # --- the sources --------------------------------------------------------------------------
 
 
-def _sources(wheel) -> str:
-    with zipfile.ZipFile(wheel) as archive:
-        return "\n".join(
-            archive.read(name).decode() for name in archive.namelist()
-            if name == "sglang/srt/server_args.py"
-            or (name.startswith("sglang/srt/arg_groups/") and name.endswith(".py")))
-
-
 @pytest.fixture(scope="module")
 def source_sites(tmp_path_factory, sglang_wheel):
-    """Per release: (site folder for known_flags, the argument sources as one text)."""
+    """Per release: (site folder for known_flags, the argument sources it reads as one text)."""
     out = {}
     for release in SOURCE_RELEASES:
-        root = tmp_path_factory.mktemp(f"sglang-{release}")
-        with zipfile.ZipFile(sglang_wheel(release)) as archive:
-            for name in archive.namelist():
-                if name in ("sglang/srt/server_args.py", "sglang/_version.py", "sglang/version.py") or (
-                        name.startswith("sglang/srt/arg_groups/") and name.endswith(".py")):
-                    archive.extract(name, root)
-        out[release] = (root, _sources(sglang_wheel(release)))
+        root = flag_site(sglang_wheel(release), tmp_path_factory.mktemp(f"sglang-{release}"))
+        text = "\n".join(path.read_text() for path in flag_sources(root / "sglang"))
+        out[release] = (root, text)
     return out
 
 

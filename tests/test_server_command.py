@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -33,6 +32,7 @@ from pve_sglang.project import load_defaults
 from pve_sglang.tuning.deployed import refused_flags
 from pve_sglang.tuning.space import default_space, start_of
 from pve_sglang.config.settings import ContainerSettings
+from server_args_venv import flag_site
 
 REPO = Path(__file__).resolve().parents[1]
 PY = "/opt/sglang/venv/bin/python"
@@ -63,17 +63,8 @@ def pairs(argv) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def site(tmp_path_factory, sglang_wheel):
     """Per release, a site-packages folder holding only the files known_flags reads."""
-    roots = {}
-    for version in RELEASES:
-        root = tmp_path_factory.mktemp(f"sglang-{version}")
-        with zipfile.ZipFile(sglang_wheel(version)) as archive:
-            for name in archive.namelist():
-                if name in ("sglang/srt/server_args.py", "sglang/_version.py") or (
-                    name.startswith("sglang/srt/arg_groups/") and name.endswith(".py")
-                ):
-                    archive.extract(name, root)
-        roots[version] = root
-    return roots
+    return {version: flag_site(sglang_wheel(version), tmp_path_factory.mktemp(f"sglang-{version}"))
+            for version in RELEASES}
 
 
 # --- argv ---------------------------------------------------------------------------------

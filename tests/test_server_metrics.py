@@ -137,8 +137,9 @@ def test_metrics_problem_is_printable_and_bounded():
 START, STOP = MAIN_RUN_MARKER, RESULT_HEADER.strip()
 
 
-# lines of the command's output, one a second from 1 -> the window's (start, stop)
-@pytest.mark.parametrize("lines, marks", [
+# lines of the command's output, one a second from 1 -> the window's (start, stop); the GPU
+# sampler's window is read on the same table (test_bench_gpu_sampler.py)
+WINDOWS = [
     (["warming up", f"{START}...", "running", f"==={STOP}===", "figures"], (2, 4)),
     # no stop marker: open (to the command's end)
     (["warming up", f"{START}...", "figures"], (2, None)),
@@ -149,7 +150,10 @@ START, STOP = MAIN_RUN_MARKER, RESULT_HEADER.strip()
     ([f"{START}...", f"{START}...", f"==={STOP}===", f"==={STOP}==="], (1, 3)),
     # no start marker: no window of its own
     (["warming up", f"==={STOP}==="], (None, None)),
-])
+]
+
+
+@pytest.mark.parametrize("lines, marks", WINDOWS)
 def test_the_window_opens_at_the_first_start_and_closes_at_the_first_stop_after_it(lines, marks):
     window = server_metrics.Window(START, STOP)
     for second, line in enumerate(lines, 1):
@@ -249,11 +253,20 @@ def test_an_answer_of_max_bytes_is_read_one_byte_more_is_refused(extra, refused)
             assert server_metrics.scrape(url, 10) == {}
 
 
-@pytest.mark.parametrize("args, words", [
+#: The arguments both samplers refuse, by one check (``server_metrics.wrapped``); the GPU
+#: sampler is run on them too (test_bench_gpu_sampler.py). The command follows ``--`` but where
+#: none is given.
+SAMPLER_REFUSALS = [
     (["--interval-ms", "0"], "--interval-ms must be >= 1"),
+    (["--interval-ms", "1"], "no command given"),
+    (["--interval-ms", "1", "--"], "no command given"),
+]
+
+
+@pytest.mark.parametrize("args, words", [
+    *SAMPLER_REFUSALS,
     (["--interval-ms", "1", "--url", "ftp://127.0.0.1/metrics"], "must be an http:// or https://"),
     (["--interval-ms", "1", "--url", "file:///etc/passwd"], "must be an http:// or https://"),
-    (["--interval-ms", "1"], "no command given"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(args, words, capsys):
     argv = ["--url", "http://127.0.0.1:9/metrics", *args]

@@ -1,12 +1,13 @@
 """Bad host data stops the run before any host is contacted, naming host, field and value."""
 
+import inspect
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from pve_sglang.hosts_file import build_groups, read_hosts_file
+from pve_sglang.hosts_file import build_groups, in_force, read_hosts_file
 from pve_sglang.project import load_defaults
 from pve_sglang.server.addresses import base_url, client_address
 from pve_sglang.config.settings import (
@@ -103,6 +104,25 @@ def test_duplicate_yaml_key_is_an_error(tmp_path):
     path.write_text("pve1:\n  cores: 4\n  cores: 8\n")
     with pytest.raises(SettingsError, match="key 'cores' appears twice"):
         read_hosts_file(path)
+
+
+LAYERS = ("defaults", "host", "tuned", "own", "override")
+
+
+@pytest.mark.parametrize("given, wins", [
+    ({"defaults": 1}, 1),  # set at the lowest layer alone: kept
+    ({"defaults": 1, "host": 2}, 2),
+    ({"host": 2, "tuned": 3}, 3),  # make tune's best over the host entry
+    ({"tuned": 3, "own": 4}, 4),  # the container's own entry over make tune's best
+    ({"defaults": 1, "host": 2, "tuned": 3, "own": 4, "override": 5}, 5),  # --data over all
+    ({"defaults": 1, "override": None}, None),  # a null given is a value, not an absence
+])
+def test_the_settings_precedence_is_one_table(given, wins):
+    layers = {name: {"x": value, name: True} for name, value in given.items()}
+    merged = in_force(**layers)
+    assert merged["x"] == wins
+    assert {name for name in LAYERS if merged.get(name)} == set(given)  # nothing else is lost
+    assert list(inspect.signature(in_force).parameters) == list(LAYERS)  # lowest first
 
 
 def test_host_values_are_container_defaults_and_container_overrides_win():

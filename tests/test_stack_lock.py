@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pve_sglang.config.gateway import smg_lock_path, smg_locks
 from pve_sglang.stack import lock as stack_lock
 from pve_sglang.operations.venv import lock_differences
 from pve_sglang.project import load_defaults
@@ -50,6 +51,17 @@ def test_the_repository_keeps_the_default_set_and_the_tuned_preset():
         assert lock.platform == "x86_64-manylinux_2_36"  # Debian 12's glibc
     tuned = stack_lock.parse(stack_lock.SHIPPED / "sglang-0.5.9-torch-2.9.1-flashinfer-0.6.3-py3.11.txt")
     assert tuned.packages["sgl-kernel"] == "0.3.21" and "nvidia-cublas-cu12" in tuned.packages
+
+
+def test_the_gateway_locks_are_in_the_same_folder_under_the_prefix_refresh_keeps():
+    """One locks folder: the gateway's lock is found where ``refresh`` keeps it (a second
+    name for the folder, or another prefix, would lose it on the next ``make lock``)."""
+    defaults = load_defaults()
+    path = smg_lock_path(defaults["smg_version"], defaults["gateway_python"])
+    assert path.is_file() and path.parent == stack_lock.SHIPPED
+    assert path.name.startswith(stack_lock.GATEWAY_LOCKS)
+    assert path.name not in {key.name for key in stack_lock.kept_keys()}  # no stack's
+    assert smg_locks() == [f"{defaults['smg_version']} for Python {defaults['gateway_python']}"]
 
 
 def write_lock(path: Path, text: str) -> str:

@@ -16,6 +16,7 @@ from pve_sglang.facts.installed_stacks import Stacks
 from pve_sglang.operations.stack_switch import link_command, record_command
 from pve_sglang import remote
 from pve_sglang.remote import rollback_rules as rules
+from pve_sglang.remote import stack_fallback as fallback
 from pve_sglang.stack import switch_rules as stacks
 from pve_sglang.stack.switch_rules import (
     Found, Move, SwitchPlan, Unfinished, Verdict, decide_switch, found_of, judge,
@@ -220,8 +221,29 @@ def test_retention_waits_for_the_verdict(trial, current, serving, waits):
     (f"venv.stacks/{A}", A), (f"/opt/sglang/venv.stacks/{A}", A), (f"venv.stacks/{A}/", A),
     ("other/aaaaaaaaaaaaaaaa", None), ("venv.stacks/not-a-lock", None), (None, None),
 ])
-def test_a_link_names_a_stack_of_ours_only(target, named):
+def test_a_link_names_a_stack_of_ours_only(tmp_path, target, named):
     assert stacks.linked_id("/opt/sglang/venv", target) == named
+    # The fallback reads a real link by the same rule, its folder where it runs: the table's
+    # absolute targets moved under it.
+    venv = tmp_path / "opt/sglang/venv"
+    venv.parent.mkdir(parents=True)
+    if target is not None:
+        os.symlink(target.replace("/opt/sglang/", f"{venv.parent}/"), venv)
+    assert fallback.linked(str(venv)) == named
+
+
+def test_the_link_the_deploy_writes_is_the_one_the_fallback_writes_back(tmp_path):
+    """The deploy's link (``link_command``) and the fallback's switch back (its ``link back``
+    step) write the same target, read back as the stack it names on both sides."""
+    venv = tmp_path / "opt/sglang/venv"
+    venv.parent.mkdir(parents=True)
+    sh(link_command(str(venv), A))
+    assert os.readlink(venv) == stacks.link_target(str(venv), A) == f"venv.stacks/{A}"
+    side = Fallback(tmp_path)
+    side.layout(f"venv.stacks/{B}", {A, B}, {**ON_TRIAL, "trial_until": time.time() + 600})
+    assert side.run(run=("link back",)) == SWITCH_BACK
+    assert os.readlink(venv) == stacks.link_target(str(venv), A)
+    assert stacks.linked_id(str(venv), os.readlink(venv)) == fallback.linked(str(venv)) == A
 
 
 def test_a_stack_id_is_a_lock_id():

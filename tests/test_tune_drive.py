@@ -471,3 +471,13 @@ def test_the_p99_time_to_first_token_bound_at_its_edge(tmp_path, ttft, bound, ke
 def test_the_objective_is_the_servers_steady_state_throughput_where_enough_reads_made_it(
         row, source):
     assert objective_source(row) == source
+
+
+def test_the_search_and_its_drive_take_bench_low_power_pct_default(tmp_path):
+    """One default: a search not given the share (the simulator's, a device run's) takes the
+    setting's, as ``make tune`` gives it from the container's settings."""
+    from pve_sglang.project import load_defaults
+
+    default = load_defaults()["bench_low_power_pct"]
+    assert Search({}, {}, 1.0).low_power_pct == default
+    assert Drive({}, {}, 600, tmp_path / "t.yml", 4).low_power_pct == default

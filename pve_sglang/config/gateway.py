@@ -29,20 +29,18 @@ from pve_sglang.config.settings import (
     unit_word,
     usable_secret,
 )
-from pve_sglang.project import project_file
-from pve_sglang.stack.lock import Lock, LockKey, parse
+from pve_sglang.stack.lock import GATEWAY_LOCKS, SHIPPED, Lock, LockKey, parse
 
 #: smg 1.13.0's ``--policy`` choices (``smg launch --help``; ``smg/router_args.py``).
 POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "least_load", "manual",
             "consistent_hashing", "prefix_hash")
-#: Where the hashed locks of smg live: ``smg-VERSION-pyPYTHON.txt`` (``uv pip compile
-#: --generate-hashes``), one per release and container Python.
-LOCKS = "group_data/locks"
 
 
 def smg_lock_path(version: str, python: str) -> Path:
-    """The checkout's hashed lock of smg VERSION for the container's PYTHON (``3.11``)."""
-    return project_file(LOCKS) / f"smg-{version}-py{python}.txt"
+    """The checkout's hashed lock of smg VERSION for the container's PYTHON (``3.11``), beside
+    the release sets' (``stack.lock.SHIPPED``): ``smg-VERSION-pyPYTHON.txt`` (``uv pip compile
+    --generate-hashes``), one per release and container Python."""
+    return SHIPPED / f"{GATEWAY_LOCKS}{version}-py{python}.txt"
 
 
 def gateway_lock(gs: GatewaySettings) -> tuple[Lock, LockKey]:
@@ -61,8 +59,8 @@ def gateway_store(cs: ContainerSettings, gs: GatewaySettings) -> str | None:
 
 def smg_locks() -> list[str]:
     """``VERSION for Python PYTHON`` of every shipped smg lock, for a message."""
-    found = sorted(project_file(LOCKS).glob("smg-*-py*.txt"))
-    return [p.stem.removeprefix("smg-").replace("-py", " for Python ") for p in found]
+    found = sorted(SHIPPED.glob(f"{GATEWAY_LOCKS}*-py*.txt"))
+    return [p.stem.removeprefix(GATEWAY_LOCKS).replace("-py", " for Python ") for p in found]
 
 
 class GatewaySettings(_Strict):

@@ -7,14 +7,13 @@ them, for every container of the host, in one command.
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.facts.files import FileContents
 from typing_extensions import override
 
-from pve_sglang.facts.one_read import ContainerState
+from pve_sglang.facts.one_read import ContainerState, ReadPart
 from pve_sglang.facts.pve import LxcContainerStatus
 from pve_sglang.facts.system import CgroupVersion, parse_cgroup_version
 
@@ -177,22 +176,14 @@ class ExistingFiles(FactBase[list]):
         return [line for line in output if line]
 
 
-class HostPart(str, Enum):
-    """What one read of a plain LXC host can hold: each the value of one fact (``HOST_PARTS``).
-    Its value is the name it had as a string, so a part given by that name is the same part."""
+class HostPart(ReadPart):
+    """What one read of a plain LXC host can hold: each the value of one fact (``HOST_PARTS``)."""
 
     STATUS = "status"
     CONFIG = "config"
     FILES = "files"
     CGROUP = "cgroup"
     LIMITS = "limits"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __repr__(self) -> str:
-        # As the name was shown before it was a type: pyinfra's debug lines of the one read.
-        return repr(self.value)
 
 
 #: The parts one read of a plain LXC host can hold: kind -> (fact, its arguments' names).

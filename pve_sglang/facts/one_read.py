@@ -22,9 +22,21 @@ from pve_sglang.facts.container import PathStates, SglangVenv, UnitState, UvVers
 from pve_sglang.facts.installed_stacks import Stacks
 from pve_sglang.runtime.pyinfra_private import MISSING_COMMAND_MARKER
 
-class Part(str, Enum):
-    """What a container's one read can hold: each the value of one fact (``PARTS``). Its value
-    is the name it had as a string, so a part given by that name is the same part."""
+class ReadPart(str, Enum):
+    """A part of one read (a container's, ``Part``; a plain LXC host's, ``lxc_host.HostPart``):
+    its value is the name it had as a string, so a part given by that name is the same part,
+    and it shows as that name."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        # As the name was shown before it was a type: pyinfra's debug lines of the one read.
+        return repr(self.value)
+
+
+class Part(ReadPart):
+    """What a container's one read can hold: each the value of one fact (``PARTS``)."""
 
     PATHS = "paths"
     VENV = "venv"
@@ -33,13 +45,6 @@ class Part(str, Enum):
     UNIT = "unit"
     HOSTNAME = "hostname"
     STACKS = "stacks"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __repr__(self) -> str:
-        # As the name was shown before it was a type: pyinfra's debug lines of the one read.
-        return repr(self.value)
 
 
 #: The parts one read can hold: kind -> (fact, the names of its arguments, in order).

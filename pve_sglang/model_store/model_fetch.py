@@ -70,7 +70,6 @@ import argparse
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -85,9 +84,11 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 try:  # uploaded beside this script (remote.COMPANIONS)
     from confine import Unconfined, confine
+    from file_hash import file_digest
     from remote_env import env_value
 except ImportError:  # imported as part of pve_sglang (the deploy's side, the tests)
     from pve_sglang.remote.confine import Unconfined, confine
+    from pve_sglang.remote.file_hash import file_digest
     from pve_sglang.remote.remote_env import env_value
 
 MARKER = ".pve-sglang-model.json"
@@ -96,7 +97,6 @@ ENDPOINT_VAR = "HF_ENDPOINT"
 #: The key of the default branch (no revision) in revisions.json.
 DEFAULT_LABEL = "_default"
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
-HASH_CHUNK = 8 * 1024 * 1024
 #: The longest part of a file name: a Linux name holds 255 bytes, and huggingface_hub keeps
 #: ``<part>.metadata`` beside it in its ``.cache``.
 NAME_PART_MAX = 255 - len(".metadata")
@@ -523,15 +523,6 @@ class Answers:
 
 
 # --- verification -------------------------------------------------------------------------
-
-
-def file_digest(path: str, git_blob: bool) -> str:
-    size = os.path.getsize(path)
-    digest = hashlib.sha1(f"blob {size}\0".encode()) if git_blob else hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def stat_key(path: str) -> list[int] | None:

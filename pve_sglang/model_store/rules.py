@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import posixpath
 from enum import Enum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 from urllib.parse import quote
 
 #: The link name of the default branch (no model_revision).
@@ -35,6 +35,54 @@ def serving_link(store: str, repo: str, revision: str | None) -> str:
     """The link, stable across runs, to the commit REVISION serves: the containers mount it."""
     name = quote(revision, safe="") if revision else DEFAULT_REVISION
     return posixpath.join(entry(store, repo), "serving", name)
+
+
+class ModelSource(Protocol):
+    """The settings a model's fetch reads (a ``ContainerSettings`` is one)."""
+
+    @property
+    def model_download(self) -> str | None: ...
+    @property
+    def model_revision(self) -> str | None: ...
+    @property
+    def model_store(self) -> str | None: ...
+    @property
+    def model_path(self) -> str: ...
+    @property
+    def model_accept_unhashed(self) -> bool: ...
+
+
+class FetchRequest(NamedTuple):
+    """What ``operations.checked`` and ``operations.fetched`` are asked (their keywords, as
+    ``**request._asdict()``): the host's fetch into its model store, or a container's into its
+    own ``model_path``."""
+
+    python: str
+    script: str
+    repo: str
+    revision: str | None
+    root: str
+    flat: bool
+    link: str | None
+    env_file: str
+    space_of: str
+    accept_unhashed: bool
+
+
+def fetch_request(model: ModelSource, python: str, script: str, env_file: str) -> FetchRequest:
+    """The fetch of MODEL's ``model_download`` by PYTHON running SCRIPT (the uploaded
+    ``model_fetch.py``), its token in ENV_FILE: with a ``model_store``, once into the store's
+    entry and its ``serving`` link (what the container mounts at ``model_path``); without, into
+    the container's own ``model_path`` itself."""
+    repo, revision, store = model.model_download, model.model_revision, model.model_store
+    assert repo is not None, "no model_download: nothing to fetch"
+    if store is not None:
+        return FetchRequest(python, script, repo, revision, entry(store, repo), False,
+                            serving_link(store, repo, revision), env_file,
+                            f"the model store {store}", model.model_accept_unhashed)
+    return FetchRequest(python, script, repo, revision, model.model_path, True, None, env_file,
+                        f"the container's filesystem of {model.model_path}",
+                        model.model_accept_unhashed)
 
 
 def size_text(count: float) -> str:

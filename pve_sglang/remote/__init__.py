@@ -51,6 +51,8 @@ container's Python. ``model_fetch.py`` lives with the rest of the model store
                               and ``startup_watch.py``, which import it
 ``confine.py``                this process's writes kept to some folders (Landlock, else a
                               read-only mount namespace): beside ``model_fetch.py``
+``file_hash.py``              a file's sha256 or git blob id, written once: the deploy and
+                              the GPU kit import it; uploaded beside ``model_fetch.py``
 ============================  ===============================================================
 """
 
@@ -74,16 +76,18 @@ SERVER_METRICS = "server_metrics.py"
 MODEL_FETCH = "model_fetch.py"
 REMOTE_ENV = "remote_env.py"
 CONFINE = "confine.py"
+FILE_HASH = "file_hash.py"
 STACK_FALLBACK = "stack_fallback.py"
 ROLLBACK_RULES = "rollback_rules.py"
 GATEWAY_WORKERS = "gateway_workers.py"
 STATUS_READ = "status_read.py"
 
 #: The modules a script imports from beside it: uploaded with it, to the same folder.
-COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV, CONFINE),
+COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV, CONFINE, FILE_HASH),
                                           STARTUP_WATCH: (REMOTE_ENV,),
                                           GATEWAY_WORKERS: (REMOTE_ENV,),
                                           STATUS_READ: (SERVER_METRICS,),
+                                          GPU_SAMPLER: (SERVER_METRICS,),
                                           STACK_FALLBACK: (ROLLBACK_RULES,)}
 
 _HERE = Path(__file__).resolve().parent

@@ -17,20 +17,27 @@ venv holds): the energy used between the window's two ends over its length, exac
 only estimate; ``power_source`` says which (``nvml-energy``, else ``nvidia-smi``, with
 ``energy_error`` saying why), and ``sampled_power_w`` keeps the samples' mean.
 
-Standard library only (``pynvml`` where present): the deploy uploads this file as it is and
-runs it with the container's Python; the deploy's side imports ``parse_line`` and ``summarise``
-from it, and reads the summary line with ``remote.marked_json``.
+Standard library only (``pynvml`` where present), and its companion ``server_metrics.py``
+(uploaded beside it, ``remote.COMPANIONS``), which holds what both samplers do alike: the
+markers' rule (``Window``, with the summary's first keys), the command run and its lines passed
+through (``follow``), the checks of the arguments (``wrapped``). The deploy uploads this file as it is and runs it with the container's Python; the
+deploy's side imports ``parse_line`` and ``summarise`` from it, and reads the summary line with
+``remote.marked_json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import threading
 import time
+
+try:  # uploaded beside this script (remote.COMPANIONS)
+    from server_metrics import Window, follow, wrapped
+except ImportError:  # imported as part of pve_sglang (the deploy's side, the tests)
+    from pve_sglang.remote.server_metrics import Window, follow, wrapped
 
 #: The query, in the order ``FIELDS`` names its columns.
 QUERY = "index,power.draw,power.limit,utilization.gpu,memory.used,memory.total"
@@ -206,42 +213,28 @@ def run(command: list[str], interval_ms: int, start_marker: str | None,
     energy = _Energy()
     began = time.monotonic()
     at_began = energy.read()
-    start = stop = None
-    at_start = at_stop = None
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    window = Window(start_marker, stop_marker)
+    at_ends: dict = {}  # the energy counter read at each end the window marks, at once
     try:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        rc = follow(command, window, out, lambda end: at_ends.update({end: energy.read()}))
     except OSError as error:
         sampler.stop()
         energy.close()
         out.write(f"gpu_sampler: cannot run {command[0]}: {error.strerror or error}\n")
         return 127
-    for raw in proc.stdout:
-        now = time.monotonic()
-        line = raw.decode("utf-8", "replace")
-        if start is None and start_marker and start_marker in line:
-            start, at_start = now, energy.read()
-        elif start is not None and stop is None and stop_marker and stop_marker in line:
-            stop, at_stop = now, energy.read()
-        out.write(line)
-        out.flush()
-    rc = proc.wait()
     ended = time.monotonic()
+    at_start, at_stop = at_ends.get("start"), at_ends.get("stop")
     at_ended = energy.read()
     sampler.stop()
     energy.close()
-    window_from, window_to = (start, stop or ended) if start is not None else (began, ended)
-    first, last = ((at_start, at_stop if stop is not None else at_ended) if start is not None
-                   else (at_began, at_ended))
+    window_from, window_to = window.bounds(began, ended)
+    first, last = ((at_start, at_stop if window.stop is not None else at_ended)
+                   if window.start is not None else (at_began, at_ended))
     samples = [s for t, line in sampler.lines if window_from <= t <= window_to
                for s in [parse_line(line)] if s]
     power = energy_power(first, last, window_to - window_from) if first and last else {}
-    summary = {
-        "window": "benchmark" if start is not None else "whole command",
-        "seconds": round(window_to - window_from, 2),
-        "interval_ms": interval_ms,
-        "gpus": with_energy(summarise(samples), power),
-    }
+    summary = {**window.heading((window_from, window_to), interval_ms),
+               "gpus": with_energy(summarise(samples), power)}
     if energy.error:
         summary["energy_error"] = energy.error
     if sampler.error:
@@ -263,12 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw-file")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("no command given (after --)")
-    if args.interval_ms < 1:
-        parser.error("--interval-ms must be >= 1")
-    return run(command, args.interval_ms, args.start_marker, args.stop_marker, args.raw_file)
+    return run(wrapped(parser, args), args.interval_ms, args.start_marker, args.stop_marker, args.raw_file)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The rollback rule, written once: when a failed stack on trial goes back to the previous stack,
-and what a server that keeps failing gets instead (pure functions, the standard library only).
+and what a server that keeps failing gets instead, with the stacks' folder and the link that
+names one (pure functions, the standard library only).
 
 Both sides decide with this module: the deploy (``stack.switch_rules``, the verify phase and the
 start of each run) and the server's own fallback, which systemd runs without a deploy run
@@ -10,6 +11,7 @@ one table.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from enum import Enum
 
@@ -24,6 +26,27 @@ RELEASE_FILE = "pve-sglang-stack.json"
 #: up; a failure more than LOOP_RESET_S after its last such start begins a new loop.
 MAX_PAUSE_S = 600.0
 LOOP_RESET_S = 3600.0
+
+
+def stacks_dir(venv_path: str) -> str:
+    """The folder of VENV_PATH's stacks: ``/opt/sglang/venv`` -> ``/opt/sglang/venv.stacks``."""
+    return venv_path.rstrip("/") + SUFFIX
+
+
+def link_target(venv_path: str, stack_id: str) -> str:
+    """What the ``venv_path`` symlink holds: relative, so that it reads the same from the
+    container's host (``<rootfs>/opt/sglang/venv``)."""
+    return f"{posixpath.basename(venv_path.rstrip('/'))}{SUFFIX}/{stack_id}"
+
+
+def linked_id(venv_path: str, target: str | None) -> str | None:
+    """The stack a ``venv_path`` symlink's TARGET names (relative or absolute), or None when it
+    names none of ours."""
+    if not target:
+        return None
+    folder, _, name = target.rstrip("/").rpartition("/")
+    ours = (posixpath.basename(stacks_dir(venv_path)), stacks_dir(venv_path))
+    return name if folder in ours and STACK_NAME.match(name) else None
 
 
 class Verdict(Enum):

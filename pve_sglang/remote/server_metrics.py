@@ -178,19 +178,56 @@ class Window:
     start: float | None = None
     stop: float | None = None
 
-    def see(self, line: str, now: float) -> None:
-        """LINE of the command's output, read at NOW."""
+    def see(self, line: str, now: float) -> str | None:
+        """LINE of the command's output, read at NOW; the end it marks (``"start"``,
+        ``"stop"``), else None."""
         if self.start is None:
             if self.start_marker and self.start_marker in line:
                 self.start = now
+                return "start"
         elif self.stop is None and self.stop_marker and self.stop_marker in line:
             self.stop = now
+            return "stop"
+        return None
 
     def bounds(self, began: float, ended: float) -> tuple[float, float]:
         """The window's first and last second, for a command run from BEGAN to ENDED."""
         if self.start is None:
             return began, ended
         return self.start, self.stop if self.stop is not None else ended
+
+    def heading(self, bounds: tuple[float, float], interval_ms: int) -> dict:
+        """A summary's first keys: which window it covers, how long (BOUNDS), how often it was
+        sampled; the same for both samplers (this one and ``gpu_sampler.py``)."""
+        return {"window": "benchmark" if self.start is not None else "whole command",
+                "seconds": round(bounds[1] - bounds[0], 2), "interval_ms": interval_ms}
+
+
+def follow(command: list[str], window: Window, out, on_end=None) -> int:
+    """Run COMMAND, its output (stdout and stderr together) passed to OUT line by line as it
+    comes, each line read by WINDOW (ON_END called with each end it marks, at once); its exit
+    status. OSError: it could not be started."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for raw in proc.stdout:
+        line = raw.decode("utf-8", "replace")
+        end = window.see(line, time.monotonic())
+        if end and on_end:
+            on_end(end)
+        out.write(line)
+        out.flush()
+    return proc.wait()
+
+
+def wrapped(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The command a sampler runs (what follows ``--``), after the checks both samplers make of
+    their arguments; PARSER's error (exit status 2) when one fails."""
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given (after --)")
+    if args.interval_ms < 1:
+        parser.error("--interval-ms must be >= 1")
+    return command
 
 
 _T = TypeVar("_T")
@@ -235,30 +272,17 @@ def run(command: list[str], url: str, interval_ms: int, start_marker: str | None
     began = time.monotonic()
     window = Window(start_marker, stop_marker)
     try:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        rc = follow(command, window, out)
     except OSError as error:
         scraper.stop()
         out.write(f"server_metrics: cannot run {command[0]}: {error.strerror or error}\n")
         return 127
-    for raw in proc.stdout:
-        now = time.monotonic()
-        line = raw.decode("utf-8", "replace")
-        window.see(line, now)
-        out.write(line)
-        out.flush()
-    rc = proc.wait()
     ended = time.monotonic()
     scraper.stop()
     bounds = window.bounds(began, ended)
     taken, errors = inside(scraper.scrapes, bounds), inside(scraper.errors, bounds)
-    summary: dict = {
-        "window": "benchmark" if window.start is not None else "whole command",
-        "seconds": round(bounds[1] - bounds[0], 2),
-        "interval_ms": interval_ms,
-        "scrapes": len(taken),
-        "figures": summarise(taken),
-    }
+    summary: dict = {**window.heading(bounds, interval_ms), "scrapes": len(taken),
+                     "figures": summarise(taken)}
     if errors:
         summary["failed_scrapes"] = len(errors)
         summary["last_error"] = errors[-1]
@@ -278,11 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-marker")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("no command given (after --)")
-    if args.interval_ms < 1:
-        parser.error("--interval-ms must be >= 1")
+    command = wrapped(parser, args)
     if not args.url.startswith(("http://", "https://")):
         parser.error("--url must be an http:// or https:// URL")
     return run(command, args.url, args.interval_ms, args.start_marker, args.stop_marker)

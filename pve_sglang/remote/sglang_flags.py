@@ -130,7 +130,8 @@ def _release_of(sglang_dir):
     return "unknown"
 
 
-def _flag_sources(sglang_dir):
+def flag_sources(sglang_dir):
+    """The files of the release in SGLANG_DIR whose flags are read, in order."""
     srt = sglang_dir / "srt"
     return [srt / "server_args.py"] + sorted((srt / "arg_groups").rglob("*.py"))
 
@@ -140,7 +141,7 @@ def release_flags(package_dir):
     version and its set of ``--flag`` spellings (``--help`` included)."""
     sglang_dir = _sglang_dir(package_dir)
     flags = {"--help"}
-    for path in _flag_sources(sglang_dir):
+    for path in flag_sources(sglang_dir):
         flags |= flags_in_source(path.read_text())
     return _release_of(sglang_dir), flags
 

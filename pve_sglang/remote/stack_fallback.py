@@ -57,15 +57,12 @@ def linked(venv: str) -> str | None:
         target = os.readlink(venv.rstrip("/"))
     except OSError:
         return None
-    folder, _, name = target.rstrip("/").rpartition("/")
-    base = venv.rstrip("/") + rules.SUFFIX
-    return (name if folder in (os.path.basename(base), base) and rules.STACK_NAME.match(name)
-            else None)
+    return rules.linked_id(venv, target)
 
 
 def complete_stacks(venv: str) -> set[str]:
     """The complete stacks beside VENV: folders named by a lock id, each with its release file."""
-    folder = venv.rstrip("/") + rules.SUFFIX
+    folder = rules.stacks_dir(venv)
     names = os.listdir(folder) if os.path.isdir(folder) else ()
     return {name for name in names if rules.STACK_NAME.match(name)
             and os.path.isfile(f"{folder}/{name}/{rules.RELEASE_FILE}")}
@@ -124,7 +121,7 @@ def _write(state: str, record: dict) -> None:
 
 def _release(venv: str, stack: str) -> str | None:
     try:
-        with open(f"{venv.rstrip('/')}{rules.SUFFIX}/{stack}/{rules.RELEASE_FILE}") as release:
+        with open(f"{rules.stacks_dir(venv)}/{stack}/{rules.RELEASE_FILE}") as release:
             return json.load(release).get("sglang")
     except (OSError, ValueError):
         return None
@@ -213,7 +210,7 @@ def _switch_back_steps(args: argparse.Namespace, record: dict, venv: str, now: f
         temporary = f"{venv}.switching"
         if os.path.lexists(temporary):
             os.unlink(temporary)
-        os.symlink(f"{os.path.basename(venv)}{rules.SUFFIX}/{previous}", temporary)
+        os.symlink(rules.link_target(venv, previous), temporary)
         os.rename(temporary, venv)
 
     if args.on_exit:

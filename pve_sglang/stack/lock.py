@@ -30,8 +30,11 @@ from packaging.utils import canonicalize_name as normalized  # PEP 503 names
 from pve_sglang.project import ROOT, cache_dir, load_defaults
 from pve_sglang.stack.platform import DEFAULT_RELEASE, PlatformError, platform_for
 
-#: The locks of the default release sets, in the checkout.
+#: The checkout's locks folder: the default release sets' and the gateway's (smg's, named
+#: ``GATEWAY_LOCKS``...; ``config.gateway.smg_lock_path``).
 SHIPPED = ROOT / "group_data" / "locks"
+#: The prefix of the gateway's hashed locks in SHIPPED.
+GATEWAY_LOCKS = "smg-"
 #: The command that refreshes the repository's lock (CONTRIBUTING.md, error messages).
 REFRESH = "make lock"
 HEADER = "# pve-sglang stack lock: "
@@ -278,10 +281,6 @@ def kept_keys() -> list[LockKey]:
     defaults = load_defaults()
     keys = [key_of({**defaults, "stack_python": DEFAULT_RELEASE.python})]
     return keys + [key_of({**defaults, **preset}) for preset in PRESETS.values()]
-
-
-#: The prefix of the gateway's hashed locks in the same folder (``config.gateway.smg_lock_path``).
-GATEWAY_LOCKS = "smg-"
 
 
 def refresh(folder: Path = SHIPPED) -> list[Lock]:

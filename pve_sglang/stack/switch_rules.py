@@ -13,26 +13,21 @@ Every decision here is a row of ``tests/test_stacks.py``.
 from __future__ import annotations
 
 import hashlib
-import posixpath
 from enum import Enum
 from typing import NamedTuple
 
 from pve_sglang.remote import TOOLS
-# The rollback rule and the stacks' names, written once for the deploy and the server's own
-# fallback (``remote/stack_fallback.py``, uploaded with it).
+# The rollback rule, the stacks' names and their link, written once for the deploy and the
+# server's own fallback (``remote/stack_fallback.py``, uploaded with it).
 from pve_sglang.remote.rollback_rules import (  # noqa: F401 (the deploy's names for them)
-    RELEASE_FILE, STACK_NAME, SUFFIX, Verdict, failure_verdict, has_target, judge, window_open,
+    RELEASE_FILE, STACK_NAME, SUFFIX, Verdict, failure_verdict, has_target, judge, link_target,
+    linked_id, stacks_dir, window_open,
 )
 #: The deploy's record of a container's stacks: the previous one (the rollback target), the one
 #: on trial, and the sets that failed.
 STATE_DIR = "/var/lib/pve-sglang"
 #: The lock file of a venv made before stacks, as the deploy wrote it (names that venv).
 LEGACY_LOCK_FILE = f"{TOOLS}/stack.lock"
-
-
-def stacks_dir(venv_path: str) -> str:
-    """The folder of VENV_PATH's stacks: ``/opt/sglang/venv`` -> ``/opt/sglang/venv.stacks``."""
-    return venv_path.rstrip("/") + SUFFIX
 
 
 def stack_path(venv_path: str, stack_id: str) -> str:
@@ -51,21 +46,6 @@ def unlocked_id(sglang_version: str) -> str:
     """The id of a stack of sglang alone (``stack_install: sglang-no-deps``, no lock): a digest
     of what it installs, in the form of a lock id."""
     return hashlib.sha256(f"sglang-no-deps sglang=={sglang_version}".encode()).hexdigest()[:16]
-
-
-def link_target(venv_path: str, stack_id: str) -> str:
-    """What the ``venv_path`` symlink holds: relative, so that it reads the same from the
-    container's host (``<rootfs>/opt/sglang/venv``)."""
-    return f"{posixpath.basename(venv_path.rstrip('/'))}{SUFFIX}/{stack_id}"
-
-
-def linked_id(venv_path: str, target: str | None) -> str | None:
-    """The stack a ``venv_path`` symlink's TARGET names, or None when it names none of ours."""
-    if not target:
-        return None
-    folder, _, name = target.rstrip("/").rpartition("/")
-    ours = (posixpath.basename(stacks_dir(venv_path)), stacks_dir(venv_path))
-    return name if folder in ours and STACK_NAME.match(name) else None
 
 
 class Found(NamedTuple):

@@ -12,7 +12,6 @@ torch and its CUDA libraries) is hard-linked from there, not downloaded again: o
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pve_sglang.project import cache_dir
+from pve_sglang.remote.file_hash import file_digest
 from pve_sglang.stack.lock import Lock, LockError, LockKey, index_env
 from pve_sglang.stack.platform import platform_for
 
@@ -50,14 +50,6 @@ def read_manifest(path: Path) -> dict[str, str]:
         digest, name = line.split("  ", 1)
         entries[name] = digest
     return entries
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fetch(lock: Lock, key: LockKey) -> tuple[Path, dict[str, str]]:
@@ -133,7 +125,7 @@ def link_known(lock: Lock, folder: Path) -> dict[str, str]:
         source = known[digest]
         target = folder / source.name
         try:
-            if sha256_of(source) != digest:
+            if file_digest(source) != digest:
                 continue
             target.unlink(missing_ok=True)  # a killed fetch's leftover
             os.link(source, target)
@@ -151,7 +143,7 @@ def _write_manifest(lock: Lock, folder: Path, checked: dict[str, str]) -> dict[s
     entries: dict[str, str] = {}
     found: dict[str, str] = {}
     for path in sorted(folder.glob("*.whl")):
-        digest = checked.get(path.name) or sha256_of(path)
+        digest = checked.get(path.name) or file_digest(path)
         name = owner.get(digest)
         if name is None or name in found:
             path.unlink()  # not of this lock, or a second file of one package: a stale leftover

@@ -30,14 +30,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pve_sglang.server.startup_log import degenerate, diagnose
 from pve_sglang.tuning import record
 from pve_sglang.tuning.space import Candidate, changed, key
-from pve_sglang.tuning.strategy import Costs, Outcome, Proposal, Replayed, Search, Try
+from pve_sglang.tuning.strategy import (
+    Costs,
+    Outcome,
+    Proposal,
+    Replayed,
+    Search,
+    Try,
+    default_low_power_pct,
+)
 from pve_sglang.tuning.tuned_file import render_tuned, write_tuned
 
 #: A startup hint (``startup_log.HINTS``) -> how the try ended.
@@ -118,7 +126,7 @@ class Drive:
     tuned: Path
     objective_level: int
     max_p99_ttft_ms: float | None = None
-    low_power_pct: float = 60.0
+    low_power_pct: float = field(default_factory=default_low_power_pct)
     clock: Callable[[], float] = time.monotonic
     start_s: float = 600.0
     bench_s: float = 600.0

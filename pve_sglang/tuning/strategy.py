@@ -50,6 +50,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pve_sglang.project import load_defaults
 from pve_sglang.server import bench_hints
 from pve_sglang.tuning.space import COORDINATES, ORDERED, Candidate, key, valid
 
@@ -363,6 +364,12 @@ class Costs:
         self._benched = False
 
 
+def default_low_power_pct() -> float:
+    """``bench_low_power_pct``'s default, read where the defaults live (``group_data/all.py``):
+    the share of the power limit under which a queued run is idle GPUs."""
+    return float(load_defaults()["bench_low_power_pct"])
+
+
 @dataclass
 class Search:
     """One search over SPACE from START (the server's own values, running when it begins)."""
@@ -370,7 +377,7 @@ class Search:
     space: Mapping[str, tuple]
     start: Candidate
     budget_s: float
-    low_power_pct: float = 60.0
+    low_power_pct: float = field(default_factory=default_low_power_pct)
     costs: Costs = field(default_factory=lambda: Costs(600.0, 600.0))
     tries: list[Try] = field(default_factory=list)
     spent_s: float = 0.0

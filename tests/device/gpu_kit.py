@@ -39,6 +39,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from pve_sglang.remote.file_hash import file_digest
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 RELEASE = "0.5.17"
@@ -131,7 +133,8 @@ START_MODULES = (
 #: The deploy's modules ``gpu_serve.py`` imports there, on the image's Python with the set's
 #: venv on its path (pyinfra and pydantic are the set's, not the image's).
 DRIVER_MODULES = (
-    "pve_sglang.project", "pve_sglang.remote", "pve_sglang.server", "pve_sglang.config.settings",
+    "pve_sglang.project", "pve_sglang.remote", "pve_sglang.remote.file_hash", "pve_sglang.server",
+    "pve_sglang.config.settings",
     "pve_sglang.server.addresses",
     "pve_sglang.server.bench", "pve_sglang.server.command", "pve_sglang.server.unit_text",
     "pve_sglang.tuning.deployed", "pve_sglang.tuning.drive", "pve_sglang.tuning.record",
@@ -228,14 +231,6 @@ def stored(wheel: Path, folder: Path) -> Path:
     return out
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def pack(wheels: list[Path], out: Path, part_mib: float) -> list[dict]:
     """The wheels in ``tar.xz`` parts of at most PART_MIB each, each wheel whole in one part:
     packed largest first by each wheel's own compressed size (``_alone``), then each part
@@ -259,14 +254,14 @@ def pack(wheels: list[Path], out: Path, part_mib: float) -> list[dict]:
         size = _part(group, out / name)
         if size > limit:
             raise SystemExit(f"gpu_kit: {name} came out {size / 2**20:.1f} MiB")
-        parts.append({"name": name, "bytes": size, "sha256": sha256(out / name),
+        parts.append({"name": name, "bytes": size, "sha256": file_digest(out / name),
                       "wheels": sorted(w.name for w in group)})
     return parts
 
 
 def _alone(wheel: Path) -> int:
     """WHEEL's size compressed alone (cached by its contents' hash)."""
-    memo = CACHE / "xz-sizes" / (sha256(wheel) + ".txt")
+    memo = CACHE / "xz-sizes" / (file_digest(wheel) + ".txt")
     if memo.exists():
         return int(memo.read_text())
     memo.parent.mkdir(parents=True, exist_ok=True)
@@ -277,7 +272,7 @@ def _alone(wheel: Path) -> int:
 
 def _part(wheels: list[Path], dest: Path) -> int:
     """WHEELS compressed into DEST, the same wheels' part reused (cached by their hashes)."""
-    key = hashlib.sha256("".join(sorted(sha256(w) for w in wheels)).encode()).hexdigest()[:24]
+    key = hashlib.sha256("".join(sorted(file_digest(w) for w in wheels)).encode()).hexdigest()[:24]
     kept = CACHE / "parts" / f"{key}.tar.xz"
     if not kept.exists():
         kept.parent.mkdir(parents=True, exist_ok=True)

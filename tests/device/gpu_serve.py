@@ -45,7 +45,6 @@ try's server lines and benchmark output), ``tries_summary.json``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import secrets
@@ -68,6 +67,7 @@ sys.path[:0] = [str(REPO), os.environ.get("PVE_SGLANG_CHECKOUT", os.getcwd())]
 
 from pve_sglang import remote  # noqa: E402
 from pve_sglang.remote import gpu_sampler, server_metrics, bench_record  # noqa: E402
+from pve_sglang.remote.file_hash import file_digest  # noqa: E402
 from pve_sglang.server import startup_log  # noqa: E402
 
 #: Where the parts are kept on the machine while it stays warm, and where they are unpacked.
@@ -183,14 +183,6 @@ def facts() -> dict:
 # --- the kit -----------------------------------------------------------------------------
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def stage(kit: Path) -> tuple[dict, list[str]]:
     """The manifest, and the parts still missing once those that came are kept in KEPT."""
     manifest = json.loads((kit / "manifest.json").read_text())
@@ -198,10 +190,10 @@ def stage(kit: Path) -> tuple[dict, list[str]]:
     missing = []
     for part in manifest["parts"]:
         kept = KEPT / "parts" / part["name"]
-        if kept.exists() and sha256(kept) == part["sha256"]:
+        if kept.exists() and file_digest(kept) == part["sha256"]:
             continue
         came = kit / "parts" / part["name"]
-        if came.exists() and sha256(came) == part["sha256"]:
+        if came.exists() and file_digest(came) == part["sha256"]:
             shutil.copyfile(came, kept)
             log(f"kept part {part['name']} ({part['bytes'] / 2**20:.1f} MiB)")
             continue
