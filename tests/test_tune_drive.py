@@ -122,7 +122,8 @@ class StandinServer:
         return "".join(json.loads(e)["choices"][0]["delta"]["content"] for e in events
                        if json.loads(e).get("choices"))
 
-    def measure(self, length: float, limit_s: float) -> dict:
+    def measure(self, length: float, limit_s: float, level: int) -> dict:
+        """LEVEL clients, each a request at a time, for LENGTH of the whole benchmark."""
         end = time.monotonic() + WHOLE_S * length
         tokens = []
 
@@ -136,7 +137,7 @@ class StandinServer:
                 tokens.append(8)
 
         began = time.monotonic()
-        threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+        threads = [threading.Thread(target=client) for _ in range(level)]
         for thread in threads:
             thread.start()
         time.sleep(WHOLE_S * length / 2)
@@ -145,7 +146,7 @@ class StandinServer:
         for thread in threads:
             thread.join()
         elapsed = time.monotonic() - began
-        return {"concurrency": CLIENTS, "output_token_throughput": sum(tokens) / elapsed,
+        return {"concurrency": level, "output_token_throughput": sum(tokens) / elapsed,
                 "running_reqs_max": figures.get("running_reqs"),
                 "running_reqs_mean": figures.get("running_reqs"),
                 "queue_reqs_mean": figures.get("queue_reqs"),
@@ -178,11 +179,11 @@ def test_stopped_with_ctrl_c_the_server_serves_the_best_so_far_and_the_next_run_
     measured = server.measure
     calls = []
 
-    def stops_at_the_tenth(length: float, limit_s: float) -> dict:
+    def stops_at_the_tenth(length: float, limit_s: float, level: int) -> dict:
         calls.append(length)
         if len(calls) == 10:
             raise KeyboardInterrupt
-        return measured(length, limit_s)
+        return measured(length, limit_s, level)
 
     with pytest.raises(KeyboardInterrupt):
         drive.run(Server(server.apply, stops_at_the_tenth))
@@ -197,9 +198,9 @@ def test_stopped_with_ctrl_c_the_server_serves_the_best_so_far_and_the_next_run_
     applied = server.applied
     again = []
 
-    def counted(length: float, limit_s: float) -> dict:
+    def counted(length: float, limit_s: float, level: int) -> dict:
         again.append(length)
-        return measured(length, limit_s)
+        return measured(length, limit_s, level)
 
     search = drive.run(Server(server.apply, counted))
     done = record.read(path)
@@ -254,13 +255,13 @@ def killed_at(drive: Drive, server: tune_sim.SimServer, measures: int) -> tuple[
     real = server.measure
     seen = {"n": 0, "lines": [], "serving": None}
 
-    def measure(length: float, limit_s: float) -> dict:
+    def measure(length: float, limit_s: float, level: int) -> dict:
         seen["n"] += 1
         if seen["n"] == measures:
             seen["lines"] = path.read_text().splitlines()
             seen["serving"] = server.serving
             raise Killed
-        return real(length, limit_s)
+        return real(length, limit_s, level)
 
     with pytest.raises(Killed):
         drive.run(Server(server.apply, measure))
@@ -276,9 +277,9 @@ def counting(server: tune_sim.SimServer) -> tuple[Server, dict]:
         calls["apply"].append(dict(candidate))
         return server.apply(candidate)
 
-    def measure(length: float, limit_s: float) -> dict:
+    def measure(length: float, limit_s: float, level: int) -> dict:
         calls["measure"] += 1
-        return server.measure(length, limit_s)
+        return server.measure(length, limit_s, level)
 
     return Server(apply, measure), calls
 
@@ -334,11 +335,11 @@ def test_stopped_with_ctrl_c_the_next_run_goes_on_each_try_measured_once(tmp_pat
     real = server.measure
     n = {"measures": 0}
 
-    def stops(length: float, limit_s: float) -> dict:
+    def stops(length: float, limit_s: float, level: int) -> dict:
         n["measures"] += 1
         if n["measures"] == 25:
             raise KeyboardInterrupt
-        return real(length, limit_s)
+        return real(length, limit_s, level)
 
     with pytest.raises(KeyboardInterrupt):
         drive.run(Server(server.apply, stops))
@@ -387,9 +388,9 @@ def test_a_server_that_hangs_in_the_last_benchmark_ends_serving_the_best(tmp_pat
     parts: list[dict | None] = []
     real = server.measure
 
-    def watched(length: float, limit_s: float) -> dict:
+    def watched(length: float, limit_s: float, level: int) -> dict:
         parts.append(server.serving)
-        return real(length, limit_s)
+        return real(length, limit_s, level)
 
     first = drive.run(Server(server.apply, watched))
     assert tune_sim.same(parts[-1], first.best) and first.best != landscape.start
@@ -397,11 +398,11 @@ def test_a_server_that_hangs_in_the_last_benchmark_ends_serving_the_best(tmp_pat
     real = server.measure
     calls = {"n": 0}
 
-    def hangs_last(length: float, limit_s: float) -> dict:
+    def hangs_last(length: float, limit_s: float, level: int) -> dict:
         calls["n"] += 1
         if calls["n"] == len(parts):
             server.hung = True  # it answered its start; now it hangs under the load
-        return real(length, limit_s)
+        return real(length, limit_s, level)
 
     search = drive.run(Server(server.apply, hangs_last))
     done = record.read(record.record_path(drive.tuned))

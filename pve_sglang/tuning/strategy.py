@@ -51,7 +51,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pve_sglang.server import bench_hints
-from pve_sglang.tuning.space import COORDINATES, ORDERED, Candidate, key, valid
+from pve_sglang.tuning.space import (CLIENT_SIDE, COORDINATES, ORDERED, Candidate, key,
+                                     same_server, server_flags, valid)
 
 #: The share of the whole benchmark measured at a time.
 CHUNK = 0.25
@@ -87,8 +88,11 @@ RELIEF_STEPS = 3
 #: A move measured this many times the noise below the best is not tried again in a later
 #: pass (from another best): what lost that much loses again.
 CLEARLY_WORSE = 3.0
-#: Coordinates that do not change what the GPUs' memory holds (the queue's order).
-MEMORY_NEUTRAL = ("schedule_policy",)
+#: Coordinates that do not change what the GPUs' memory holds (the queue's order, the
+#: benchmark's side).
+MEMORY_NEUTRAL = ("schedule_policy", *CLIENT_SIDE)
+#: How a start ends when it fails: the flags' own, whatever the benchmark's side measures.
+START_ENDINGS = ("start", "oom", "stall", "degenerate")
 #: How much an additive effect is shrunk toward none (in whole runs' weight).
 RIDGE = 0.1
 #: Coordinates that free memory for a larger ``mem_fraction_static`` (SGLang's tuning guide).
@@ -154,10 +158,13 @@ def signals(row: Mapping[str, Any], low_power_pct: float) -> list[str]:
 
 def coordinate_order(space: Mapping[str, tuple], row: Mapping[str, Any],
                      low_power_pct: float) -> list[str]:
-    """The space's coordinates, those the figures point at first, then ``PRIOR_ORDER``."""
+    """The space's coordinates: those of the benchmark's side first (a move of theirs is
+    measured on the running server, no restart), then those the figures point at, then
+    ``PRIOR_ORDER``."""
+    client = [c for c in CLIENT_SIDE if c in space]
     first = [c for s in signals(row, low_power_pct) for c in SIGNAL_ORDER[s] if c in space]
     rest = [c for c in (*PRIOR_ORDER, *COORDINATES) if c in space]
-    return list(dict.fromkeys([*first, *rest]))
+    return list(dict.fromkeys([*client, *first, *rest]))
 
 
 def _number(row: Mapping[str, Any], *names: str) -> float | None:
@@ -234,9 +241,12 @@ def value_order(coordinate: str, values: tuple, current: Any, row: Mapping[str, 
                 low_power_pct: float) -> list:
     """COORDINATE's VALUES other than CURRENT, in the order to try them: a cap that binds
     (``capped``) from none (SGLang's own: the largest step, one restart) down; more KV memory
-    first when the cache is full (``kv_bound``), nearest first; otherwise the space's order
+    first when the cache is full (``kv_bound``), nearest first; a coordinate of the
+    benchmark's side nearest first, the higher first; otherwise the space's order
     (conservative first)."""
     others = [v for v in values if v != current]
+    if coordinate in CLIENT_SIDE:
+        return neighbours(values, current, len(others))
     met = signals(row, low_power_pct)
     if coordinate == "max_running_requests" and "capped" in met:
         return sorted(others, key=lambda v: (v is not None, -(v or 0)))
@@ -245,6 +255,16 @@ def value_order(coordinate: str, values: tuple, current: Any, row: Mapping[str, 
         down = sorted((v for v in others if v < current), reverse=True)
         return [*up, *down]
     return others
+
+
+def neighbours(values: tuple, current: Any, most: int = 2) -> list:
+    """The MOST values of VALUES nearest CURRENT in their order (one up and one down first),
+    the higher of two as near first; CURRENT not in VALUES: from the start of them."""
+    order = list(values)
+    here = order.index(current) if current in order else -1
+    near = sorted((i for i in range(len(order)) if i != here),
+                  key=lambda i: (abs(i - here), -i))
+    return [order[i] for i in near[:most]]
 
 
 def noise_of(sum_squares: float, df: int) -> float:
@@ -393,6 +413,9 @@ class Search:
     _candidates: dict[str, Candidate] = field(default_factory=dict)
     #: Per candidate taken as the best: how many of its parts were measured before.
     _taken: dict[str, int] = field(default_factory=dict)
+    #: Flags whose start failed (``START_ENDINGS``), by the key of their server flags: not
+    #: started again at another level of the benchmark's side.
+    _start_failed: dict[str, str] = field(default_factory=dict)
     #: Each move's last log ratio to the best it was tried from.
     _history: dict[tuple[str, Any], float] = field(default_factory=dict)
 
@@ -460,7 +483,7 @@ class Search:
     # -- measuring
 
     def _measure(self, measure: Callable[[Proposal], Outcome], proposal: Proposal) -> Outcome:
-        restart = self.running is None or key(self.running) != key(proposal.candidate)
+        restart = not same_server(self.running, proposal.candidate)
         expected = (self.costs.start_s if restart else 0.0) + proposal.length * self.costs.bench_s
         # A restart is kept in reserve: the search ends on the best, started again if the
         # part did not end well (a hang), within the budget.
@@ -477,8 +500,12 @@ class Search:
             self._parts.setdefault(k, []).append((proposal.length, math.log(outcome.objective)))
             self._rows[k] = outcome.row
         else:
-            self.running = None  # a failed start, or a benchmark that hung: unknown
+            # A part outside a bound leaves the server serving; a failed start, or a benchmark
+            # that hung, leaves what it runs unknown.
+            self.running = dict(proposal.candidate) if outcome.ended == "constraint" else None
             self._failed[k] = outcome.ended
+            if outcome.ended in START_ENDINGS and outcome.start_s > 0:
+                self._start_failed[key(server_flags(proposal.candidate))] = outcome.ended
         return outcome
 
     def run(self, measure: Callable[[Proposal], Outcome]) -> Search:
@@ -531,6 +558,8 @@ class Search:
         until = MAX_WEIGHT if until is None else until
         if k in self._failed:
             return self._failed[k]
+        if key(server_flags(candidate)) in self._start_failed:
+            return self._start_failed[key(server_flags(candidate))]
         if k in self._verdicts and until <= MAX_WEIGHT:
             return self._verdicts[k][0]
         if self._runs_out(candidate):
@@ -657,7 +686,8 @@ class Search:
                     why += " ran out of memory: again with " + ", ".join(
                         f"{n}={v!r}" for n, v in candidate.items()
                         if self.best.get(n) != v and n != coordinate)
-                if key(candidate) in self._verdicts or key(candidate) in self._failed:
+                if key(candidate) in self._verdicts or key(candidate) in self._failed or \
+                        key(server_flags(candidate)) in self._start_failed:
                     continue
                 moved = [(n, v) for n, v in candidate.items() if self.best.get(n) != v]
                 if any(item not in effects for item in moved):
@@ -699,8 +729,38 @@ class Search:
         assert self.best is not None
         ended = self._challenge(measure, candidate, why)
         moved = [(n, v) for n, v in candidate.items() if self.best.get(n) != v]
-        if ended not in ("better", "worse", "undecided", "oom") and len(moved) == 1:
+        if ended not in ("better", "worse", "undecided", "oom") and len(moved) == 1 and \
+                moved[0][0] not in CLIENT_SIDE:
             self._lost.add(moved[0])  # its failure is its own
+        if ended in ("worse", "undecided") and same_server(self.running, candidate):
+            self._other_levels(measure, candidate)
+
+    def _other_levels(self, measure: Callable[[Proposal], Outcome], candidate: Candidate
+                      ) -> None:
+        """CANDIDATE, a challenger that did not take the best's place, measured at the levels
+        of the benchmark's side next to its own while it runs (no restart), each challenged
+        as a move: where the measures so far say the level could make up the difference
+        (``additive``: its effect against the level measured, plus ``Z_WORSE`` standard
+        errors, above ``MIN_GAIN``), or, where no level's effect is known yet, when the
+        challenger came within the noise. One start measures what it can."""
+        effects, _ = self._effects()
+        for coordinate in (c for c in CLIENT_SIDE if c in self.space):
+            here = candidate[coordinate]
+            for value in neighbours(self.space[coordinate], here):
+                other = {**candidate, coordinate: value}
+                if self.best is None or key(other) in self._verdicts or \
+                        key(other) in self._failed or not same_server(self.running, other):
+                    continue
+                seen, diff = self.compare(candidate)
+                known = (coordinate, value) in effects and (coordinate, here) in effects
+                if known:
+                    gain = diff + effects[(coordinate, value)] - effects[(coordinate, here)]
+                    if gain + Z_WORSE * self._se(other) <= math.log1p(MIN_GAIN):
+                        continue
+                elif seen == "worse":
+                    continue
+                self._challenge(measure, other, f"{coordinate}={value!r} on the same start as "
+                                f"{coordinate}={here!r}")
 
     def _resolve(self, measure: Callable[[Proposal], Outcome]) -> None:
         """The challengers still undecided against the best, the one that could beat it most
