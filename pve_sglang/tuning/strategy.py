@@ -32,7 +32,13 @@ close ones apart:
 6. **The best and the flags found in alternation**: at the end, unless the best is clearly
    above them (``clearly_above``), the two are measured in turn, a restart each (``_duel``);
    the flags found come back unless the best beats them.
-7. **Stop** when no move is left, or when the next part could not end within the budget with a
+7. **What one start can measure, it measures.** Where the space moves the benchmark's side
+   (``space.CLIENT_SIDE``: the concurrency), its moves come first from each best (the running
+   server, no restart), nearest level first; a challenger that did not take the best's place
+   is measured at the levels next to its own while it runs (``_other_levels``), where the
+   measures so far say a level could make up the difference; flags whose start failed are not
+   started again at another level.
+8. **Stop** when no move is left, or when the next part could not end within the budget with a
    restart in reserve (a win cut before its repeat is kept at its length only when clearly
    above the best it replaced).
 
@@ -181,13 +187,19 @@ def no_op(coordinate: str, value: Any, best: Candidate, row: Mapping[str, Any]) 
     running requests below ``FULL_SHARE`` of it, or no request ever waiting), one that would
     not either (none, the concurrency or more, or at least the running requests over
     ``FULL_SHARE``). More KV memory: when no request ever waited (the cache held every request
-    sent). A request waited when the most queued over the level (else the mean) is 1 or more:
-    the mean of a short run may sit below 1 while requests did wait."""
+    sent). Another level of the benchmark's side (``CLIENT_SIDE``), when requests waited: a
+    higher one only adds to the queue, a lower one that is at least the running requests
+    only takes from it (the same throughput). A request waited when the most queued over the
+    level (else the mean) is 1 or more: the mean of a short run may sit below 1 while
+    requests did wait."""
     running = _number(row, "running_reqs_max")
     queue = _number(row, "queue_reqs_max", "queue_reqs_mean")
     level = _number(row, "concurrency")
     if running is None or queue is None:
         return False
+    if coordinate in CLIENT_SIDE:
+        return queue >= 1 and value is not None and (
+            value >= running or (level is not None and value > level))
     if coordinate == "max_running_requests":
         cap = best.get(coordinate)
         if cap is not None and running >= FULL_SHARE * cap and queue >= 1:
@@ -246,7 +258,7 @@ def value_order(coordinate: str, values: tuple, current: Any, row: Mapping[str, 
     (conservative first)."""
     others = [v for v in values if v != current]
     if coordinate in CLIENT_SIDE:
-        return neighbours(values, current, len(others))
+        return neighbours(values, current)
     met = signals(row, low_power_pct)
     if coordinate == "max_running_requests" and "capped" in met:
         return sorted(others, key=lambda v: (v is not None, -(v or 0)))
@@ -257,14 +269,24 @@ def value_order(coordinate: str, values: tuple, current: Any, row: Mapping[str, 
     return others
 
 
-def neighbours(values: tuple, current: Any, most: int = 2) -> list:
-    """The MOST values of VALUES nearest CURRENT in their order (one up and one down first),
-    the higher of two as near first; CURRENT not in VALUES: from the start of them."""
+def neighbours(values: tuple, current: Any) -> list:
+    """VALUES other than CURRENT, the nearest in their order first, the higher of two as near
+    first; CURRENT not in VALUES: from the start of them."""
     order = list(values)
     here = order.index(current) if current in order else -1
     near = sorted((i for i in range(len(order)) if i != here),
                   key=lambda i: (abs(i - here), -i))
-    return [order[i] for i in near[:most]]
+    return [order[i] for i in near]
+
+
+def adjacent(values: tuple, current: Any) -> list:
+    """The values next to CURRENT in VALUES' order, the higher first (none where CURRENT is
+    not one of them)."""
+    order = list(values)
+    if current not in order:
+        return []
+    here = order.index(current)
+    return [order[i] for i in (here + 1, here - 1) if 0 <= i < len(order)]
 
 
 def noise_of(sum_squares: float, df: int) -> float:
@@ -691,7 +713,9 @@ class Search:
                     continue
                 moved = [(n, v) for n, v in candidate.items() if self.best.get(n) != v]
                 if any(item not in effects for item in moved):
-                    tier = 0 if coordinate in pointed else 1
+                    # The benchmark's side first: measured on the running server.
+                    tier = -1 if coordinate in CLIENT_SIDE else 0 if coordinate in pointed \
+                        else 1
                     why += ": " + (", ".join(signals(self.best_row, self.low_power_pct))
                                    if tier == 0 else "not tried yet")
                     fresh.append((tier, candidate, why))
@@ -738,15 +762,15 @@ class Search:
     def _other_levels(self, measure: Callable[[Proposal], Outcome], candidate: Candidate
                       ) -> None:
         """CANDIDATE, a challenger that did not take the best's place, measured at the levels
-        of the benchmark's side next to its own while it runs (no restart), each challenged
-        as a move: where the measures so far say the level could make up the difference
-        (``additive``: its effect against the level measured, plus ``Z_WORSE`` standard
-        errors, above ``MIN_GAIN``), or, where no level's effect is known yet, when the
-        challenger came within the noise. One start measures what it can."""
+        of the benchmark's side next to its own (``adjacent``) while it runs (no restart),
+        each challenged as a move: where the measures so far say the level could make up the
+        difference (``additive``: its effect against the level measured, plus ``Z_WORSE``
+        standard errors, above ``MIN_GAIN``), or, where no level's effect is known yet, when
+        the challenger came within the noise. One start measures what it can."""
         effects, _ = self._effects()
         for coordinate in (c for c in CLIENT_SIDE if c in self.space):
             here = candidate[coordinate]
-            for value in neighbours(self.space[coordinate], here):
+            for value in adjacent(self.space[coordinate], here):
                 other = {**candidate, coordinate: value}
                 if self.best is None or key(other) in self._verdicts or \
                         key(other) in self._failed or not same_server(self.running, other):
@@ -763,9 +787,10 @@ class Search:
                                 f"{coordinate}={here!r}")
 
     def _resolve(self, measure: Callable[[Proposal], Outcome]) -> None:
-        """The challengers still undecided against the best, the one that could beat it most
-        first (its score plus ``Z_WORSE`` standard errors), each measured on (one more start)
-        until a verdict or ``RESOLVE_WEIGHT``, until one is better or none is left."""
+        """The challengers still undecided against the best, those on the running server
+        first (no restart: another level of the benchmark's side), then the one that could
+        beat it most (its score plus ``Z_WORSE`` standard errors), each measured on (one more
+        start) until a verdict or ``RESOLVE_WEIGHT``, until one is better or none is left."""
         while True:
             close = []
             for k in self._verdicts:
@@ -777,7 +802,8 @@ class Search:
                     close.append((diff + Z_WORSE * self._se(candidate), k, candidate))
             if not close:
                 return
-            _, _, candidate = max(close, key=lambda c: c[:2])
+            _, _, candidate = max(close, key=lambda c: (same_server(self.running, c[2]),
+                                                        *c[:2]))
             if self._challenge(measure, candidate, "close to the best: measured on",
                                RESOLVE_WEIGHT) == "better":
                 return
