@@ -12,9 +12,10 @@ group, tuned as one: pyinfra's ``host`` switched to each in turn):
   the generation check (``verify.generation_answers``), and how it ended is the drive's
   ``ending_of`` words;
 - ``measure`` runs the verify phase's benchmark in the first node at the objective's
-  concurrency (or a try's ``tune_concurrency``: no restart for it), a share of its prompts, under the record wrapper, the GPU sampler and the server
-  metrics sampler (``verify.benchmark_row``), within a time limit (``timeout``: a hung server
-  ends the part): the row the strategy reads its signals from.
+  concurrency (or a try's ``tune_concurrency``: no restart for it), a share of its prompts,
+  under the record wrapper, the GPU sampler and the server metrics sampler
+  (``verify.benchmark_row``), within a time limit (``timeout``: a hung server ends the part):
+  the row the strategy reads its signals from.
 
 Before any restart, ``refused_flags`` checks the flags of every value of the space against the
 container's installed release (``SglangServerFlags``, read from its own ``server_args.py``).
@@ -159,8 +160,9 @@ class Deployed:
 
     def measure(self, length: float, limit_s: float, level: int) -> dict[str, Any]:
         """The benchmark at concurrency LEVEL (the objective's, or a try's ``tune_concurrency``)
-        against the first node, LENGTH of its prompts, ended (its process group killed, coreutils' ``timeout``) after LIMIT_S: its
-        row; without an objective where it failed or ran past the limit (a hung server)."""
+        against the first node, LENGTH of its prompts, ended (its process group killed,
+        coreutils' ``timeout``) after LIMIT_S: its row; without an objective where it failed or
+        ran past the limit (a hung server)."""
         node = self.first
         cs = node.settings
         python = venv_python(cs)
