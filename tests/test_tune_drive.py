@@ -37,7 +37,8 @@ from pve_sglang.tuning.drive import (
     objective_source,
     within_bound,
 )
-from pve_sglang.tuning.strategy import Search
+from pve_sglang.tuning.space import same_server, server_flags
+from pve_sglang.tuning.strategy import START_ENDINGS, Search
 from pve_sglang.tuning.tuned_file import read_tuned
 from test_server_metrics import LOGS, STANDIN, _free_port
 from test_standin_landscape import served_flags
@@ -352,6 +353,84 @@ def test_stopped_with_ctrl_c_the_next_run_goes_on_each_try_measured_once(tmp_pat
     assert done.finished and len(done.tries) == len(search.tries)
     assert calls["measure"] == len([t for t in done.tries[len(stopped.tries):]
                                     if t.outcome.ok or t.outcome.start_s == 0])
+
+
+def test_a_try_that_moves_only_the_benchmarks_level_is_measured_without_a_restart(tmp_path):
+    """The seed's model with the load searched too (``tune_concurrency``, the benchmark's
+    side): the server restarted exactly for the tries whose flags differ from those it runs
+    (or after a failure, when those are unknown), never for a try that moves only the level;
+    each part measured at its own level on the flags started; one start measures several
+    levels."""
+    landscape = Landscape.read(SEED_MOE.with_name("seed_concurrency.yaml"), noise_pct=4)
+    drive, server = tune_sim.drive(landscape, tmp_path, seed=0)
+    applied: list[dict] = []
+    levels: list[tuple[int, dict]] = []
+
+    def apply(candidate: dict) -> str:
+        applied.append(dict(candidate))
+        return server.apply(candidate)
+
+    def measure(length: float, limit_s: float, level: int) -> dict:
+        levels.append((level, server_flags(server.serving or {})))
+        return server.measure(length, limit_s, level)
+
+    search = drive.run(Server(apply, measure))
+    tries = record.read(record.record_path(drive.tuned)).tries
+    running: dict | None = dict(landscape.start)
+    restarted, level_only = [], 0
+    for t in tries:
+        candidate = t.proposal.candidate
+        if not same_server(running, candidate):
+            restarted.append(candidate)
+        elif candidate["tune_concurrency"] != running["tune_concurrency"]:
+            level_only += 1  # the same flags, another level
+        # What the server runs after a failed start or part is unknown.
+        running = candidate if t.outcome.ended in ("measured", "constraint") else None
+    assert applied[:len(restarted)] == restarted  # a restart for each flag change, no other
+    assert len(applied) <= len(restarted) + 1     # ... but the end's, back to the best
+    benchmarked = [t.proposal.candidate for t in tries if t.outcome.ended not in START_ENDINGS]
+    assert levels == [(c["tune_concurrency"], server_flags(c)) for c in benchmarked]
+    assert level_only >= 3  # levels measured beside the first on one start, no restart
+    assert same_server(server.serving, search.best)
+    assert f"at concurrency {search.best['tune_concurrency']}," in drive.tuned.read_text()
+
+
+LEVELS = """\
+space:
+  tune_concurrency: [128, 256, 512]
+  schedule_policy: [fcfs, lpm]
+start: {tune_concurrency: 256, schedule_policy: fcfs, mem_fraction_static: 0.85}
+workload: {concurrency: 256, input_len: 1024, output_len: 256, prefill_ms: 300,
+           max_p99_ttft_ms: 450}
+sglang_defaults: {cap: 4096}
+peak_tok_s: 2000
+half_running: 120
+kv: {weights_fraction: 0.55, tokens_per_fraction: 1280000}  # 300 requests: 512 queue
+costs: {start_s: 420, bench_s: 600}
+effects:
+  schedule_policy: {lpm: {rate: 1.1}}
+"""
+
+
+def test_a_part_outside_the_bound_leaves_the_server_serving_the_next_level_no_restart(
+        tmp_path):
+    """At 512 the queue breaks the p99 bound (a constraint): the server still serves those
+    flags, so 128 is measured on the same start; the first restart is the flag's change."""
+    path = tmp_path / "levels.yaml"
+    path.write_text(LEVELS)
+    landscape = Landscape.read(path, noise_pct=4)
+    drive, server = tune_sim.drive(landscape, tmp_path, seed=0, budget_s=4 * 3600)
+    again, calls = counting(server)
+    search = drive.run(again)
+    tries = record.read(record.record_path(drive.tuned)).tries
+    first = next(i for i, t in enumerate(tries) if t.outcome.start_s > 0)
+    assert [(t.proposal.candidate["tune_concurrency"], t.outcome.ended)
+            for t in tries[:first] if t.proposal.why != "the server as found"] == \
+        [(512, "constraint"), (128, "measured")]  # each one part: clearly worse
+    assert calls["apply"][0] == tries[first].proposal.candidate
+    assert calls["apply"][0]["schedule_policy"] == "lpm"
+    assert search.best["schedule_policy"] == "lpm" and search.best["tune_concurrency"] == 256
+    assert same_server(server.serving, search.best)
 
 
 @pytest.mark.parametrize("hours", [1, 2, 4, 8])
