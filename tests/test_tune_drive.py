@@ -355,6 +355,38 @@ def test_stopped_with_ctrl_c_the_next_run_goes_on_each_try_measured_once(tmp_pat
                                     if t.outcome.ok or t.outcome.start_s == 0])
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, Killed])
+def test_stopped_near_the_budgets_end_the_resumed_search_keeps_the_budget(tmp_path, stop):
+    """Stopped while a challenger ran (seed 2, 4 h: its 56th part, 15 minutes before the end),
+    the server is back on the best (Ctrl-C) or runs unknown flags (a kill): the resumed
+    search counts the restart its next part needs, and ends within what the record left of
+    the budget, its end's restart included."""
+    budget = 4 * 3600
+    drive, server = tune_sim.drive(seed_moe(), tmp_path, seed=2, budget_s=budget)
+    path = record.record_path(drive.tuned)
+    if stop is Killed:
+        killed_at(drive, server, 56)
+    else:
+        real, n = server.measure, {"parts": 0}
+
+        def stops(length: float, limit_s: float, level: int) -> dict:
+            n["parts"] += 1
+            if n["parts"] == 56:
+                raise KeyboardInterrupt
+            return real(length, limit_s, level)
+
+        with pytest.raises(KeyboardInterrupt):
+            drive.run(Server(server.apply, stops))
+    stopped = record.read(path)
+    spent = sum(t.outcome.cost_s for t in stopped.tries)
+    assert not tune_sim.same(server.serving, stopped.tries[-1].proposal.candidate) or \
+        stop is Killed  # the stop put the best back: the next part's flags need a restart
+    began = server.clock.now
+    search = drive.run(server.server())
+    assert spent + (server.clock.now - began) <= budget
+    assert tune_sim.same(server.serving, search.best)
+
+
 def test_a_try_that_moves_only_the_benchmarks_level_is_measured_without_a_restart(tmp_path):
     """The seed's model with the load searched too (``tune_concurrency``, the benchmark's
     side): the server restarted exactly for the tries whose flags differ from those it runs

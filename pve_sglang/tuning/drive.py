@@ -167,7 +167,8 @@ class Drive:
                         costs=Costs(self.start_s, self.bench_s))
         stopped, finished = "stopped before its end", False
         try:
-            search.run(Replayed(before.tries, measure) if resumed else measure)
+            search.run(Replayed(before.tries, measure, running["flags"]) if resumed
+                       else measure)
             stopped, finished = search.stopped, True
         finally:
             serving = self._finish(server, search, found, running["flags"])

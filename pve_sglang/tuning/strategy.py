@@ -505,6 +505,8 @@ class Search:
     # -- measuring
 
     def _measure(self, measure: Callable[[Proposal], Outcome], proposal: Proposal) -> Outcome:
+        if isinstance(measure, Replayed):  # a resumed search: the server as the stop left it
+            self.running = measure.running_before(proposal, self.running)
         restart = not same_server(self.running, proposal.candidate)
         expected = (self.costs.start_s if restart else 0.0) + proposal.length * self.costs.bench_s
         # A restart is kept in reserve: the search ends on the best, started again if the
@@ -840,18 +842,36 @@ class Search:
 class Replayed:
     """MEASURE that hands back RECORDED outcomes (a search's record, in order) while the search
     proposes the same tries, then measures with LIVE: a stopped or killed search, run again,
-    goes on where it stopped without a restart or a benchmark for what it had measured."""
+    goes on where it stopped without a restart or a benchmark for what it had measured.
+    SERVING: what the server runs when the record is spent (the best a stop left it on; None,
+    unknown, after a kill), not what the record's last try ran."""
 
     recorded: list[Try]
     live: Callable[[Proposal], Outcome]
+    serving: Candidate | None = None
     replayed: int = 0
+    went_live: bool = False
+
+    def _recorded(self, proposal: Proposal) -> Try | None:
+        """The recorded try PROPOSAL is, if the record holds it next."""
+        if self.went_live or self.replayed >= len(self.recorded):
+            return None
+        done = self.recorded[self.replayed]
+        same = (key(done.proposal.candidate), done.proposal.length) == (
+            key(proposal.candidate), proposal.length)
+        return done if same else None
+
+    def running_before(self, proposal: Proposal, running: Candidate | None
+                       ) -> Candidate | None:
+        """What the server runs before PROPOSAL: RUNNING (the search's own account, from the
+        outcomes) while the record hands them back; at the first part measured live,
+        ``serving``."""
+        return running if self.went_live or self._recorded(proposal) else self.serving
 
     def __call__(self, proposal: Proposal) -> Outcome:
-        if self.replayed < len(self.recorded):
-            done = self.recorded[self.replayed]
-            if (key(done.proposal.candidate), done.proposal.length) == (
-                    key(proposal.candidate), proposal.length):
-                self.replayed += 1
-                return done.outcome
-            self.recorded = self.recorded[:self.replayed]  # another path: measure from here
+        done = self._recorded(proposal)
+        if done is not None:
+            self.replayed += 1
+            return done.outcome
+        self.went_live = True  # the record spent, or another path: measured from here
         return self.live(proposal)
