@@ -488,6 +488,23 @@ def test_a_tight_budget_keeps_the_best_measured_at_the_length_it_reached(tmp_pat
     assert server.clock.now <= budget
 
 
+@pytest.mark.parametrize("name", ["seed_moe", "cliff_peak", "two_peaks"])
+@pytest.mark.parametrize("hours", [1, 2])
+def test_after_hours_of_tries_that_beat_the_start_a_better_best_is_kept(tmp_path, name, hours):
+    """1 or 2 h (3 or 7 whole tries) on the landscapes far from their best: never "nothing
+    kept"; the flags kept are truly better than the flags found, the server serves them, and
+    the record and the tuned file say how much of the benchmark measured them."""
+    landscape = Landscape.read(SEED_MOE.with_name(f"{name}.yaml"), noise_pct=4)
+    drive, server = tune_sim.drive(landscape, tmp_path, seed=0, budget_s=hours * 3600)
+    search = drive.run(server.server())
+    assert tune_sim.share(landscape, search.best) > 1.1 * tune_sim.share(landscape,
+                                                                         landscape.start)
+    assert tune_sim.same(server.serving, search.best)
+    ended = record.read(record.record_path(drive.tuned)).ended
+    assert ended["best"] == search.best and ended["weight"] == search.best_weight > 0
+    assert f"measured over {search.best_weight:g} of the benchmark" in drive.tuned.read_text()
+
+
 def test_a_server_that_hangs_in_the_last_benchmark_ends_serving_the_best(tmp_path):
     """A new best hangs in its own last part, the last before the budget ends (a budget that
     ends while a win is measured on; the part found by a first run of the same seed): it
