@@ -3,7 +3,8 @@
 random search, on the same simulated server and clock (``tests/tune_sim.py``), in the same
 space, from the same start, within the same budget, with the same seeds.
 
-Both follow the search's own rules of cost: a restart only when the flags change; the
+Both follow the search's own rules of cost: a restart only when the flags change (not for a
+move of the benchmark's side alone, ``space.same_server``); the
 benchmark in parts of ``strategy.CHUNK`` of its length on one start; no part begun that could
 not end within the budget. What each keeps is what it measured best (Optuna: its best trial
 among those that kept the constraints; random: the best mean of a whole run).
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pve_sglang.tuning.space import Candidate, grid, key
+from pve_sglang.tuning.space import Candidate, grid, same_server
 from pve_sglang.tuning.strategy import CHUNK
 
 #: Parts of one whole benchmark.
@@ -53,8 +54,8 @@ class Budgeted:
     def part(self, candidate: Candidate) -> float | None:
         """One part of CANDIDATE's benchmark: its objective, or None (it failed)."""
         costs = self.server.landscape.costs
-        restart = self.running is None or key(self.running) != key(candidate)
-        back = costs["start_s"] if self.kept is not None and key(self.kept) != key(candidate) \
+        restart = not same_server(self.running, candidate)
+        back = costs["start_s"] if self.kept is not None and not same_server(self.kept, candidate) \
             else 0.0
         if self.spent_s + (costs["start_s"] if restart else 0) + CHUNK * costs["bench_s"] \
                 + back > self.budget_s:
@@ -66,7 +67,9 @@ class Budgeted:
             if self.server.apply(candidate):
                 return None
             self.running = dict(candidate)
-        row = self.server.measure(CHUNK, 2 * CHUNK * costs["bench_s"] + 120)
+        level = candidate.get("tune_concurrency") or \
+            self.server.landscape.data["workload"]["concurrency"]
+        row = self.server.measure(CHUNK, 2 * CHUNK * costs["bench_s"] + 120, level)
         value = row.get("gen_throughput_mean")
         bound = self.server.landscape.data["workload"].get("max_p99_ttft_ms")
         if not isinstance(value, (int, float)):

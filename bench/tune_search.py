@@ -12,12 +12,14 @@ same space, from the same start:
 - ``random``: candidates drawn from the grid, each measured for a whole run.
 
 Each keeps what it measured best; its true objective (the landscape's, without noise) is set
-against the grid's true best. Written: ``bench/results/tune_search.json`` (every run) and the
-table of docs/benchmarks.md on stdout (per landscape, budget and search: the kept flags' share
+against the grid's true best. Written: ``bench/results/tune_search.json`` (every run;
+``tune_search_<landscapes>.json`` for other landscapes, ``..._from_<N>.json`` for other seeds) and
+the table of docs/benchmarks.md on stdout (per landscape, budget and search: the kept flags' share
 of the true best, median and worst; the seeds within 5%; the tries, restarts and hours, and how
 much of the whole benchmark the kept flags were measured for, median).
 
     .venv/bin/python bench/tune_search.py [--seeds 10] [--first-seed 0] [--hours 8,2] [--noise 4]
+        [--landscapes seed_moe,...]
 
 The hours are the landscapes' (simulated), not a GPU's; each search's own computing time is
 measured (wall, this machine).
@@ -161,10 +163,11 @@ def main() -> int:
                 print(f"{name} {search} {hours:g} h: {summary(runs)}", file=sys.stderr)
         out["landscapes"][name] = entry
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = ("tune_search.json" if args.first_seed == 0
-            else f"tune_search_from_{args.first_seed}.json")
-    (RESULTS / name).write_text(json.dumps(out, indent=1, default=str) + "\n")
-    if args.first_seed == 0:
+    default = args.landscapes == ",".join(SEED_CLASS)
+    name = "tune_search" + ("" if default else "_" + args.landscapes.replace(",", "_")) + (
+        "" if args.first_seed == 0 else f"_from_{args.first_seed}")
+    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
+    if args.first_seed == 0 and default:
         plot(Landscape.read(REPO / "tests" / "landscapes" / "seed_moe.yaml", noise_pct=args.noise),
              0, budgets[0] * 3600, RESULTS / "tune_search.png")
     print("| landscape (start's share) | budget | search | kept / true best: median, worst | "

@@ -11,6 +11,8 @@ The model, per candidate (the settings the search moves; null: SGLang's own, the
 
 - the KV cache holds ``kv.tokens_per_fraction * (mem_fraction_static - kv.weights_fraction)``
   tokens, less ``kv.graph_fraction_per_bs * cuda_graph_max_bs`` of the fraction with CUDA graphs;
+- the concurrency: the benchmark's (``tune_concurrency``, a coordinate of the benchmark's side
+  that a space may move: no restart), else the workload's;
 - running requests = min(concurrency, the cap: ``max_running_requests``, else SGLang's own
   ``sglang_defaults.cap``; the requests whose tokens fit in the KV cache);
 - output tok/s = ``peak_tok_s * rate * running / (running + half_running)`` (the GPUs saturate),
@@ -43,7 +45,7 @@ import yaml
 
 COORDINATES = ("max_running_requests", "mem_fraction_static", "disable_cuda_graph",
                "cuda_graph_max_bs", "moe_runner_backend", "chunked_prefill_size",
-               "schedule_policy")
+               "schedule_policy", "tune_concurrency")
 ENDS = ("oom", "start", "stall", "degenerate", "hang")
 BOUNDS = {"ge": lambda a, b: a >= b, "gt": lambda a, b: a > b, "le": lambda a, b: a <= b,
           "lt": lambda a, b: a < b}
@@ -136,7 +138,7 @@ class Landscape:
         """The true figures of CANDIDATE at CONCURRENCY (the workload's by default), as the
         benchmark's level row holds them (``bench.metric_columns``, ``gpu_power_pct``)."""
         work = self.data["workload"]
-        level = concurrency or work["concurrency"]
+        level = concurrency or candidate.get("tune_concurrency") or work["concurrency"]
         per_request = work["input_len"] + work["output_len"]
         kv = self.kv_tokens(candidate)
         cap = candidate.get("max_running_requests") or self.data["sglang_defaults"]["cap"]
@@ -174,11 +176,12 @@ class Landscape:
         ended = "constraint" if bound is not None and row["p99_ttft_ms"] > bound else "measured"
         return ended, row, costs["start_s"] + costs["bench_s"] * length
 
-    def noisy(self, candidate: dict[str, Any], length: float, rng: random.Random
-              ) -> dict[str, Any]:
-        """CANDIDATE's row measured over LENGTH of the benchmark: the throughput with the
+    def noisy(self, candidate: dict[str, Any], length: float, rng: random.Random,
+              concurrency: int | None = None) -> dict[str, Any]:
+        """CANDIDATE's row measured over LENGTH of the benchmark at CONCURRENCY (its own
+        ``tune_concurrency``, else the workload's, by default): the throughput with the
         landscape's noise, as the benchmark and the server's /metrics give it."""
-        row = self.figures(candidate)
+        row = self.figures(candidate, concurrency)
         sd = self.data.get("noise_pct", 1.0) / 100 / math.sqrt(length)
         row["output_token_throughput"] *= max(0.0, rng.gauss(1.0, sd))
         row["gen_throughput_mean"] = row["output_token_throughput"]

@@ -37,7 +37,8 @@ from pve_sglang.tuning.drive import (
     objective_source,
     within_bound,
 )
-from pve_sglang.tuning.strategy import Search
+from pve_sglang.tuning.space import same_server, server_flags
+from pve_sglang.tuning.strategy import START_ENDINGS, Search
 from pve_sglang.tuning.tuned_file import read_tuned
 from test_server_metrics import LOGS, STANDIN, _free_port
 from test_standin_landscape import served_flags
@@ -122,7 +123,8 @@ class StandinServer:
         return "".join(json.loads(e)["choices"][0]["delta"]["content"] for e in events
                        if json.loads(e).get("choices"))
 
-    def measure(self, length: float, limit_s: float) -> dict:
+    def measure(self, length: float, limit_s: float, level: int) -> dict:
+        """LEVEL clients, each a request at a time, for LENGTH of the whole benchmark."""
         end = time.monotonic() + WHOLE_S * length
         tokens = []
 
@@ -136,7 +138,7 @@ class StandinServer:
                 tokens.append(8)
 
         began = time.monotonic()
-        threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+        threads = [threading.Thread(target=client) for _ in range(level)]
         for thread in threads:
             thread.start()
         time.sleep(WHOLE_S * length / 2)
@@ -145,7 +147,7 @@ class StandinServer:
         for thread in threads:
             thread.join()
         elapsed = time.monotonic() - began
-        return {"concurrency": CLIENTS, "output_token_throughput": sum(tokens) / elapsed,
+        return {"concurrency": level, "output_token_throughput": sum(tokens) / elapsed,
                 "running_reqs_max": figures.get("running_reqs"),
                 "running_reqs_mean": figures.get("running_reqs"),
                 "queue_reqs_mean": figures.get("queue_reqs"),
@@ -178,11 +180,11 @@ def test_stopped_with_ctrl_c_the_server_serves_the_best_so_far_and_the_next_run_
     measured = server.measure
     calls = []
 
-    def stops_at_the_tenth(length: float, limit_s: float) -> dict:
+    def stops_at_the_tenth(length: float, limit_s: float, level: int) -> dict:
         calls.append(length)
         if len(calls) == 10:
             raise KeyboardInterrupt
-        return measured(length, limit_s)
+        return measured(length, limit_s, level)
 
     with pytest.raises(KeyboardInterrupt):
         drive.run(Server(server.apply, stops_at_the_tenth))
@@ -197,9 +199,9 @@ def test_stopped_with_ctrl_c_the_server_serves_the_best_so_far_and_the_next_run_
     applied = server.applied
     again = []
 
-    def counted(length: float, limit_s: float) -> dict:
+    def counted(length: float, limit_s: float, level: int) -> dict:
         again.append(length)
-        return measured(length, limit_s)
+        return measured(length, limit_s, level)
 
     search = drive.run(Server(server.apply, counted))
     done = record.read(path)
@@ -254,13 +256,13 @@ def killed_at(drive: Drive, server: tune_sim.SimServer, measures: int) -> tuple[
     real = server.measure
     seen = {"n": 0, "lines": [], "serving": None}
 
-    def measure(length: float, limit_s: float) -> dict:
+    def measure(length: float, limit_s: float, level: int) -> dict:
         seen["n"] += 1
         if seen["n"] == measures:
             seen["lines"] = path.read_text().splitlines()
             seen["serving"] = server.serving
             raise Killed
-        return real(length, limit_s)
+        return real(length, limit_s, level)
 
     with pytest.raises(Killed):
         drive.run(Server(server.apply, measure))
@@ -276,9 +278,9 @@ def counting(server: tune_sim.SimServer) -> tuple[Server, dict]:
         calls["apply"].append(dict(candidate))
         return server.apply(candidate)
 
-    def measure(length: float, limit_s: float) -> dict:
+    def measure(length: float, limit_s: float, level: int) -> dict:
         calls["measure"] += 1
-        return server.measure(length, limit_s)
+        return server.measure(length, limit_s, level)
 
     return Server(apply, measure), calls
 
@@ -334,11 +336,11 @@ def test_stopped_with_ctrl_c_the_next_run_goes_on_each_try_measured_once(tmp_pat
     real = server.measure
     n = {"measures": 0}
 
-    def stops(length: float, limit_s: float) -> dict:
+    def stops(length: float, limit_s: float, level: int) -> dict:
         n["measures"] += 1
         if n["measures"] == 25:
             raise KeyboardInterrupt
-        return real(length, limit_s)
+        return real(length, limit_s, level)
 
     with pytest.raises(KeyboardInterrupt):
         drive.run(Server(server.apply, stops))
@@ -351,6 +353,116 @@ def test_stopped_with_ctrl_c_the_next_run_goes_on_each_try_measured_once(tmp_pat
     assert done.finished and len(done.tries) == len(search.tries)
     assert calls["measure"] == len([t for t in done.tries[len(stopped.tries):]
                                     if t.outcome.ok or t.outcome.start_s == 0])
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, Killed])
+def test_stopped_near_the_budgets_end_the_resumed_search_keeps_the_budget(tmp_path, stop):
+    """Stopped while a challenger ran (seed 2, 4 h: its 56th part, 15 minutes before the end),
+    the server is back on the best (Ctrl-C) or runs unknown flags (a kill): the resumed
+    search counts the restart its next part needs, and ends within what the record left of
+    the budget, its end's restart included."""
+    budget = 4 * 3600
+    drive, server = tune_sim.drive(seed_moe(), tmp_path, seed=2, budget_s=budget)
+    path = record.record_path(drive.tuned)
+    if stop is Killed:
+        killed_at(drive, server, 56)
+    else:
+        real, n = server.measure, {"parts": 0}
+
+        def stops(length: float, limit_s: float, level: int) -> dict:
+            n["parts"] += 1
+            if n["parts"] == 56:
+                raise KeyboardInterrupt
+            return real(length, limit_s, level)
+
+        with pytest.raises(KeyboardInterrupt):
+            drive.run(Server(server.apply, stops))
+    stopped = record.read(path)
+    spent = sum(t.outcome.cost_s for t in stopped.tries)
+    assert not tune_sim.same(server.serving, stopped.tries[-1].proposal.candidate) or \
+        stop is Killed  # the stop put the best back: the next part's flags need a restart
+    began = server.clock.now
+    search = drive.run(server.server())
+    assert spent + (server.clock.now - began) <= budget
+    assert tune_sim.same(server.serving, search.best)
+
+
+def test_a_try_that_moves_only_the_benchmarks_level_is_measured_without_a_restart(tmp_path):
+    """The seed's model with the load searched too (``tune_concurrency``, the benchmark's
+    side): the server restarted exactly for the tries whose flags differ from those it runs
+    (or after a failure, when those are unknown), never for a try that moves only the level;
+    each part measured at its own level on the flags started; one start measures several
+    levels."""
+    landscape = Landscape.read(SEED_MOE.with_name("seed_concurrency.yaml"), noise_pct=4)
+    drive, server = tune_sim.drive(landscape, tmp_path, seed=0)
+    applied: list[dict] = []
+    levels: list[tuple[int, dict]] = []
+
+    def apply(candidate: dict) -> str:
+        applied.append(dict(candidate))
+        return server.apply(candidate)
+
+    def measure(length: float, limit_s: float, level: int) -> dict:
+        levels.append((level, server_flags(server.serving or {})))
+        return server.measure(length, limit_s, level)
+
+    search = drive.run(Server(apply, measure))
+    tries = record.read(record.record_path(drive.tuned)).tries
+    running: dict | None = dict(landscape.start)
+    restarted, level_only = [], 0
+    for t in tries:
+        candidate = t.proposal.candidate
+        if not same_server(running, candidate):
+            restarted.append(candidate)
+        elif candidate["tune_concurrency"] != running["tune_concurrency"]:
+            level_only += 1  # the same flags, another level
+        # What the server runs after a failed start or part is unknown.
+        running = candidate if t.outcome.ended in ("measured", "constraint") else None
+    assert applied[:len(restarted)] == restarted  # a restart for each flag change, no other
+    assert len(applied) <= len(restarted) + 1     # ... but the end's, back to the best
+    benchmarked = [t.proposal.candidate for t in tries if t.outcome.ended not in START_ENDINGS]
+    assert levels == [(c["tune_concurrency"], server_flags(c)) for c in benchmarked]
+    assert level_only >= 3  # levels measured beside the first on one start, no restart
+    assert same_server(server.serving, search.best)
+    assert f"at concurrency {search.best['tune_concurrency']}," in drive.tuned.read_text()
+
+
+LEVELS = """\
+space:
+  tune_concurrency: [128, 256, 512]
+  schedule_policy: [fcfs, lpm]
+start: {tune_concurrency: 256, schedule_policy: fcfs, mem_fraction_static: 0.85}
+workload: {concurrency: 256, input_len: 1024, output_len: 256, prefill_ms: 300,
+           max_p99_ttft_ms: 450}
+sglang_defaults: {cap: 4096}
+peak_tok_s: 2000
+half_running: 120
+kv: {weights_fraction: 0.55, tokens_per_fraction: 1280000}  # 300 requests: 512 queue
+costs: {start_s: 420, bench_s: 600}
+effects:
+  schedule_policy: {lpm: {rate: 1.1}}
+"""
+
+
+def test_a_part_outside_the_bound_leaves_the_server_serving_the_next_level_no_restart(
+        tmp_path):
+    """At 512 the queue breaks the p99 bound (a constraint): the server still serves those
+    flags, so 128 is measured on the same start; the first restart is the flag's change."""
+    path = tmp_path / "levels.yaml"
+    path.write_text(LEVELS)
+    landscape = Landscape.read(path, noise_pct=4)
+    drive, server = tune_sim.drive(landscape, tmp_path, seed=0, budget_s=4 * 3600)
+    again, calls = counting(server)
+    search = drive.run(again)
+    tries = record.read(record.record_path(drive.tuned)).tries
+    first = next(i for i, t in enumerate(tries) if t.outcome.start_s > 0)
+    assert [(t.proposal.candidate["tune_concurrency"], t.outcome.ended)
+            for t in tries[:first] if t.proposal.why != "the server as found"] == \
+        [(512, "constraint"), (128, "measured")]  # each one part: clearly worse
+    assert calls["apply"][0] == tries[first].proposal.candidate
+    assert calls["apply"][0]["schedule_policy"] == "lpm"
+    assert search.best["schedule_policy"] == "lpm" and search.best["tune_concurrency"] == 256
+    assert same_server(server.serving, search.best)
 
 
 @pytest.mark.parametrize("hours", [1, 2, 4, 8])
@@ -376,6 +488,23 @@ def test_a_tight_budget_keeps_the_best_measured_at_the_length_it_reached(tmp_pat
     assert server.clock.now <= budget
 
 
+@pytest.mark.parametrize("name", ["seed_moe", "cliff_peak", "two_peaks"])
+@pytest.mark.parametrize("hours", [1, 2])
+def test_after_hours_of_tries_that_beat_the_start_a_better_best_is_kept(tmp_path, name, hours):
+    """1 or 2 h (3 or 7 whole tries) on the landscapes far from their best: never "nothing
+    kept"; the flags kept are truly better than the flags found, the server serves them, and
+    the record and the tuned file say how much of the benchmark measured them."""
+    landscape = Landscape.read(SEED_MOE.with_name(f"{name}.yaml"), noise_pct=4)
+    drive, server = tune_sim.drive(landscape, tmp_path, seed=0, budget_s=hours * 3600)
+    search = drive.run(server.server())
+    assert tune_sim.share(landscape, search.best) > 1.1 * tune_sim.share(landscape,
+                                                                         landscape.start)
+    assert tune_sim.same(server.serving, search.best)
+    ended = record.read(record.record_path(drive.tuned)).ended
+    assert ended["best"] == search.best and ended["weight"] == search.best_weight > 0
+    assert f"measured over {search.best_weight:g} of the benchmark" in drive.tuned.read_text()
+
+
 def test_a_server_that_hangs_in_the_last_benchmark_ends_serving_the_best(tmp_path):
     """A new best hangs in its own last part, the last before the budget ends (a budget that
     ends while a win is measured on; the part found by a first run of the same seed): it
@@ -387,9 +516,9 @@ def test_a_server_that_hangs_in_the_last_benchmark_ends_serving_the_best(tmp_pat
     parts: list[dict | None] = []
     real = server.measure
 
-    def watched(length: float, limit_s: float) -> dict:
+    def watched(length: float, limit_s: float, level: int) -> dict:
         parts.append(server.serving)
-        return real(length, limit_s)
+        return real(length, limit_s, level)
 
     first = drive.run(Server(server.apply, watched))
     assert tune_sim.same(parts[-1], first.best) and first.best != landscape.start
@@ -397,11 +526,11 @@ def test_a_server_that_hangs_in_the_last_benchmark_ends_serving_the_best(tmp_pat
     real = server.measure
     calls = {"n": 0}
 
-    def hangs_last(length: float, limit_s: float) -> dict:
+    def hangs_last(length: float, limit_s: float, level: int) -> dict:
         calls["n"] += 1
         if calls["n"] == len(parts):
             server.hung = True  # it answered its start; now it hangs under the load
-        return real(length, limit_s)
+        return real(length, limit_s, level)
 
     search = drive.run(Server(server.apply, hangs_last))
     done = record.read(record.record_path(drive.tuned))

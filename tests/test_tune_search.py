@@ -26,7 +26,8 @@ import tune_sim
 from landscape import Landscape, LandscapeError
 from pve_sglang.tuning import record
 from pve_sglang.tuning import space as tuning_space
-from pve_sglang.tuning.space import SpaceError, default_space, grid, key, user_space, valid
+from pve_sglang.tuning.space import (SpaceError, default_space, grid, key, same_server,
+                                     server_flags, user_space, valid)
 from pve_sglang.tuning.strategy import (
     CHUNK,
     MIN_GAIN,
@@ -42,9 +43,11 @@ from pve_sglang.tuning.strategy import (
     Search,
     Z_CLEAR,
     additive,
+    adjacent,
     clearly_above,
     coordinate_order,
     more_memory,
+    neighbours,
     no_op,
     noise_of,
     relief,
@@ -110,6 +113,41 @@ def test_grid_leaves_out_what_means_nothing():
     assert len(grid(space)) == 4  # graphs off once, graphs on with each size
 
 
+@pytest.mark.parametrize("given, match", [
+    ({"tune_concurrency": [0]}, "tune_concurrency value 0"),      # below its rule's 1
+    ({"tune_concurrency": ["many"]}, "tune_concurrency value 'many'"),
+])
+def test_the_benchmarks_concurrency_is_a_coordinate_checked_by_its_settings_rule(given, match):
+    assert user_space({"tune_concurrency": [1, 256]}, "0.5.23") == {"tune_concurrency": (1, 256)}
+    with pytest.raises(SpaceError, match=match):
+        user_space(given, "0.5.23")
+
+
+@pytest.mark.parametrize("a, b, same", [
+    ({"tune_concurrency": 64, "schedule_policy": "lpm"},
+     {"tune_concurrency": 512, "schedule_policy": "lpm"}, True),     # the level alone
+    ({"tune_concurrency": 64, "schedule_policy": "lpm"},
+     {"tune_concurrency": 64, "schedule_policy": None}, False),      # a flag
+    ({"schedule_policy": "lpm"}, {"schedule_policy": "lpm"}, True),
+    (None, {"schedule_policy": "lpm"}, False),                       # unknown: a restart
+])
+def test_the_same_server_whatever_the_benchmarks_side(a, b, same):
+    assert same_server(a, b) is same
+    if a is not None:
+        assert "tune_concurrency" not in server_flags(a)
+
+
+@pytest.mark.parametrize("current, near, next_to", [
+    (256, [512, 128, 64], [512, 128]),
+    (64, [128, 256, 512], [128]),          # the lower edge
+    (512, [256, 128, 64], [256]),          # the upper edge
+    (None, [64, 128, 256, 512], []),       # the objective's own level: not one of them
+])
+def test_the_levels_of_the_benchmarks_side_nearest_first(current, near, next_to):
+    assert neighbours((64, 128, 256, 512), current) == near
+    assert adjacent((64, 128, 256, 512), current) == next_to
+
+
 def test_coordinates_of_the_space_are_those_of_the_settings():
     from pve_sglang.config.settings import ContainerSettings
 
@@ -126,6 +164,7 @@ def row(level, running, queue, usage, power, most=None):
 
 
 SPACE = default_space("0.5.23", moe=True)
+LEVEL = "tune_concurrency"
 
 
 @pytest.mark.parametrize("figures, first", [
@@ -166,6 +205,13 @@ MEM = "mem_fraction_static"
     (MEM, 0.8, {MEM: 0.85}, row(256, 256, 0, 0.5, 80), False),       # less memory may count
     (CAP, None, {CAP: 64}, {"concurrency": 256}, False),             # no figures: it may count
     ("cuda_graph_max_bs", 512, {"cuda_graph_max_bs": 160}, row(256, 256, 0, 0.5, 80), False),
+    # The benchmark's level, when requests waited (64 run, a queue): a higher level only
+    # queues more; a lower one down to the running requests only queues less.
+    (LEVEL, 512, {LEVEL: 256}, row(256, 64, 192, 0.2, 80), True),
+    (LEVEL, 64, {LEVEL: 256}, row(256, 64, 192, 0.2, 80), True),      # the running requests
+    (LEVEL, 63, {LEVEL: 256}, row(256, 64, 192, 0.2, 80), False),     # fewer run
+    (LEVEL, 512, {LEVEL: 256}, row(256, 64, 0.99, 0.2, 80), False),   # none waited: more may run
+    (LEVEL, 512, {LEVEL: 256}, row(256, 64, 0.5, 0.2, 80, most=1.0), True),  # one waited
 ])
 def test_what_the_figures_say_cannot_change_anything_is_not_tried(
         coordinate, value, best, figures, changes_nothing):
@@ -180,6 +226,16 @@ def test_what_the_figures_say_cannot_change_anything_is_not_tried(
 ])
 def test_the_order_of_a_coordinates_values(coordinate, values, current, figures, order):
     assert value_order(coordinate, values, current, figures, 60) == order
+
+
+def test_a_level_of_the_benchmarks_side_comes_before_the_moves_the_figures_point_at():
+    """Capped at 64 with a queue (the figures point at the cap): the level below the running
+    requests, measured on the running server, comes first; the levels at or above them
+    change nothing and are left out; then the cap (a restart)."""
+    space = {CAP: (64, None), LEVEL: (32, 128, 256, 512)}
+    search = Search(space, {CAP: 64, LEVEL: 256}, 1e6)
+    search.best, search.best_row = dict(search.start), row(256, 64, 192, 0.2, 80)
+    assert [(c[CAP], c[LEVEL]) for c, _ in search.moves()] == [(64, 32), (None, 256)]
 
 
 @pytest.mark.parametrize("sum_squares, df, noise", [
@@ -291,7 +347,7 @@ class Scripted:
     def __init__(self, values: dict[str, list[float]]):
         self.values = values
         self.seen: dict[str, int] = {}
-        self.running = key(START)  # the server as found runs
+        self.running = key(server_flags(START))  # the server as found runs
         self.proposals: list[Proposal] = []
 
     def __call__(self, proposal: Proposal) -> Outcome:
@@ -300,8 +356,8 @@ class Scripted:
         n = self.seen.get(k, 0)
         self.seen[k] = n + 1
         parts = self.values.get(k, [50.0])
-        start = 0.0 if k == self.running else 420.0
-        self.running = k
+        start = 0.0 if key(server_flags(proposal.candidate)) == self.running else 420.0
+        self.running = key(server_flags(proposal.candidate))
         return Outcome("measured", parts[min(n, len(parts) - 1)], {"concurrency": 4},
                        start + 150.0, start)
 
@@ -348,6 +404,35 @@ def test_a_move_far_below_the_best_drops_at_its_first_part_and_the_search_stops(
                      ({**START, POLICY: "lpm"}, [60.0])])
     assert run.best == START and run.stopped.startswith("no move left")
     assert [t.proposal.length for t in run.tries[6:]] == [CHUNK, CHUNK]  # one part each
+
+
+def test_the_benchmarks_levels_are_measured_on_the_running_server_before_a_flag_changes():
+    """From the flags found, the other levels first (no restart); a flag's move that does not
+    win is measured at the levels next to its own on its one start, before the next flag."""
+    space = {CHUNKED: (None, 4096), POLICY: (None, "lpm"), LEVEL: (128, 256, 512)}
+    found = {**START, LEVEL: 256}
+    chunk = {**found, CHUNKED: 4096}
+    values = {key(found): STEADY, key({**found, LEVEL: 512}): [101.0, 99.0, 100.0],
+              key({**found, LEVEL: 128}): [100.0, 101.0, 99.0], key(chunk): [100.5, 99.5]}
+    script = Scripted(values)
+    script.running = key(server_flags(found))
+    run = Search(space, found, 1e6, costs=Costs(420, 600)).run(script)
+    tried = [(t.proposal.candidate, t.outcome.start_s) for t in run.tries]
+    # The levels of the flags found: on the server as found, before any restart.
+    before = tried[:next(i for i, (_, start_s) in enumerate(tried) if start_s > 0)]
+    assert {c[LEVEL] for c, _ in before} == {128, 256, 512}
+    # The chunk's move, started once, measured at the levels next to its own on that start.
+    first = next(i for i, (c, _) in enumerate(tried) if c[CHUNKED] == 4096)
+    on_its_start = []
+    for c, start_s in tried[first:]:
+        if on_its_start and start_s > 0:
+            break
+        on_its_start.append(c)
+    assert {c[LEVEL] for c in on_its_start} == {128, 256, 512}
+    assert all(same_server(c, chunk) for c in on_its_start)
+    moves = [c for t in run.tries if "close to the best" not in t.proposal.why
+             for c in [t.proposal.candidate] if t.outcome.start_s > 0]
+    assert sum(same_server(c, chunk) for c in moves) == 1  # one start for its three levels
 
 
 @pytest.mark.parametrize("first, kept", [(104.0, False), (125.0, True)])
@@ -402,7 +487,7 @@ def test_no_part_starts_that_could_not_end_within_the_budget():
 
 def test_the_landscapes():
     assert [p.stem for p in LANDSCAPES] == sorted(
-        [*SEED_CLASS, "dense_kv_bound", "graph_cap_coupled"])
+        [*SEED_CLASS, "dense_kv_bound", "graph_cap_coupled", "seed_concurrency"])
     for name in SEED_CLASS:
         landscape = Landscape.read(Path(__file__).parent / "landscapes" / f"{name}.yaml")
         assert landscape.costs == tune_sim.SEED_COSTS, name

@@ -11,7 +11,8 @@ from pve_sglang.config.settings import ContainerSettings, SettingsError
 from pve_sglang.hosts_file import build_groups
 from pve_sglang.project import load_defaults
 from pve_sglang.server.command import server_argv
-from pve_sglang.tuning.plan import is_moe, plan_lines, space_for, start_seconds
+from pve_sglang.tuning.plan import (BENCH_2H, BENCH_8H, budget_lines, is_moe, plan_lines,
+                                   space_for, start_seconds)
 from pve_sglang.tuning.space import grid
 from pve_sglang.tuning.tuned_file import (
     TunedFileError,
@@ -189,6 +190,19 @@ def test_the_plan_lists_space_budget_objective_and_first_tries(tmp_path, monkeyp
     assert "at most 113 restarts" in measured
     grid_size = len(grid(space_for(settings, None, pinned)))
     assert f"space ({grid_size} candidates in the grid)" in text
+
+
+@pytest.mark.parametrize("budget_s, start_s, expected", [
+    (7 * 1020 - 1, None, "less than 2 h at the seed's costs"),    # 420 s a start, 600 a whole
+    (7 * 1020, None, f"like 2 h at the seed's costs (7 whole tries): {BENCH_2H}"),
+    (28 * 1020 - 1, None, "like 2 h at the seed's costs"),
+    (28 * 1020, None, f"like 8 h at the seed's costs (28 whole tries): {BENCH_8H}"),
+    (7 * 700, 100.0, "like 2 h at the seed's costs"),             # a short start buys more
+    (7 * 700 - 1, 100.0, "less than 2 h"),
+])
+def test_the_plan_says_what_the_budget_buys_at_the_containers_start_time(
+        budget_s, start_s, expected):
+    assert budget_lines(budget_s, start_s)[-1].startswith(f"    expected: {expected}")
 
 
 def test_the_plan_of_a_user_space_and_a_dense_model(tmp_path, monkeypatch):

@@ -5,7 +5,9 @@ bench/tune_search.py (where the peers run on the same server and clock).
 
 The server holds state as a real one does: it runs the flags it was last started with, or none
 after a failed start; a candidate that hangs (``ends: hang``) starts and answers, then hangs
-in the benchmark until its time limit, and serves nothing until the next restart.
+in the benchmark until its time limit, and serves nothing until the next restart. A part
+is measured at the level the drive asks (``tune_concurrency``, the benchmark's side) on the
+flags the server runs; ``starts`` counts its restarts.
 """
 
 from __future__ import annotations
@@ -65,8 +67,7 @@ class SimServer:
         self.serving = dict(candidate)
         return ""
 
-    def measure(self, length: float, limit_s: float) -> dict[str, Any]:
-        level = self.landscape.data["workload"]["concurrency"]
+    def measure(self, length: float, limit_s: float, level: int) -> dict[str, Any]:
         bench_s = self.landscape.costs["bench_s"] * length
         if self.serving is None or self.hung:
             self.clock.now += 10  # the benchmark's first request fails at once
@@ -76,7 +77,7 @@ class SimServer:
             self.clock.now += limit_s
             return {"concurrency": level}
         self.clock.now += bench_s
-        return self.landscape.noisy(self.serving, length, self.rng)
+        return self.landscape.noisy(self.serving, length, self.rng, level)
 
     def server(self) -> Server:
         return Server(self.apply, self.measure)

@@ -12,9 +12,10 @@ group, tuned as one: pyinfra's ``host`` switched to each in turn):
   the generation check (``verify.generation_answers``), and how it ended is the drive's
   ``ending_of`` words;
 - ``measure`` runs the verify phase's benchmark in the first node at the objective's
-  concurrency, a share of its prompts, under the record wrapper, the GPU sampler and the server
-  metrics sampler (``verify.benchmark_row``), within a time limit (``timeout``: a hung server
-  ends the part): the row the strategy reads its signals from.
+  concurrency (or a try's ``tune_concurrency``: no restart for it), a share of its prompts,
+  under the record wrapper, the GPU sampler and the server metrics sampler
+  (``verify.benchmark_row``), within a time limit (``timeout``: a hung server ends the part):
+  the row the strategy reads its signals from.
 
 Before any restart, ``refused_flags`` checks the flags of every value of the space against the
 container's installed release (``SglangServerFlags``, read from its own ``server_args.py``).
@@ -157,26 +158,27 @@ class Deployed:
                 "chmod", "644", QuoteString(path), "&&", "systemctl", "daemon-reload"))[0]):
             raise OperationError(f"{host.name}: make tune: could not write {path}")
 
-    def measure(self, length: float, limit_s: float) -> dict[str, Any]:
-        """The benchmark at the objective's concurrency against the first node, LENGTH of its
-        prompts, ended (its process group killed, coreutils' ``timeout``) after LIMIT_S: its
-        row; without an objective where it failed or ran past the limit (a hung server)."""
+    def measure(self, length: float, limit_s: float, level: int) -> dict[str, Any]:
+        """The benchmark at concurrency LEVEL (the objective's, or a try's ``tune_concurrency``)
+        against the first node, LENGTH of its prompts, ended (its process group killed,
+        coreutils' ``timeout``) after LIMIT_S: its row; without an objective where it failed or
+        ran past the limit (a hung server)."""
         node = self.first
         cs = node.settings
         python = venv_python(cs)
         [argv] = bench_runs(cs, python, client_address(cs.server_host), cs.sglang_version,
-                            self.sampler, self.recorder, self.scraper, levels=[self.level],
+                            self.sampler, self.recorder, self.scraper, levels=[level],
                             share=length).values()
         limited = ["timeout", "--kill-after=30", f"{max(1, int(limit_s))}", *argv]
         with ctx_host.use(node.host):
             try:
-                return verify.benchmark_row(self.level, limited, env_file_path(cs))
+                return verify.benchmark_row(level, limited, env_file_path(cs))
             except OperationError as failure:
                 words = str(failure).splitlines()[0]
                 if "status 124" in words or "status 137" in words:
                     words = f"the benchmark ran past its limit of {limit_s:.0f} s (hung?)"
                 logger.warning(f"{host.name}: make tune: {words}")
-                return {"concurrency": self.level}  # no objective: the part failed
+                return {"concurrency": level}  # no objective: the part failed
 
 
 def installed_flags(settings: ContainerSettings, lister: str) -> set[str]:

@@ -12,7 +12,8 @@ a simulated clock (``tests/tune_sim.py``).
 The rules of "never down or worse":
 
 - a restart only when the flags change: parts of the benchmark on the same flags follow each
-  other on one start;
+  other on one start, and so do tries that move only the benchmark's side (``space.CLIENT_SIDE``:
+  the concurrency measured at), each measured at its own level;
 - the objective is the server's own steady-state generation throughput over the benchmark's
   measured window (``gen_throughput_mean`` of its /metrics), where the row has it from at
   least ``MIN_SCRAPES`` reads, else the benchmark's output tok/s; one source for a whole search;
@@ -36,7 +37,7 @@ from typing import Any
 
 from pve_sglang.server.startup_log import degenerate, diagnose
 from pve_sglang.tuning import record
-from pve_sglang.tuning.space import Candidate, changed, key
+from pve_sglang.tuning.space import Candidate, changed, key, same_server, server_flags
 from pve_sglang.tuning.strategy import (
     Costs,
     Outcome,
@@ -109,9 +110,9 @@ class Server:
 
     #: Put CANDIDATE's flags on the server (one restart); "" when it serves, else how it ended.
     apply: Callable[[Candidate], str]
-    #: The benchmark for LENGTH of its whole, ended after LIMIT_S seconds: the target level's
-    #: row (no objective in it: it failed or ran past its limit).
-    measure: Callable[[float, float], dict[str, Any]]
+    #: The benchmark for LENGTH of its whole at concurrency LEVEL, ended after LIMIT_S seconds:
+    #: that level's row (no objective in it: it failed or ran past its limit).
+    measure: Callable[[float, float, int], dict[str, Any]]
 
 
 @dataclass
@@ -151,7 +152,7 @@ class Drive:
         def measure(proposal: Proposal) -> Outcome:
             began = self.clock()
             start_s = 0.0
-            if running["flags"] is None or key(running["flags"]) != key(proposal.candidate):
+            if not same_server(running["flags"], proposal.candidate):
                 running["flags"] = None
                 ended = server.apply(proposal.candidate)
                 start_s = self.clock() - began
@@ -159,8 +160,10 @@ class Drive:
                     outcome = Outcome(ended, cost_s=start_s, start_s=start_s)
                     record.add(path, Try(proposal, outcome))
                     return outcome
-            flags, running["flags"] = dict(proposal.candidate), None  # unknown until it ends
-            row = server.measure(proposal.length, self._limit(search, proposal, began))
+            # What it runs is unknown until the part ends.
+            flags, running["flags"] = server_flags(proposal.candidate), None
+            row = server.measure(proposal.length, self._limit(search, proposal, began),
+                                 self.level_of(proposal.candidate))
             outcome = self._outcome(row, source)
             outcome.cost_s, outcome.start_s = self.clock() - began, start_s
             if outcome.ended in ("measured", "constraint"):
@@ -172,7 +175,8 @@ class Drive:
                         costs=Costs(self.start_s, self.bench_s))
         stopped, finished = "stopped before its end", False
         try:
-            search.run(Replayed(before.tries, measure) if resumed else measure)
+            search.run(Replayed(before.tries, measure, running["flags"]) if resumed
+                       else measure)
             stopped, finished = search.stopped, True
         finally:
             serving = self._finish(server, search, found, running["flags"])
@@ -180,7 +184,7 @@ class Drive:
             notes = [f"make tune: {stopped}",
                      f"best: {_text(changed(found, best)) or 'the flags found'} "
                      f"({search.best_score or 0:,.1f} output tok/s at concurrency "
-                     f"{self.objective_level}, measured over {search.best_weight:g} of the "
+                     f"{self.level_of(best)}, measured over {search.best_weight:g} of the "
                      f"benchmark), {len(search.tries)} tries",
                      f"record: {path.name}; the container's own entry wins over these lines"]
             write_tuned(self.tuned, render_tuned(best, notes))
@@ -191,6 +195,11 @@ class Drive:
                              "the flags found started at the end; the server serves nothing; "
                              f"the record is in {path}")
         return search
+
+    def level_of(self, candidate: Candidate) -> int:
+        """The concurrency CANDIDATE is measured at: its ``tune_concurrency`` where the space
+        moves it, else the objective's level."""
+        return candidate.get("tune_concurrency") or self.objective_level
 
     def _limit(self, search: Search, proposal: Proposal, began: float) -> float:
         """How long PROPOSAL's part may run before it counts as hung: ``LIMIT_FACTOR`` times
@@ -207,7 +216,7 @@ class Drive:
         after a part that measured): the flags it serves, checked by their start; None when
         neither started."""
         best = search.best or found
-        if running is not None and key(running) == key(best):
+        if same_server(running, best):
             return best
         for flags in (best, found):
             if not server.apply(flags):

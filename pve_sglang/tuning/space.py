@@ -10,6 +10,12 @@ space, and the release's own parser checks every candidate before any restart (`
 The default space is the one the seed's days of hand tuning moved (880 -> 3,740 tok/s): the
 running-request cap, CUDA graphs and their largest batch, ``mem_fraction_static``, the chunked
 prefill size, the MoE runner backend (only where the model is MoE) and the schedule policy.
+A coordinate of the benchmark's side (``CLIENT_SIDE``: ``tune_concurrency``, the level the
+benchmark measures at) changes no flag: a try that moves only it is measured on the server as
+it runs, no restart (``server_flags``). It is never in the default space: a user's
+``tune_space`` lists it (``{tune_concurrency: [64, 128, 256]}``) to search the load too, with
+``tune_max_p99_ttft_ms`` as its bound.
+
 Values are listed from the most conservative (SGLang's own default first where it has one) so
 that, for an ordered coordinate, a value that fails (out of memory) rules out those after it.
 """
@@ -34,6 +40,9 @@ Candidate = dict[str, Any]
 COORDINATES = ("max_running_requests", "mem_fraction_static", "disable_cuda_graph",
                "cuda_graph_max_bs", "moe_runner_backend", "chunked_prefill_size",
                "schedule_policy")
+#: Coordinates of the benchmark's side: settings the server's command line does not hold (the
+#: concurrency measured at; null: the objective's own level, ``plan.objective_concurrency``).
+CLIENT_SIDE = ("tune_concurrency",)
 #: Coordinates whose values are ordered: a value that runs out of memory rules out the larger.
 ORDERED = ("mem_fraction_static", "cuda_graph_max_bs", "chunked_prefill_size")
 #: The default values, conservative first (None: SGLang's own).
@@ -63,9 +72,9 @@ def _field_adapter(name: str) -> TypeAdapter:
 
 def check_value(name: str, value: Any) -> Any:
     """VALUE as setting NAME's own rule takes it; SpaceError naming both otherwise."""
-    if name not in COORDINATES:
+    if name not in COORDINATES and name not in CLIENT_SIDE:
         raise SpaceError(f"tune_space: {name!r} is not a coordinate; allowed: "
-                         f"{', '.join(COORDINATES)}")
+                         f"{', '.join((*COORDINATES, *CLIENT_SIDE))}")
     try:
         return _field_adapter(name).validate_python(value)
     except ValidationError as error:
@@ -132,6 +141,17 @@ def grid_size(space: Mapping[str, tuple[Any, ...]]) -> int:
 def key(candidate: Mapping[str, Any]) -> str:
     """One stable text of CANDIDATE (the history's and the replay's key)."""
     return ", ".join(f"{name}={candidate[name]!r}" for name in sorted(candidate))
+
+
+def server_flags(candidate: Mapping[str, Any]) -> Candidate:
+    """CANDIDATE less its coordinates of the benchmark's side: what a restart puts on the
+    server. Two candidates with the same are measured on one start."""
+    return {name: value for name, value in candidate.items() if name not in CLIENT_SIDE}
+
+
+def same_server(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
+    """Whether A and B run the same server (the same flags, whatever the benchmark's side)."""
+    return a is not None and b is not None and key(server_flags(a)) == key(server_flags(b))
 
 
 def changed(base: Mapping[str, Any], candidate: Mapping[str, Any]) -> dict[str, Any]:

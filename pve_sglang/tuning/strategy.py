@@ -32,7 +32,13 @@ close ones apart:
 6. **The best and the flags found in alternation**: at the end, unless the best is clearly
    above them (``clearly_above``), the two are measured in turn, a restart each (``_duel``);
    the flags found come back unless the best beats them.
-7. **Stop** when no move is left, or when the next part could not end within the budget with a
+7. **What one start can measure, it measures.** Where the space moves the benchmark's side
+   (``space.CLIENT_SIDE``: the concurrency), its moves come first from each best (the running
+   server, no restart), nearest level first; a challenger that did not take the best's place
+   is measured at the levels next to its own while it runs (``_other_levels``), where the
+   measures so far say a level could make up the difference; flags whose start failed are not
+   started again at another level.
+8. **Stop** when no move is left, or when the next part could not end within the budget with a
    restart in reserve (a win cut before its repeat is kept at its length only when clearly
    above the best it replaced).
 
@@ -52,7 +58,8 @@ from typing import Any
 
 from pve_sglang.project import load_defaults
 from pve_sglang.server import bench_hints
-from pve_sglang.tuning.space import COORDINATES, ORDERED, Candidate, key, valid
+from pve_sglang.tuning.space import (CLIENT_SIDE, COORDINATES, ORDERED, Candidate, key,
+                                     same_server, server_flags, valid)
 
 #: The share of the whole benchmark measured at a time.
 CHUNK = 0.25
@@ -88,8 +95,11 @@ RELIEF_STEPS = 3
 #: A move measured this many times the noise below the best is not tried again in a later
 #: pass (from another best): what lost that much loses again.
 CLEARLY_WORSE = 3.0
-#: Coordinates that do not change what the GPUs' memory holds (the queue's order).
-MEMORY_NEUTRAL = ("schedule_policy",)
+#: Coordinates that do not change what the GPUs' memory holds (the queue's order, the
+#: benchmark's side).
+MEMORY_NEUTRAL = ("schedule_policy", *CLIENT_SIDE)
+#: How a start ends when it fails: the flags' own, whatever the benchmark's side measures.
+START_ENDINGS = ("start", "oom", "stall", "degenerate")
 #: How much an additive effect is shrunk toward none (in whole runs' weight).
 RIDGE = 0.1
 #: Coordinates that free memory for a larger ``mem_fraction_static`` (SGLang's tuning guide).
@@ -155,10 +165,13 @@ def signals(row: Mapping[str, Any], low_power_pct: float) -> list[str]:
 
 def coordinate_order(space: Mapping[str, tuple], row: Mapping[str, Any],
                      low_power_pct: float) -> list[str]:
-    """The space's coordinates, those the figures point at first, then ``PRIOR_ORDER``."""
+    """The space's coordinates: those of the benchmark's side first (a move of theirs is
+    measured on the running server, no restart), then those the figures point at, then
+    ``PRIOR_ORDER``."""
+    client = [c for c in CLIENT_SIDE if c in space]
     first = [c for s in signals(row, low_power_pct) for c in SIGNAL_ORDER[s] if c in space]
     rest = [c for c in (*PRIOR_ORDER, *COORDINATES) if c in space]
-    return list(dict.fromkeys([*first, *rest]))
+    return list(dict.fromkeys([*client, *first, *rest]))
 
 
 def _number(row: Mapping[str, Any], *names: str) -> float | None:
@@ -175,13 +188,19 @@ def no_op(coordinate: str, value: Any, best: Candidate, row: Mapping[str, Any]) 
     running requests below ``FULL_SHARE`` of it, or no request ever waiting), one that would
     not either (none, the concurrency or more, or at least the running requests over
     ``FULL_SHARE``). More KV memory: when no request ever waited (the cache held every request
-    sent). A request waited when the most queued over the level (else the mean) is 1 or more:
-    the mean of a short run may sit below 1 while requests did wait."""
+    sent). Another level of the benchmark's side (``CLIENT_SIDE``), when requests waited: a
+    higher one only adds to the queue, a lower one that is at least the running requests
+    only takes from it (the same throughput). A request waited when the most queued over the
+    level (else the mean) is 1 or more: the mean of a short run may sit below 1 while
+    requests did wait."""
     running = _number(row, "running_reqs_max")
     queue = _number(row, "queue_reqs_max", "queue_reqs_mean")
     level = _number(row, "concurrency")
     if running is None or queue is None:
         return False
+    if coordinate in CLIENT_SIDE:
+        return queue >= 1 and value is not None and (
+            value >= running or (level is not None and value > level))
     if coordinate == "max_running_requests":
         cap = best.get(coordinate)
         if cap is not None and running >= FULL_SHARE * cap and queue >= 1:
@@ -235,9 +254,12 @@ def value_order(coordinate: str, values: tuple, current: Any, row: Mapping[str, 
                 low_power_pct: float) -> list:
     """COORDINATE's VALUES other than CURRENT, in the order to try them: a cap that binds
     (``capped``) from none (SGLang's own: the largest step, one restart) down; more KV memory
-    first when the cache is full (``kv_bound``), nearest first; otherwise the space's order
+    first when the cache is full (``kv_bound``), nearest first; a coordinate of the
+    benchmark's side nearest first, the higher first; otherwise the space's order
     (conservative first)."""
     others = [v for v in values if v != current]
+    if coordinate in CLIENT_SIDE:
+        return neighbours(values, current)
     met = signals(row, low_power_pct)
     if coordinate == "max_running_requests" and "capped" in met:
         return sorted(others, key=lambda v: (v is not None, -(v or 0)))
@@ -246,6 +268,26 @@ def value_order(coordinate: str, values: tuple, current: Any, row: Mapping[str, 
         down = sorted((v for v in others if v < current), reverse=True)
         return [*up, *down]
     return others
+
+
+def neighbours(values: tuple, current: Any) -> list:
+    """VALUES other than CURRENT, the nearest in their order first, the higher of two as near
+    first; CURRENT not in VALUES: from the start of them."""
+    order = list(values)
+    here = order.index(current) if current in order else -1
+    near = sorted((i for i in range(len(order)) if i != here),
+                  key=lambda i: (abs(i - here), -i))
+    return [order[i] for i in near]
+
+
+def adjacent(values: tuple, current: Any) -> list:
+    """The values next to CURRENT in VALUES' order, the higher first (none where CURRENT is
+    not one of them)."""
+    order = list(values)
+    if current not in order:
+        return []
+    here = order.index(current)
+    return [order[i] for i in (here + 1, here - 1) if 0 <= i < len(order)]
 
 
 def noise_of(sum_squares: float, df: int) -> float:
@@ -400,6 +442,9 @@ class Search:
     _candidates: dict[str, Candidate] = field(default_factory=dict)
     #: Per candidate taken as the best: how many of its parts were measured before.
     _taken: dict[str, int] = field(default_factory=dict)
+    #: Flags whose start failed (``START_ENDINGS``), by the key of their server flags: not
+    #: started again at another level of the benchmark's side.
+    _start_failed: dict[str, str] = field(default_factory=dict)
     #: Each move's last log ratio to the best it was tried from.
     _history: dict[tuple[str, Any], float] = field(default_factory=dict)
 
@@ -467,7 +512,9 @@ class Search:
     # -- measuring
 
     def _measure(self, measure: Callable[[Proposal], Outcome], proposal: Proposal) -> Outcome:
-        restart = self.running is None or key(self.running) != key(proposal.candidate)
+        if isinstance(measure, Replayed):  # a resumed search: the server as the stop left it
+            self.running = measure.running_before(proposal, self.running)
+        restart = not same_server(self.running, proposal.candidate)
         expected = (self.costs.start_s if restart else 0.0) + proposal.length * self.costs.bench_s
         # A restart is kept in reserve: the search ends on the best, started again if the
         # part did not end well (a hang), within the budget.
@@ -484,8 +531,12 @@ class Search:
             self._parts.setdefault(k, []).append((proposal.length, math.log(outcome.objective)))
             self._rows[k] = outcome.row
         else:
-            self.running = None  # a failed start, or a benchmark that hung: unknown
+            # A part outside a bound leaves the server serving; a failed start, or a benchmark
+            # that hung, leaves what it runs unknown.
+            self.running = dict(proposal.candidate) if outcome.ended == "constraint" else None
             self._failed[k] = outcome.ended
+            if outcome.ended in START_ENDINGS and outcome.start_s > 0:
+                self._start_failed[key(server_flags(proposal.candidate))] = outcome.ended
         return outcome
 
     def run(self, measure: Callable[[Proposal], Outcome]) -> Search:
@@ -538,6 +589,8 @@ class Search:
         until = MAX_WEIGHT if until is None else until
         if k in self._failed:
             return self._failed[k]
+        if key(server_flags(candidate)) in self._start_failed:
+            return self._start_failed[key(server_flags(candidate))]
         if k in self._verdicts and until <= MAX_WEIGHT:
             return self._verdicts[k][0]
         if self._runs_out(candidate):
@@ -664,11 +717,14 @@ class Search:
                     why += " ran out of memory: again with " + ", ".join(
                         f"{n}={v!r}" for n, v in candidate.items()
                         if self.best.get(n) != v and n != coordinate)
-                if key(candidate) in self._verdicts or key(candidate) in self._failed:
+                if key(candidate) in self._verdicts or key(candidate) in self._failed or \
+                        key(server_flags(candidate)) in self._start_failed:
                     continue
                 moved = [(n, v) for n, v in candidate.items() if self.best.get(n) != v]
                 if any(item not in effects for item in moved):
-                    tier = 0 if coordinate in pointed else 1
+                    # The benchmark's side first: measured on the running server.
+                    tier = -1 if coordinate in CLIENT_SIDE else 0 if coordinate in pointed \
+                        else 1
                     why += ": " + (", ".join(signals(self.best_row, self.low_power_pct))
                                    if tier == 0 else "not tried yet")
                     fresh.append((tier, candidate, why))
@@ -706,13 +762,44 @@ class Search:
         assert self.best is not None
         ended = self._challenge(measure, candidate, why)
         moved = [(n, v) for n, v in candidate.items() if self.best.get(n) != v]
-        if ended not in ("better", "worse", "undecided", "oom") and len(moved) == 1:
+        if ended not in ("better", "worse", "undecided", "oom") and len(moved) == 1 and \
+                moved[0][0] not in CLIENT_SIDE:
             self._lost.add(moved[0])  # its failure is its own
+        if ended in ("worse", "undecided") and same_server(self.running, candidate):
+            self._other_levels(measure, candidate)
+
+    def _other_levels(self, measure: Callable[[Proposal], Outcome], candidate: Candidate
+                      ) -> None:
+        """CANDIDATE, a challenger that did not take the best's place, measured at the levels
+        of the benchmark's side next to its own (``adjacent``) while it runs (no restart),
+        each challenged as a move: where the measures so far say the level could make up the
+        difference (``additive``: its effect against the level measured, plus ``Z_WORSE``
+        standard errors, above ``MIN_GAIN``), or, where no level's effect is known yet, when
+        the challenger came within the noise. One start measures what it can."""
+        effects, _ = self._effects()
+        for coordinate in (c for c in CLIENT_SIDE if c in self.space):
+            here = candidate[coordinate]
+            for value in adjacent(self.space[coordinate], here):
+                other = {**candidate, coordinate: value}
+                if self.best is None or key(other) in self._verdicts or \
+                        key(other) in self._failed or not same_server(self.running, other):
+                    continue
+                seen, diff = self.compare(candidate)
+                known = (coordinate, value) in effects and (coordinate, here) in effects
+                if known:
+                    gain = diff + effects[(coordinate, value)] - effects[(coordinate, here)]
+                    if gain + Z_WORSE * self._se(other) <= math.log1p(MIN_GAIN):
+                        continue
+                elif seen == "worse":
+                    continue
+                self._challenge(measure, other, f"{coordinate}={value!r} on the same start as "
+                                f"{coordinate}={here!r}")
 
     def _resolve(self, measure: Callable[[Proposal], Outcome]) -> None:
-        """The challengers still undecided against the best, the one that could beat it most
-        first (its score plus ``Z_WORSE`` standard errors), each measured on (one more start)
-        until a verdict or ``RESOLVE_WEIGHT``, until one is better or none is left."""
+        """The challengers still undecided against the best, those on the running server
+        first (no restart: another level of the benchmark's side), then the one that could
+        beat it most (its score plus ``Z_WORSE`` standard errors), each measured on (one more
+        start) until a verdict or ``RESOLVE_WEIGHT``, until one is better or none is left."""
         while True:
             close = []
             for k in self._verdicts:
@@ -724,7 +811,8 @@ class Search:
                     close.append((diff + Z_WORSE * self._se(candidate), k, candidate))
             if not close:
                 return
-            _, _, candidate = max(close, key=lambda c: c[:2])
+            _, _, candidate = max(close, key=lambda c: (same_server(self.running, c[2]),
+                                                        *c[:2]))
             if self._challenge(measure, candidate, "close to the best: measured on",
                                RESOLVE_WEIGHT) == "better":
                 return
@@ -761,18 +849,36 @@ class Search:
 class Replayed:
     """MEASURE that hands back RECORDED outcomes (a search's record, in order) while the search
     proposes the same tries, then measures with LIVE: a stopped or killed search, run again,
-    goes on where it stopped without a restart or a benchmark for what it had measured."""
+    goes on where it stopped without a restart or a benchmark for what it had measured.
+    SERVING: what the server runs when the record is spent (the best a stop left it on; None,
+    unknown, after a kill), not what the record's last try ran."""
 
     recorded: list[Try]
     live: Callable[[Proposal], Outcome]
+    serving: Candidate | None = None
     replayed: int = 0
+    went_live: bool = False
+
+    def _recorded(self, proposal: Proposal) -> Try | None:
+        """The recorded try PROPOSAL is, if the record holds it next."""
+        if self.went_live or self.replayed >= len(self.recorded):
+            return None
+        done = self.recorded[self.replayed]
+        same = (key(done.proposal.candidate), done.proposal.length) == (
+            key(proposal.candidate), proposal.length)
+        return done if same else None
+
+    def running_before(self, proposal: Proposal, running: Candidate | None
+                       ) -> Candidate | None:
+        """What the server runs before PROPOSAL: RUNNING (the search's own account, from the
+        outcomes) while the record hands them back; at the first part measured live,
+        ``serving``."""
+        return running if self.went_live or self._recorded(proposal) else self.serving
 
     def __call__(self, proposal: Proposal) -> Outcome:
-        if self.replayed < len(self.recorded):
-            done = self.recorded[self.replayed]
-            if (key(done.proposal.candidate), done.proposal.length) == (
-                    key(proposal.candidate), proposal.length):
-                self.replayed += 1
-                return done.outcome
-            self.recorded = self.recorded[:self.replayed]  # another path: measure from here
+        done = self._recorded(proposal)
+        if done is not None:
+            self.replayed += 1
+            return done.outcome
+        self.went_live = True  # the record spent, or another path: measured from here
         return self.live(proposal)
