@@ -1,0 +1,1 @@
+"""Monitoring: Prometheus's scrape targets from the inventory, its configuration and rules."""

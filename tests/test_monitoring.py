@@ -1,0 +1,230 @@
+"""The monitoring's pure parts: scrape targets chosen from the inventory, Prometheus's
+configuration (keys only as files), and the shipped alert rules run by Debian's own
+``promtool test rules`` (tests/promtool.py finds it), each alert at its edges: the value that
+fires it and the one just beside it that does not."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+import yaml
+
+from pve_sglang.config.monitoring import validate_monitoring
+from pve_sglang.config.settings import SettingsError
+from pve_sglang.monitoring import render, targets
+from pve_sglang.monitoring.targets import Target
+from pve_sglang.project import load_defaults
+from promtool import promtool
+
+MS = validate_monitoring("test", {"monitoring_alert_for_s": 60}, load_defaults())
+
+
+# --- targets ----------------------------------------------------------------------------------
+
+SERVER = {"enable_metrics": True, "server_host": "0.0.0.0", "server_port": 30000,
+          "hostname": "sglang-c1", "api_key": None, "nodes": None}
+
+
+@pytest.mark.parametrize("bound, address", [("0.0.0.0", "sglang-c1:30000"),
+                                            ("::", "sglang-c1:30000"),
+                                            ("10.0.3.7", "10.0.3.7:30000"),
+                                            ("fd00::7", "[fd00::7]:30000")])
+def test_a_server_is_scraped_where_the_monitoring_container_reaches_it(bound, address):
+    target = targets.server_target("w", "@lxc/c1", "@local", {**SERVER, "server_host": bound})
+    assert target == Target("sglang", "@lxc/c1", address, "@local", False)
+
+
+@pytest.mark.parametrize("bound", ["127.0.0.1", "127.1.2.3", "::1"])
+def test_a_server_on_loopback_is_refused_naming_the_field(bound):
+    with pytest.raises(SettingsError, match=rf"host h, container c1: field 'server_host' = "
+                                            rf"'{re.escape(bound)}' is reachable from its own"):
+        targets.server_target("host h, container c1", "@lxc/c1", "h",
+                              {**SERVER, "server_host": bound})
+
+
+def test_a_server_without_metrics_is_refused_and_a_later_node_is_no_target():
+    with pytest.raises(SettingsError, match="field 'enable_metrics' = False"):
+        targets.server_target("w", "@lxc/c1", "h", {**SERVER, "enable_metrics": False})
+    nodes = ("@lxc/c0", "@lxc/c1")
+    assert targets.server_target("w", "@lxc/c1", "h", {**SERVER, "nodes": nodes}) is None
+    assert targets.server_target("w", "@lxc/c0", "h", {**SERVER, "nodes": nodes}) is not None
+
+
+def test_a_keyed_server_has_a_job_of_its_own_with_its_key_file_never_the_key():
+    found = [Target("sglang", "@lxc/a", "sglang-a:30000", "h"),
+             Target("sglang", "@lxc/b", "sglang-b:30000", "h", has_key=True),
+             Target("smg", "@lxc/gw", "sglang-gw:29000", "h"),
+             Target("node", "h", "h:9100", "h")]
+    config = yaml.safe_load(render.render_config(MS, found))
+    jobs = {c["job_name"]: c for c in config["scrape_configs"]}
+    assert list(jobs) == ["sglang", "smg", "node", "sglang-key-1"]
+    keyed = jobs["sglang-key-1"]
+    assert keyed["authorization"] == {"type": "Bearer",
+                                      "credentials_file": render.key_path(MS, "@lxc/b")}
+    assert keyed["relabel_configs"] == [{"target_label": "job", "replacement": "sglang"}]
+    assert keyed["static_configs"] == [{"targets": ["sglang-b:30000"],
+                                        "labels": {"container": "@lxc/b", "pve_host": "h"}}]
+    assert "authorization" not in jobs["sglang"]
+    assert config["rule_files"] == ["/etc/prometheus/pve-sglang/rules/*.yml"]
+
+
+def test_key_files_the_deploy_removes_are_only_its_own_names():
+    name = render.key_path(MS, "@pct/pve1/105").rsplit("/", 1)[1]
+    assert render.is_key_name(name)
+    for other in ("server-0123456789abcde.key", "server-0123456789abcdef0.key",
+                  "server-0123456789abcdeg.key", "user.key", "server-0123456789abcdef.key~"):
+        assert not render.is_key_name(other), other
+
+
+@pytest.mark.parametrize("field, value, allowed", [
+    ("monitoring_throughput_share", 1, "less than 1"),
+    ("monitoring_throughput_share", 0, "greater than 0"),
+    ("prometheus_host", "localhost", "not an IP address"),
+    ("monitoring_dir", "etc/prom", "absolute"),
+    ("monitoring_low_power_pct", 101, "less than or equal to 100"),
+])
+def test_bad_monitoring_settings_are_refused_naming_field_and_value(field, value, allowed):
+    with pytest.raises(SettingsError) as error:
+        validate_monitoring("host h, monitoring", {field: value}, load_defaults())
+    assert field in str(error.value) and "host h, monitoring" in str(error.value)
+    assert allowed in str(error.value)
+
+
+def test_best_output_of_the_last_run():
+    runs = [{"rows": [{"output_token_throughput": 5000.0}]},
+            {"rows": [{"output_token_throughput": 880.0}, {"output_token_throughput": 3740.0},
+                      {"output_token_throughput": None}]}]
+    assert render.best_output_tok_s(runs) == 3740.0
+    assert render.best_output_tok_s([]) is None
+    assert render.best_output_tok_s([{"rows": [{"output_token_throughput": 0}]}]) is None
+
+
+# --- the rules, run by promtool ---------------------------------------------------------------
+
+def running(container, values, host="h1"):
+    return f'sglang:num_running_reqs{{job="sglang",container="{container}",pve_host="{host}"}}', values
+
+
+def queued(container, values, host="h1"):
+    return f'sglang:num_queue_reqs{{job="sglang",container="{container}",pve_host="{host}"}}', values
+
+
+def metric(name, container, values, host="h1", job="sglang", **labels):
+    extra = "".join(f',{k}="{v}"' for k, v in labels.items())
+    return f'{name}{{job="{job}",container="{container}",pve_host="{host}"{extra}}}', values
+
+
+#: alert -> (input series, eval time, the labels of the alerts expected to fire).
+CASES = {
+    # Down from 30 s: pending at 75 s (45 s), firing at 90 s (60 s = monitoring_alert_for_s).
+    "PveSglangServerDown": (
+        [metric("up", "a", "1 1 0x10"), metric("up", "b", "1x12")],
+        [("75s", []), ("90s", [{"container": "a"}])]),
+    # Three restarts (six changes of up) in 30 minutes fire; five changes do not.
+    "PveSglangServerRestarting": (
+        [metric("up", "a", "1 0 1 0 1 0 1 1"), metric("up", "b", "1 0 1 0 1 0 0 0")],
+        [("2m", [{"container": "a"}])]),
+    # At the cap of 64 with a queue; one under it; at it without a queue.
+    "PveSglangQueueAtCap": (
+        [running("a", "64x10"), queued("a", "1x10"), running("b", "63x10"), queued("b", "5x10"),
+         running("c", "64x10"), queued("c", "0x10")],
+        [("2m", [{"container": "a"}])]),
+    # Token usage at 0.95 with a queue; 0.94 with one; 0.99 without.
+    "PveSglangKvCacheFull": (
+        [metric("sglang:token_usage", "a", "0.95x10"), queued("a", "1x10"),
+         metric("sglang:token_usage", "b", "0.94x10"), queued("b", "3x10"),
+         metric("sglang:token_usage", "c", "0.99x10"), queued("c", "0x10")],
+        [("2m", [{"container": "a"}])]),
+    # GPUs at 359 of 600 W (under 60 %) with a queue; at 360 W (60 %); low without a queue.
+    "PveSglangGpuUnderPower": (
+        [metric("pve_sglang_gpu_power_watts", "h1", "359x10", "h1", "node", gpu="0"),
+         metric("pve_sglang_gpu_power_limit_watts", "h1", "600x10", "h1", "node", gpu="0"),
+         metric("pve_sglang_gpu_power_watts", "h2", "360x10", "h2", "node", gpu="0"),
+         metric("pve_sglang_gpu_power_limit_watts", "h2", "600x10", "h2", "node", gpu="0"),
+         metric("pve_sglang_gpu_power_watts", "h3", "100x10", "h3", "node", gpu="0"),
+         metric("pve_sglang_gpu_power_limit_watts", "h3", "600x10", "h3", "node", gpu="0"),
+         queued("c1", "2x10", "h1"), queued("c2", "2x10", "h2"), queued("c3", "0x10", "h3")],
+        [("2m", [{"pve_host": "h1"}])]),
+    "PveSglangGatewayWorkerUnhealthy": (
+        [metric("smg_worker_health", "gw", "1 0x10", "h1", "smg", worker="http://a:30000"),
+         metric("smg_worker_health", "gw", "1x10", "h1", "smg", worker="http://b:30000")],
+        [("2m", [{"container": "gw", "worker": "http://a:30000", "job": "smg",
+                  "pve_host": "h1"}])]),
+    # Benchmark 1000 tok/s, share 0.7: 699 with a queue fires, 700 does not, 100 without a queue.
+    "PveSglangThroughputBelowBenchmark": (
+        [metric("sglang:gen_throughput", "a", "699x10"), queued("a", "1x10"),
+         metric("sglang:gen_throughput", "b", "700x10"), queued("b", "1x10"),
+         metric("sglang:gen_throughput", "c", "100x10"), queued("c", "0x10")],
+        [("2m", [{"container": "a"}])]),
+}
+#: The labels each alert keeps from its expression, beside the given ones.
+KEPT = {"PveSglangServerDown": {"job": "sglang", "pve_host": "h1"},
+        "PveSglangServerRestarting": {"job": "sglang", "pve_host": "h1"},
+        "PveSglangGpuUnderPower": {}, "PveSglangGatewayWorkerUnhealthy": {}}
+
+
+def expected(rule: dict, labels: dict) -> dict:
+    """An alert as promtool reports it: its labels and its annotations with them filled in."""
+    labels = {**rule.get("labels", {}), **labels}
+    notes = {k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m.group(1), ""), v)
+             for k, v in rule["annotations"].items()}
+    return {"exp_labels": labels, "exp_annotations": notes}
+
+
+@pytest.fixture(scope="module")
+def tool():
+    path, why = promtool()
+    if path is None:
+        pytest.skip(why)
+    return path
+
+
+@pytest.fixture(scope="module")
+def rule_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rules")
+    (folder / render.RULES_NAME).write_text(render.render_rules(MS))
+    names = {c: 1000.0 for c in "abc"}
+    (folder / render.INVENTORY_RULES_NAME).write_text(
+        render.render_inventory_rules(MS, names, {c: 64 for c in "abc"}))
+    return folder
+
+
+def test_the_shipped_rules_cover_every_alert_the_issue_names():
+    rules = yaml.safe_load(render.RULES_SOURCE.read_text())
+    alerts = [r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert sorted(alerts) == sorted(CASES)
+
+
+def test_promtool_checks_the_rendered_rules_and_config(tool, rule_files, tmp_path):
+    done = subprocess.run([tool, "check", "rules", *sorted(map(str, rule_files.glob("*.yml")))],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = tmp_path / "prometheus.yml"
+    config.write_text(render.render_config(MS, [Target("sglang", "@lxc/a", "a:30000", "h"),
+                                                Target("node", "h", "h:9100", "h")]).replace(
+        "/etc/prometheus/pve-sglang/rules", str(rule_files)))
+    done = subprocess.run([tool, "check", "config", str(config)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("alert", sorted(CASES))
+def test_each_alert_fires_at_its_edge_and_not_beside_it(tool, rule_files, alert, tmp_path):
+    series, evals = CASES[alert]
+    rules = yaml.safe_load(render.render_rules(MS))
+    rule = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == alert)
+    kept = KEPT.get(alert, {"pve_host": "h1"})
+    test = {"rule_files": [str(rule_files / render.RULES_NAME),
+                           str(rule_files / render.INVENTORY_RULES_NAME)],
+            "evaluation_interval": "15s",
+            "tests": [{"interval": "15s",
+                       "input_series": [{"series": s, "values": v} for s, v in series],
+                       "alert_rule_test": [
+                           {"eval_time": at, "alertname": alert,
+                            "exp_alerts": [expected(rule, {**kept, **labels}) for labels in fire]}
+                           for at, fire in evals]}]}
+    path = tmp_path / "test.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    done = subprocess.run([tool, "test", "rules", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
