@@ -5,12 +5,16 @@ fires it and the one just beside it that does not."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
+from pve_sglang import remote
 from pve_sglang.config.monitoring import validate_monitoring
 from pve_sglang.config.settings import SettingsError
 from pve_sglang.monitoring import render, targets
@@ -18,6 +22,7 @@ from pve_sglang.monitoring.targets import Target
 from pve_sglang.project import load_defaults
 from promtool import promtool
 
+REPO = Path(__file__).resolve().parents[1]
 MS = validate_monitoring("test", {"monitoring_alert_for_s": 60}, load_defaults())
 
 
@@ -228,3 +233,40 @@ def test_each_alert_fires_at_its_edge_and_not_beside_it(tool, rule_files, alert,
     path.write_text(yaml.safe_dump(test, sort_keys=False))
     done = subprocess.run([tool, "test", "rules", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --- the GPU textfile (recorded H200 nvidia-smi output) ---------------------------------------
+
+RECORDED_CSV = REPO / "tests/fixtures/h200/gpu_sampler/heavy_raw.csv"
+
+
+def run_textfile(tmp_path, stand_in: str) -> str:
+    """gpu_textfile.py --once as the deploy leaves it (beside the sampler), with STAND_IN as
+    nvidia-smi; the textfile it wrote."""
+    script = remote.stage(remote.GPU_TEXTFILE, tmp_path / "tools")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\n{stand_in}\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    out = tmp_path / "textfile"
+    out.mkdir()
+    subprocess.run([sys.executable, str(script), "--dir", str(out), "--once"], check=True,
+                   env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert [p.name for p in out.iterdir()] == ["pve_sglang_gpu.prom"]
+    return (out / "pve_sglang_gpu.prom").read_text()
+
+
+def test_the_gpu_textfile_from_recorded_h200_output_passes_promtool(tmp_path, tool):
+    line = RECORDED_CSV.read_text().splitlines()[-1]
+    text = run_textfile(tmp_path, f"echo '{line}'")
+    power, limit = (float(v) for v in line.split(",")[1:3])
+    assert f'pve_sglang_gpu_power_watts{{gpu="0"}} {power:g}\n' in text
+    assert f'pve_sglang_gpu_power_limit_watts{{gpu="0"}} {limit:g}\n' in text
+    assert "pve_sglang_gpu_up 1\n" in text
+    done = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_gpu_textfile_says_when_nvidia_smi_fails(tmp_path):
+    text = run_textfile(tmp_path, "echo 'NVIDIA-SMI has failed' >&2; exit 9")
+    assert "pve_sglang_gpu_up 0\n" in text and "power_watts" not in text

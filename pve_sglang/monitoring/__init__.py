@@ -1,1 +1,3 @@
-"""Monitoring: Prometheus's scrape targets from the inventory, its configuration and rules."""
+"""Monitoring: what Prometheus scrapes, chosen from the inventory (``targets``), and its
+configuration, rules and key files rendered (``render``); the shipped rules in
+``pve-sglang.rules.yml``."""
