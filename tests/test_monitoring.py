@@ -270,3 +270,63 @@ def test_the_gpu_textfile_from_recorded_h200_output_passes_promtool(tmp_path, to
 def test_the_gpu_textfile_says_when_nvidia_smi_fails(tmp_path):
     text = run_textfile(tmp_path, "echo 'NVIDIA-SMI has failed' >&2; exit 9")
     assert "pve_sglang_gpu_up 0\n" in text and "power_watts" not in text
+
+
+# --- the hosts file's monitoring: entry --------------------------------------------------------
+
+DEFAULTS = load_defaults()
+
+
+def hosts(monitoring: dict | None, gateway_host: str = "0.0.0.0", gateway: bool = True,
+          **host) -> dict:
+    return {"h": {"platform": "lxc", "server_host": "0.0.0.0", "stack_install": "sglang-no-deps",
+                  **host,
+                  "containers": [{"name": "w1", "max_running_requests": 64},
+                                 {"name": "w2", "api_key": "sk-w2-secret"}],
+                  "gateways": [{"name": "gw", "gateway_host": gateway_host}] if gateway else [],
+                  **({"monitoring": monitoring} if monitoring is not None else {})}}
+
+
+def test_a_hosts_monitoring_scrapes_every_server_and_gateway_of_the_inventory():
+    from pve_sglang.hosts_file import build_monitored_inventory
+
+    pve_hosts, _, _, [(name, data)] = build_monitored_inventory(
+        hosts({"name": "prom", "prometheus_host": "0.0.0.0"}), DEFAULTS)
+    assert name == "@lxc/h/prom" and data["lxc_name"] == "prom" and data["pve_host"] == "h"
+    assert pve_hosts[0][1]["monitoring"] == ["@lxc/h/prom"]
+    assert data["monitoring_targets"] == [
+        Target("sglang", "@lxc/h/w1", "sglang-w1:30000", "h").as_data(),
+        Target("sglang", "@lxc/h/w2", "sglang-w2:30000", "h", has_key=True).as_data(),
+        Target("smg", "@lxc/h/gw", "sglang-gw:29000", "h").as_data()]
+    assert data["monitoring_caps"] == {"@lxc/h/w1": 64}
+    # Its container: the monitoring's size unless its entry says otherwise, no serving settings.
+    assert (data["cores"], data["memory_mib"]) == (2, 2048) and "model_path" not in data
+    assert "sk-w2-secret" not in repr(data)
+
+
+def test_without_monitoring_a_server_on_loopback_is_fine():
+    from pve_sglang.hosts_file import build_monitored_inventory
+
+    data = hosts(None, server_host="127.0.0.1", gateway=False)
+    assert build_monitored_inventory(data, DEFAULTS)[3] == []
+
+
+@pytest.mark.parametrize("monitoring, host, words", [
+    ({"name": "prom", "prometheus_prot": 1}, {}, ["monitoring prom", "unknown field "
+                                                  "'prometheus_prot'", "prometheus_port"]),
+    ({"name": "prom", "model_path": "/m"}, {}, ["unknown field 'model_path'"]),
+    ({"name": "prom", "cores": 0}, {}, ["container prom", "field 'cores' = 0"]),
+    ({"name": "prom", "monitoring_dir": "relative"}, {}, ["monitoring_dir", "'relative'"]),
+    ({"name": "prom"}, {"server_host": "127.0.0.1", "gateway": False},
+     ["container @lxc/h/w1", "field 'server_host' = '127.0.0.1'", "monitoring container"]),
+    ({"name": "prom"}, {"gateway_host": "127.0.0.1"}, ["gateway @lxc/h/gw", "gateway_host"]),
+    ({"name": "w1"}, {}, ["a container of its own"]),
+])
+def test_bad_monitoring_entries_are_named(monitoring, host, words):
+    from pve_sglang.hosts_file import build_monitored_inventory
+
+    with pytest.raises(SettingsError) as raised:
+        build_monitored_inventory(hosts(monitoring, **host), DEFAULTS)
+    for word in words:
+        assert word in str(raised.value), str(raised.value)
+    assert "sk-w2-secret" not in str(raised.value)
