@@ -18,6 +18,7 @@ import yaml
 from pve_sglang.config.monitoring import MonitoringSettings
 from pve_sglang.monitoring.targets import Target
 from pve_sglang.server.addresses import host_port
+from pve_sglang.server.unit_text import env_quote, systemd_quote
 
 #: Debian's configuration file of its prometheus package.
 CONFIG_PATH = "/etc/prometheus/prometheus.yml"
@@ -90,8 +91,22 @@ def render_config(ms: MonitoringSettings, targets: list[Target]) -> str:
 
 def render_defaults(ms: MonitoringSettings) -> str:
     """``/etc/default/prometheus``: where it listens (Debian's unit reads ``ARGS`` there)."""
+    address = host_port(ms.prometheus_host, ms.prometheus_port)
     return ("# Written by pve-sglang's deploy.\n"
-            f'ARGS="--web.listen-address={host_port(ms.prometheus_host, ms.prometheus_port)}"\n')
+            f"ARGS={env_quote(f'--web.listen-address={address}')}\n")
+
+
+def render_node_defaults(ms: MonitoringSettings) -> str:
+    """``/etc/default/prometheus-node-exporter`` on a GPU host: its port and textfile folder
+    (Debian's unit reads ``ARGS`` there)."""
+    flags = (f"--web.listen-address=:{ms.node_exporter_port} "
+             f"--collector.textfile.directory={ms.node_textfile_dir}")
+    return f"# Written by pve-sglang's deploy (its monitoring).\nARGS={env_quote(flags)}\n"
+
+
+def systemd_arg(value: str) -> str:
+    """VALUE as one argument of a unit's ExecStart (nothing in it expanded)."""
+    return systemd_quote(value)
 
 
 def render_rules(ms: MonitoringSettings) -> str:
