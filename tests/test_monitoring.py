@@ -330,3 +330,80 @@ def test_bad_monitoring_entries_are_named(monitoring, host, words):
     for word in words:
         assert word in str(raised.value), str(raised.value)
     assert "sk-w2-secret" not in str(raised.value)
+
+
+# --- the phases on the recorded H200 Proxmox host (tests/fixtures) ------------------------------
+
+
+def test_the_host_phase_creates_the_monitoring_container_without_gpus_recorded_h200_pve():
+    """The recorded H200 Proxmox host: the monitoring container (vmid 130) is created and
+    started with no GPU, sized as its entry says, beside the serving container with its GPUs."""
+    from harness import plan_deploy
+    from pve_sglang.facts.pve import PctConfig, PctPending, PctStatus
+    from tasks.host import host_phase
+    from test_host_phase_recorded import container_answers, gpu_host_responses
+
+    missing = (REPO / "tests/fixtures/public/pve_pct_missing_ct_pve-nas-issue6.txt").read_text()
+    responses = {**gpu_host_responses(), **container_answers(None, None),
+                 PctConfig().command(130): missing, PctStatus().command(130): missing,
+                 PctPending().command(130): missing}
+    responses = dict(sorted(responses.items(), key=lambda item: -len(str(item[0]))))
+    ct = {**DEFAULTS, "pct_vmid": 105, "pve_host": "@fake/pve1", "platform": "pve",
+          "hostname": "glm5", "cores": 64, "memory_mib": 524288}
+    mon = {**DEFAULTS, "pct_vmid": 130, "pve_host": "@fake/pve1", "platform": "pve",
+           "hostname": "prom", "cores": 2, "memory_mib": 2048}
+    ops = plan_deploy(
+        host_phase,
+        hosts=[("pve1", {**DEFAULTS, "containers": ["@fake/ct105"], "monitoring": ["@fake/mon130"]}),
+               ("ct105", ct), ("mon130", mon)],
+        responses=responses,
+        groups={"pve_hosts": ["pve1"], "gpu_containers": ["ct105"], "monitoring": ["mon130"]},
+    )["pve1"]
+    every = [c for _, cmds in ops for c in cmds]
+    [create] = [c for c in every if "pct create 130" in c]
+    assert "--hostname prom" in create and "--cores 2" in create and "--memory 2048" in create
+    assert not [c for c in every if "pct set 130" in c and "--dev" in c]
+    assert "pct start 130" in every
+
+
+def test_a_gpu_host_of_a_monitored_inventory_gets_the_node_exporter_recorded_h200():
+    """On the recorded H200 host, with a monitoring container in the inventory: Debian's node
+    exporter on node_exporter_port with its textfile folder, the GPU textfile script and its
+    timer; the monitoring container scrapes it at the host's ssh_hostname."""
+    from harness import plan_deploy
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.connect import connect_all
+    from pyinfra.context import ctx_host, ctx_state
+    from tasks import monitoring
+    from tasks.monitoring import monitoring_phase
+    from test_host_phase_recorded import gpu_host_responses
+
+    responses = dict(sorted(gpu_host_responses().items(), key=lambda item: -len(str(item[0]))))
+    host_data = {**DEFAULTS, "ssh_hostname": "pve1.lan", "containers": [],
+                 "node_exporter_port": 9101}
+    ops = plan_deploy(monitoring_phase, hosts=[("pve1", host_data)], responses=responses,
+                      groups={"pve_hosts": ["pve1"], "monitoring": []})["pve1"]
+    assert ops == []  # no monitoring container in the inventory: nothing on the host
+    mon = {**DEFAULTS, "pct_vmid": 130, "pve_host": "@fake/pve1", "platform": "pve",
+           "monitoring_targets": [], "monitoring_caps": {}}
+    ops = plan_deploy(monitoring_phase, hosts=[("pve1", host_data), ("mon130", mon)],
+                      responses=responses,
+                      groups={"pve_hosts": ["pve1"], "monitoring": ["mon130"]})["pve1"]
+    text = "\n".join(c for _, cmds in ops for c in cmds)
+    assert "prometheus-node-exporter" in text
+    assert ('ARGS="--web.listen-address=:9101 --collector.textfile.directory='
+            '/var/lib/prometheus/node-exporter"') in text
+    assert ("ExecStart=/usr/bin/python3 /opt/sglang/gpu_textfile.py --dir "
+            "/var/lib/prometheus/node-exporter --once") in text
+    assert "OnUnitActiveSec=15s" in text
+    assert "pve-sglang-gpu-textfile.timer" in text
+    # The container's targets: the host's node exporter at its ssh_hostname.
+    state = State(Inventory(([("@fake/pve1", {**host_data, "fake_responses": responses}),
+                              ("@fake/mon130", mon)], {}),
+                            pve_hosts=(["@fake/pve1"], {}), monitoring=(["@fake/mon130"], {})),
+                  Config())
+    connect_all(state)
+    with ctx_state.use(state), ctx_host.use(state.inventory.get_host("@fake/mon130")):
+        ms = validate_monitoring("t", {"node_exporter_port": 9101}, DEFAULTS)
+        assert monitoring.scrape_targets(ms) == [Target("node", "@fake/pve1", "pve1.lan:9101",
+                                                        "@fake/pve1")]
