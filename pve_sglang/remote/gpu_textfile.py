@@ -18,7 +18,10 @@ import subprocess
 import sys
 import time
 
-from gpu_sampler import QUERY, parse_line
+try:  # uploaded beside this script (remote.COMPANIONS)
+    from gpu_sampler import QUERY, parse_line
+except ImportError:  # imported as part of pve_sglang (the tests)
+    from pve_sglang.remote.gpu_sampler import QUERY, parse_line
 
 FILE_NAME = "pve_sglang_gpu.prom"
 #: metric -> (the sample's field, its factor, help text).
