@@ -28,6 +28,7 @@ from pve_sglang.operations import apt, paths, systemd_unit
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.preflight import driver_and_gpus
 from pve_sglang.project import template
+from pve_sglang.server.bench_history import load_runs
 from tasks.common import run_when_container_exists, upload_script
 
 PACKAGES = ["prometheus"]
@@ -46,8 +47,9 @@ def monitoring_phase() -> None:
         found = scrape_targets(ms)
         keys = server_keys(found)
         caps = {str(k): int(v) for k, v in (host.data.get("monitoring_caps") or {}).items()}
-        run_when_container_exists(lambda: prometheus_steps(ms, found, keys, caps), "monitoring",
-                                  lambda: planned_steps(ms, found))
+        benchmarks = last_benchmarks(found)
+        run_when_container_exists(lambda: prometheus_steps(ms, found, keys, caps, benchmarks),
+                                  "monitoring", lambda: planned_steps(ms, found))
     if "pve_hosts" in host.groups and state.inventory.get_group("monitoring", []):
         driver, _ = driver_and_gpus(host)
         if driver is not None:
@@ -79,6 +81,19 @@ def server_keys(found: list[Target]) -> dict[str, str]:
             cs = host_settings(ContainerSettings, of=state.inventory.get_host(target.name))
             keys[target.name] = cs.api_key.get_secret_value()
     return keys
+
+
+def last_benchmarks(found: list[Target]) -> dict[str, float]:
+    """Each server's best output tok/s of its last benchmark run, from the history on this
+    machine (``bench_history_dir``; a run of this deploy counts from the next one)."""
+    best = {}
+    for target in found:
+        if target.job == "sglang":
+            cs = host_settings(ContainerSettings, of=state.inventory.get_host(target.name))
+            tok_s = render.best_output_tok_s(load_runs(cs.bench_history_dir, target.name))
+            if tok_s is not None:
+                best[target.name] = tok_s
+    return best
 
 
 def planned_steps(ms: MonitoringSettings, found: list[Target]) -> list[str]:

@@ -407,3 +407,31 @@ def test_a_gpu_host_of_a_monitored_inventory_gets_the_node_exporter_recorded_h20
         ms = validate_monitoring("t", {"node_exporter_port": 9101}, DEFAULTS)
         assert monitoring.scrape_targets(ms) == [Target("node", "@fake/pve1", "pve1.lan:9101",
                                                         "@fake/pve1")]
+
+
+def test_each_servers_last_benchmark_reaches_the_throughput_rule(tmp_path):
+    """The history on this machine (``bench_history_dir``): each server's last run's best
+    output tok/s, written as the rule's series; a server without a run has none."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.connect import connect_all
+    from pyinfra.context import ctx_host, ctx_state
+    from pve_sglang.server.bench_history import record
+    from tasks import monitoring
+
+    history = str(tmp_path / "bench-history")
+    record(history, "@fake/ct105", [{"concurrency": 8, "output_token_throughput": 900.0}], {})
+    record(history, "@fake/ct105", [{"concurrency": 8, "output_token_throughput": 1200.5},
+                                    {"concurrency": 64, "output_token_throughput": 3400.25}], {})
+    found = [Target("sglang", "@fake/ct105", "glm5:30000", "@fake/pve1"),
+             Target("sglang", "@fake/ct106", "ct106:30000", "@fake/pve1"),
+             Target("smg", "@fake/gw120", "gw:29000", "@fake/pve1")]
+    ct = {**DEFAULTS, "pct_vmid": 105, "bench_history_dir": history}
+    state = State(Inventory(([("@fake/ct105", ct), ("@fake/ct106", {**ct, "pct_vmid": 106}),
+                              ("@fake/mon130", {**DEFAULTS, "pct_vmid": 130})], {})), Config())
+    connect_all(state)
+    with ctx_state.use(state), ctx_host.use(state.inventory.get_host("@fake/mon130")):
+        best = monitoring.last_benchmarks(found)
+    assert best == {"@fake/ct105": 3400.25}
+    rules = yaml.safe_load(render.render_inventory_rules(MS, best, {}))["groups"][0]["rules"]
+    assert {"record": "pve_sglang:benchmark_output_tok_s", "expr": "vector(3400.2)",
+            "labels": {"container": "@fake/ct105"}} in rules
