@@ -314,6 +314,12 @@ gateway_bench = False
 prometheus_host = "127.0.0.1"
 # Port of Prometheus's web UI and HTTP API.
 prometheus_port = 9090
+# Your existing Prometheus's machine (an address the deploy reaches by SSH), set in a host's
+# `monitoring:` entry instead of vmid/name: only the scrape configs, rules and keys are written
+# there, for your prometheus.yml to include (docs/monitoring.md); null: a container of its own.
+prometheus_address = None
+# The user Prometheus runs as (Debian's package: prometheus): the owner of the key files.
+prometheus_user = "prometheus"
 # Folder in the monitoring container holding the deploy's scrape keys (0600) and rule files.
 monitoring_dir = "/etc/prometheus/pve-sglang"
 # Seconds between two scrapes of each target (and between two rule evaluations).

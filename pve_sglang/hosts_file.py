@@ -73,7 +73,7 @@ HOST_CONNECTOR = "ssh"
 #: Keys this module writes into host data; a hosts file or ``--data`` cannot set them.
 INVENTORY_KEYS = frozenset(
     {"pve_host", "containers", "tune_pinned", "tuned_file", "gateways", "gateway_worker_list",
-     "monitoring", "monitoring_targets", "monitoring_caps",
+     "monitoring", "monitoring_targets", "monitoring_caps", "monitoring_external",
      *(data_key for _, _, data_key in PLATFORMS.values())}
 )
 #: Keys that decide the inventory's shape (names, connectors): ``--data`` cannot change them,
@@ -747,7 +747,8 @@ def build_monitored_inventory(
         by_host.setdefault(data["pve_host"], []).append(name)
     watched: dict[str, list[str]] = {}
     for name, data in monitoring:
-        watched.setdefault(data["pve_host"], []).append(name)
+        if not data.get("monitoring_external"):  # a container the host phase creates
+            watched.setdefault(data["pve_host"], []).append(name)
     pve_hosts = [(name, {**data, "gateways": by_host.get(name, []),
                          "monitoring": watched.get(name, [])}) for name, data in pve_hosts]
     return pve_hosts, gpu_containers, gateways, monitoring
@@ -866,7 +867,12 @@ def build_monitoring(hosts: dict[str, Any], pve_hosts: Group, gpu_containers: Gr
             continue
         path = (host_name, "monitoring")
         platform = {**defaults, **entry, **override}.get("platform")
-        key, item = _container_key(host_name, 0, entry["monitoring"], platform, hosts, path)
+        raw = entry["monitoring"]
+        if isinstance(raw, dict) and raw.get("prometheus_address") is not None:
+            group.append(_existing_prometheus(hosts, host_name, entry, raw, defaults, override,
+                                              found, caps, group))
+            continue
+        key, item = _container_key(host_name, 0, raw, platform, hosts, path)
         where = f"host {host_name}, monitoring {key}"
         allowed = MONITORING_FIELDS | MONITORING_CONTAINER_FIELDS
         host_entry = {k: v for k, v in entry.items()
@@ -911,3 +917,46 @@ def build_monitoring(hosts: dict[str, Any], pve_hosts: Group, gpu_containers: Gr
             "monitoring_caps": caps,
         }))
     return group
+
+
+def _existing_prometheus(hosts: dict[str, Any], host_name: str, entry: dict[str, Any],
+                         item: dict[str, Any], defaults: dict[str, Any],
+                         override: dict[str, Any], found: list, caps: dict[str, int],
+                         group: Group) -> tuple[str, dict[str, Any]]:
+    """A ``monitoring:`` entry naming the user's own Prometheus (``prometheus_address``):
+    reached by SSH (the host's ``ssh_*`` keys under the entry's own), where the deploy writes
+    only what its prometheus.yml includes; no container."""
+    path = (host_name, "monitoring")
+    where = f"host {host_name}, monitoring"
+    ssh_keys = set(connector_data_types(HOST_CONNECTOR)) - {"ssh_hostname"}
+    allowed = MONITORING_FIELDS | ssh_keys
+    try:
+        _check_entry_keys(where, _at(hosts, *path), item)
+        for field in item:
+            if field not in allowed:
+                raise SettingsError(
+                    f"{where}: field '{field}' is not one of an existing Prometheus's (it has "
+                    f"no container){did_you_mean(field, allowed)}; allowed fields: "
+                    f"{', '.join(sorted(allowed))}")
+        ms = validate_monitoring(where, {**item, **override}, defaults)
+    except SettingsError as error:
+        raise _with_override_note(
+            _located(error, hosts, path, override=override), override) from None
+    name = str(ms.prometheus_address)
+    taken = {n for n, _ in group} | {_host_inventory_name(h, e if isinstance(e, dict) else {})
+                                     for h, e in hosts.items()}
+    if name in taken or name in LOCAL_NAMES:
+        raise SettingsError(f"{where}{_at(hosts, *path)}: field 'prometheus_address' = {name!r} "
+                            "is a host of the hosts file or another monitoring's; allowed: a "
+                            "machine of its own")
+    connection = {k: v for k, v in entry.items() if k in ssh_keys}
+    return name, _hide_secrets({
+        **connection,
+        **{k: v for k, v in item.items() if k in ssh_keys},
+        **{k: v for k, v in item.items() if k in MONITORING_FIELDS},
+        "ssh_hostname": name,
+        "pve_host": _host_inventory_name(host_name, entry),
+        "monitoring_external": True,
+        "monitoring_targets": [t.as_data() for t in found],
+        "monitoring_caps": caps,
+    })

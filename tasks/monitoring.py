@@ -48,6 +48,9 @@ def monitoring_phase() -> None:
         keys = server_keys(found)
         caps = {str(k): int(v) for k, v in (host.data.get("monitoring_caps") or {}).items()}
         benchmarks = last_benchmarks(found)
+        if host.data.get("monitoring_external"):
+            existing_steps(ms, found, keys, caps, benchmarks)
+            return
         run_when_container_exists(lambda: prometheus_steps(ms, found, keys, caps, benchmarks),
                                   "monitoring", lambda: planned_steps(ms, found))
     if "pve_hosts" in host.groups and state.inventory.get_group("monitoring", []):
@@ -107,34 +110,9 @@ def prometheus_steps(ms: MonitoringSettings, found: list[Target], keys: dict[str
                      caps: dict[str, int], benchmarks: dict[str, float] | None = None) -> None:
     """Prometheus in this container scraping FOUND, with each keyed server's key in KEYS (by
     inventory name), the request caps CAPS and last benchmarks BENCHMARKS the rules compare."""
-    rules_dir, keys_dir = render.rules_dir(ms), render.keys_dir(ms)
-    key_files = {render.key_path(ms, name): key for name, key in sorted(keys.items())}
-    watched = {render.CONFIG_PATH, render.DEFAULTS_PATH, f"{rules_dir}/{render.RULES_NAME}",
-               f"{rules_dir}/{render.INVENTORY_RULES_NAME}", *key_files}
-    paths.watch(*sorted(watched))
+    paths.watch(render.CONFIG_PATH, render.DEFAULTS_PATH)
     apt.deb_packages(name="Prometheus (Debian's)", packages=PACKAGES)
-    paths.directory(name=f"Monitoring folder {ms.monitoring_dir}", path=ms.monitoring_dir,
-                    mode="755")
-    paths.directory(name=f"Rules folder {rules_dir}", path=rules_dir, mode="755")
-    # The keys: readable by Prometheus alone.
-    files.directory(name=f"Keys folder {keys_dir} (prometheus's, mode 0700)", path=keys_dir,
-                    user=render.USER, group=render.USER, mode="700")
-    changes = []
-    for path, key in key_files.items():
-        changes.append(paths.put(name=f"Scrape key {path} (mode 0600)", src=StringIO(key),
-                                 dest=path, mode="600", secret=True))
-        changes.append(files.file(name=f"{path} is prometheus's", path=path, user=render.USER,
-                                  group=render.USER, mode="600"))
-    for stale in stale_keys(keys_dir, set(key_files)):
-        changes.append(files.file(name=f"Scrape key {stale} of a server no longer scraped "
-                                       "removed", path=stale, present=False))
-    changes.append(paths.put(name=f"Rules {rules_dir}/{render.RULES_NAME}",
-                             src=StringIO(render.render_rules(ms)),
-                             dest=f"{rules_dir}/{render.RULES_NAME}", mode="644"))
-    changes.append(paths.put(
-        name=f"Inventory's rules {rules_dir}/{render.INVENTORY_RULES_NAME} (thresholds, caps)",
-        src=StringIO(render.render_inventory_rules(ms, benchmarks or {}, caps)),
-        dest=f"{rules_dir}/{render.INVENTORY_RULES_NAME}", mode="644"))
+    changes = included_files(ms, found, keys, caps, benchmarks)
     changes.append(paths.put(name=f"Prometheus's configuration {render.CONFIG_PATH} "
                                   f"({len(found)} targets)",
                              src=StringIO(render.render_config(ms, found)),
@@ -151,6 +129,54 @@ def prometheus_steps(ms: MonitoringSettings, found: list[Target], keys: dict[str
                                          ">/dev/null"),
                            StringCommand("systemctl reload", QuoteString(render.UNIT))],
                  _if=any_changed(*changes, restarts=f"{render.UNIT} (reload)"))
+
+
+def included_files(ms: MonitoringSettings, found: list[Target], keys: dict[str, str],
+                   caps: dict[str, int], benchmarks: dict[str, float] | None = None) -> list:
+    """What a Prometheus includes, in ``monitoring_dir``: the rules, the inventory's rules,
+    each keyed server's key (0600, ``prometheus_user``'s), key files of servers gone removed;
+    the operations that write them."""
+    rules_dir, keys_dir = render.rules_dir(ms), render.keys_dir(ms)
+    key_files = {render.key_path(ms, name): key for name, key in sorted(keys.items())}
+    paths.watch(f"{rules_dir}/{render.RULES_NAME}", f"{rules_dir}/{render.INVENTORY_RULES_NAME}",
+                render.scrape_path(ms), *key_files)
+    paths.directory(name=f"Monitoring folder {ms.monitoring_dir}", path=ms.monitoring_dir,
+                    mode="755")
+    paths.directory(name=f"Rules folder {rules_dir}", path=rules_dir, mode="755")
+    # The keys: readable by Prometheus alone.
+    files.directory(name=f"Keys folder {keys_dir} ({ms.prometheus_user}'s, mode 0700)",
+                    path=keys_dir, user=ms.prometheus_user, group=ms.prometheus_user, mode="700")
+    changes = []
+    for path, key in key_files.items():
+        changes.append(paths.put(name=f"Scrape key {path} (mode 0600)", src=StringIO(key),
+                                 dest=path, mode="600", secret=True))
+        changes.append(files.file(name=f"{path} is {ms.prometheus_user}'s", path=path,
+                                  user=ms.prometheus_user, group=ms.prometheus_user, mode="600"))
+    for stale in stale_keys(keys_dir, set(key_files)):
+        changes.append(files.file(name=f"Scrape key {stale} of a server no longer scraped "
+                                       "removed", path=stale, present=False))
+    changes.append(paths.put(name=f"Rules {rules_dir}/{render.RULES_NAME}",
+                             src=StringIO(render.render_rules(ms)),
+                             dest=f"{rules_dir}/{render.RULES_NAME}", mode="644"))
+    changes.append(paths.put(
+        name=f"Inventory's rules {rules_dir}/{render.INVENTORY_RULES_NAME} (thresholds, caps)",
+        src=StringIO(render.render_inventory_rules(ms, benchmarks or {}, caps)),
+        dest=f"{rules_dir}/{render.INVENTORY_RULES_NAME}", mode="644"))
+    return changes
+
+
+def existing_steps(ms: MonitoringSettings, found: list[Target], keys: dict[str, str],
+                   caps: dict[str, int], benchmarks: dict[str, float] | None = None) -> None:
+    """On the machine of the user's own Prometheus: only what its prometheus.yml includes
+    (``included_files``, and the scrape configs in ``monitoring_dir``); its configuration,
+    service and reload stay the user's."""
+    included_files(ms, found, keys, caps, benchmarks)
+    paths.put(name=f"Scrape configs {render.scrape_path(ms)} ({len(found)} targets)",
+              src=StringIO(render.render_scrape_file(ms, found)), dest=render.scrape_path(ms),
+              mode="644")
+    logger.info(f"{host.name}: your Prometheus includes {render.rules_dir(ms)}/*.yml in its "
+                f"rule_files and the jobs of {render.scrape_path(ms)} in its scrape_configs "
+                "(docs/monitoring.md); reload it when they change")
 
 
 def stale_keys(keys_dir: str, wanted: set[str]) -> list[str]:

@@ -435,3 +435,40 @@ def test_each_servers_last_benchmark_reaches_the_throughput_rule(tmp_path):
     rules = yaml.safe_load(render.render_inventory_rules(MS, best, {}))["groups"][0]["rules"]
     assert {"record": "pve_sglang:benchmark_output_tok_s", "expr": "vector(3400.2)",
             "labels": {"container": "@fake/ct105"}} in rules
+
+
+def test_an_existing_prometheus_is_reached_by_ssh_and_gets_no_container():
+    from pve_sglang.hosts_file import build_monitored_inventory
+
+    data = hosts({"prometheus_address": "prom.lan", "ssh_user": "ops",
+                  "monitoring_dir": "/etc/prometheus/pve"}, ssh_port=2222)
+    pve_hosts, _, _, [(name, mon)] = build_monitored_inventory(data, DEFAULTS)
+    assert name == "prom.lan" and mon["ssh_hostname"] == "prom.lan"
+    assert (mon["ssh_user"], mon["ssh_port"], mon["monitoring_external"]) == ("ops", 2222, True)
+    assert "lxc_name" not in mon and "cores" not in mon
+    assert pve_hosts[0][1]["monitoring"] == []  # the host phase creates no container for it
+    assert [t["name"] for t in mon["monitoring_targets"]] == ["@lxc/h/w1", "@lxc/h/w2",
+                                                              "@lxc/h/gw"]
+
+
+@pytest.mark.parametrize("monitoring, words", [
+    ({"prometheus_address": "prom.lan", "cores": 2}, ["field 'cores'", "has no container"]),
+    ({"prometheus_address": "h"}, ["'prometheus_address' = 'h'", "a machine of its own"]),
+    ({"prometheus_address": "prom lan"}, ["prometheus_address", "'prom lan'"]),
+    ({"prometheus_address": "prom.lan", "prometheus_user": "Root"}, ["prometheus_user"]),
+])
+def test_bad_existing_prometheus_entries_are_named(monitoring, words):
+    from pve_sglang.hosts_file import build_monitored_inventory
+
+    with pytest.raises(SettingsError) as raised:
+        build_monitored_inventory(hosts(monitoring), DEFAULTS)
+    for word in words:
+        assert word in str(raised.value), str(raised.value)
+
+
+def test_an_existing_prometheus_gets_its_scrape_configs_as_a_file_to_include():
+    found = [Target("sglang", "@lxc/b", "sglang-b:30000", "h", has_key=True),
+             Target("smg", "@lxc/gw", "sglang-gw:29000", "h")]
+    text = render.render_scrape_file(MS, found)
+    assert yaml.safe_load(text) == {"scrape_configs": render.scrape_configs(MS, found)}
+    assert render.scrape_path(MS) == "/etc/prometheus/pve-sglang/scrape-configs.yml"

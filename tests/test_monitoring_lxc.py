@@ -10,7 +10,9 @@ server's key file (0600, the prometheus user's; the key in no configuration, arg
 Prometheus reports each target up with the servers' series; a re-run changes nothing; a server
 stopped is ``up == 0`` and fires PveSglangServerDown through Prometheus's own rule evaluation;
 a server dropped from the inventory leaves the targets and its key file goes (a file the deploy
-did not write stays).
+did not write stays); then, as a user's own Prometheus, the deploy writes only what its
+prometheus.yml includes (scrape configs, rules, keys, in a folder of their own), which the test
+includes by hand as the docs say and Prometheus then scrapes and evaluates.
 """
 
 from __future__ import annotations
@@ -76,10 +78,11 @@ class Site:
         return [Target("sglang", name_of(p), f"{self.address}:{p}", "@local", p == KEYED)
                 for p in ports]
 
-    def deploy(self, ports: tuple[int, ...]) -> tuple[subprocess.CompletedProcess, dict | None]:
-        """The monitoring deploy scraping the stand-ins of PORTS."""
+    def deploy(self, ports: tuple[int, ...], **extra) -> tuple[subprocess.CompletedProcess,
+                                                                dict | None]:
+        """The monitoring deploy scraping the stand-ins of PORTS; EXTRA: host data over it."""
         found = self.targets(ports)
-        data = {**self.box.host_data(), "settings": SETTINGS,
+        data = {**self.box.host_data(), "settings": SETTINGS, **extra,
                 "monitoring_targets": [t.as_data() for t in found],
                 "monitoring_caps": {name_of(PLAIN): 64} if PLAIN in ports else {},
                 "server_keys": {t.name: KEY for t in found if t.has_key}}
@@ -214,4 +217,40 @@ def test_a_server_dropped_from_the_inventory_leaves_the_targets_and_its_key(site
     site.wait("only the kept server scraped", lambda: site.scraped() == {name_of(PLAIN)})
     assert site.box.attach(f"ls {keys}").stdout.split() == ["users-own.key"]
     done, results = site.deploy((PLAIN,))
+    assert done.returncode == 0 and results and changed(results) == [], done.stderr[-4000:]
+
+
+def test_an_existing_prometheus_gets_only_what_its_configuration_includes(site, first):
+    theirs = "/etc/prometheus/theirs"
+    settings = {**SETTINGS, "monitoring_dir": theirs}
+    ms = validate_monitoring("test", settings, load_defaults())
+    before = site.box.attach(f"sha256sum {render.CONFIG_PATH} {render.DEFAULTS_PATH}").stdout
+    done, results = site.deploy((PLAIN, KEYED), monitoring_external=True, settings=settings)
+    assert done.returncode == 0 and results and not failed(results), done.stderr[-4000:]
+    names = " | ".join(changed(results))
+    assert "Scrape configs" in names and "Prometheus (Debian's)" not in names, names
+    assert "reloaded" not in names and "enabled and running" not in names, names
+    # Its configuration and flags stay the user's.
+    assert site.box.attach(f"sha256sum {render.CONFIG_PATH} {render.DEFAULTS_PATH}").stdout == before
+    assert site.box.attach(f"stat -c '%a %U' {render.key_path(ms, name_of(KEYED))}"
+                           ).stdout.split() == ["600", "prometheus"]
+    # The user includes them: its own global and rule_files, the jobs of the scrape configs
+    # appended (Debian's 2.42 has no scrape_config_files).
+    head = ("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            f"rule_files:\n  - {render.rules_dir(ms)}/*.yml\n")
+    site.box.attach(f"cat - {render.scrape_path(ms)} > {render.CONFIG_PATH} && promtool check "
+                    f"config {render.CONFIG_PATH} && systemctl reload prometheus", input=head)
+    since = site.box.attach("date -u +%Y-%m-%dT%H:%M:%S").stdout.strip()
+    site.wait("the rules of the folder of its own loaded", lambda: any(
+        g["file"].startswith(theirs)
+        for g in (site.api("/api/v1/rules").get("data") or {}).get("groups") or []))
+
+    def scraped_since() -> list[dict]:
+        active = (site.api("/api/v1/targets").get("data") or {}).get("activeTargets") or []
+        return [t for t in active if t["health"] == "up" and t["lastScrape"][:19] > since]
+
+    fresh = site.wait("both servers scraped up after the reload",
+                      lambda: len(found := scraped_since()) == 2 and found)
+    assert {t["labels"]["container"] for t in fresh} == {name_of(PLAIN), name_of(KEYED)}
+    done, results = site.deploy((PLAIN, KEYED), monitoring_external=True, settings=settings)
     assert done.returncode == 0 and results and changed(results) == [], done.stderr[-4000:]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import re
+
 from pydantic import AfterValidator, Field, ValidationError
 
 from pve_sglang.config.settings import (
@@ -19,14 +21,27 @@ from pve_sglang.config.settings import (
     SettingsError,
     _format_error,
     _Strict,
+    address,
     ip_address,
 )
+
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+
+
+def unix_user(value: str) -> str:
+    """A user name as Debian's adduser allows it by default."""
+    if not _USER.fullmatch(value):
+        raise ValueError("not a user name; allowed: a lower-case letter or '_', then lower-case "
+                         "letters, digits, '_' or '-' (32 at most), e.g. 'prometheus'")
+    return value
 
 
 class MonitoringSettings(_Strict):
     """Where Prometheus listens, how often it scrapes, when its alerts fire."""
 
     prometheus_host: Annotated[str, AfterValidator(ip_address)]
+    prometheus_address: Annotated[str, AfterValidator(address)] | None = None
+    prometheus_user: Annotated[str, AfterValidator(unix_user)]
     prometheus_port: Port
     monitoring_dir: ContainerPath
     monitoring_scrape_interval_s: Int = Field(ge=1, le=3600)

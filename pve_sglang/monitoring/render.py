@@ -25,8 +25,8 @@ CONFIG_PATH = "/etc/prometheus/prometheus.yml"
 #: Debian's unit of its prometheus package, and its default flags' file.
 UNIT = "prometheus.service"
 DEFAULTS_PATH = "/etc/default/prometheus"
-#: The user Debian's prometheus runs as (it must read the key files).
-USER = "prometheus"
+#: In an existing Prometheus's monitoring_dir: the scrape configs its prometheus.yml includes.
+SCRAPE_NAME = "scrape-configs.yml"
 #: The shipped rules, and their name in the monitoring container.
 RULES_SOURCE = Path(__file__).resolve().parent / "pve-sglang.rules.yml"
 RULES_NAME = "pve-sglang.rules.yml"
@@ -87,6 +87,17 @@ def render_config(ms: MonitoringSettings, targets: list[Target]) -> str:
               "scrape_configs": scrape_configs(ms, targets)}
     return "# Written by pve-sglang's deploy: changes here are replaced on its next run.\n" + \
         yaml.safe_dump(config, sort_keys=False)
+
+
+def scrape_path(ms: MonitoringSettings) -> str:
+    return f"{ms.monitoring_dir.rstrip('/')}/{SCRAPE_NAME}"
+
+
+def render_scrape_file(ms: MonitoringSettings, targets: list[Target]) -> str:
+    """For an existing Prometheus: its ``scrape_configs`` to include (a file of
+    ``scrape_config_files``, Prometheus 2.43 and later, or copied into prometheus.yml)."""
+    return ("# Written by pve-sglang's deploy: changes here are replaced on its next run.\n"
+            + yaml.safe_dump({"scrape_configs": scrape_configs(ms, targets)}, sort_keys=False))
 
 
 def render_defaults(ms: MonitoringSettings) -> str:
