@@ -1,14 +1,17 @@
 """The monitoring phase with Debian's real Prometheus (its prometheus package, installed by the
 deploy) in a real LXC container on the bridge, scraping stand-in SGLang servers
 (tests/standin_sglang.py: SGLang's /metrics with its real metric names) that run as processes
-in the same container, at its bridge address, as the gateway tests run theirs. One container for
-the module; the monitoring steps run through pyinfra's CLI (tests/deploys/monitoring.py); every
+in the same container, at its bridge address, as the gateway tests run theirs, and the real smg
+(PyPI, its hashed lock, set up by the gateway phase's own steps) in front of one of them. One
+container for the module; the monitoring steps run through pyinfra's CLI (tests/deploys/monitoring.py); every
 answer comes from Prometheus's own HTTP API, asked inside the container.
 
 In order: the first deploy installs Prometheus, writes its configuration, rules and the keyed
 server's key file (0600, the prometheus user's; the key in no configuration, argv or output), and
-Prometheus reports each target up with the servers' series; a re-run changes nothing; a server
-stopped is ``up == 0`` and fires PveSglangServerDown through Prometheus's own rule evaluation;
+Prometheus reports each target up with the servers' and smg's series; a re-run changes nothing;
+a server stopped is ``up == 0`` and fires PveSglangServerDown through Prometheus's own rule
+evaluation; the gateway's worker stopped fires PveSglangGatewayWorkerUnhealthy from smg's own
+metrics;
 a server dropped from the inventory leaves the targets and its key file goes (a file the deploy
 did not write stays); then, as a user's own Prometheus, the deploy writes only what its
 prometheus.yml includes (scrape configs, rules, keys, in a folder of their own), which the test
@@ -28,10 +31,12 @@ from pathlib import Path
 import pytest
 
 from cache_dir import TEST_CACHE
+from pve_sglang.config.gateway import smg_lock_path
 from pve_sglang.config.monitoring import validate_monitoring
 from pve_sglang.monitoring import render
 from pve_sglang.monitoring.targets import Target
 from pve_sglang.project import load_defaults
+from wheels import locked_wheels
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -45,6 +50,14 @@ ARCHIVES = TEST_CACHE / "monitoring" / "apt-archives"
 SETTINGS = {"monitoring_scrape_interval_s": 1, "monitoring_alert_for_s": 1}
 MS = validate_monitoring("test", SETTINGS, load_defaults())
 TIMES: dict[str, float] = {}
+#: The gateway (smg) in front of the keyed stand-in: its name, ports and settings.
+GATEWAY = "@lxc/gw"
+GATEWAY_PORT, SMG_METRICS = 30000, 29000
+GATEWAY_SETTINGS = {"gateway_api_key": KEY, "gateway_wheelhouse": "/opt/wheels",
+                    "gateway_host": "0.0.0.0", "gateway_port": GATEWAY_PORT,
+                    "gateway_prometheus_port": SMG_METRICS, "gateway_health_check_interval_s": 1,
+                    "gateway_health_check_timeout_s": 1, "gateway_health_failure_threshold": 2,
+                    "gateway_register_timeout_s": 20}
 
 #: Prometheus's HTTP API asked in its container: PATH and its query, the JSON answer printed.
 API_CALL = """
@@ -76,7 +89,29 @@ class Site:
 
     def targets(self, ports: tuple[int, ...]) -> list[Target]:
         return [Target("sglang", name_of(p), f"{self.address}:{p}", "@local", p == KEYED)
-                for p in ports]
+                for p in ports] + [Target("smg", GATEWAY, f"{self.address}:{SMG_METRICS}",
+                                          "@local")]
+
+    def run(self, inventory_text: str, deploy: str) -> tuple[subprocess.CompletedProcess,
+                                                             dict | None]:
+        inventory = self.folder / "inventory.py"
+        inventory.write_text(inventory_text)
+        done = subprocess.run([str(PYINFRA), str(inventory), deploy, "-y", "--json"], cwd=REPO,
+                              capture_output=True, text=True, timeout=600)
+        try:
+            results = json.loads(done.stdout)
+        except ValueError:
+            results = None
+        return done, results
+
+    def gateway(self) -> tuple[subprocess.CompletedProcess, dict | None]:
+        """smg in this container in front of the keyed stand-in: the gateway phase's steps."""
+        data = {**self.box.host_data(), "settings": GATEWAY_SETTINGS, "check_timeout_s": 8,
+                "gateway_worker_list": [{"name": name_of(KEYED), "has_key": True,
+                                         "url": f"http://{self.address}:{KEYED}"}],
+                "worker_keys": [KEY]}
+        return self.run(f"gateways = [({self.box.inventory_name!r}, {data!r})]\n",
+                        "tests/deploys/gateway.py")
 
     def deploy(self, ports: tuple[int, ...], **extra) -> tuple[subprocess.CompletedProcess,
                                                                 dict | None]:
@@ -86,15 +121,8 @@ class Site:
                 "monitoring_targets": [t.as_data() for t in found],
                 "monitoring_caps": {name_of(PLAIN): 64} if PLAIN in ports else {},
                 "server_keys": {t.name: KEY for t in found if t.has_key}}
-        inventory = self.folder / "inventory.py"
-        inventory.write_text(f"monitoring = [({self.box.inventory_name!r}, {data!r})]\n")
-        done = subprocess.run([str(PYINFRA), str(inventory), "tests/deploys/monitoring.py", "-y",
-                               "--json"], cwd=REPO, capture_output=True, text=True, timeout=600)
-        try:
-            results = json.loads(done.stdout)
-        except ValueError:
-            results = None
-        return done, results
+        return self.run(f"monitoring = [({self.box.inventory_name!r}, {data!r})]\n",
+                        "tests/deploys/monitoring.py")
 
     def api(self, path: str, **query: str) -> dict:
         url = path + ("?" + urllib.parse.urlencode(query) if query else "")
@@ -133,8 +161,10 @@ def failed(results: dict) -> list[str]:
 def site(lxc_env, package_index, tmp_path_factory):
     began = time.monotonic()
     ARCHIVES.mkdir(parents=True, exist_ok=True)
+    wheels = locked_wheels(smg_lock_path("1.13.0", "3.11"))
     box = lxc_env.create(lxc_env.new_name("mon"), network="bridge", extra_config=[
-        f"lxc.mount.entry = {ARCHIVES} var/cache/apt/archives none bind,create=dir 0 0"])
+        f"lxc.mount.entry = {ARCHIVES} var/cache/apt/archives none bind,create=dir 0 0",
+        f"lxc.mount.entry = {wheels} opt/wheels none bind,ro,create=dir 0 0"])
     s = Site(box, tmp_path_factory.mktemp("monitoring"))
     box.attach(f"mkdir -p {STANDIN}/logs")
     box.attach(f"cat > {STANDIN}/standin_sglang.py", input=(REPO / "tests/standin_sglang.py").read_text())
@@ -142,6 +172,9 @@ def site(lxc_env, package_index, tmp_path_factory):
     s.start_standin(PLAIN)
     s.start_standin(KEYED, KEY)
     TIMES["container and stand-ins"] = time.monotonic() - began
+    done, results = s.gateway()
+    assert done.returncode == 0 and results and not failed(results), done.stderr[-5000:]
+    TIMES["smg"] = time.monotonic() - began - TIMES["container and stand-ins"]
     yield s
     print(f"\nmonitoring LXC module: {json.dumps({k: round(v, 1) for k, v in TIMES.items()})}")
     box.destroy()
@@ -173,6 +206,11 @@ def test_first_deploy_installs_prometheus_scraping_every_server(site, first):
     # The inventory's figures reach Prometheus as the rules' series.
     caps = site.wait("the cap", lambda: site.query("pve_sglang:max_running_requests"))
     assert [(c["metric"]["container"], c["value"][1]) for c in caps] == [(name_of(PLAIN), "64")]
+    # smg's own metrics, its worker's health among them.
+    site.wait("smg up", lambda: [r["value"][1] for r in site.query('up{job="smg"}')] == ["1"])
+    health = site.wait("smg's worker health", lambda: site.query(
+        'smg_worker_health{job="smg"}'))
+    assert [(h["metric"]["container"], h["value"][1]) for h in health] == [(GATEWAY, "1")], health
 
 
 def test_the_key_is_a_file_of_prometheus_alone_and_nowhere_else(site, first):
@@ -208,13 +246,27 @@ def test_a_server_stopped_is_down_and_fires_its_alert(site, first):
     site.wait("the server up again", lambda: site.up().get(name_of(PLAIN)) == "1")
 
 
+def test_the_gateways_worker_stopped_fires_its_alert_from_smgs_metrics(site, first):
+    site.stop_standin(KEYED)
+    try:
+        firing = site.wait("PveSglangGatewayWorkerUnhealthy firing", lambda: [
+            a for a in (site.api("/api/v1/alerts").get("data") or {}).get("alerts") or []
+            if a["labels"].get("alertname") == "PveSglangGatewayWorkerUnhealthy"
+            and a["state"] == "firing"])
+        assert [a["labels"]["container"] for a in firing] == [GATEWAY]
+    finally:
+        site.start_standin(KEYED, KEY)
+    site.wait("the worker healthy again", lambda: [
+        h["value"][1] for h in site.query('smg_worker_health{job="smg"}')] == ["1"])
+
+
 def test_a_server_dropped_from_the_inventory_leaves_the_targets_and_its_key(site, first):
     keys = render.keys_dir(MS)
     # Another's file in the keys folder: not the deploy's name, so never removed.
     site.box.attach(f"echo mine > {keys}/users-own.key")
     done, results = site.deploy((PLAIN,))
     assert done.returncode == 0 and results and not failed(results), done.stderr[-4000:]
-    site.wait("only the kept server scraped", lambda: site.scraped() == {name_of(PLAIN)})
+    site.wait("only the kept server scraped", lambda: site.scraped() == {name_of(PLAIN), GATEWAY})
     assert site.box.attach(f"ls {keys}").stdout.split() == ["users-own.key"]
     done, results = site.deploy((PLAIN,))
     assert done.returncode == 0 and results and changed(results) == [], done.stderr[-4000:]
@@ -249,8 +301,8 @@ def test_an_existing_prometheus_gets_only_what_its_configuration_includes(site, 
         active = (site.api("/api/v1/targets").get("data") or {}).get("activeTargets") or []
         return [t for t in active if t["health"] == "up" and t["lastScrape"][:19] > since]
 
-    fresh = site.wait("both servers scraped up after the reload",
-                      lambda: len(found := scraped_since()) == 2 and found)
-    assert {t["labels"]["container"] for t in fresh} == {name_of(PLAIN), name_of(KEYED)}
+    fresh = site.wait("both servers and smg scraped up after the reload",
+                      lambda: len(found := scraped_since()) == 3 and found)
+    assert {t["labels"]["container"] for t in fresh} == {name_of(PLAIN), name_of(KEYED), GATEWAY}
     done, results = site.deploy((PLAIN, KEYED), monitoring_external=True, settings=settings)
     assert done.returncode == 0 and results and changed(results) == [], done.stderr[-4000:]
