@@ -9,6 +9,7 @@ from pve_sglang.operations import phase
 from tasks.container import container_phase
 from tasks.gateway import gateway_bench_phase, gateway_phase
 from tasks.host import host_phase, store_retention_phase
+from tasks.monitoring import monitoring_phase
 from tasks.verify import verify_phase
 
 pyinfra_per_op.install()  # before the first operation: pyinfra's work per operation costs less
@@ -21,4 +22,6 @@ phase.done(name="Verify done", phase="verify")
 gateway_phase()
 phase.done(name="Gateways done", phase="gateway")
 gateway_bench_phase()
+monitoring_phase()
+phase.done(name="Monitoring done", phase="monitoring")
 store_retention_phase()

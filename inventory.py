@@ -1,4 +1,5 @@
-"""pyinfra inventory: the Proxmox hosts and their GPU containers, from the hosts file.
+"""pyinfra inventory: the Proxmox hosts, their GPU containers, gateways and monitoring, from the
+hosts file.
 
 The hosts file is ``$PVE_SGLANG_HOSTS``, else ``hosts.yml`` here, else the embedded default
 (a local Debian LXC container). Every value, including those given with ``--data``, is
@@ -8,7 +9,7 @@ validated now, before pyinfra connects.
 import sys
 
 from pve_sglang.hosts_file import (
-    build_inventory,
+    build_monitored_inventory,
     cli_override_data,
     hosts_file_path,
     read_hosts_file,
@@ -16,7 +17,7 @@ from pve_sglang.hosts_file import (
 from pve_sglang.config.settings import SettingsError
 
 try:
-    pve_hosts, gpu_containers, gateways = build_inventory(
+    pve_hosts, gpu_containers, gateways, monitoring = build_monitored_inventory(
         read_hosts_file(hosts_file_path()), override=cli_override_data()
     )
 except SettingsError as error:

@@ -308,3 +308,33 @@ gateway_worker_startup_timeout_s = 3600
 # Run the benchmark through the gateway after its phase, from its first worker's container (its
 # bench_* settings; saved under bench_history_dir/gateway); needs gateway_host off loopback.
 gateway_bench = False
+
+# --- monitoring: Debian's Prometheus in a container of its own (a host's `monitoring:`) ---
+# IP address Prometheus listens on in its container (0.0.0.0: every interface; it asks no password).
+prometheus_host = "127.0.0.1"
+# Port of Prometheus's web UI and HTTP API.
+prometheus_port = 9090
+# Your existing Prometheus's machine (an address the deploy reaches by SSH), set in a host's
+# `monitoring:` entry instead of vmid/name: only the scrape configs, rules and keys are written
+# there, for your prometheus.yml to include (docs/monitoring.md); null: a container of its own.
+prometheus_address = None
+# The user Prometheus runs as (Debian's package: prometheus): the owner of the key files.
+prometheus_user = "prometheus"
+# Folder in the monitoring container holding the deploy's scrape keys (0600) and rule files.
+monitoring_dir = "/etc/prometheus/pve-sglang"
+# Seconds between two scrapes of each target (and between two rule evaluations).
+monitoring_scrape_interval_s = 15
+# Seconds a condition must hold before its alert fires (0: at the first evaluation).
+monitoring_alert_for_s = 120
+# The throughput alert fires below this share of the last benchmark's output tok/s, with a queue.
+monitoring_throughput_share = 0.7
+# Token usage (KV cache) at or above this, with requests queued, fires an alert.
+monitoring_token_usage = 0.95
+# GPUs drawing less than this % of their power limit while requests queue fire an alert.
+monitoring_low_power_pct = 60
+# A server whose scrape went down and up this many times in 30 minutes is restarting in a loop.
+monitoring_restarts = 3
+# Port of Debian's prometheus-node-exporter on each GPU host (its GPU figures: textfile collector).
+node_exporter_port = 9100
+# The node exporter's textfile folder (Debian's default), where the GPU sampler writes.
+node_textfile_dir = "/var/lib/prometheus/node-exporter"

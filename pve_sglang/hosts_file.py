@@ -39,6 +39,13 @@ from pve_sglang.config.gateway import (
     validate_gateway,
 )
 from pve_sglang.gateway.workers import Serving, choose_workers, model_of
+from pve_sglang.config.monitoring import (
+    MONITORING_CONTAINER_DEFAULTS,
+    MONITORING_CONTAINER_FIELDS,
+    MONITORING_FIELDS,
+    validate_monitoring,
+)
+from pve_sglang.monitoring import targets as monitoring_targets
 from pve_sglang.config.settings import (
     CONTAINER_FIELDS,
     container_hostname,
@@ -66,6 +73,7 @@ HOST_CONNECTOR = "ssh"
 #: Keys this module writes into host data; a hosts file or ``--data`` cannot set them.
 INVENTORY_KEYS = frozenset(
     {"pve_host", "containers", "tune_pinned", "tuned_file", "gateways", "gateway_worker_list",
+     "monitoring", "monitoring_targets", "monitoring_caps", "monitoring_external",
      *(data_key for _, _, data_key in PLATFORMS.values())}
 )
 #: Keys that decide the inventory's shape (names, connectors): ``--data`` cannot change them,
@@ -393,7 +401,7 @@ def _check_override(override: dict[str, Any]) -> None:
     connector_keys = dict(connector_data_types(HOST_CONNECTOR))
     for platform in PLATFORMS:
         connector_keys.update(_user_connector_keys(platform))
-    known = HOST_FIELDS | CONTAINER_FIELDS | GATEWAY_FIELDS | set(connector_keys)
+    known = HOST_FIELDS | CONTAINER_FIELDS | GATEWAY_FIELDS | MONITORING_FIELDS | set(connector_keys)
     for key, value in override.items():
         where = f"--data {key}"
         if key in SECRET_FIELDS | GATEWAY_SECRET_FIELDS and not (
@@ -512,6 +520,7 @@ def build_groups(
         entry = _mapping(where, _at(hosts, host_name), raw_entry, "host entry")
         containers = entry.pop("containers", None)
         entry.pop("gateways", None)  # build_gateways' part
+        entry.pop("monitoring", None)  # build_monitoring's part
         if containers is None:
             containers = []
         if not isinstance(containers, list):
@@ -729,15 +738,34 @@ def build_inventory(
     override: dict[str, Any] | None = None,
 ) -> tuple[Group, Group, Group]:
     """``build_groups``, then each host's ``gateways:`` (``build_gateways``): (pve_hosts,
-    gpu_containers, gateways); a host's data names its gateways (``gateways``)."""
+    gpu_containers, gateways); a host's data names its gateways (``gateways``). The
+    monitoring entries are checked too (``build_monitored_inventory`` returns them)."""
+    pve_hosts, gpu_containers, gateways, _ = build_monitored_inventory(hosts, defaults, override)
+    return pve_hosts, gpu_containers, gateways
+
+
+def build_monitored_inventory(
+    hosts: dict[str, Any],
+    defaults: dict[str, Any] | None = None,
+    override: dict[str, Any] | None = None,
+) -> tuple[Group, Group, Group, Group]:
+    """``build_inventory``'s groups and the ``monitoring`` group (``build_monitoring``); a
+    host's data names its gateways (``gateways``) and monitoring container (``monitoring``)."""
     defaults = load_defaults() if defaults is None else defaults
     pve_hosts, gpu_containers = build_groups(hosts, defaults, override)
     gateways = build_gateways(hosts, gpu_containers, defaults, override)
+    monitoring = build_monitoring(hosts, pve_hosts, gpu_containers, gateways, defaults,
+                                  override)
     by_host: dict[str, list[str]] = {}
     for name, data in gateways:
         by_host.setdefault(data["pve_host"], []).append(name)
-    pve_hosts = [(name, {**data, "gateways": by_host.get(name, [])}) for name, data in pve_hosts]
-    return pve_hosts, gpu_containers, gateways
+    watched: dict[str, list[str]] = {}
+    for name, data in monitoring:
+        if not data.get("monitoring_external"):  # a container the host phase creates
+            watched.setdefault(data["pve_host"], []).append(name)
+    pve_hosts = [(name, {**data, "gateways": by_host.get(name, []),
+                         "monitoring": watched.get(name, [])}) for name, data in pve_hosts]
+    return pve_hosts, gpu_containers, gateways, monitoring
 
 
 def _serving(name: str, data: dict[str, Any]) -> Serving:
@@ -773,7 +801,8 @@ def build_gateways(hosts: dict[str, Any], gpu_containers: Group, defaults: dict[
         connection = {k: v for k, v in entry.items()
                       if k in host_keys or k in _user_connector_keys(platform)}
         lxc_path = host_in_force.get("lxc_path")
-        host_entry = {k: v for k, v in entry.items() if k not in ("containers", "gateways")}
+        host_entry = {k: v for k, v in entry.items()
+                      if k not in ("containers", "gateways", "monitoring")}
         container_defaults = {**{k: v for k, v in host_entry.items() if k in GATEWAY_CONTAINER_FIELDS},
                               **GATEWAY_CONTAINER_DEFAULTS}
         allowed = GATEWAY_FIELDS | GATEWAY_CONTAINER_FIELDS
@@ -817,3 +846,135 @@ def build_gateways(hosts: dict[str, Any], gpu_containers: Group, defaults: dict[
                                         for w in workers],
             })))
     return group
+
+
+# Monitoring
+
+
+def build_monitoring(hosts: dict[str, Any], pve_hosts: Group, gpu_containers: Group,
+                     gateways: Group, defaults: dict[str, Any],
+                     override: dict[str, Any] | None = None) -> Group:
+    """Each host's ``monitoring:`` entry (``vmid`` or ``name``, the monitoring's settings, its
+    container's, connector keys): Prometheus's container, with what it scrapes
+    (``monitoring_targets``: every server and gateway of the inventory) and each server's
+    request cap (``monitoring_caps``), validated: a SettingsError before anything connects."""
+    override = dict(override or {})
+    if not any(isinstance(e, dict) and e.get("monitoring") is not None for e in hosts.values()):
+        return []  # nothing to scrape for: no server needs to be reachable
+    found: list[monitoring_targets.Target] = []
+    caps: dict[str, int] = {}
+    for name, data in gpu_containers:
+        merged = in_force(defaults, own=data, override=override)
+        merged["hostname"] = container_hostname(merged)
+        where = f"host {data['pve_host']}, container {name}"
+        target = monitoring_targets.server_target(where, name, data["pve_host"], merged)
+        if target is not None:
+            found.append(target)
+            if merged.get("max_running_requests") is not None:
+                caps[name] = int(merged["max_running_requests"])
+    for name, data in gateways:
+        merged = in_force(defaults, own=data, override=override)
+        merged["hostname"] = container_hostname(merged)
+        found.append(monitoring_targets.gateway_target(
+            f"host {data['pve_host']}, gateway {name}", name, data["pve_host"], merged))
+    group: Group = []
+    for host_name, raw_entry in hosts.items():
+        entry = raw_entry if isinstance(raw_entry, dict) else {}
+        if entry.get("monitoring") is None:
+            continue
+        path = (host_name, "monitoring")
+        host_in_force = in_force(defaults, host=entry, override=override)
+        platform = host_in_force.get("platform")
+        raw = entry["monitoring"]
+        if isinstance(raw, dict) and raw.get("prometheus_address") is not None:
+            group.append(_existing_prometheus(hosts, host_name, entry, raw, defaults, override,
+                                              found, caps, group))
+            continue
+        key, item = _container_key(host_name, 0, raw, platform, hosts, path)
+        where = f"host {host_name}, monitoring {key}"
+        allowed = MONITORING_FIELDS | MONITORING_CONTAINER_FIELDS
+        host_entry = {k: v for k, v in entry.items()
+                      if k not in ("containers", "gateways", "monitoring")}
+        try:
+            check_vmid(host_name, platform, key)
+            for field in item:
+                if field not in allowed and field not in _user_connector_keys(platform):
+                    raise SettingsError(f"{where}: unknown field '{field}'"
+                                        f"{did_you_mean(field, allowed)}; allowed fields: "
+                                        f"{', '.join(sorted(allowed))}")
+            validate_monitoring(where, {**item, **override}, defaults)
+            hs = validate_host(host_name, {**host_entry, **override}, defaults)
+        except SettingsError as error:
+            raise _with_override_note(
+                _located(error, hosts, path, override=override), override) from None
+        container_defaults = {
+            **{k: v for k, v in host_entry.items() if k in MONITORING_CONTAINER_FIELDS},
+            **MONITORING_CONTAINER_DEFAULTS}
+        container = _validated_container(
+            host_name, key, {k: v for k, v in item.items() if k in MONITORING_CONTAINER_FIELDS},
+            container_defaults, hs, defaults, override, hosts, path)
+        inventory_name = _host_inventory_name(host_name, entry)
+        name = _container_inventory_name(platform, host_name, key, inventory_name == "@local")
+        if any(name == other for other, _ in gpu_containers + gateways + group):
+            raise SettingsError(f"{where}{_at(hosts, *path)}: {PLATFORMS[platform][1]} {key} "
+                                "is a serving container or a gateway too; allowed: a "
+                                "container of its own")
+        host_keys = connector_data_types(HOST_CONNECTOR)
+        connection = {k: v for k, v in entry.items()
+                      if k in host_keys or k in _user_connector_keys(platform)}
+        lxc_path = host_in_force.get("lxc_path")
+        group.append((name, {
+            **connection,
+            **container,
+            **item,
+            "pve_host": inventory_name,
+            "platform": platform,
+            PLATFORMS[platform][2]: key,
+            **({"lxc_path": lxc_path} if platform == "lxc" else {}),
+            "monitoring_targets": [t.as_data() for t in found],
+            "monitoring_caps": caps,
+        }))
+    return group
+
+
+def _existing_prometheus(hosts: dict[str, Any], host_name: str, entry: dict[str, Any],
+                         item: dict[str, Any], defaults: dict[str, Any],
+                         override: dict[str, Any], found: list, caps: dict[str, int],
+                         group: Group) -> tuple[str, dict[str, Any]]:
+    """A ``monitoring:`` entry naming the user's own Prometheus (``prometheus_address``):
+    reached by SSH (the host's ``ssh_*`` keys under the entry's own), where the deploy writes
+    only what its prometheus.yml includes; no container."""
+    path = (host_name, "monitoring")
+    where = f"host {host_name}, monitoring"
+    ssh_keys = set(connector_data_types(HOST_CONNECTOR)) - {"ssh_hostname"}
+    allowed = MONITORING_FIELDS | ssh_keys
+    try:
+        _check_entry_keys(where, _at(hosts, *path), item)
+        for field in item:
+            if field not in allowed:
+                raise SettingsError(
+                    f"{where}: field '{field}' is not one of an existing Prometheus's (it has "
+                    f"no container){did_you_mean(field, allowed)}; allowed fields: "
+                    f"{', '.join(sorted(allowed))}")
+        ms = validate_monitoring(where, {**item, **override}, defaults)
+    except SettingsError as error:
+        raise _with_override_note(
+            _located(error, hosts, path, override=override), override) from None
+    name = str(ms.prometheus_address)
+    taken = {n for n, _ in group} | {_host_inventory_name(h, e if isinstance(e, dict) else {})
+                                     for h, e in hosts.items()}
+    if name in taken or name in LOCAL_NAMES:
+        raise SettingsError(f"{where}{_at(hosts, *path)}: field 'prometheus_address' = {name!r} "
+                            "is a host of the hosts file or another monitoring's; allowed: a "
+                            "machine of its own")
+    connection = {k: v for k, v in entry.items() if k in ssh_keys}
+    return name, _hide_secrets({
+        **connection,
+        **{k: v for k, v in item.items() if k in ssh_keys},
+        **{k: v for k, v in item.items() if k in MONITORING_FIELDS},
+        "ssh_hostname": name,
+        "pve_host": _host_inventory_name(host_name, entry),
+        "monitoring_external": True,
+        "monitoring_targets": [t.as_data() for t in found],
+        "monitoring_caps": caps,
+    })

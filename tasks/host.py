@@ -88,25 +88,27 @@ def host_phase() -> None:
         indices[ct.name] = check_container(where, cs, gpu)
         gpus = select_gpus(cs.gpus, gpu.gpus, where) if gpu is not None else []
         check_server_files(where, ct.name, cs, gpus, state.inventory)
-    # The gateways' containers: created as the others, without GPUs (tasks/gateway.py).
+    # The gateways' and monitoring's containers: created as the others, without GPUs
+    # (tasks/gateway.py, tasks/monitoring.py).
     gateways = host_gateways()
+    others = gateways + host_monitoring()
     if gpu is not None:
         nvidia_uvm(settings, gpu)
     wheel_stores(plans, gateways)
     model_stores(plans)
-    idmap_base = lxc_host(plans + gateways, settings) if settings.platform == "lxc" else None
+    idmap_base = lxc_host(plans + others, settings) if settings.platform == "lxc" else None
     if settings.platform == "lxc":
         # Every container's config and the host's limits in one read (host_reads).
         host_reads.expect([(HostPart.CONFIG, (lxc.config_path(ct.data.get("lxc_name"),
                                                                settings.lxc_path),))
-                           for ct, _ in plans + gateways] + [(HostPart.LIMITS, ())],
+                           for ct, _ in plans + others] + [(HostPart.LIMITS, ())],
                           executing=False)
     for ct, cs in plans:
         if settings.platform == "pve":
             pve_container(ct, cs, settings, gpu, indices[ct.name])
         else:
             lxc_container(ct, cs, settings, gpu, indices[ct.name], idmap_base)
-    for gw, cs in gateways:
+    for gw, cs in others:
         if settings.platform == "pve":
             pve_container(gw, cs, settings, None, [])
         else:
@@ -117,6 +119,12 @@ def host_gateways() -> list[tuple[Host, ContainerSettings]]:
     """This host's gateways (its ``gateways:``) and their containers' settings."""
     return [(gw, host_settings(ContainerSettings, of=gw))
             for gw in (state.inventory.get_host(name) for name in host.data.get("gateways") or [])]
+
+
+def host_monitoring() -> list[tuple[Host, ContainerSettings]]:
+    """This host's monitoring container (its ``monitoring:``) and its container's settings."""
+    return [(ct, host_settings(ContainerSettings, of=ct))
+            for ct in (state.inventory.get_host(name) for name in host.data.get("monitoring") or [])]
 
 
 def wheel_stores(plans: list[tuple[Host, ContainerSettings]],

@@ -65,8 +65,9 @@ from pve_sglang.facts import installed_stacks as stacks_facts
 from pve_sglang.facts import store as store_facts
 from pve_sglang.facts.container import UnitState
 from pve_sglang.facts.pve import LxcContainerStatus, PctStatus
-from pve_sglang.hosts_file import build_inventory
+from pve_sglang.hosts_file import build_inventory, build_monitored_inventory
 from pve_sglang.config.gateway import GatewaySettings, smg_lock_path
+from pve_sglang.config.monitoring import MonitoringSettings
 from pve_sglang.facts import gateway as gateway_facts
 from pve_sglang.gateway.workers import Worker
 from pve_sglang.operations import gateway as gateway_ops
@@ -85,6 +86,7 @@ from tasks.container import container_phase
 from tasks.host import host_phase
 from tasks.verify import verify_phase
 from tasks.gateway import gateway_phase
+from tasks.monitoring import monitoring_phase
 from pve_sglang.remote.bench_record import RECORD_PREFIX, kept
 from pve_sglang.server.bench import EXIT_STATUS_PREFIX, bench_module
 from bench_summary import summary_record
@@ -135,6 +137,9 @@ CONTAINER_BASE = {
 }
 # A gateway in front of the container, on the same host: its string settings reach its phase.
 GATEWAY_IDS = {"pve": 120, "lxc": "gw1"}
+# A monitoring container on the same host: its string settings reach its phase (and the node
+# exporter's, on the GPU host).
+MONITORING_IDS = {"pve": 130, "lxc": "mon1"}
 MOUNT_BASE = CONTAINER_BASE["mounts"][0]
 PLATFORMS = {"pve": ("pve1", "vmid", 105), "lxc": ("lxc1", "name", "ct1")}
 
@@ -191,6 +196,7 @@ HOST_STRINGS = string_fields(HostSettings)
 CONTAINER_STRINGS = string_fields(ContainerSettings)
 MOUNT_STRINGS = [name for name, kind in string_fields(Mount) if kind == "str"]
 GATEWAY_STRINGS = string_fields(GatewaySettings)
+MONITORING_STRINGS = string_fields(MonitoringSettings)
 SHIPPED_LOCK = SHIPPED / default_key().name  # the default set's, for Debian 12
 # The repository's lock is given: a hostile index URL must not start a lock's resolution.
 DEFAULTS = {**load_defaults(), "stack_lock": str(SHIPPED_LOCK)}
@@ -227,6 +233,9 @@ def settings_cases(platform: str, payload: str) -> list[tuple[str, str, Any, Any
         for index, value in enumerate(forms(payload, _base(field))):
             cases.append(("gateway", field, index,
                           [value] if kind == "list" else value))
+    for field, kind in MONITORING_STRINGS:
+        for index, value in enumerate(forms(payload, _base(field))):
+            cases.append(("monitoring", field, index, value))
     _, key, base = PLATFORMS[platform]
     for index, value in enumerate(forms(payload, str(base))):
         cases.append(("key", key, index, value))
@@ -241,8 +250,11 @@ def hosts_file(platform: str, settings: list[tuple[str, str, Any]]) -> dict:
         host["net0"] = "name=eth0,bridge=lxcbr0,ip=dhcp"  # plain LXC has no vmbr0
     container: dict[str, Any] = {key: ident, **json.loads(json.dumps(CONTAINER_BASE))}
     gateway: dict[str, Any] = {key: GATEWAY_IDS[platform]}
+    monitoring: dict[str, Any] = {key: MONITORING_IDS[platform]}
     for where, field, value in settings:
-        if where == "gateway":
+        if where == "monitoring":
+            monitoring[field] = value
+        elif where == "gateway":
             gateway[field] = value
             if field == "gateway_api_key":  # smg passes it on: the workers' key too
                 container["api_key"] = value
@@ -258,7 +270,9 @@ def hosts_file(platform: str, settings: list[tuple[str, str, Any]]) -> dict:
     # the functions the container's own phases run them through (the benchmark's argv), and its
     # files (worker list, keys) are read by Python, not a shell; a deploy is a third longer with it.
     fronted = any(where == "gateway" for where, _, _ in settings)
-    return {name: {**host, "containers": [container], **({"gateways": [gateway]} if fronted else {})}}
+    watched = any(where == "monitoring" for where, _, _ in settings)
+    return {name: {**host, "containers": [container], **({"gateways": [gateway]} if fronted else {}),
+                   **({"monitoring": monitoring} if watched else {})}}
 
 
 # --- the deploy on @fake hosts, every command recorded ------------------------------------
@@ -349,15 +363,21 @@ def _gateway_phases() -> None:
     gateway_phase()
 
 
+def _monitoring_phases() -> None:
+    """With the monitoring's settings: its phase (Prometheus in its container, the node
+    exporter on the GPU host); its container is made from container settings."""
+    monitoring_phase()
+
+
 class Deploy:
     """One deploy of a validated hosts file on @fake hosts: prepare and execute."""
 
     def __init__(self, platform: str, hosts: dict):
-        pve_hosts, gpu_containers, gateways = build_inventory(hosts, DEFAULTS)
+        pve_hosts, gpu_containers, gateways, monitoring = build_monitored_inventory(hosts, DEFAULTS)
         [(host_name, host_data)] = pve_hosts
         [(ct_name, ct_data)] = gpu_containers
         self.platform = platform
-        self.host, self.ct, self.gw = "@fake/host", "@fake/ct", "@fake/gw"
+        self.host, self.ct, self.gw, self.mon = "@fake/host", "@fake/ct", "@fake/gw", "@fake/mon"
         self.ct_data = ct_data
         workers = [{**w, "name": self.ct} for _, gw in gateways for w in gw["gateway_worker_list"]]
         responses = {**_responses(platform), **_gateway_responses(workers)}
@@ -373,8 +393,14 @@ class Deploy:
             data[self.gw] = {**DEFAULTS, **gateways[0][1], **fake, "pve_host": self.host,
                              "gateway_worker_list": workers}
             groups["gateways"] = ([self.gw], {})
+        if monitoring:
+            targets = [{**t, "name": self.ct} for t in monitoring[0][1]["monitoring_targets"]]
+            data[self.mon] = {**DEFAULTS, **monitoring[0][1], **fake, "pve_host": self.host,
+                              "monitoring_targets": targets}
+            groups["monitoring"] = ([self.mon], {})
         self.inventory = Inventory((list(data.items()), {}), **groups)
-        self.phases = _gateway_phases if gateways else _all_phases
+        self.phases = (_monitoring_phases if monitoring else
+                       _gateway_phases if gateways else _all_phases)
         self.state = State(self.inventory, Config())
 
     def run(self, monkeypatch) -> list[tuple]:
@@ -922,10 +948,12 @@ def test_the_plain_shell_sees_an_unquoted_value(plain_shell):
 
 def test_string_settings_are_read_from_the_models():
     """Every string field is tried, as the models define them (not a hand-kept list)."""
-    names = {name for name, _ in HOST_STRINGS + CONTAINER_STRINGS + GATEWAY_STRINGS} | set(MOUNT_STRINGS)
+    names = {name for name, _ in HOST_STRINGS + CONTAINER_STRINGS + GATEWAY_STRINGS
+             + MONITORING_STRINGS} | set(MOUNT_STRINGS)
     assert {"template", "lxc_path", "lxc_config", "venv_path", "model_path", "api_key",
             "extra_server_args", "host_path", "path", "gateway_api_key", "gateway_venv",
-            "gateway_workers", "gateway_wheelhouse"} <= names
+            "gateway_workers", "gateway_wheelhouse", "prometheus_host", "monitoring_dir",
+            "node_textfile_dir"} <= names
     assert "cores" not in names and "gpus" not in names
 
 
@@ -953,8 +981,9 @@ def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
             STATS["refused"] += 1
             continue
         secret = field in SECRET_FIELDS | {"gateway_api_key"}
-        # The gateway's own fields apart: the others deploy without a gateway (a third faster).
-        accepted.setdefault((index, secret, where == "gateway"), []).append((where, field, setting))
+        # The gateway's and monitoring's own fields apart: the others deploy without them.
+        phases = where if where in ("gateway", "monitoring") else "deploy"
+        accepted.setdefault((index, secret, phases), []).append((where, field, setting))
 
     problems: list[str] = []
     for settings in accepted.values():

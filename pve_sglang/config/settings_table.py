@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pve_sglang.project import GROUP_DATA, load_defaults, project_file
 from pve_sglang.config.gateway import GATEWAY_FIELDS
+from pve_sglang.config.monitoring import MONITORING_FIELDS
 from pve_sglang.config.settings import HOST_FIELDS
 
 BEGIN = "<!-- settings-table:begin -->"
@@ -45,7 +46,8 @@ def rows(path: Path | None = None) -> list[tuple[str, str, str, str]]:
                 value = load_defaults(path)[name]
                 default = f'"{value}"' if isinstance(value, str) else repr(value)
             level = ("host" if name in HOST_FIELDS else
-                     "gateway" if name in GATEWAY_FIELDS else "container")
+                     "gateway" if name in GATEWAY_FIELDS else
+                     "monitoring" if name in MONITORING_FIELDS else "container")
             meaning = _comments_above(lines, node.lineno)
             result.append((name, level, default, meaning))
     return result

@@ -43,6 +43,9 @@ container's Python. ``model_fetch.py`` lives with the rest of the model store
 ``gateway_workers.py``        the gateway's worker list through smg's worker API (register,
                               remove what it registered), and each worker's health as the
                               gateway reports it
+``gpu_textfile.py``          on a GPU host: each GPU's power, limit, utilisation and memory
+                              every few seconds, for the node exporter's textfile collector
+                              (the GPU sampler's query; the monitoring)
 ``status_read.py``            one container's status for ``make status`` (unit, stacks, model
                               marker, /health, /metrics), read-only, sent as ``python -c``
                               with ``server_metrics.py`` (``piped``)
@@ -81,6 +84,7 @@ STACK_FALLBACK = "stack_fallback.py"
 ROLLBACK_RULES = "rollback_rules.py"
 GATEWAY_WORKERS = "gateway_workers.py"
 STATUS_READ = "status_read.py"
+GPU_TEXTFILE = "gpu_textfile.py"
 
 #: The modules a script imports from beside it: uploaded with it, to the same folder.
 COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV, CONFINE, FILE_HASH),
@@ -88,7 +92,8 @@ COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV, CONFINE, FIL
                                           GATEWAY_WORKERS: (REMOTE_ENV,),
                                           STATUS_READ: (SERVER_METRICS,),
                                           GPU_SAMPLER: (SERVER_METRICS,),
-                                          STACK_FALLBACK: (ROLLBACK_RULES,)}
+                                          STACK_FALLBACK: (ROLLBACK_RULES,),
+                                          GPU_TEXTFILE: (GPU_SAMPLER, SERVER_METRICS)}
 
 _HERE = Path(__file__).resolve().parent
 #: The scripts kept in another folder of the package, with the code of their topic: the same
