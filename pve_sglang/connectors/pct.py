@@ -63,7 +63,7 @@ def parse_vmid(value: str) -> int:
     try:
         vmid = int(value)
     except ValueError:
-        raise InventoryError(f"Invalid Proxmox VMID {value!r}: not a number")
+        raise InventoryError(f"Invalid Proxmox VMID {value!r}: not a number") from None
     if not VMID_MIN <= vmid <= VMID_MAX or str(vmid) != value.strip():
         raise InventoryError(f"Invalid Proxmox VMID {value!r}: use {VMID_MIN}-{VMID_MAX}")
     return vmid

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from pyinfra.api import FactBase, QuoteString
+from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 from pve_sglang import remote
