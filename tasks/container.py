@@ -76,8 +76,8 @@ def container_phase() -> None:
 
 #: A step of a phase: what it does in words (the plan shown before the container runs), and the
 #: function that calls its operations. It is given the operations of earlier steps that need a
-#: server restart when they change, and returns its own.
-Step = tuple[str, Callable[[list], list]]
+#: server restart when they change, and returns its own (None: none).
+Step = tuple[str, Callable[[list], list | None]]
 
 
 def planned_container_steps() -> list[str]:

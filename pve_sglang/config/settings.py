@@ -15,7 +15,7 @@ import posixpath
 import re
 import typing
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 from urllib.parse import urlsplit
 
 from packaging.version import InvalidVersion, Version
@@ -908,7 +908,10 @@ def settings_for(host_data: Any, model: type[BaseModel]) -> Any:
     )
 
 
-def host_settings(model: type[BaseModel], of: Any = None) -> Any:
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def host_settings(model: type[_Model], of: Any = None) -> _Model:
     """MODEL's settings of pyinfra host OF (the current host when None), validated once per run
     and shared by every phase and operation that asks: host data does not change while the
     deploy runs. A value that fails validation raises ``SettingsError`` at each ask."""
