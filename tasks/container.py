@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -222,7 +223,7 @@ def container_steps() -> None:
         *([f"{stack_dir(cs)}/{STACK_LOCK}"] if cs.stack_install == "pinned" else []),
         *(shared_layer_paths(cs) if cs.uses_shared_layer else []),
         *([store_retention.user_path(cs.wheel_store, store_user_key())]
-          if cs.uses_wheel_store else []),
+          if cs.uses_wheel_store and cs.wheel_store is not None else []),
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
         unit_path(cs), fallback_unit_path(cs),
         *(remote.path(script) for script in (remote.MODEL_FETCH,
@@ -424,7 +425,7 @@ def container_model(cs: ContainerSettings, py: str, env_file: str, env) -> list:
     read-only: nothing here."""
     if not cs.model_download or cs.uses_model_store:
         return []
-    fetch = {"python": py, "script": remote.path(remote.MODEL_FETCH), "repo": cs.model_download,
+    fetch: dict[str, Any] = {"python": py, "script": remote.path(remote.MODEL_FETCH), "repo": cs.model_download,
              "revision": cs.model_revision, "root": cs.model_path, "flat": True,
              "env_file": env_file,
              "space_of": f"the container's filesystem of {cs.model_path}",

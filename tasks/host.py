@@ -5,6 +5,7 @@ from __future__ import annotations
 import posixpath
 import re
 from io import StringIO
+from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -131,6 +132,7 @@ def wheel_stores(plans: list[tuple[Host, ContainerSettings]],
         if (path, lock.id) in done:
             continue
         done.add((path, lock.id))
+        assert path is not None  # uses_wheel_store, gateway_store: a store is named
         wheels.store(name=f"Wheel store {path}: {lock.summary(SET_NAMES)}", path=path, lock=lock,
                      key=key)
 
@@ -218,7 +220,7 @@ def model_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
                       if name == "HF_TOKEN")
         token = paths.put(name=f"Hub token for {cs.model_download} (mode 0600)",
                           src=StringIO(env), dest=env_file, mode="600", secret=True)
-        fetch = {"python": f"{MODEL_TOOLS}/bin/python",
+        fetch: dict[str, Any] = {"python": f"{MODEL_TOOLS}/bin/python",
                  "script": f"{MODEL_TOOLS}/{remote.MODEL_FETCH}", "repo": cs.model_download,
                  "revision": cs.model_revision, "root": root, "env_file": env_file,
                  "link": model_store.serving_link(cs.model_store, cs.model_download,
@@ -369,7 +371,7 @@ def pve_container(
     ]
     marker = None
     if native or gpu is None:
-        devices = gpu.dev_entries(indices, where) if native else []
+        devices = gpu.dev_entries(indices, where) if native and gpu is not None else []
         running = host.get_fact(PctStatus, vmid=vmid) == "running"
         decision = devn_restart(pct.device_change(vmid, devices), pve_container, running)
         gpus = pct.config(
@@ -421,7 +423,8 @@ def lxc_host(plans: list[tuple[Host, ContainerSettings]], hs: HostSettings) -> i
     their veths join. Returns the start of root's id range (``None``: no unprivileged one)."""
     base = None
     if any(cs.unprivileged for _, cs in plans):
-        base = subid_base(host.get_fact(RootSubIds) or {})
+        ranges = host.get_fact(RootSubIds)
+        base = subid_base(ranges or {})
         if base is None:
             start, count = DEFAULT_SUBID
             for kind in ("uid", "gid"):
@@ -457,7 +460,8 @@ def lxc_container(
                 f"in {path}); its files' owners would have to be shifted: recreate the "
                 "container, or set the field to match"
             )
-        if mapped and not any(line in mapped for line in idmap_lines(idmap_base)):
+        if mapped and idmap_base is not None and not any(
+                line in mapped for line in idmap_lines(idmap_base)):
             base = None  # the user's own id map: kept, the deploy adds none
     limits = HostLimits.of(host_reads.read(HostPart.LIMITS) or {})
     if cs.cores > limits.cpus:
