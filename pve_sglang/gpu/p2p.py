@@ -144,14 +144,13 @@ def matrix_pairs(parsed: dict[str, Any] | str | None, parse=parse_p2p_matrix) ->
     """A parsed matrix (or its text) as ``{(src, dst): value}``."""
     if parsed is None:
         return {}
-    if isinstance(parsed, str):
-        parsed = parse(parsed)
-    gpus = parsed.get("gpus") or []
+    matrix: dict[str, Any] = parse(parsed) if isinstance(parsed, str) else parsed
+    gpus = matrix.get("gpus") or []
     return {
         (src, dst): value
         for i, src in enumerate(gpus)
         for j, dst in enumerate(gpus)
-        if (value := parsed["matrix"][i][j]) is not None
+        if (value := matrix["matrix"][i][j]) is not None
     }
 
 
@@ -163,7 +162,7 @@ def link_kind(link: str | None) -> str | None:
 
 
 def p2p_expected(link: str | None) -> bool:
-    return bool(link) and link.startswith(P2P_EXPECTED_PREFIXES)
+    return link is not None and link.startswith(P2P_EXPECTED_PREFIXES)
 
 
 def _checks_by_pair(checks: dict | None) -> dict[tuple[int, int], dict]:

@@ -126,8 +126,8 @@ class _Sampler:
         self.error: str | None = None
         self._raw = open(raw_file, "w") if raw_file else None
         try:
-            self._proc = subprocess.Popen(nvidia_smi_argv(interval_ms), stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True)
+            self._proc: subprocess.Popen[str] | None = subprocess.Popen(
+                nvidia_smi_argv(interval_ms), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         except OSError as error:
             self._proc = None
             self.error = f"nvidia-smi: {error.strerror or error}"
@@ -136,6 +136,7 @@ class _Sampler:
         self._thread.start()
 
     def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None  # started with a pipe
         for line in self._proc.stdout:
             self.lines.append((time.monotonic(), line.rstrip("\n")))
             if self._raw:
@@ -216,6 +217,7 @@ def run(command: list[str], interval_ms: int, start_marker: str | None,
         energy.close()
         out.write(f"gpu_sampler: cannot run {command[0]}: {error.strerror or error}\n")
         return 127
+    assert proc.stdout is not None  # stdout=PIPE
     for raw in proc.stdout:
         now = time.monotonic()
         line = raw.decode("utf-8", "replace")

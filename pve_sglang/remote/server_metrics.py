@@ -49,7 +49,7 @@ from typing import TypeVar
 try:
     from prometheus_client.parser import text_string_to_metric_families
 except ImportError:  # a Python without it: the summary says so
-    text_string_to_metric_families = None
+    text_string_to_metric_families = None  # type: ignore[assignment]  # None: the parser is missing
 
 SUMMARY_PREFIX = "SERVER_METRICS_JSON "
 #: A /metrics answer larger than this is refused (SGLang's, histograms of 8 ranks included, is
@@ -241,6 +241,7 @@ def run(command: list[str], url: str, interval_ms: int, start_marker: str | None
         scraper.stop()
         out.write(f"server_metrics: cannot run {command[0]}: {error.strerror or error}\n")
         return 127
+    assert proc.stdout is not None  # stdout=PIPE
     for raw in proc.stdout:
         now = time.monotonic()
         line = raw.decode("utf-8", "replace")
