@@ -41,5 +41,5 @@ class ContainerStatus(FactBase[dict]):
             last = output[-1] if output else "no output"
             return {"error": f"the status read printed no JSON ({last[:200]})"}
         raw = found[-1]
-        lines = raw.get("unit") if isinstance(raw.get("unit"), list) else []
+        lines = unit if isinstance(unit := raw.get("unit"), list) else []
         return {**raw, "unit": UnitState().process([str(line) for line in lines])}

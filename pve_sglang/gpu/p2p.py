@@ -16,6 +16,7 @@ Inputs:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -177,7 +178,7 @@ def build_report(
     p2p_write: dict[str, Any] | str | None = None,
     checks: dict | None = None,
     virt: str | None = None,
-    iommu_acs: dict | None = None,
+    iommu_acs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """
     TOPO, P2P_READ and P2P_WRITE are the parsed matrices (the ``NvidiaTopoMatrix`` and
@@ -306,7 +307,7 @@ def _slow_pairs(pairs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
     return slow, warnings
 
 
-def _advice(vm: str | None, iommu_acs: dict | None) -> list[str]:
+def _advice(vm: str | None, iommu_acs: Mapping[str, Any] | None) -> list[str]:
     """What to try when P2P is missing, slow or wrong: on a VM (VM: its kind), the IOMMU,
     the bridges whose ACS redirects P2P, and the last resort."""
     advice = [ADVICE_VM.format(virt=vm)] if vm else []
