@@ -750,7 +750,7 @@ def build_gateways(hosts: dict[str, Any], gpu_containers: Group, defaults: dict[
             raise SettingsError(
                 f"host {host_name}{_at(hosts, host_name, 'gateways')}: field 'gateways' is "
                 f"{_kind(items)}; expected a list of gateway entries (each with vmid or name)")
-        platform = {**defaults, **entry, **override}.get("platform")
+        platform: str = {**defaults, **entry, **override}["platform"]  # build_groups checked it
         data_key = PLATFORMS[platform][2]
         inventory_name = _host_inventory_name(host_name, entry)
         host_keys = connector_data_types(HOST_CONNECTOR)

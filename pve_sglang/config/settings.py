@@ -15,7 +15,7 @@ import posixpath
 import re
 import typing
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeGuard, TypeVar, Union
 from urllib.parse import urlsplit
 
 from packaging.version import InvalidVersion, Version
@@ -730,8 +730,8 @@ class ContainerSettings(_Strict):
     def all_mounts(self) -> list[Mount]:
         """The mounts the container gets: the user's, the wheel store and the model's commit
         in the model store (its ``serving`` link), read-only."""
-        store = [Mount(host_path=self.wheel_store, path=self.wheel_store, read_only=True)] \
-            if self.uses_wheel_store else []
+        store = [Mount(host_path=wheels, path=wheels, read_only=True)] \
+            if self.uses_wheel_store and (wheels := self.wheel_store) is not None else []
         if self.uses_model_store:
             assert self.model_store is not None and self.model_download is not None
             link = serving_link(self.model_store, self.model_download, self.model_revision)
@@ -805,7 +805,7 @@ def shown(top: str, value: Any) -> Any:
     return value
 
 
-def _union_branch(part: Any) -> bool:
+def _union_branch(part: Any) -> TypeGuard[str]:
     """pydantic names the member of a union in an error's location (``list[...]``)."""
     return isinstance(part, str) and ("[" in part or part.startswith("function-"))
 
