@@ -571,6 +571,8 @@ class ContainerSettings(_Strict):
     server_host: Annotated[str, AfterValidator(ip_address)]
     server_port: Port
     tp_size: Int | None = Field(ge=1)
+    # ignored (valid-type): a Literal of a tuple, the values listed once above; pydantic reads
+    # them at run time, mypy takes only literal values.
     moe_runner_backend: Literal[MOE_RUNNER_BACKENDS]  # type: ignore[valid-type]
     attention_backend: Literal[ATTENTION_BACKENDS]  # type: ignore[valid-type]
     mem_fraction_static: float = Field(gt=0, lt=1)
