@@ -15,7 +15,7 @@ define apt_install
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null
 endef
 
-.PHONY: deploy deploy-deps tune status test test-fast system-deps bench lock bench-stack release bench-tune \
+.PHONY: deploy deploy-deps tune status test test-fast lint system-deps bench lock bench-stack release bench-tune \
 	gpu-kit gpu-kit-check
 
 # The tests' caches (the Debian rootfs, wheels, venvs: GBs, built once) live outside the clone
@@ -75,6 +75,15 @@ status: $(STAMP)
 
 test: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(ARGS)
+
+# ruff, mypy and shellcheck at 0 findings (rules: pyproject.toml's [tool.ruff] and [tool.mypy]);
+# .ci/run runs it before the tests. The deploy writes no shell file (its units run programs, its
+# scripts are Python): shellcheck reads the repository's own shell files.
+SHELL_FILES = .ci/run tests/bin/pct tests/fixtures/capture_gpu_host.sh
+lint: $(STAMP)
+	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/shellcheck $(SHELL_FILES)
 
 # The fast tier: every test that boots no container, needs no root and downloads nothing
 # (tests/conftest.py marks the others from the fixtures they use). No system packages needed.

@@ -185,7 +185,7 @@ def death(venv: Path, work: Path, settings: dict, args) -> dict:
         requests = json.loads(out["raw"])["requests"]
         failed = [end for start, end, status in requests if status != "200" and end >= killed]
         codes: dict[str, int] = {}
-        for start, end, status in requests:
+        for _start, end, status in requests:
             if end >= killed and status != "200":
                 codes[status] = codes.get(status, 0) + 1
         after = [status for start, _, status in requests if marked and start > marked]

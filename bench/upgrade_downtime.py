@@ -286,7 +286,7 @@ def main() -> int:
             assert site.deploy("0.5.9").returncode == 0 and site.serves() == "0.5.9"
             cut: dict = {}
             rows.append(measured(site, f"rollback 0.5.7 -> 0.5.9 cut after step {steps}",
-                                 lambda: rollback_cut(site, steps, "0.5.9", "0.5.7",
+                                 lambda steps=steps, cut=cut: rollback_cut(site, steps, "0.5.9", "0.5.7",
                                                       args.cut_wait_s, cut), cut))
     finally:
         env.close()

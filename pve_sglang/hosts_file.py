@@ -794,7 +794,7 @@ def build_gateways(hosts: dict[str, Any], gpu_containers: Group, defaults: dict[
                 f"host {host_name}{_at(hosts, host_name, 'gateways')}: field 'gateways' is "
                 f"{_kind(items)}; expected a list of gateway entries (each with vmid or name)")
         host_in_force = in_force(defaults, host=entry, override=override)
-        platform = host_in_force.get("platform")
+        platform: str = host_in_force["platform"]  # build_groups checked it
         data_key = PLATFORMS[platform][2]
         inventory_name = _host_inventory_name(host_name, entry)
         host_keys = connector_data_types(HOST_CONNECTOR)

@@ -23,6 +23,7 @@ from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.facts.nvidia import (
     CharDeviceMajors,
     NvidiaDeviceNodes,
+    GpuMinor,
     NvidiaDriverVersion,
     NvidiaGpuMinors,
     NvidiaGpus,
@@ -68,7 +69,7 @@ class GpuHost:
     #: The host's pve-container version (None: plain LXC, or not installed).
     pve_container: str | None = None
     #: nvidia-smi's GPUs with their device minors (the ``NvidiaGpuMinors`` fact).
-    minors: list[dict] = field(default_factory=list)
+    minors: list[GpuMinor] = field(default_factory=list)
 
     def indices(self, wanted: str | list[int], where: str) -> list[int]:
         """The GPU indices a container gets; an index the host lacks is an error."""

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -77,8 +78,8 @@ def container_phase() -> None:
 
 #: A step of a phase: what it does in words (the plan shown before the container runs), and the
 #: function that calls its operations. It is given the operations of earlier steps that need a
-#: server restart when they change, and returns its own.
-Step = tuple[str, Callable[[list], list]]
+#: server restart when they change, and returns its own (None: none).
+Step = tuple[str, Callable[[list], list | None]]
 
 
 def planned_container_steps() -> list[str]:
@@ -223,7 +224,7 @@ def container_steps() -> None:
         *([f"{stack_dir(cs)}/{STACK_LOCK}"] if cs.stack_install == "pinned" else []),
         *(shared_layer_paths(cs) if cs.uses_shared_layer else []),
         *([store_retention.user_path(cs.wheel_store, store_user_key())]
-          if cs.uses_wheel_store else []),
+          if cs.uses_wheel_store and cs.wheel_store is not None else []),
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
         unit_path(cs), fallback_unit_path(cs),
         *(remote.path(script) for script in (remote.MODEL_FETCH,

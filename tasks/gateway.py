@@ -11,6 +11,7 @@ sees it, and one chat completion through the gateway.
 
 from __future__ import annotations
 
+import functools
 from io import StringIO
 
 from pyinfra import host
@@ -153,7 +154,7 @@ def gateway_bench_phase() -> None:
     for gw in fronted_by(host.name):
         gs = host_settings(GatewaySettings, of=gw)
         if gs.gateway_bench:
-            run_when_container_exists(lambda gw=gw, gs=gs: bench_through(gw, gs),
+            run_when_container_exists(functools.partial(bench_through, gw, gs),
                                       "gateway benchmark")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import posixpath
 import re
 from io import StringIO
+from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -139,6 +140,7 @@ def wheel_stores(plans: list[tuple[Host, ContainerSettings]],
         if (path, lock.id) in done:
             continue
         done.add((path, lock.id))
+        assert path is not None  # uses_wheel_store, gateway_store: a store is named
         wheels.store(name=f"Wheel store {path}: {lock.summary(SET_NAMES)}", path=path, lock=lock,
                      key=key)
 
@@ -373,7 +375,7 @@ def pve_container(
     ]
     marker = None
     if native or gpu is None:
-        devices = gpu.dev_entries(indices, where) if native else []
+        devices = gpu.dev_entries(indices, where) if native and gpu is not None else []
         running = host.get_fact(PctStatus, vmid=vmid) == "running"
         decision = devn_restart(pct.device_change(vmid, devices), pve_container, running)
         gpus = pct.config(
@@ -425,7 +427,8 @@ def lxc_host(plans: list[tuple[Host, ContainerSettings]], hs: HostSettings) -> i
     their veths join. Returns the start of root's id range (``None``: no unprivileged one)."""
     base = None
     if any(cs.unprivileged for _, cs in plans):
-        base = subid_base(host.get_fact(RootSubIds) or {})
+        ranges = host.get_fact(RootSubIds)
+        base = subid_base(ranges or {})
         if base is None:
             start, count = DEFAULT_SUBID
             for kind in ("uid", "gid"):
@@ -461,7 +464,8 @@ def lxc_container(
                 f"in {path}); its files' owners would have to be shifted: recreate the "
                 "container, or set the field to match"
             )
-        if mapped and not any(line in mapped for line in idmap_lines(idmap_base)):
+        if mapped and idmap_base is not None and not any(
+                line in mapped for line in idmap_lines(idmap_base)):
             base = None  # the user's own id map: kept, the deploy adds none
     limits = HostLimits.of(host_reads.read(HostPart.LIMITS) or {})
     if cs.cores > limits.cpus:

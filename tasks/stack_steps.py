@@ -78,7 +78,7 @@ def kept(cs: ContainerSettings, after_verdict: bool = False) -> None:
             when or " (the serving one and its rollback target always)")),
         venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE, service=cs.service_name,
         wanted=wanted, keep=cs.stack_retention, restart_on_change=cs.restart_on_change)
-    if cs.uses_wheel_store:
+    if cs.uses_wheel_store and cs.wheel_store is not None:
         store.holds(name=f"The wheel store {cs.wheel_store} knows the locks this container "
                     f"holds{when}", store=cs.wheel_store, key=store_user_key(),
                     venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE,

@@ -18,6 +18,7 @@ from pyinfra.context import state
 
 from pve_sglang.config.gateway import GatewaySettings
 from pve_sglang.config.settings import ContainerSettings, host_settings
+from pve_sglang.connectors.container import ContainerConnector
 from pve_sglang.facts.status import ContainerStatus
 from pve_sglang.gateway import render as gateway_render
 from pve_sglang.model_store.model_fetch import MARKER
@@ -49,9 +50,9 @@ def _row() -> dict[str, str]:
     where = str(host.data.get("pve_host") or "")
     # container_ready asks the host once and keeps a yes for the read below (container_state
     # would be asked again by it); a no is asked once more for its word (stopped, missing).
-    ready = getattr(host.connector, "container_ready", None)
-    if ready is not None and not ready():
-        return status.down_row(where, host.name, host.connector.container_state())
+    connector = host.connector
+    if isinstance(connector, ContainerConnector) and not connector.container_ready():
+        return status.down_row(where, host.name, connector.container_state())
     if "gateways" in host.groups:
         gs = host_settings(GatewaySettings)
         read = host.get_fact(ContainerStatus, python="/nonexistent",

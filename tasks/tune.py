@@ -156,7 +156,7 @@ def search(pinned: frozenset[str], view: NodeView) -> None:
     start_s = measured_start_s(cs)
     drive = Drive(space, found, cs.tune_budget_s, tuned, level, cs.tune_max_p99_ttft_ms,
                   cs.bench_low_power_pct,
-                  **({"start_s": start_s} if start_s is not None else {}))
+                  start_s=Drive.start_s if start_s is None else start_s)
     stopped = False
     try:
         with ctrl_c_stops(f"{host.name}: make tune"):

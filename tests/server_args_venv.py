@@ -14,7 +14,6 @@ in a venv holding only the wheel, adding what each ImportError named, until it i
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys

@@ -218,7 +218,7 @@ def test_markers_are_printed_by_the_release(release, member, sglang_wheel):
     """The sampler's window opens and closes on lines the release's benchmark prints."""
     with zipfile.ZipFile(sglang_wheel(release)) as archive:
         text = archive.read(member).decode()
-    assert f"Starting main benchmark run..." in text and MAIN_RUN_MARKER in text
+    assert "Starting main benchmark run..." in text and MAIN_RUN_MARKER in text
     assert f'"{RESULT_HEADER}"' in text
 
 

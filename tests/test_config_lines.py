@@ -28,7 +28,7 @@ def test_owned_lines_replaced_in_place_user_lines_and_snapshots_kept():
     main, snap = new.split("[snap1]")
     assert "lxc.cgroup2.devices.allow: c 226:* rwm" in main  # the user's DRI rule stays
     assert "lxc.apparmor.profile: unconfined" in main
-    assert [l for l in main.splitlines() if OWNED(l)] == desired
+    assert [line for line in main.splitlines() if OWNED(line)] == desired
     assert snap == "\narch: amd64\nlxc.cgroup2.devices.allow: c 195:* rwm\n"
     assert reconcile_lines(new, desired, OWNED) == new  # converged: byte-identical
 

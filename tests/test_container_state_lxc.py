@@ -18,7 +18,6 @@ import sys
 
 import pytest
 
-from devtools import lxc_env
 from test_deploy_lxc import REPO, Deploy, changed, failed
 
 NAME = "pvs-state"

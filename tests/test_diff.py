@@ -181,7 +181,7 @@ def test_plan_with_diff_shows_unit_change_masks_secrets_and_names_restart_reason
         assert secret not in log
     [reason] = [line for line in log.splitlines() if "will restart because" in line]
     assert "sglang.service will restart because: " in reason
-    assert f"systemd unit sglang.service changes" in reason
+    assert "systemd unit sglang.service changes" in reason
     assert f"Server environment {ENV}" in reason
 
 

@@ -52,7 +52,6 @@ from pathlib import Path
 
 import pytest
 
-from devtools import lxc_env
 from harness import PATH_STATES_COMMAND, path_states_output, plan_deploy
 from pve_sglang.stack import switch_rules as stacks
 from test_deploy_lxc import NO_GPU_DROPIN, REPO, UNIT, Deploy, changed, failed
@@ -538,7 +537,6 @@ def test_host_driver_upgrade_reinstalls_the_container_driver_on_recorded_h200_fa
     version the same plan changes nothing (the control)."""
     from pve_sglang.facts.container import (
         NvidiaUserspaceVersion,
-        PathStates,
         SglangVenv,
         UnitState,
         UvVersion,

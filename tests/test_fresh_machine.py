@@ -24,7 +24,6 @@ cache and apt's archives kept on this machine between runs (``.cache/fresh-machi
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import time

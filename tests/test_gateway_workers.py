@@ -393,7 +393,7 @@ def standins(tmp_path_factory):
             return False
 
     for case in cases:
-        wait_for(lambda: ready(found[case]), f"the {case} stand-in did not start")
+        wait_for(lambda case=case: ready(found[case]), f"the {case} stand-in did not start")
     yield found
     for process in processes:
         process.kill()

@@ -118,7 +118,7 @@ def _fake_torch(available: bool, warning: str | None = None) -> types.ModuleType
 
     def is_available():
         if warning:
-            warnings.warn(warning, UserWarning)
+            warnings.warn(warning, UserWarning, stacklevel=2)
         return available
 
     torch.cuda = types.SimpleNamespace(is_available=is_available, device_count=lambda: 0,

@@ -38,7 +38,7 @@ from io import StringIO
 import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Annotated, Any, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
 import pytest
 from pydantic import BaseModel, SecretStr
@@ -543,10 +543,10 @@ class BatchShell:
                 lines.append(f"put {index} {shlex.quote('/' + dest.lstrip('/'))}")
                 continue
             _, command, layers = step
-            for layer in layers:
-                if layer not in self.parse_errors and layer not in parsing:
-                    parsing[layer] = f"{index}.{len(parsing)}"
-                    lines.append(f"parse {parsing[layer]} {shlex.quote(layer)}")
+            for text in layers:
+                if text not in self.parse_errors and text not in parsing:
+                    parsing[text] = f"{index}.{len(parsing)}"
+                    lines.append(f"parse {parsing[text]} {shlex.quote(text)}")
                     self.parsed += 1
             lines.append(f"run {index} {shlex.quote(command)}")
             self.runs += 1
@@ -558,8 +558,8 @@ class BatchShell:
             current = int((batch / "current").read_text())
             raise AssertionError(f"did not finish in {BATCH_TIMEOUT_S} s: {steps[current][1]!r}") from None
         failed = _listed(batch / "parse-failed")
-        for layer, name in parsing.items():
-            self.parse_errors[layer] = (batch / f"{name}.parse").read_text().strip() \
+        for text, name in parsing.items():
+            self.parse_errors[text] = (batch / f"{name}.parse").read_text().strip() \
                 if name in failed else None
         return batch
 

@@ -8,7 +8,6 @@ repository), a moved branch reported and not followed.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -1,6 +1,5 @@
 """Container-phase operations: facts in, commands out (changed and converged cases)."""
 
-import shlex
 
 import pytest
 from pyinfra.api import OperationError

@@ -22,7 +22,6 @@ import pytest
 from cache_dir import TEST_CACHE
 
 from devtools import release
-from pve_sglang.project import load_defaults
 from pve_sglang.server import startup_log
 
 REPO = Path(__file__).resolve().parents[1]

@@ -175,7 +175,7 @@ def test_a_second_container_of_the_host_installs_sglang_alone(proof, tmp_path_fa
 
 # --- make release, in the same container and store ---------------------------------------------
 
-def test_make_release_proves_a_release_end_to_end_in_the_same_container_and_store(proof, repo):
+def test_make_release_proves_a_release_end_to_end_in_the_same_container_and_store(proof, repo):  # noqa: F811 - the imported fixture
     """``make release VERSION=0.5.17`` (devtools/release.py ``advance``; 0.5.17 recorded
     already): its lock, its wheels, the watch's lines, the flags, the whole deploy with the real
     parser on the unit and a second run changing nothing, here as an upgrade in the default

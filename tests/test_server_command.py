@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from pyinfra.api import Inventory
 
 from pve_sglang import remote
 from pve_sglang.server.command import (
@@ -307,6 +308,10 @@ def test_known_flags_reads_the_release(site, version):
     assert len(known) == {"0.5.9": 342, "0.5.23": 560}[version]
 
 
+#: A one-node container's inventory: server_files reads it only for a model served by several.
+NO_NODES = Inventory(([], {}))
+
+
 @pytest.mark.parametrize("version", RELEASES)
 def test_every_value_of_the_default_space_renders_flags_the_release_knows(site, version):
     """make tune's check before any restart (``tuning.deployed.refused_flags``), against the
@@ -316,9 +321,9 @@ def test_every_value_of_the_default_space_renders_flags_the_release_knows(site, 
     space = default_space(version, moe=True)
     start = start_of(s, space)
     known = known_flags(site[version])
-    assert refused_flags("pve1-105", s, [], None, start, space, known) == []
+    assert refused_flags("pve1-105", s, [], NO_NODES, start, space, known) == []
     less = KnownFlags(known - {"--schedule-policy"}, version)
-    refused = refused_flags("pve1-105", s, [], None, start, space, less)
+    refused = refused_flags("pve1-105", s, [], NO_NODES, start, space, less)
     policies = [v for v in space["schedule_policy"] if v is not None]
     assert refused == [f"schedule_policy={v!r}: sglang {version} does not know --schedule-policy "
                        f"({len(less)} flags read from its server_args.py and arg_groups)"

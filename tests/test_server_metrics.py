@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import http.server
 import io
-import json
 import re
 import socket
 import subprocess

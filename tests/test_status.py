@@ -211,3 +211,18 @@ def test_a_restart_is_pending_only_for_a_serving_unit(active, sub, pending):
             "mtimes": {"the unit file": 101, "the launcher": 100}}
     row = status.container_row("pve1", "c1", "/opt/sglang/venv", read, [], None, NOW)
     assert row["restart_pending"] == pending
+
+
+@pytest.mark.parametrize("marker, model", [
+    ({"commit": "a" * 40}, ""),  # no repo in it
+    ({"repo": 7, "commit": None}, "7"),  # the container's file is untrusted: not a string
+    ({"repo": "Qwen/Qwen3-0.6B", "commit": "b" * 40}, "Qwen/Qwen3-0.6B"),
+])
+def test_every_cell_of_a_row_is_text_whatever_the_model_marker_holds(marker, model):
+    """The row promises text cells (``dict[str, str]``; --json gives them as read): a model
+    marker without its repo gives an empty cell, not null."""
+    read = {"unit": {"active": "active", "sub": "running", "started": 100}, "marker": marker}
+    row = status.container_row("pve1", "c1", "/opt/sglang/venv", read, [], None, NOW)
+    assert row["model"] == model
+    assert {key: value for key, value in row.items() if not isinstance(value, str)} == {}
+    assert json.loads(status.as_json([row]))

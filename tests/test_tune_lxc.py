@@ -144,7 +144,7 @@ def test_a_two_node_group_is_tuned_as_one_and_left_serving_the_best_as_the_deplo
     tuned_files = [tmp_path / "tuned" / f"lab-{n}.yml" for n in range(2)]
     hosts = [(box, {"settings": overrides, "tuned_file": str(tuned)})
              for box, tuned in zip(boxes, tuned_files)]
-    box, tuned = boxes[0], tuned_files[0]
+    tuned = tuned_files[0]
 
     # Ctrl-C at a terminal (SIGINT to the run's process group) once 2 tries are recorded: the
     # group is put on the best so far before the run ends; the record says it goes on.

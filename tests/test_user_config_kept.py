@@ -22,7 +22,6 @@ import shlex
 import subprocess
 from pathlib import Path
 
-import pytest
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.deploy import add_deploy, deploy
 from pyinfra.api.host import Host

@@ -73,6 +73,7 @@ class GatewaySettings(_Strict):
     gateway_host: Annotated[str, AfterValidator(ip_address)]
     gateway_port: Port
     gateway_prometheus_port: Port
+    # ignored (valid-type): a Literal of the tuple POLICIES, read by pydantic at run time.
     gateway_policy: Literal[POLICIES]  # type: ignore[valid-type]
     gateway_workers: list[Annotated[str, Field(min_length=1)]] | None
     gateway_health_check_interval_s: Int = Field(ge=1, le=3600)

@@ -15,7 +15,7 @@ import posixpath
 import re
 import typing
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeGuard, TypeVar, Union
 from urllib.parse import urlsplit
 
 from packaging.version import InvalidVersion, Version
@@ -571,6 +571,8 @@ class ContainerSettings(_Strict):
     server_host: Annotated[str, AfterValidator(ip_address)]
     server_port: Port
     tp_size: Int | None = Field(ge=1)
+    # ignored (valid-type): a Literal of a tuple, the values listed once above; pydantic reads
+    # them at run time, mypy takes only literal values.
     moe_runner_backend: Literal[MOE_RUNNER_BACKENDS]  # type: ignore[valid-type]
     attention_backend: Literal[ATTENTION_BACKENDS]  # type: ignore[valid-type]
     mem_fraction_static: float = Field(gt=0, lt=1)
@@ -730,8 +732,8 @@ class ContainerSettings(_Strict):
     def all_mounts(self) -> list[Mount]:
         """The mounts the container gets: the user's, the wheel store and the model's commit
         in the model store (its ``serving`` link), read-only."""
-        store = [Mount(host_path=self.wheel_store, path=self.wheel_store, read_only=True)] \
-            if self.uses_wheel_store else []
+        store = [Mount(host_path=wheels, path=wheels, read_only=True)] \
+            if self.uses_wheel_store and (wheels := self.wheel_store) is not None else []
         if self.uses_model_store:
             assert self.model_store is not None and self.model_download is not None
             link = serving_link(self.model_store, self.model_download, self.model_revision)
@@ -805,7 +807,7 @@ def shown(top: str, value: Any) -> Any:
     return value
 
 
-def _union_branch(part: Any) -> bool:
+def _union_branch(part: Any) -> TypeGuard[str]:
     """pydantic names the member of a union in an error's location (``list[...]``)."""
     return isinstance(part, str) and ("[" in part or part.startswith("function-"))
 
@@ -908,7 +910,10 @@ def settings_for(host_data: Any, model: type[BaseModel]) -> Any:
     )
 
 
-def host_settings(model: type[BaseModel], of: Any = None) -> Any:
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def host_settings(model: type[_Model], of: Any = None) -> _Model:
     """MODEL's settings of pyinfra host OF (the current host when None), validated once per run
     and shared by every phase and operation that asks: host data does not change while the
     deploy runs. A value that fails validation raises ``SettingsError`` at each ask."""

@@ -24,7 +24,7 @@ DOC = "docs/settings.md"
 
 def _comments_above(lines: list[str], lineno: int) -> str:
     """The ``#`` comment lines right above line LINENO (1-based), joined."""
-    text = []
+    text: list[str] = []
     index = lineno - 2
     while index >= 0 and lines[index].lstrip().startswith("#") and "---" not in lines[index]:
         text.insert(0, lines[index].lstrip()[1:].strip())

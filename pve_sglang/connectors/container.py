@@ -180,7 +180,8 @@ class ContainerConnector(BaseConnector, abc.ABC):
 
     def container_state(self) -> str:
         """Ask the host for the container's current state (never cached)."""
-        status, output = self.outer.run_shell_command(self.make_status_command())
+        status, output = self.outer.run_shell_command(
+            self.make_status_command(), print_output=False, print_input=False)
         state = self.parse_state(status, output)
         logger.debug("%s state: %s", self.container_label(), state)
         return state
@@ -279,6 +280,7 @@ class ContainerConnector(BaseConnector, abc.ABC):
 
         status, output = self.outer.run_shell_command(
             StringCommand("mktemp", "-d", "-t", "pyinfra-container-XXXXXXXXXX"),
+            print_output=False, print_input=False,
         )
         if not status or not output.stdout_lines:
             raise OSError(f"Could not make a temporary directory on the host: {output.stderr}")
@@ -291,6 +293,7 @@ class ContainerConnector(BaseConnector, abc.ABC):
 
         status, output = self.outer.run_shell_command(
             StringCommand("rm", "-rf", QuoteString(path)),
+            print_output=False, print_input=False,
         )
         if not status:
             logger.warning(f"Could not remove temporary directory {path} on the host: {output}")
@@ -316,7 +319,8 @@ class ContainerConnector(BaseConnector, abc.ABC):
         host_temp = f"{temp_dir}/upload"
         try:
             if self.is_local():
-                with get_file_io(filename_or_io) as file_io, open(host_temp, "wb") as temp_f:
+                # ignored: pyinfra types the connector's argument IOBase, its get_file_io IO (the same objects).
+                with get_file_io(filename_or_io) as file_io, open(host_temp, "wb") as temp_f:  # type: ignore[arg-type]
                     data = file_io.read()
                     if isinstance(data, str):
                         data = data.encode()
@@ -364,7 +368,8 @@ class ContainerConnector(BaseConnector, abc.ABC):
             if status:
                 if self.is_local():
                     with open(host_temp, "rb") as temp_f:
-                        with get_file_io(filename_or_io, "wb") as file_io:
+                        # ignored: pyinfra's IOBase against its get_file_io's IO, as in put_file.
+                        with get_file_io(filename_or_io, "wb") as file_io:  # type: ignore[arg-type]
                             shutil.copyfileobj(temp_f, file_io)
                 elif not self.outer.get_file(host_temp, filename_or_io):
                     raise OSError(f"Failed to download {remote_filename} from the host")

@@ -63,7 +63,7 @@ def parse_vmid(value: str) -> int:
     try:
         vmid = int(value)
     except ValueError:
-        raise InventoryError(f"Invalid Proxmox VMID {value!r}: not a number")
+        raise InventoryError(f"Invalid Proxmox VMID {value!r}: not a number") from None
     if not VMID_MIN <= vmid <= VMID_MAX or str(vmid) != value.strip():
         raise InventoryError(f"Invalid Proxmox VMID {value!r}: use {VMID_MIN}-{VMID_MAX}")
     return vmid
@@ -153,7 +153,8 @@ class PctConnector(ContainerConnector):
         if not self._version_known:
             version = self.data.get("pct_pve_container")
             if not version:
-                status, output = self.outer.run_shell_command(StringCommand(VERSION_COMMAND))
+                status, output = self.outer.run_shell_command(
+                    StringCommand(VERSION_COMMAND), print_output=False, print_input=False)
                 version = parse_dpkg_version(output.stdout_lines) if status else None
                 problem = answer_problem(version) if version else None
                 if problem:

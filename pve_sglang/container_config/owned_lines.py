@@ -46,7 +46,7 @@ def owned_by_gpu_passthrough(majors: Mapping[str, int]) -> Callable[[str], bool]
         if rule:
             return int(rule.group("major")) in owned_majors
         mount = _MOUNT.match(text)
-        return bool(mount) and bool(
+        return mount is not None and bool(
             _NVIDIA_SOURCE.match(mount.group("source")) or _NVIDIA_TARGET.match(mount.group("target"))
         )
 

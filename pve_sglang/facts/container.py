@@ -6,6 +6,7 @@ import calendar
 import json
 import re
 import time
+from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name
 from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand
@@ -13,6 +14,9 @@ from typing_extensions import override
 
 from pve_sglang import remote
 from pve_sglang.runtime.pyinfra_private import joined
+
+if TYPE_CHECKING:  # imported where it is used, in process: facts stand below the server
+    from pve_sglang.server.command import KnownFlags
 
 _LIBCUDA = re.compile(r"libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
 # Directories where NVIDIA's runfile and Debian's packages put libcuda.
@@ -76,7 +80,7 @@ class SglangVenv(FactBase[dict]):
         }
 
 
-class SglangServerFlags(FactBase["set[str] | None"]):
+class SglangServerFlags(FactBase["KnownFlags | None"]):
     """
     Returns the ``--flag`` spellings the sglang installed for PYTHON accepts, as printed by
     SCRIPT (``remote/sglang_flags.py``, uploaded by the deploy), with the release as
@@ -90,7 +94,7 @@ class SglangServerFlags(FactBase["set[str] | None"]):
                              "2>/dev/null || true")
 
     @override
-    def process(self, output: list[str]):
+    def process(self, output: list[str]) -> KnownFlags | None:
         from pve_sglang.server.command import parse_flags_output
 
         text = "\n".join(output)

@@ -70,7 +70,7 @@ def parse_subids(lines: list[str]) -> dict[str, list[tuple[int, int]]]:
     return ranges
 
 
-class RootSubIds(FactBase[dict]):
+class RootSubIds(FactBase[dict[str, list[tuple[int, int]]]]):
     """
     Returns root's subordinate id ranges from ``/etc/subuid`` and ``/etc/subgid``:
     ``{"uid": [(start, count), ...], "gid": [...]}`` (empty lists when the files or entries

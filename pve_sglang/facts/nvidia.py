@@ -181,9 +181,9 @@ def parse_gpu_minors(lines: list[str]) -> list[GpuMinor]:
     gpus: list[GpuMinor] = []
     for index, bus_id, uuid in rows:
         bus = bus_key(bus_id)
-        minor = by_bus.get(bus) if bus is not None else None
+        at_bus = by_bus.get(bus) if bus is not None else None
         gpus.append(GpuMinor(index=index, bus_id=bus_id, uuid=uuid,
-                             minor=minor if minor is not None else by_uuid.get(uuid)))
+                             minor=at_bus if at_bus is not None else by_uuid.get(uuid)))
     return gpus
 
 

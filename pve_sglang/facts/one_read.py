@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from enum import Enum
+from typing import Any, ClassVar
 
 from pyinfra.api import FactBase, OperationError, StringCommand
 from pyinfra.api.exceptions import MissingCommandError
@@ -111,8 +112,9 @@ class ContainerState(FactBase[dict]):
     them into the values of the parts' own facts.
     """
 
-    #: The kinds its parts may be (a subclass reads other facts in one command).
-    PARTS = PARTS
+    #: The kinds its parts may be (a subclass reads other facts in one command, keyed by its
+    #: own Enum).
+    PARTS: ClassVar[dict[Any, tuple[type[FactBase], tuple[str, ...]]]] = PARTS
 
     @override
     def command(self, parts: tuple) -> StringCommand:
@@ -151,7 +153,7 @@ class ContainerState(FactBase[dict]):
 def part_values(parts: tuple, raw: dict, table: dict = PARTS) -> dict:
     """``{(kind, args): value}`` of PARTS (kinds of TABLE) from ``ContainerState``'s output
     RAW: each section as its own fact would have processed it read alone."""
-    values = {}
+    values: dict[tuple, Any] = {}
     for i, (kind, args) in enumerate(parts):
         lines, rc = raw.get(i, ([], None))
         # The end line's own newline: one empty line when the output ended with a newline

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from pyinfra.api import FactBase, QuoteString
+from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 from pve_sglang import remote
@@ -41,5 +41,5 @@ class ContainerStatus(FactBase[dict]):
             last = output[-1] if output else "no output"
             return {"error": f"the status read printed no JSON ({last[:200]})"}
         raw = found[-1]
-        lines = raw.get("unit") if isinstance(raw.get("unit"), list) else []
+        lines = unit if isinstance(unit := raw.get("unit"), list) else []
         return {**raw, "unit": UnitState().process([str(line) for line in lines])}

@@ -6,6 +6,7 @@ serving alone, or the first node of a multi-node group (its other nodes serve no
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,7 +128,7 @@ def _by_url(items: list) -> dict[str, dict]:
     return {str(item.get("url", "")).rstrip("/"): item for item in items if isinstance(item, dict)}
 
 
-def judge(workers: list[Worker], listed: list[dict], pending: list[str] = (),
+def judge(workers: list[Worker], listed: list[dict], pending: Iterable[str] = (),
           answers: list[dict] | None = None) -> list[WorkerView]:
     """Each worker of the inventory as the gateway's LISTED answer (``GET /workers``'s
     ``workers``) shows it: missing (removed, or PENDING: registered, its server not up),
@@ -167,7 +168,7 @@ def strays(workers: list[Worker], pending: list[str]) -> list[str]:
     return sorted({str(url).rstrip("/") for url in pending} - wanted)
 
 
-def verdict(views: list[WorkerView], stray: list[str] = ()) -> tuple[list[str], list[str]]:
+def verdict(views: list[WorkerView], stray: Iterable[str] = ()) -> tuple[list[str], list[str]]:
     """(lines for the log, problems): every worker's state as the gateway sees it; a worker
     it removed, marks unhealthy, still waits for (pending) or that fails a generation is a
     problem, named; so is each STRAY registration."""

@@ -16,6 +16,7 @@ Inputs:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -144,14 +145,13 @@ def matrix_pairs(parsed: dict[str, Any] | str | None, parse=parse_p2p_matrix) ->
     """A parsed matrix (or its text) as ``{(src, dst): value}``."""
     if parsed is None:
         return {}
-    if isinstance(parsed, str):
-        parsed = parse(parsed)
-    gpus = parsed.get("gpus") or []
+    matrix: dict[str, Any] = parse(parsed) if isinstance(parsed, str) else parsed
+    gpus = matrix.get("gpus") or []
     return {
         (src, dst): value
         for i, src in enumerate(gpus)
         for j, dst in enumerate(gpus)
-        if (value := parsed["matrix"][i][j]) is not None
+        if (value := matrix["matrix"][i][j]) is not None
     }
 
 
@@ -163,7 +163,7 @@ def link_kind(link: str | None) -> str | None:
 
 
 def p2p_expected(link: str | None) -> bool:
-    return bool(link) and link.startswith(P2P_EXPECTED_PREFIXES)
+    return link is not None and link.startswith(P2P_EXPECTED_PREFIXES)
 
 
 def _checks_by_pair(checks: dict | None) -> dict[tuple[int, int], dict]:
@@ -178,7 +178,7 @@ def build_report(
     p2p_write: dict[str, Any] | str | None = None,
     checks: dict | None = None,
     virt: str | None = None,
-    iommu_acs: dict | None = None,
+    iommu_acs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """
     TOPO, P2P_READ and P2P_WRITE are the parsed matrices (the ``NvidiaTopoMatrix`` and
@@ -307,7 +307,7 @@ def _slow_pairs(pairs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
     return slow, warnings
 
 
-def _advice(vm: str | None, iommu_acs: dict | None) -> list[str]:
+def _advice(vm: str | None, iommu_acs: Mapping[str, Any] | None) -> list[str]:
     """What to try when P2P is missing, slow or wrong: on a VM (VM: its kind), the IOMMU,
     the bridges whose ACS redirects P2P, and the last resort."""
     advice = [ADVICE_VM.format(virt=vm)] if vm else []

@@ -631,8 +631,8 @@ def each(function, items: list, workers: int) -> list:
         while pending:
             done, pending = wait(pending, timeout=SIGNAL_POLL_S, return_when=FIRST_EXCEPTION)
             for future in done:
-                if future.exception() is not None:
-                    raise future.exception()
+                if (error := future.exception()) is not None:
+                    raise error
         results = [future.result() for future in futures]
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -737,8 +737,9 @@ def record(layout: Layout, repo: str, revision: str | None, commit: str) -> None
 def pins(layout: Layout) -> set[str]:
     """Every commit revisions.json pins, of any repository and revision."""
     known = read_json(layout.revisions(), {})
-    return {entry.get("commit") for labels in (known.values() if isinstance(known, dict) else ())
-            if isinstance(labels, dict) for entry in labels.values() if isinstance(entry, dict)}
+    return {commit for labels in (known.values() if isinstance(known, dict) else ())
+            if isinstance(labels, dict) for entry in labels.values()
+            if isinstance(entry, dict) and isinstance(commit := entry.get("commit"), str)}
 
 
 def leftovers(folders: dict[str, bool], pinned_commits: set[str], current: str) -> list[str]:
@@ -759,8 +760,9 @@ def remove_leftovers(layout: Layout, current: str, link: str | None) -> None:
         path = os.path.join(layout.root, name)
         if COMMIT_RE.fullmatch(name) and os.path.isdir(path) and not os.path.islink(path):
             folders[name] = read_json(os.path.join(path, MARKER), {}).get("commit") == name
-    served = {os.path.basename(os.path.realpath(os.path.join(os.path.dirname(link), n)))
-              for n in (os.listdir(os.path.dirname(link)) if link and os.path.isdir(os.path.dirname(link)) else ())}
+    parent = os.path.dirname(link) if link else ""
+    served = {os.path.basename(os.path.realpath(os.path.join(parent, n)))
+              for n in (os.listdir(parent) if parent and os.path.isdir(parent) else ())}
     for commit in leftovers(folders, pins(layout) | served, current):
         with open(layout.lock(commit), "a+") as lock:
             try:

@@ -122,7 +122,7 @@ def read(kind: Part | str, *args):
     known = cache.memo(MEMO[kind])
     key = _key(kind, args)
     if key not in known:
-        wanted = [(kind, args)]
+        wanted: list[tuple[Part, tuple]] = [(kind, args)]
         if _folds():
             wanted += [p for p in expected()
                        if p != (kind, args) and _key(*p) not in cache.memo(MEMO[p[0]])]

@@ -163,7 +163,7 @@ def put(src: str | IO, dest: str, mode: str, secret: bool = False):
     if not same and diff_wanted():
         current = None if remote is None else _remote_lines(dest, secret)
         show_diff(dest, current, _local_lines(src), secret)
-    elif same and remote["mode"] != _mode(mode) and diff_wanted():
+    elif same and remote is not None and remote["mode"] != _mode(mode) and diff_wanted():
         cache.once(Kind.DIFF_SHOWN, host.current_op_hash)
         logger.info("mode %s", format_text(remote["mode"], "red"))
         logger.info("mode %s", format_text(_mode(mode), "green"))
@@ -174,7 +174,7 @@ def put(src: str | IO, dest: str, mode: str, secret: bool = False):
     if not same:
         yield FileUploadCommand(src, dest, remote_temp_filename=host.get_temp_filename(dest))
         yield StringCommand("chmod", QuoteString(mode), target)
-    elif remote["mode"] != _mode(mode):
+    elif remote is not None and remote["mode"] != _mode(mode):  # same: remote is there
         yield StringCommand("chmod", QuoteString(mode), target)
     else:
         host.noop(f"{dest} is up to date")

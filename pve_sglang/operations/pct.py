@@ -332,7 +332,8 @@ def pending_restart_keys(pending: dict[str, tuple[str, str]]) -> list[str]:
 
 def pending_restart(vmid: int) -> list[str]:
     """``pending_restart_keys`` of container VMID (none when it does not exist)."""
-    return pending_restart_keys(host.get_fact(PctPending, vmid=vmid) or {})
+    pending = host.get_fact(PctPending, vmid=vmid)
+    return pending_restart_keys(pending or {})
 
 
 @operation()

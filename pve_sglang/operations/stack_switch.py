@@ -396,7 +396,8 @@ def group_judged(venv_path: str, lock_file: str, service: str, unit: str, rollba
     if not failed:
         host.noop(f"every node of the group ({', '.join(nodes)}) serves")
         return
-    why = "; ".join(f"node {name}: " + (_first_line(node_failure(name)) if passed[name] is False
+    why = "; ".join(f"node {name}: " + (_first_line(error) if passed[name] is False
+                                        and (error := node_failure(name)) is not None
                                         else "left the run before its judgement")
                     for name in failed)
     own = node_failure(host.name)
@@ -449,6 +450,7 @@ def _concluded(verdict: Verdict, failure: OperationError, why: str, raw: dict, f
                               f"{reason}{back}{details}")
     logger.warning(f"{host.name}: upgrade to {new} failed{on} ({why}): rolling back to {old}"
                    f"{every}")
+    assert found.previous is not None, "ROLL_BACK: there is a stack to go back to (has_target)"
     for command in rollback_commands(venv_path, service, unit, record, found.previous):
         _run(command)
     forget()
@@ -547,6 +549,7 @@ def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str,
     fell = record.get("fell_back")
     which = "systemd's switch back" if fell else "the rollback"
     if step is Unfinished.SWITCH_BACK:
+        assert found.previous is not None, "SWITCH_BACK: there is a stack to go back to (has_target)"
         logger.warning(f"{host.name}: {which} of the failed upgrade to {failed} was cut "
                        f"short: switching back to {old} and restarting it")
         yield link_command(venv_path, found.previous)
@@ -645,6 +648,7 @@ def _after_trial(venv_path: str, service: str, unit: str, rollback: bool, raw: d
         forget()
         return
     logger.warning(f"{host.name}: the upgrade to {new} failed: {why}; rolling back to {old}")
+    assert found.previous is not None, "ROLL_BACK: there is a stack to go back to (has_target)"
     yield from rollback_commands(venv_path, service, unit, record, found.previous)
     forget()
     yield from _serving_again(watch, new, old)

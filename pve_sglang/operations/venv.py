@@ -151,7 +151,7 @@ def lock_differences(installed: dict[str, str], locked: dict[str, str]) -> list[
     """How a venv's INSTALLED set (``{name: version}``) differs from a lock's LOCKED set
     (normalized names), in words: ``torch 2.9.0 (lock: 2.9.1)``, ``missing: sglang``,
     ``not in the lock: rich``."""
-    have = {normalized(name): version for name, version in installed.items()}
+    have: dict[str, str] = {normalized(name): version for name, version in installed.items()}
     words = [f"{name} {have[name]} (lock: {version})" if name in have else f"missing: {name}"
              for name, version in sorted(locked.items()) if have.get(name) != version]
     return words + [f"not in the lock: {name}" for name in sorted(set(have) - set(locked))]

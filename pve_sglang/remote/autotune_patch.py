@@ -134,7 +134,7 @@ def read_version(package_dir: Path) -> str:
 _STATEMENT_FIELDS = ("body", "orelse", "finalbody", "handlers", "cases")
 
 
-def autotune_functions(tree: ast.AST) -> list[ast.AST]:
+def autotune_functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
     """Return the (async) function definitions named like the autotune gate, at any depth.
 
     Only statements hold definitions, so only statements are visited: the expressions,
@@ -214,7 +214,9 @@ def classify(text: str, span: AutotuneList) -> tuple[str, Optional[int]]:
 def patched_text(text: str, todo_index: int) -> str:
     """Return the text with the commented pair at todo_index replaced by the marked entry."""
     lines = split_lines(text)
-    indent = TODO_RE.fullmatch(lines[todo_index].rstrip("\r\n")).group("indent")
+    todo = TODO_RE.fullmatch(lines[todo_index].rstrip("\r\n"))
+    assert todo is not None, "todo_index is a line TODO_RE matched"
+    indent = todo.group("indent")
     second = lines[todo_index + 1]
     ending = second[len(second.rstrip("\r\n")) :]
     lines[todo_index : todo_index + 2] = [f'{indent}"{BACKEND}",  {MARKER}{ending}']

@@ -111,7 +111,8 @@ class TooLarge(ValueError):
 def read_bounded(stream, limit: int) -> bytes:
     """STREAM's bytes to its end; TooLarge where there are more than LIMIT (read in chunks:
     no buffer of the limit's size is made for a small answer)."""
-    parts, size = [], 0
+    parts: list[bytes] = []
+    size = 0
     while True:
         part = stream.read(min(READ_CHUNK, limit + 1 - size))
         if not part:
@@ -334,6 +335,13 @@ def worker_spec(worker: dict, keys: dict[str, str]) -> dict:
     return body
 
 
+def listed_id(ids: dict[str, str | None], url: str) -> str:
+    """The id the gateway lists URL with: ``plan`` rekeys and deletes only those listed with one."""
+    ident = ids[url]
+    assert ident is not None, f"{url}: planned to delete, but listed without an id"
+    return ident
+
+
 def worker_path(ident: str) -> str:
     return "/workers/" + urllib.parse.quote(ident, safe="")
 
@@ -405,18 +413,18 @@ def sync(gateway: str, workers: list[dict], env_file: str, keys_file: str, state
             ours[url] = ident
         write_registrations(state_file, ours)
     for url in steps.rekey:
-        call(gateway, "DELETE", worker_path(ids[url]), key)
+        call(gateway, "DELETE", worker_path(listed_id(ids, url)), key)
         settled(gateway, key, lambda urls, url=url: url not in urls, timeout)
         _, ours[url] = register(gateway, key, wanted[url], keys)
         write_registrations(state_file, ours)
         settled(gateway, key, lambda urls, url=url: url in urls, timeout)
     for url in steps.delete:
-        call(gateway, "DELETE", worker_path(ids[url]), key)
+        call(gateway, "DELETE", worker_path(listed_id(ids, url)), key)
     stray = []
     for url in steps.unlisted:
         # smg cannot withdraw a pending registration: it stays ours until it is gone, or
         # listed (and then deleted by the next sync).
-        if ours[url] and registration(gateway, key, ours[url]) == PENDING:
+        if (ident := ours[url]) and registration(gateway, key, ident) == PENDING:
             stray.append(url)
         else:
             del ours[url]
@@ -500,6 +508,7 @@ def ask(url: str, key: str | None, timeout: float) -> dict:
         "max_new_tokens": CHECK_TOKENS, "temperature": 0}})
     headers = {"Content-Type": "application/json", **(
         {"Authorization": f"Bearer {key}"} if key else {})}
+    assert parts.hostname, f"{url}: a worker's URL has a host (gateway/workers.py renders it)"
     connection = kind(parts.hostname, parts.port, timeout=timeout)
     try:
         connection.connect()

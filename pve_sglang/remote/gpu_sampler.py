@@ -133,8 +133,8 @@ class _Sampler:
         self.error: str | None = None
         self._raw = open(raw_file, "w") if raw_file else None
         try:
-            self._proc = subprocess.Popen(nvidia_smi_argv(interval_ms), stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True)
+            self._proc: subprocess.Popen[str] | None = subprocess.Popen(
+                nvidia_smi_argv(interval_ms), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         except OSError as error:
             self._proc = None
             self.error = f"nvidia-smi: {error.strerror or error}"
@@ -143,6 +143,7 @@ class _Sampler:
         self._thread.start()
 
     def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None  # started with a pipe
         for line in self._proc.stdout:
             self.lines.append((time.monotonic(), line.rstrip("\n")))
             if self._raw:

@@ -49,7 +49,7 @@ from typing import TypeVar
 try:
     from prometheus_client.parser import text_string_to_metric_families
 except ImportError:  # a Python without it: the summary says so
-    text_string_to_metric_families = None
+    text_string_to_metric_families = None  # type: ignore[assignment]  # None: the parser is missing
 
 SUMMARY_PREFIX = "SERVER_METRICS_JSON "
 #: A /metrics answer larger than this is refused (SGLang's, histograms of 8 ranks included, is

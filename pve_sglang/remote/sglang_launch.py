@@ -89,7 +89,7 @@ def secret_values(from_env: list[tuple[str, str]], masks: list[str],
 def mask_table(secrets: dict[str, str]) -> list[tuple[bytes, bytes]]:
     """``(spelling, replacement)`` pairs, longest first: each value as written, in a Python
     ``repr`` (a ``'`` or ``\\`` in it is escaped there) and in JSON."""
-    table = {}
+    table: dict[bytes, bytes] = {}
     for name, value in secrets.items():
         for spelling in (value, repr(value)[1:-1], json.dumps(value)[1:-1]):
             if spelling:

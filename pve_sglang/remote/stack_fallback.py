@@ -48,7 +48,7 @@ STOPPING = ("stop", "stop-sigterm", "stop-sigkill", "stop-post", "final-sigterm"
 #: How long that start waits for the stop to end at most (the unit's TimeoutStopSec is 120 s).
 STOPPED_WITHIN_S = 180.0
 
-Step = tuple[str, Callable[[], None]]
+Step = tuple[str, Callable[[], object]]
 
 
 def linked(venv: str) -> str | None:

@@ -36,6 +36,7 @@ import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timezone
+from typing import Any
 
 try:  # uploaded beside this script (remote.COMPANIONS)
     from remote_env import env_value
@@ -96,8 +97,8 @@ def unit_state(unit: str) -> dict:
                           *(f"-p{prop}" for prop in STATE_PROPS)],
                          capture_output=True, text=True).stdout
     values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    values["started"] = micros(values.pop("ExecMainStartTimestamp", ""))
-    return values
+    started = micros(values.pop("ExecMainStartTimestamp", ""))
+    return {**values, "started": started}
 
 
 def running(state: dict, start: int | None) -> bool:
@@ -122,6 +123,7 @@ def watch(args: argparse.Namespace) -> int:
     else:
         command += ["--since", f"@{args.start / 1_000_000:.6f}", "-n", "all"]
     follower = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert follower.stdout is not None  # stdout=PIPE
     cursor, buffer = args.cursor, b""
     deadline = time.monotonic() + args.max_wait
     state, health = unit_state(args.unit), None
@@ -181,8 +183,9 @@ def _timed_out(signum, frame) -> None:
 def generate(args: argparse.Namespace) -> int:
     """The ``generate`` command (see the module's docstring): one deadline for the whole
     answer, an alarm, since a socket timeout bounds each read and not the sum of them."""
-    result = {"status": None, "text": "", "tokens": 0, "ttft_s": None, "elapsed_s": None,
-              "logprobs": [], "model": None, "error": None, "timed_out": False, "worker": None}
+    result: dict[str, Any] = {
+        "status": None, "text": "", "tokens": 0, "ttft_s": None, "elapsed_s": None,
+        "logprobs": [], "model": None, "error": None, "timed_out": False, "worker": None}
     start = time.monotonic()
     signal.signal(signal.SIGALRM, _timed_out)
     signal.setitimer(signal.ITIMER_REAL, args.timeout)

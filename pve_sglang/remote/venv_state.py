@@ -28,7 +28,7 @@ INSTALL_MARKER = ".pve-sglang-install-incomplete"
 def headers(path):
     """The ``Name: value`` headers of a core metadata file, names lowercased, the first of
     each: what ``email`` gives ``importlib.metadata`` of it. None when it cannot be read."""
-    found = {}
+    found: dict[str, str] = {}
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
             for line in f:
@@ -56,7 +56,7 @@ def distributions():
             children = os.listdir(directory)
         except OSError:  # missing, or a file (a zip: no distributions in ours)
             continue
-        groups = {}
+        groups: dict[str, list[str]] = {}
         for child in children:
             low = child.lower()
             if low.endswith((".dist-info", ".egg-info")):

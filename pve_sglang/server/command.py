@@ -25,6 +25,8 @@ class EnvRef(str):
     ``launch_argv`` turns the pair into a launcher option, so the value is never in a command line.
     """
 
+    name: str
+
     def __new__(cls, name: str) -> EnvRef:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise ValueError(f"not an environment variable name: {name!r}")

@@ -38,7 +38,8 @@ def server_files(
     address = settings.dist_init_addr
     if address is None and settings.nodes:
         address = container_hostname(inventory.get_host(settings.nodes[0]).data)
-    rank0 = dist_init_addr(address, settings.dist_init_port) if nnodes > 1 else None
+    # Several nodes: settings.nodes is not empty, so ADDRESS is set.
+    rank0 = dist_init_addr(address, settings.dist_init_port) if nnodes > 1 and address is not None else None
     argv = server_argv(
         settings,
         gpu_count=len(gpus) or 1,

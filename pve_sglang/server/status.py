@@ -115,14 +115,14 @@ def container_row(host: str, container: str, venv_path: str, read: dict, runs: l
         return row
     raw = read.get("stacks") or {}
     found = switch_rules.found_of(venv_path, {"kind": raw.get("kind", "missing"), **raw})
-    record = raw.get("state") if isinstance(raw.get("state"), dict) else {}
+    record = state if isinstance(state := raw.get("state"), dict) else {}
     stack = found.named
     row["stack"] = stack or found.kind
     release = ((raw.get("stacks") or {}).get(stack) or {}).get("sglang") if stack else None
     row["release"] = f"sglang {release}" if release else ""
     marker = read.get("marker")
     if isinstance(marker, dict):
-        row["model"], row["commit"] = marker.get("repo"), str(marker.get("commit") or "")[:12]
+        row["model"], row["commit"] = str(marker.get("repo") or ""), str(marker.get("commit") or "")[:12]
     unit = read.get("unit") or {}
     started = unit.get("started")
     figures = read.get("metrics") or {}

@@ -201,7 +201,8 @@ def launch_argv(argv: list[str], mask_vars: Iterable[str] = (), launcher: str = 
     if len(argv) < 3 or argv[1] != "-m" or isinstance(argv[2], EnvRef):
         raise ValueError(f"the server argv must be PYTHON -m MODULE ..., got {list(argv[:3])}")
     python, module, rest = argv[0], argv[2], list(argv[3:])
-    from_env, args = [], []
+    from_env: list[str] = []
+    args: list[str] = []
     for index, arg in enumerate(rest):
         if isinstance(arg, EnvRef):
             if not args or not args[-1].startswith("-") or isinstance(rest[index - 1], EnvRef):

@@ -18,10 +18,15 @@ class StackSettings(Protocol):
     """What the lookup reads of a container's settings (``config.settings.ContainerSettings``;
     ``lock.key_of`` reads the pins too)."""
 
-    stack_install: str
-    stack_lock: str | None
-    sglang_version: str
-    venv_path: str
+    # Read-only: ContainerSettings narrows them (stack_install is a Literal).
+    @property
+    def stack_install(self) -> str: ...
+    @property
+    def stack_lock(self) -> str | None: ...
+    @property
+    def sglang_version(self) -> str: ...
+    @property
+    def venv_path(self) -> str: ...
 
 
 # pyinfra prepares hosts in parallel greenlets: one lock is made once, by the first that asks.

@@ -21,9 +21,11 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import canonicalize_name as normalized  # PEP 503 names
 
@@ -251,7 +253,8 @@ def default_key() -> LockKey:
 
 def key_of(values) -> LockKey:
     """The lock key of settings VALUES (a ContainerSettings or a mapping of its fields)."""
-    get = values.get if isinstance(values, dict) else lambda name: getattr(values, name)
+    get: Callable[[str], Any] = (
+        values.get if isinstance(values, dict) else lambda name: getattr(values, name))
     url = lambda name: str(get(name)) if get(name) else None  # noqa: E731
     torch, flashinfer = get("torch_version"), get("flashinfer_version")
     if torch is None or flashinfer is None:

@@ -58,7 +58,7 @@ def space_candidates(start: Candidate, space: dict[str, tuple]) -> list[Candidat
 
 
 def refused_flags(name: str, settings: ContainerSettings, gpus: list[dict],
-                  inventory: Inventory | None, start: Candidate, space: dict[str, tuple],
+                  inventory: Inventory, start: Candidate, space: dict[str, tuple],
                   known: set[str]) -> list[str]:
     """Why each value of SPACE that container NAME's installed release (KNOWN: its flags)
     cannot take is refused: ``coordinate=value: the release's words``; [] when every value

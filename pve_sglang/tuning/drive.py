@@ -137,7 +137,7 @@ class Drive:
         path = record.record_path(self.tuned)
         before = record.read(path)
         resumed = before.found is not None and not before.finished
-        found = before.found if resumed else self.found
+        found = before.found if resumed and before.found is not None else self.found
         if not resumed:
             record.begin(path, found)
         # What the server runs: unknown after a kill, the best after a stop.

@@ -112,7 +112,7 @@ def _try(entry: dict[str, Any]) -> Try:
         raise ValueError(f"cost_s {cost!r}")
     if not isinstance(start, (int, float)) or not 0 <= start <= cost:
         raise ValueError(f"start_s {start!r}")
-    row = entry.get("row") if isinstance(entry.get("row"), dict) else {}
+    row = given if isinstance(given := entry.get("row"), dict) else {}
     return Try(Proposal(_candidate(entry.get("candidate")), float(length), str(entry.get("why"))),
                Outcome(ended, objective, row, float(cost), float(start)))
 

@@ -57,7 +57,8 @@ def plot(record: Record, path: Path, title: str) -> None:
         points = [(n, t.outcome.objective) for n, t in enumerate(record.tries, 1)
                   if t.outcome.ok and (t.outcome.start_s > 0) == (kind == "first")]
         if points:
-            ax.scatter(*zip(*points), s=14, color=COLOURS[kind], label=label)
+            tries, objectives = zip(*points)
+            ax.scatter(tries, objectives, s=14, color=COLOURS[kind], label=label)
     failed = [n for n, t in enumerate(record.tries, 1) if not t.outcome.ok]
     if failed:
         ax.scatter(failed, [0] * len(failed), marker="x", color="#cb181d", s=20,

@@ -65,9 +65,12 @@ class SpaceError(ValueError):
 
 def _field_adapter(name: str) -> TypeAdapter:
     field = ContainerSettings.model_fields[name]
+    annotation = field.annotation
+    assert annotation is not None, f"{name}: every ContainerSettings field is annotated"
     if not field.metadata:
-        return TypeAdapter(field.annotation)
-    return TypeAdapter(Annotated[(field.annotation, *field.metadata)])  # type: ignore[misc]
+        return TypeAdapter(annotation)
+    # ignored: an Annotated built at run time from the field's parts has no static form.
+    return TypeAdapter(Annotated[(annotation, *field.metadata)])  # type: ignore[arg-type]
 
 
 def check_value(name: str, value: Any) -> Any:

@@ -390,6 +390,9 @@ class Costs:
 
     start_s: float
     bench_s: float
+    #: Whether a try has measured each yet (until then the guess above stands).
+    _started: bool = field(default=False, init=False, repr=False, compare=False)
+    _benched: bool = field(default=False, init=False, repr=False, compare=False)
 
     def learn(self, proposal: Proposal, outcome: Outcome) -> None:
         if outcome.start_s > 0:
@@ -400,10 +403,6 @@ class Costs:
             bench = (outcome.cost_s - outcome.start_s) / proposal.length
             self.bench_s = max(self.bench_s, bench) if self._benched else bench
             self._benched = True
-
-    def __post_init__(self) -> None:
-        self._started = False
-        self._benched = False
 
 
 def default_low_power_pct() -> float:
@@ -483,6 +482,8 @@ class Search:
         squares, df = 0.0, 0
         for k, parts in self._parts.items():
             mean, _ = self._mean(k)
+            if mean is None:  # no part: nothing to add
+                continue
             squares += sum(length * (z - mean) ** 2 for length, z in parts)
             df += len(parts) - 1
         return noise_of(squares, df)
@@ -526,7 +527,7 @@ class Search:
         self.tries.append(Try(proposal, outcome))
         self.costs.learn(proposal, outcome)
         k = key(proposal.candidate)
-        if outcome.ok:
+        if outcome.ok and outcome.objective is not None:  # ok: the objective is there
             self.running = dict(proposal.candidate)
             self._parts.setdefault(k, []).append((proposal.length, math.log(outcome.objective)))
             self._rows[k] = outcome.row
@@ -827,13 +828,14 @@ class Search:
         each value's effect (``additive``), say is best: small gains each within the noise
         add up to one that shows. Only values measured somewhere, from the best's flags."""
         assert self.best is not None
+        best = self.best  # narrowed for the key below
         effects, _ = self._effects()
-        together = dict(self.best)
+        together = dict(best)
         for name, values in self.space.items():
             known = [v for v in values if (name, v) in effects]
             if known:
                 together[name] = max(known, key=lambda v: (effects[(name, v)],
-                                                           v == self.best[name]))
+                                                           v == best[name]))
         moved = {n: v for n, v in together.items() if self.best.get(n) != v}
         if not moved or not valid(together) or self._runs_out(together) or \
                 key(together) in self._failed or key(together) in self._verdicts:
