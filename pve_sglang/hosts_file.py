@@ -884,7 +884,7 @@ def build_monitoring(hosts: dict[str, Any], pve_hosts: Group, gpu_containers: Gr
             continue
         path = (host_name, "monitoring")
         host_in_force = in_force(defaults, host=entry, override=override)
-        platform = host_in_force.get("platform")
+        platform: str = host_in_force["platform"]  # build_groups checked it
         raw = entry["monitoring"]
         if isinstance(raw, dict) and raw.get("prometheus_address") is not None:
             group.append(_existing_prometheus(hosts, host_name, entry, raw, defaults, override,

@@ -7,7 +7,6 @@ import json
 from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
-from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import deploy

@@ -5,7 +5,6 @@ from __future__ import annotations
 import posixpath
 import re
 from io import StringIO
-from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import deploy

@@ -82,6 +82,7 @@ def server_keys(found: list[Target]) -> dict[str, str]:
     for target in found:
         if target.has_key:
             cs = host_settings(ContainerSettings, of=state.inventory.get_host(target.name))
+            assert cs.api_key is not None  # has_key: the server's api_key is set
             keys[target.name] = cs.api_key.get_secret_value()
     return keys
 
@@ -124,10 +125,13 @@ def prometheus_steps(ms: MonitoringSettings, found: list[Target], keys: dict[str
                                  start=True, restart=any_changed(defaults, restarts=render.UNIT),
                                  since={"its address": render.DEFAULTS_PATH})
     # promtool first: a reload of a bad file would leave Prometheus on the old one, silently.
+    # pyinfra's shell types its commands as str but yields each as given: a StringCommand keeps
+    # its quoting.
     server.shell(name="Prometheus reloaded (its configuration checked by promtool)",
                  commands=[StringCommand("promtool check config", QuoteString(render.CONFIG_PATH),
-                                         ">/dev/null"),
-                           StringCommand("systemctl reload", QuoteString(render.UNIT))],
+                                         ">/dev/null"),  # type: ignore[list-item]
+                           StringCommand("systemctl reload",  # type: ignore[list-item]
+                                         QuoteString(render.UNIT))],
                  _if=any_changed(*changes, restarts=f"{render.UNIT} (reload)"))
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 
 from cache_dir import TEST_CACHE, building
 

@@ -233,7 +233,7 @@ def settings_cases(platform: str, payload: str) -> list[tuple[str, str, Any, Any
         for index, value in enumerate(forms(payload, _base(field))):
             cases.append(("gateway", field, index,
                           [value] if kind == "list" else value))
-    for field, kind in MONITORING_STRINGS:
+    for field, _kind in MONITORING_STRINGS:
         for index, value in enumerate(forms(payload, _base(field))):
             cases.append(("monitoring", field, index, value))
     _, key, base = PLATFORMS[platform]

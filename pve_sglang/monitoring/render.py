@@ -64,7 +64,7 @@ def _static(target: Target) -> dict[str, Any]:
 def scrape_configs(ms: MonitoringSettings, targets: list[Target]) -> list[dict[str, Any]]:
     """One job per kind of target; a server with a key a job of its own (its key file), its
     ``job`` label set back to ``sglang``; a kind without targets no job."""
-    configs = []
+    configs: list[dict[str, Any]] = []
     for job in ("sglang", "smg", "node"):
         plain = [t for t in targets if t.job == job and not t.has_key]
         if plain:

@@ -209,6 +209,7 @@ def follow(command: list[str], window: Window, out, on_end=None) -> int:
     status. OSError: it could not be started."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None  # stdout=PIPE
     for raw in proc.stdout:
         line = raw.decode("utf-8", "replace")
         end = window.see(line, time.monotonic())
