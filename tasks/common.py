@@ -91,9 +91,9 @@ def container_gpus(cs: ContainerSettings) -> tuple[str | None, list[dict]]:
 
 def upload_script(script: str, name: str, tools: str = remote.TOOLS):
     """Upload remote SCRIPT (``remote.GPU_CHECKS``, ...) to ``remote.path(SCRIPT, TOOLS)``, its
-    companions (``remote.COMPANIONS``, the modules it imports) first, beside it; the script's
+    companions (``remote.companions``, the modules it imports and theirs) first, beside it; the script's
     ``paths.put`` operation, so that the watched paths' one read answers it."""
-    for companion in remote.COMPANIONS.get(script, ()):
+    for companion in remote.companions(script):
         paths.put(name=f"{name}: {companion} beside it", src=str(remote.source(companion)),
                   dest=remote.path(companion, tools), mode="644")
     return paths.put(name=name, src=str(remote.source(script)), dest=remote.path(script, tools),

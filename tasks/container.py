@@ -215,8 +215,8 @@ def container_steps() -> None:
         *(ca_dest(path) for path in ca_files(cs)), *([CA_BUNDLE] if ca_files(cs) else []),
         *(remote.path(script) for script in (remote.AUTOTUNE_PATCH, remote.FLAG_LISTER,
                                              remote.STACK_FALLBACK, remote.STARTUP_WATCH,
-                                             *remote.COMPANIONS[remote.STACK_FALLBACK],
-                                             *remote.COMPANIONS[remote.STARTUP_WATCH])),
+                                             *remote.companions(remote.STACK_FALLBACK),
+                                             *remote.companions(remote.STARTUP_WATCH))),
         *([DOWNLOADS] if driver else []), LAUNCHER, f"{stack_dir(cs)}/pyvenv.cfg",
         cs.venv_path, f"{cs.venv_path}/", stack_dir(cs),
         f"{stack_dir(cs)}/{switch_rules.RELEASE_FILE}",
@@ -227,7 +227,7 @@ def container_steps() -> None:
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
         unit_path(cs), fallback_unit_path(cs),
         *(remote.path(script) for script in (remote.MODEL_FETCH,
-                                             *remote.COMPANIONS[remote.MODEL_FETCH])
+                                             *remote.companions(remote.MODEL_FETCH))
           if cs.model_download),
         *(["/etc/hostname"] if host.data.get("platform") == "lxc" else []),
     )

@@ -176,10 +176,11 @@ def test_a_script_kept_elsewhere_imports_only_its_companions_of_the_remote_scrip
 
 @pytest.mark.parametrize("script", sorted(remote.ELSEWHERE))
 def test_a_script_kept_elsewhere_runs_beside_its_companions_alone(script, tmp_path):
-    for name in (script, *remote.COMPANIONS.get(script, ())):
+    for name in (script, *remote.companions(script)):
         shutil.copy(remote.source(name), tmp_path / name)
-    # -E -s: no PYTHONPATH, no user site: pve_sglang cannot be imported, only what was uploaded.
-    done = subprocess.run([sys.executable, "-E", "-s", str(tmp_path / script), "--help"],
+    # -E -s -S: no PYTHONPATH, no site-packages (where the editable install puts pve_sglang on
+    # the path): only the standard library and what was uploaded.
+    done = subprocess.run([sys.executable, "-E", "-s", "-S", str(tmp_path / script), "--help"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
 

@@ -128,7 +128,7 @@ def fetch_box(lxc_env, hf_clients):
         found = box.attach([f"{venv}/bin/python", "-c",
                             "import huggingface_hub as h; print(h.__version__)"]).stdout.strip()
         assert found == version
-    for script in (remote.MODEL_FETCH, *remote.COMPANIONS[remote.MODEL_FETCH]):
+    for script in (remote.MODEL_FETCH, *remote.companions(remote.MODEL_FETCH)):
         box.attach(f"cat > {remote.path(script, CT_TOOLS)}", input=source(script).read_bytes())
     yield box
     box.destroy()

@@ -34,10 +34,16 @@ def test_every_module_a_script_imports_is_uploaded_beside_it(script):
     assert sibling_imports(script) == set(remote.COMPANIONS.get(script, ()))
 
 
+def test_companions_of_companions_go_beside_a_script_before_what_imports_them():
+    assert remote.companions(remote.GPU_TEXTFILE) == (remote.SERVER_METRICS, remote.GPU_SAMPLER)
+    assert remote.companions(remote.SERVER_METRICS) == ()
+
+
 @pytest.mark.parametrize("script", sorted(remote.COMPANIONS))
 def test_a_script_runs_beside_its_companions_alone(script, tmp_path):
     remote.stage(script, tmp_path)
-    # -E -s: no PYTHONPATH, no user site: pve_sglang cannot be imported, only what was uploaded.
-    done = subprocess.run([sys.executable, "-E", "-s", str(tmp_path / script), "--help"],
+    # -E -s -S: no PYTHONPATH, no site-packages (where the editable install puts pve_sglang on
+    # the path): only the standard library and what was uploaded.
+    done = subprocess.run([sys.executable, "-E", "-s", "-S", str(tmp_path / script), "--help"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr

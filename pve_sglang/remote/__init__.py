@@ -93,7 +93,17 @@ COMPANIONS: dict[str, tuple[str, ...]] = {MODEL_FETCH: (REMOTE_ENV, CONFINE, FIL
                                           STATUS_READ: (SERVER_METRICS,),
                                           GPU_SAMPLER: (SERVER_METRICS,),
                                           STACK_FALLBACK: (ROLLBACK_RULES,),
-                                          GPU_TEXTFILE: (GPU_SAMPLER, SERVER_METRICS)}
+                                          GPU_TEXTFILE: (GPU_SAMPLER,)}
+
+
+def companions(script: str) -> tuple[str, ...]:
+    """What goes beside SCRIPT where it runs: its companions and theirs (``gpu_textfile.py``
+    imports ``gpu_sampler.py``, which imports ``server_metrics.py``), each once, a module before
+    those that import it."""
+    out: list[str] = []
+    for name in COMPANIONS.get(script, ()):
+        out += [n for n in (*companions(name), name) if n not in out]
+    return tuple(out)
 
 _HERE = Path(__file__).resolve().parent
 #: The scripts kept in another folder of the package, with the code of their topic: the same
@@ -115,7 +125,7 @@ def stage(script: str, folder: Path) -> Path:
     (the tests and the bench run a script from there: its companions are not beside it in the
     package); returns the script's path."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in (script, *COMPANIONS.get(script, ())):
+    for name in (script, *companions(script)):
         (folder / name).write_bytes(source(name).read_bytes())
     return folder / script
 
@@ -125,7 +135,7 @@ def piped(script: str) -> str:
     nothing (``make status``): each companion becomes the module its name says, then SCRIPT
     runs as ``__main__``; each keeps its own file name in a traceback."""
     lines = ["import sys, types"]
-    for name in COMPANIONS.get(script, ()):
+    for name in companions(script):
         module = name.removesuffix(".py")
         lines += [f"_m = types.ModuleType({module!r})", f"sys.modules[{module!r}] = _m",
                   f"exec(compile({source(name).read_text()!r}, {name!r}, 'exec'), _m.__dict__)"]
