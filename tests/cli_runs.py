@@ -51,3 +51,13 @@ class PyinfraCli:
         if self.server is not None:
             self.server.stdin.close()
             self.server.wait(timeout=30)
+
+
+def changed(results: dict) -> list[str]:
+    """The operations a run's JSON results (``--json``'s ``results``) say changed something."""
+    return [op["name"] for op in results["results"]["operations"] if op["success"]]
+
+
+def failed(results: dict) -> list[str]:
+    """The operations a run's JSON results say failed."""
+    return [op["name"] for op in results["results"]["operations"] if op["error"]]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_runs import changed, failed
 
 from devtools import lxc_env
 from pve_sglang.project import load_defaults
@@ -144,13 +145,6 @@ class Deploy:
         self._address_lock.close()
 
 
-def changed(results: dict) -> list[str]:
-    """Names of the operations that changed something in a run (pyinfra's JSON results)."""
-    return [op["name"] for op in results["results"]["operations"] if op["success"]]
-
-
-def failed(results: dict) -> list[str]:
-    return [op["name"] for op in results["results"]["operations"] if op["error"]]
 
 
 @pytest.fixture(scope="module")

@@ -27,10 +27,11 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runs import changed, failed
+from wheels import locked_wheels
 
 from pve_sglang.config.gateway import smg_lock_path
 from pve_sglang.gateway import render
-from wheels import locked_wheels
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -153,12 +154,6 @@ print(urllib.request.urlopen(request, timeout=10).read().decode())
 """
 
 
-def changed(results: dict) -> list[str]:
-    return [op["name"] for op in results["results"]["operations"] if op["success"]]
-
-
-def failed(results: dict) -> list[str]:
-    return [op["name"] for op in results["results"]["operations"] if op["error"]]
 
 
 @pytest.fixture(scope="module")

@@ -29,14 +29,15 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-
 from cache_dir import TEST_CACHE
+from cli_runs import changed, failed
+from wheels import locked_wheels
+
 from pve_sglang.config.gateway import smg_lock_path
 from pve_sglang.config.monitoring import validate_monitoring
 from pve_sglang.monitoring import render
 from pve_sglang.monitoring.targets import Target
 from pve_sglang.project import load_defaults
-from wheels import locked_wheels
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -149,12 +150,6 @@ class Site:
         return {t["labels"].get("container") for t in active}
 
 
-def changed(results: dict) -> list[str]:
-    return [op["name"] for op in results["results"]["operations"] if op["success"]]
-
-
-def failed(results: dict) -> list[str]:
-    return [op["name"] for op in results["results"]["operations"] if op["error"]]
 
 
 @pytest.fixture(scope="module")

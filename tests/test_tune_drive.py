@@ -249,6 +249,20 @@ class Killed(BaseException):
     back as the kill left them (no end line, nothing applied after)."""
 
 
+def stopped_with_ctrl_c_at(drive: Drive, server, part: int) -> None:
+    """DRIVE run on SERVER, stopped with Ctrl-C as its PART-th benchmark part begins."""
+    real, n = server.measure, {"parts": 0}
+
+    def stops(length: float, limit_s: float, level: int) -> dict:
+        n["parts"] += 1
+        if n["parts"] == part:
+            raise KeyboardInterrupt
+        return real(length, limit_s, level)
+
+    with pytest.raises(KeyboardInterrupt):
+        drive.run(Server(server.apply, stops))
+
+
 def killed_at(drive: Drive, server: tune_sim.SimServer, measures: int) -> tuple[list, dict]:
     """DRIVE run on SERVER, killed as its MEASURES-th part begins: the record's lines and the
     server's flags as the kill left them."""
@@ -333,17 +347,7 @@ def test_a_finished_search_is_not_resumed_the_next_run_searches_again(tmp_path):
 def test_stopped_with_ctrl_c_the_next_run_goes_on_each_try_measured_once(tmp_path):
     landscape = seed_moe()
     drive, server = tune_sim.drive(landscape, tmp_path, seed=4)
-    real = server.measure
-    n = {"measures": 0}
-
-    def stops(length: float, limit_s: float, level: int) -> dict:
-        n["measures"] += 1
-        if n["measures"] == 25:
-            raise KeyboardInterrupt
-        return real(length, limit_s, level)
-
-    with pytest.raises(KeyboardInterrupt):
-        drive.run(Server(server.apply, stops))
+    stopped_with_ctrl_c_at(drive, server, 25)
     stopped = record.read(record.record_path(drive.tuned))
     assert not stopped.finished and tune_sim.same(server.serving, stopped.ended["best"])
     assert stopped.ended["serving"] == stopped.ended["best"]
@@ -367,16 +371,7 @@ def test_stopped_near_the_budgets_end_the_resumed_search_keeps_the_budget(tmp_pa
     if stop is Killed:
         killed_at(drive, server, 56)
     else:
-        real, n = server.measure, {"parts": 0}
-
-        def stops(length: float, limit_s: float, level: int) -> dict:
-            n["parts"] += 1
-            if n["parts"] == 56:
-                raise KeyboardInterrupt
-            return real(length, limit_s, level)
-
-        with pytest.raises(KeyboardInterrupt):
-            drive.run(Server(server.apply, stops))
+        stopped_with_ctrl_c_at(drive, server, 56)
     stopped = record.read(path)
     spent = sum(t.outcome.cost_s for t in stopped.tries)
     assert not tune_sim.same(server.serving, stopped.tries[-1].proposal.candidate) or \
