@@ -112,3 +112,23 @@ def test_the_roll_is_planned_from_what_restarts(names, restarting, batch, servin
 def test_the_plans_words_never_take_every_replica_at_once():
     assert roll.order_words("gw", ["a", "b"], 2) == (
         "gw: a restart rolls over its 2 replicas, 1 at a time, in this order: 1. a; 2. b")
+
+
+@pytest.mark.parametrize("name, due, running, done, at_once, go", [
+    # In the inventory's order, whatever order the hosts come in.
+    ("a", {"a", "b", "c"}, set(), set(), 1, True),
+    ("b", {"a", "b", "c"}, set(), set(), 1, False),
+    ("c", {"a", "b", "c"}, set(), set(), 1, False),
+    ("b", {"a", "b", "c"}, set(), {"a"}, 1, True),
+    # One at a time: the next waits while one runs.
+    ("b", {"a", "b", "c"}, {"a"}, set(), 1, False),
+    # Two at a time: the next begins beside the one running, not a third.
+    ("b", {"a", "b", "c"}, {"a"}, set(), 2, True),
+    ("c", {"a", "b", "c"}, {"a", "b"}, set(), 2, False),
+    ("c", {"a", "b", "c"}, {"b"}, {"a"}, 2, True),
+    # A replica that does not restart holds no one back.
+    ("b", {"b", "c"}, set(), set(), 1, True),
+    ("c", {"a", "c"}, set(), {"a"}, 1, True),
+])
+def test_each_turn_begins_in_the_inventorys_order(name, due, running, done, at_once, go):
+    assert roll.may_go(name, ABC, due, running, done, at_once) is go

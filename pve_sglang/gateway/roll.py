@@ -53,6 +53,15 @@ def plan(names: list[str], restarting: set[str], batch: int, serving: bool = Tru
     return Plan("roll", batches(due, places(len(names), batch)))
 
 
+def may_go(name: str, names: list[str], due: set[str], running: set[str], done: set[str],
+            at_once: int) -> bool:
+    """Whether replica NAME's turn begins now: fewer than AT_ONCE turns run, and every replica
+    before it in NAMES that restarts too (DUE) has begun (RUNNING) or ended (DONE): the turns
+    go in the inventory's order, whatever order their hosts reach their restart in."""
+    ahead = [n for n in names[:names.index(name)] if n in due]
+    return len(running) < at_once and all(n in running or n in done for n in ahead)
+
+
 def order_words(gateway: str, names: list[str], size: int) -> str:
     """The roll's order in words, for the plan (``--dry``): every replica named, as each would
     go if the run restarts it (those it does not restart keep serving)."""
