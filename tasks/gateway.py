@@ -243,4 +243,5 @@ def turn_for(gateway: str, gs: GatewaySettings, names: list[str], check_s: int, 
                               + 2 * gs.gateway_health_check_interval_s), "--worker", host.name]
     check = [*render.sync_argv(gs, "check", check_s), "--worker", host.name]
     return rolling.turn(gateway, names, gs.gateway_roll_batch, host.name, out, back, check,
-                        judge, roll.step_words(gateway, gs.gateway_drain_timeout_s))
+                        judge, roll.step_words(gateway, gs.gateway_drain_timeout_s),
+                        [*render.sync_argv(gs), "--not-up-ok"])

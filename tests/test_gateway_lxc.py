@@ -121,11 +121,12 @@ class Site:
             results = None
         return done, results
 
-    def roll(self, ports: tuple[int, ...], flags: str, roll: bool = True,
+    def roll(self, ports: tuple[int, ...], flags: str, roll: bool = True, dry: bool = False,
              **settings) -> tuple[subprocess.CompletedProcess, dict | None]:
         """The roll deploy (tests/deploys/gateway_roll.py): a stand-in replica per port of
         PORTS, each a unit of its own in the servers' container running with FLAGS, behind the
-        gateway with SETTINGS over the module's; ROLL false: restarted at once (no roll)."""
+        gateway with SETTINGS over the module's; ROLL false: restarted at once (no roll); DRY:
+        its plan only (``--dry``)."""
         names = [f"@lxc/standin-roll-{p}" for p in ports]
         gateway = {**self.gateway.host_data(), "settings": {**SETTINGS, **settings},
                    "gateway_worker_list": [{"name": n, "url": self.url(p), "has_key": True}
@@ -137,8 +138,8 @@ class Site:
         inventory.write_text(f"gateways = [({self.gateway.inventory_name!r}, {gateway!r})]\n"
                              f"replicas = {replicas!r}\n")
         done = subprocess.run([str(PYINFRA), str(inventory), "tests/deploys/gateway_roll.py",
-                               "-y", "--json"], cwd=REPO, capture_output=True, text=True,
-                              timeout=600)
+                               "--dry" if dry else "-y", "--json"], cwd=REPO,
+                              capture_output=True, text=True, timeout=600)
         try:
             return done, json.loads(done.stdout)
         except ValueError:
@@ -448,6 +449,22 @@ def test_a_change_rolls_over_the_replicas_and_no_request_fails(site, first):
     assert done.returncode == 0 and results and not failed(results), done.stderr[-5000:]
     site.wait_listed({p: True for p in ROLL_PORTS})
     before = {p: unit_pid(site, p) for p in ROLL_PORTS}
+    # The plan (--dry): the order, and each replica's step; nothing restarts.
+    done, _ = site.roll(ROLL_PORTS, "--token-delay 0.006", dry=True)
+    assert done.returncode == 0, done.stderr[-5000:]
+    order = ("a restart rolls over its 3 replicas, 1 at a time, in this order: "
+             + "; ".join(f"{n}. @lxc/standin-roll-{p}" for n, p in enumerate(ROLL_PORTS, 1)))
+    assert order in done.stderr, done.stderr[-5000:]
+    for p in ROLL_PORTS:
+        assert (f"@lxc/standin-roll-{p}: standin-roll-{p}.service restarts in turn behind "
+                f"{site.gateway.inventory_name}: out of its rotation") in done.stderr
+    assert {p: unit_pid(site, p) for p in ROLL_PORTS} == before
+    # A run killed between a turn's out and its in left the last replica out of the rotation:
+    # the roll gives it back before its first turn (no turn counts without it).
+    code, out = site.script("out", "--worker", f"@lxc/standin-roll-{ROLL_PORTS[2]}",
+                            "--drain", "5")
+    assert code == 0 and out["was_listed"], out
+    site.wait_listed({p: True for p in ROLL_PORTS[:2]})
     until = "/run/roll-done"
     load = site.load(until)
     try:
@@ -466,9 +483,9 @@ def test_a_change_rolls_over_the_replicas_and_no_request_fails(site, first):
     assert json.loads(output)["codes"] == {"200": len(requests)}, json.loads(output)["codes"]
     # Each restarted, in its turn, in the inventory's order, and given back.
     assert all(unit_pid(site, p) != before[p] for p in ROLL_PORTS), before
-    assert ("a restart rolls over its 3 replicas, 1 at a time, in this order: "
-            + "; ".join(f"{n}. @lxc/standin-roll-{p}" for n, p in enumerate(ROLL_PORTS, 1))
-            ) in done.stderr, done.stderr[-6000:]
+    assert order in done.stderr, done.stderr[-6000:]
+    assert ("given back first, left out of its rotation by an earlier run: "
+            f"{site.url(ROLL_PORTS[2])}") in done.stderr, done.stderr[-6000:]
     lines = [done.stderr.index(f"@lxc/standin-roll-{p}: drained in") for p in ROLL_PORTS]
     assert lines == sorted(lines), done.stderr[-6000:]
     for p in ROLL_PORTS:

@@ -62,6 +62,9 @@ def test_the_exit_codes_are_the_worker_scripts():
      "@lxc/a: drained in 300.0s (1 request in flight cut), restarted and judged in 8.0s, serving"),
     (roll.Turn("@lxc/a", 300.0, 2, 8.0, "serving"),
      "@lxc/a: drained in 300.0s (2 requests in flight cut), restarted and judged in 8.0s, serving"),
+    (roll.Turn("@lxc/a", 5.1, 0, 2.0, "serving", 5.04),
+     "@lxc/a: drained in 5.1s (out of the rotation in 5.0s), restarted and judged in 2.0s, "
+     "serving"),
     (roll.Turn("@lxc/c"), "@lxc/c: drain -, restart -, not reached"),
 ])
 def test_each_turn_names_its_drain_restart_and_verdict(turn, line):

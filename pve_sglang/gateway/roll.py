@@ -102,6 +102,7 @@ class Turn:
     cut: int | None = None
     restart_s: float | None = None
     verdict: str = "not reached"
+    out_s: float | None = None
 
 
 @dataclass
@@ -120,6 +121,8 @@ class Roll:
 def turn_line(turn: Turn) -> str:
     """A replica's turn in one line: its drain time, restart time and verdict."""
     drain = ("drain -" if turn.drain_s is None else f"drained in {turn.drain_s:.1f}s"
+             + (f" (out of the rotation in {turn.out_s:.1f}s)" if turn.out_s is not None
+                else "")
              + (f" ({turn.cut} request{'s' if turn.cut != 1 else ''} in flight cut)"
                 if turn.cut else ""))
     restart = "restart -" if turn.restart_s is None else \

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import gevent
+from gevent.lock import BoundedSemaphore
 from pyinfra import logger
 from pyinfra.api import OperationError, QuoteString, StringCommand
 
@@ -48,6 +49,8 @@ class _Run:
     decided: dict[str, bool] = field(default_factory=dict)
     running: set[str] = field(default_factory=set)
     done: set[str] = field(default_factory=set)
+    mend: BoundedSemaphore = field(default_factory=lambda: BoundedSemaphore(1))
+    mended: bool = False
 
 
 #: This run's rolls, by gateway.
@@ -92,15 +95,31 @@ def _script(gateway_host, argv: list[str]) -> tuple[int, dict]:
     return code, answer if isinstance(answer, dict) else {}
 
 
+def _mended(state, run: _Run, sync_argv: list[str]) -> None:
+    """Once per roll, before its first turn: the replicas an earlier run left out of the
+    rotation (killed between a turn's out and its in) given back by the worker script's
+    ``sync`` of the list the gateway holds, so that no turn counts without them."""
+    with run.mend:
+        if run.mended:
+            return
+        run.mended = True
+        code, answer = _script(state.inventory.get_host(run.roll.gateway), sync_argv)
+        added = answer.get("added") or []
+        if added:
+            logger.warning(f"{run.roll.gateway}: given back first, left out of its rotation by "
+                           f"an earlier run: {', '.join(str(a) for a in added)}")
+
+
 def turn(gateway: str, names: list[str], batch: int, name: str, out_argv: list[str],
          in_argv: list[str], check_argv: list[str], judge: Callable[[], None],
-         words: str = "in its turn") -> Callable:
+         words: str = "in its turn", sync_argv: list[str] | None = None) -> Callable:
     """The function replica NAME's restart runs (``service_running``'s TURN): its turn in the
     roll of GATEWAY's replicas NAMES, BATCH at a time. OUT_ARGV, IN_ARGV, CHECK_ARGV: the worker
     script's ``out``, ``in`` and ``check`` of it; JUDGE: follows its start (raises
     ``OperationError`` when it does not serve); WORDS: the turn's step, for the plan (its
-    ``words``). Its ``decided(restarts)``: the replica's operation tells the roll whether it
-    restarts, so that the turns go in order."""
+    ``words``); SYNC_ARGV: the worker script's ``sync`` (``--not-up-ok``), run once before
+    the roll's first turn. Its ``decided(restarts)``: the replica's operation tells the roll
+    whether it restarts, so that the turns go in order."""
 
     def decided(restarts: bool) -> None:
         run_of(gateway, names, batch).decided[name] = restarts
@@ -109,6 +128,8 @@ def turn(gateway: str, names: list[str], batch: int, name: str, out_argv: list[s
         run = run_of(gateway, names, batch)
         run.decided[name] = True
         _wait_for_turn(state, run, name)
+        if sync_argv:
+            _mended(state, run, sync_argv)
         run.running.add(name)
         try:
             return _one_turn(state, host, run.roll.turn(name), run.roll, commands,
@@ -142,6 +163,7 @@ def _one_turn(state, host, this: Turn, roll: Roll, commands: list[StringCommand]
         return False
     if refusal is None:
         this.drain_s, this.cut = float(out.get("drain_s") or 0), int(out.get("cut") or 0)
+        this.out_s = float(out["out_s"]) if isinstance(out.get("out_s"), (int, float)) else None
     else:
         logger.warning(f"{host.name}: the gateway {roll.gateway} did not take it out "
                        f"({out.get('error') or f'exit {code}'}): restarted as without a "

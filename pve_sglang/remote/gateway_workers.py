@@ -651,13 +651,15 @@ def take_out(gateway: str, worker: dict, env_file: str, state_file: str, timeout
         if url in ours:
             ours[url] = None  # the id is gone with it; ``in`` records the new one
             write_registrations(state_file, ours)
+    out_s = time.monotonic() - start  # smg removes a worker in the background of the DELETE
     left = in_flight(url)
     until = time.monotonic() + drain
     while left and time.monotonic() < until:
         time.sleep(0.1)
         left = in_flight(url)
     return {"worker": worker.get("name") or url, "url": url, "was_listed": was_listed,
-            "drain_s": round(time.monotonic() - start, 3), "in_flight": left,
+            "out_s": round(out_s, 3), "drain_s": round(time.monotonic() - start, 3),
+            "in_flight": left,
             "cut": left or 0}
 
 

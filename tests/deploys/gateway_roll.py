@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pve_sglang import remote  # noqa: E402
 from pve_sglang.config.gateway import validate_gateway  # noqa: E402
 from pve_sglang.operations import paths, systemd_unit, verify  # noqa: E402
+from pve_sglang.operations.changes import any_changed  # noqa: E402
 from pve_sglang.project import load_defaults  # noqa: E402
 from tasks.common import upload_script  # noqa: E402
 from tasks.gateway import gateway_steps, gateway_workers, turn_for  # noqa: E402
@@ -50,12 +51,12 @@ if "replicas" in host.groups:
         f"ExecStart=/usr/bin/python3 {STANDIN}/standin_sglang.py --logs {STANDIN}/logs "
         f"--port {port} --host 0.0.0.0 --event-file /run/standin-roll-{port} --enable-metrics --pause-scale 0.02 "
         f"{host.data.get('flags', '')}\n\n[Install]\nWantedBy=multi-user.target\n"))
-    systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
+    systemd.daemon_reload(name="Reload systemd units", _if=any_changed(unit_file))
     health = f"http://127.0.0.1:{port}/health"
     judge = lambda: verify.watch_start(unit, health, env_file, watch, 120, 60)  # noqa: E731
     systemd_unit.service_running(
         name=f"{unit} enabled and running", unit=unit, start=True,
-        restart=lambda: unit_file.did_change() or env.did_change(),
+        restart=any_changed(unit_file, env, restarts=unit),
         turn=turn_for(gw.name, gs, names, int(gw.data.get("check_timeout_s") or 60), judge)
         if host.data.get("roll", True) else None)
 
