@@ -16,7 +16,9 @@ server's own restart operation, in its turn or not). PAUSE_SCALE stretches the s
 Each round: BEFORE_S seconds of load alone (p99 of its requests' latency), then a change of a
 flag of every replica (its ``--token-delay``) deployed with the roll, then the same with
 ``roll`` off (the restart as without a gateway: all at once); the client sends CONCURRENCY
-streamed ``/generate`` back to back through the gateway from before the deploy until it ends.
+streamed ``/generate`` back to back through the gateway from before the deploy until the
+gateway lists every replica healthy again after it (``until_serving_s``); the requests begun in
+that window are counted.
 A request fails when it did not end with its stream's last event (``cut``, an HTTP error, no
 answer). Results: bench/results/gateway_roll.json.
 """
@@ -84,6 +86,14 @@ def loaded(site: Site, concurrency: int, action) -> tuple[list, float, float, ob
     return json.loads(output)["requests"], began, ended, result
 
 
+def changed(site: Site, ports: tuple[int, ...], flags: str, how: str):
+    """The change deployed (``roll`` or all at once), then until the gateway lists every
+    replica healthy again: the window a client lives through."""
+    done, _ = site.roll(ports, flags, roll=how == "roll")
+    site.wait_listed({p: True for p in ports}, seconds=300)
+    return done
+
+
 def turn_lines(stderr: str) -> list[str]:
     return [line.strip() for line in stderr.splitlines()
             if ": drained in " in line or "not restarted" in line or "failed its judgement" in line]
@@ -122,14 +132,15 @@ def main() -> int:
                 before = summary(requests, began, ended)
                 delay = round(delay + 0.001, 3)
                 requests, began, ended, done = loaded(
-                    site, args.concurrency,
-                    lambda: site.roll(ports, flags(delay), roll=how == "roll")[0])
+                    site, args.concurrency, lambda: changed(site, ports, flags(delay), how))
                 during = summary(requests, began, ended)
-                row = {"round": round_, "restart": how, "deploy_s": round(ended - began, 1),
+                row = {"round": round_, "restart": how, "until_serving_s": round(ended - began, 1),
                        "deploy_rc": done.returncode, "before": before, "during": during,
                        "p99_ratio": (round(during["p99_s"] / before["p99_s"], 2)
                                      if during["p99_s"] and before["p99_s"] else None),
-                       "turns": turn_lines(done.stderr)}
+                       "turns": turn_lines(done.stderr),
+                       "deploy_errors": [line.strip()[:300] for line in done.stderr.splitlines()
+                                         if "Error" in line or "unhealthy" in line][:6]}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:

@@ -51,6 +51,8 @@ class _Run:
     done: set[str] = field(default_factory=set)
     mend: BoundedSemaphore = field(default_factory=lambda: BoundedSemaphore(1))
     mended: bool = False
+    #: When a replica last decided, or a turn began or ended.
+    moved: float = field(default_factory=time.monotonic)
 
 
 #: This run's rolls, by gateway.
@@ -67,14 +69,24 @@ def run_of(gateway: str, names: list[str], batch: int) -> _Run:
 
 def _wait_for_turn(state, run: _Run, name: str) -> None:
     """Until NAME's turn may begin (``may_go``), once every replica of the run in this roll
-    decided whether it restarts (up to ``SETTLE_S``)."""
+    decided whether it restarts (up to ``SETTLE_S``). A replica before it that said it restarts
+    but left the run, or whose turn does not begin within ``SETTLE_S`` of the roll's last move
+    (its operation failed before it), holds it back no longer: the order yields, the number at
+    once does not."""
     names = run.roll.names
-    active = [n for n in names if state.inventory.get_host(n, None) in state.active_hosts]
+
+    def active(n: str) -> bool:
+        return state.inventory.get_host(n, None) in state.active_hosts
+
     settle = time.monotonic() + SETTLE_S
-    while any(n not in run.decided for n in active) and time.monotonic() < settle:
+    while any(n not in run.decided for n in names if active(n)) and time.monotonic() < settle:
         gevent.sleep(POLL_S)
-    while not may_go(name, names, {n for n, due in run.decided.items() if due} | {name},
-                     run.running, run.done, run.at_once):
+    while True:
+        due = {n for n, restarts in run.decided.items() if restarts and active(n)} | {name}
+        if may_go(name, names, due, run.running, run.done, run.at_once):
+            return
+        if len(run.running) < run.at_once and time.monotonic() - run.moved > SETTLE_S:
+            return
         gevent.sleep(POLL_S)
 
 
@@ -122,7 +134,8 @@ def turn(gateway: str, names: list[str], batch: int, name: str, out_argv: list[s
     whether it restarts, so that the turns go in order."""
 
     def decided(restarts: bool) -> None:
-        run_of(gateway, names, batch).decided[name] = restarts
+        run = run_of(gateway, names, batch)
+        run.decided[name], run.moved = restarts, time.monotonic()
 
     def in_turn(state, host, commands: list[StringCommand]) -> bool:
         run = run_of(gateway, names, batch)
@@ -131,12 +144,14 @@ def turn(gateway: str, names: list[str], batch: int, name: str, out_argv: list[s
         if sync_argv:
             _mended(state, run, sync_argv)
         run.running.add(name)
+        run.moved = time.monotonic()
         try:
             return _one_turn(state, host, run.roll.turn(name), run.roll, commands,
                              (out_argv, in_argv, check_argv), judge)
         finally:
             run.running.discard(name)
             run.done.add(name)
+            run.moved = time.monotonic()
 
     in_turn.words = words  # type: ignore[attr-defined]
     in_turn.decided = decided  # type: ignore[attr-defined]
