@@ -17,8 +17,8 @@ Each round: BEFORE_S seconds of load alone (p99 of its requests' latency), then 
 flag of every replica (its ``--token-delay``) deployed with the roll, then the same with
 ``roll`` off (the restart as without a gateway: all at once); the client sends CONCURRENCY
 streamed ``/generate`` back to back through the gateway from before the deploy until the
-gateway lists every replica healthy again after it (``until_serving_s``); the requests begun in
-that window are counted.
+gateway serves again after it (every replica listed healthy and 4 requests through it answered
+whole: ``until_serving_s``); the requests begun in that window are counted.
 A request fails when it did not end with its stream's last event (``cut``, an HTTP error, no
 answer). Results: bench/results/gateway_roll.json.
 """
@@ -86,11 +86,23 @@ def loaded(site: Site, concurrency: int, action) -> tuple[list, float, float, ob
     return json.loads(output)["requests"], began, ended, result
 
 
+def serving(site: Site, ports: tuple[int, ...], seconds: float = 600) -> None:
+    """Until the gateway lists every replica healthy and serves: 4 requests through it all
+    answered whole (after a restart of all at once smg lists them healthy again before it
+    sends them requests again: its circuit breakers answer 503 meanwhile)."""
+    deadline = time.monotonic() + seconds
+    site.wait_listed({p: True for p in ports}, seconds=seconds)
+    while site.client("requests", "--url", f"http://127.0.0.1:{GATEWAY_PORT}", "--count", "4",
+                      "--concurrency", "4")["codes"] != {"200": 4}:
+        assert time.monotonic() < deadline, "the gateway does not serve again"
+        time.sleep(0.5)
+
+
 def changed(site: Site, ports: tuple[int, ...], flags: str, how: str):
-    """The change deployed (``roll`` or all at once), then until the gateway lists every
-    replica healthy again: the window a client lives through."""
+    """The change deployed (``roll`` or all at once), then until the gateway serves through
+    every replica again (``serving``): the window a client lives through."""
     done, _ = site.roll(ports, flags, roll=how == "roll")
-    site.wait_listed({p: True for p in ports}, seconds=300)
+    serving(site, ports)
     return done
 
 
@@ -126,7 +138,7 @@ def main() -> int:
         assert done.returncode == 0, done.stderr[-4000:]
         for round_ in range(1, args.rounds + 1):
             for how in ("roll", "all at once"):
-                site.wait_listed({p: True for p in ports}, seconds=300)
+                serving(site, ports)
                 requests, began, ended, _ = loaded(
                     site, args.concurrency, lambda: time.sleep(args.before_s))
                 before = summary(requests, began, ended)

@@ -493,3 +493,31 @@ def test_a_change_rolls_over_the_replicas_and_no_request_fails(site, first):
     assert done.stderr.count("serving, given back (listed healthy in") == 3, done.stderr[-6000:]
     assert {w["url"]: w["is_healthy"] for w in site.gateway_listing()} == {
         site.url(p): True for p in ROLL_PORTS}
+
+
+def test_a_replica_failing_its_judgement_stops_the_roll_naming_it(site, first):
+    """The change makes every replica fail each generation (HTTP 500; /health still 200): the
+    first replica restarts, fails the generation asked as the gateway asks it, and the roll
+    stops there, naming it; the others are not restarted and keep serving what they ran. The
+    next run with a good change restarts the first again and rolls over the rest."""
+    done, results = site.roll(ROLL_PORTS, "--token-delay 0.005")
+    assert done.returncode == 0 and results and not failed(results), done.stderr[-5000:]
+    site.wait_listed({p: True for p in ROLL_PORTS})
+    before = {p: unit_pid(site, p) for p in ROLL_PORTS}
+    done, results = site.roll(ROLL_PORTS, "--token-delay 0.004 --case fail-generation")
+    assert done.returncode != 0
+    first_name, *rest = (f"@lxc/standin-roll-{p}" for p in ROLL_PORTS)
+    assert (f"{first_name}: drained in") in done.stderr, done.stderr[-6000:]
+    assert ("failed its judgement: a generation asked as the gateway asks it: HTTP 500"
+            in done.stderr), done.stderr[-6000:]
+    for name in rest:
+        assert (f"{name}: drain -, restart -, not restarted: the roll stopped at {first_name}"
+                in done.stderr), done.stderr[-6000:]
+    assert unit_pid(site, ROLL_PORTS[0]) != before[ROLL_PORTS[0]]
+    assert [unit_pid(site, p) for p in ROLL_PORTS[1:]] == [before[p] for p in ROLL_PORTS[1:]]
+    # The gateway phase gave the failed one back (its verify phase, in a real deploy, rolls
+    # it back first) and names it failing.
+    assert f"{first_name} ({site.url(ROLL_PORTS[0])}) fails a generation" in done.stderr
+    done, results = site.roll(ROLL_PORTS, "--token-delay 0.005")
+    assert done.returncode == 0 and results and not failed(results), done.stderr[-6000:]
+    assert done.stderr.count("serving, given back (listed healthy in") == 3, done.stderr[-6000:]
