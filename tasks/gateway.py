@@ -197,12 +197,11 @@ def gateway_bench_runs(cs: ContainerSettings, gs: GatewaySettings, address: str)
 
 def rolled_by(name: str) -> tuple | None:
     """The gateway that rolls container NAME's restarts, with its settings and its replicas'
-    names: the first gateway of the inventory whose workers name it, where it fronts two or
-    more (one alone restarts plainly); None where none does."""
+    names: the first gateway of the inventory whose workers name it; None where none does."""
     for gw in state.inventory.get_group("gateways", []):
         names = [str(w["name"]) for w in gw.data.get("gateway_worker_list") or []]
         if name in names:
-            return (gw, host_settings(GatewaySettings, of=gw), names) if len(names) > 1 else None
+            return gw, host_settings(GatewaySettings, of=gw), names
     return None
 
 
@@ -211,18 +210,24 @@ def roll_words(cs: ContainerSettings) -> str:
     rolled = rolled_by(host.name) if not cs.nodes else None
     if rolled is None:
         return ""
-    gw, gs, _ = rolled
+    gw, gs, names = rolled
+    if len(names) < 2:
+        return f" (plainly: the only replica behind {gw.name})"
     return f", {roll.step_words(gw.name, gs.gateway_drain_timeout_s)}"
 
 
 def replica_turn(cs: ContainerSettings):
     """The turn this replica's restart runs in its gateway's roll (``operations.roll.turn``),
-    or None: no gateway fronts it with another replica, or it is a node of several (its group
-    restarts together). The roll's order is said once per gateway, in the plan too."""
+    or None: no gateway fronts it, it is the only replica behind its gateway (said so), or it
+    is a node of several (its group restarts together). The roll's order is said once per
+    gateway, in the plan too."""
     rolled = rolled_by(host.name)
     if rolled is None:
         return None
     gw, gs, names = rolled
+    if len(names) < 2:
+        logger.info(roll.order_words(gw.name, names, gs.gateway_roll_batch))
+        return None
     if cs.nodes:
         logger.warning(f"{host.name}: a node of a multi-node replica behind {gw.name}: its "
                        "group restarts together, not in turn")

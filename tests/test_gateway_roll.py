@@ -135,3 +135,54 @@ def test_the_plans_words_never_take_every_replica_at_once():
 ])
 def test_each_turn_begins_in_the_inventorys_order(name, due, running, done, at_once, go):
     assert roll.may_go(name, ABC, due, running, done, at_once) is go
+
+
+def planned_words(workers: list[str]) -> list[str]:
+    """The container phase's step words planned for ct105 (the H200 machine's recorded
+    outputs), behind a gateway fronting WORKERS."""
+    from harness import plan_deploy
+    from pyinfra import host
+
+    from pve_sglang.project import load_defaults
+    from tasks import container
+    from test_host_phase_recorded import container_answers, gpu_host_responses
+
+    words: list[str] = []
+    real = container.container_plan
+
+    def recorded(*args):
+        steps = real(*args)
+        if host.name == "@fake/ct105":
+            words.extend(w for w, _ in steps)
+        return steps
+
+    defaults = load_defaults()
+    ct = {**defaults, "pct_vmid": 105, "pve_host": "@fake/pve1", "platform": "pve"}
+    gateway = {**defaults, "pct_vmid": 120, "pve_host": "@fake/pve1", "platform": "pve",
+               "gateway_worker_list": [{"name": n, "url": f"http://{n}:30000", "has_key": False}
+                                       for n in workers]}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(container, "container_plan", recorded)
+        plan_deploy(container.container_phase,
+                    hosts=[("pve1", {**defaults}), ("ct105", ct), ("gw", gateway)],
+                    responses={**container_answers(None, None), **gpu_host_responses()},
+                    groups={"pve_hosts": ["pve1"], "gpu_containers": ["ct105"],
+                            "gateways": ["gw"]})
+    return words
+
+
+@pytest.mark.parametrize("workers, ending", [
+    # Behind a gateway with another replica: in turn.
+    (["@fake/ct105", "@fake/ct106"], ", enable it and (re)start it once, in turn behind "
+     "@fake/gw: out of its rotation once the others are healthy in its view, drained (up to "
+     "300s), restarted, judged (startup watch, a generation asked as the gateway asks it), "
+     "given its traffic back"),
+    # The only replica behind its gateway: plainly, said so.
+    (["@fake/ct105"], ", enable it and (re)start it once (plainly: the only replica behind "
+     "@fake/gw)"),
+    # A gateway in front of others only: as without one.
+    (["@fake/ct107", "@fake/ct106"], ", enable it and (re)start it once"),
+])
+def test_the_container_plan_says_how_its_restart_goes_behind_a_gateway(workers, ending):
+    words = planned_words(workers)
+    assert [w for w in words if "(re)start it once" in w][0].endswith(ending), words
