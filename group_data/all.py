@@ -307,8 +307,9 @@ gateway_register_timeout_s = 60
 gateway_worker_startup_timeout_s = 3600
 # Replicas behind a gateway restarted at once by a change (a release, a flag, the tuned file): each
 # is taken out of the gateway's rotation, drained, restarted, judged and given back before the next
-# ones (1..1000 at a time; a roll never takes the last healthy replica out). A first deploy, and a
-# container without a gateway, restart as before.
+# ones, in the inventory's order (1..1000 at a time, never all of them: a roll never takes the last
+# healthy replica out). A first deploy, a lone replica and a container without a gateway restart
+# as before (docs/gateway.md).
 gateway_roll_batch = 1
 # Seconds a replica taken out of the rotation waits for its requests in flight to finish before its
 # restart cuts those left (counted in the output); 1..86400.
