@@ -115,7 +115,7 @@ def _mended(state, run: _Run, sync_argv: list[str]) -> None:
         if run.mended:
             return
         run.mended = True
-        code, answer = _script(state.inventory.get_host(run.roll.gateway), sync_argv)
+        _, answer = _script(state.inventory.get_host(run.roll.gateway), sync_argv)
         added = answer.get("added") or []
         if added:
             logger.warning(f"{run.roll.gateway}: given back first, left out of its rotation by "
