@@ -305,6 +305,15 @@ gateway_register_timeout_s = 60
 # as long as a server may take to start (health_timeout_s), so that one still loading after a
 # reboot is added once it serves. Meanwhile the deploy reports it "not up (registration pending)".
 gateway_worker_startup_timeout_s = 3600
+# Replicas behind a gateway restarted at once by a change (a release, a flag, the tuned file): each
+# is taken out of the gateway's rotation, drained, restarted, judged and given back before the next
+# ones, in the inventory's order (1..1000 at a time, never all of them: a roll never takes the last
+# healthy replica out). A first deploy, a lone replica and a container without a gateway restart
+# as before (docs/gateway.md).
+gateway_roll_batch = 1
+# Seconds a replica taken out of the rotation waits for its requests in flight to finish before its
+# restart cuts those left (counted in the output); 1..86400.
+gateway_drain_timeout_s = 300
 # Run the benchmark through the gateway after its phase, from its first worker's container (its
 # bench_* settings; saved under bench_history_dir/gateway); needs gateway_host off loopback.
 gateway_bench = False

@@ -21,6 +21,7 @@ from pve_sglang.operations import (
 )
 from pve_sglang.operations.changes import any_changed
 from tasks import stack_steps
+from tasks.gateway import replica_turn, roll_words
 from tasks.common import (
     container_gpus, expect_container_reads, run_when_container_exists, store_user_key,
     upload_script,
@@ -141,7 +142,8 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
          + (f", fetch {cs.model_download} into {cs.model_path} after its preflight (its size "
             "against the free space, access, revision: checked then, before any byte moves)"
             if cs.model_download and not cs.uses_model_store else "")
-         + (", enable it and (re)start it once" if driver else " (not enabled at boot: no GPU)"),
+         + (", enable it and (re)start it once" + roll_words(cs) if driver
+            else " (not enabled at boot: no GPU)"),
          server),
         (stack_steps.kept_words(cs), lambda _: stack_steps.kept(cs)),
     ]
@@ -476,6 +478,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
         # A run killed after one of these changed, before the restart: restarted by the next.
         since=restart_since(cs),
         restart_on_change=cs.restart_on_change,
+        turn=replica_turn(cs) if start else None,
     )
     if not start:
         logger.warning(f"{host.name}: {unit} not started: the SGLang server needs a GPU (nor "

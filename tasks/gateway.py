@@ -14,23 +14,26 @@ from __future__ import annotations
 import functools
 from io import StringIO
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import state
 
 from pve_sglang import remote
 from pve_sglang.config.gateway import GatewaySettings, gateway_lock, gateway_store
 from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
-from pve_sglang.gateway import render
+from pve_sglang.gateway import render, roll
 from pve_sglang.gateway.workers import Worker, gateway_address, key_problem
 from pve_sglang.operations import apt, gateway, paths, store, systemd_unit, verify
+from pve_sglang.operations import roll as rolling
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.server.bench import bench_levels, bench_runs
 from pve_sglang.server.bench_history import run_meta
+from pve_sglang.server.addresses import client_address
 from pve_sglang.server.command import venv_python
 from pve_sglang.server.unit_text import env_file_path
 from pve_sglang.stack.store_retention import user_path
+from tasks import stack_steps
 from tasks.common import run_when_container_exists, store_user_key, upload_script
 
 BASE_PACKAGES = ["ca-certificates", "python3", "python3-venv"]
@@ -188,3 +191,63 @@ def gateway_bench_runs(cs: ContainerSettings, gs: GatewaySettings, address: str)
     via = cs.model_copy(update={"server_port": gs.gateway_port, "enable_metrics": False})
     return bench_runs(via, venv_python(cs), address, cs.sglang_version,
                       remote.path(remote.GPU_SAMPLER), remote.path(remote.BENCH_RECORD), None)
+
+
+# --- a roll: the replicas behind a gateway restarted in turn (issue 51) -------------------------
+
+
+def rolled_by(name: str) -> tuple | None:
+    """The gateway that rolls container NAME's restarts, with its settings and its replicas'
+    names: the first gateway of the inventory whose workers name it; None where none does."""
+    for gw in state.inventory.get_group("gateways", []):
+        names = [str(w["name"]) for w in gw.data.get("gateway_worker_list") or []]
+        if name in names:
+            return gw, host_settings(GatewaySettings, of=gw), names
+    return None
+
+
+def roll_words(cs: ContainerSettings) -> str:
+    """This replica's restart in words, for the plan: in its turn behind its gateway, or ''."""
+    rolled = rolled_by(host.name) if not cs.nodes else None
+    if rolled is None:
+        return ""
+    gw, gs, names = rolled
+    if len(names) < 2:
+        return f" (plainly: the only replica behind {gw.name})"
+    return f", {roll.step_words(gw.name, gs.gateway_drain_timeout_s)}"
+
+
+def replica_turn(cs: ContainerSettings):
+    """The turn this replica's restart runs in its gateway's roll (``operations.roll.turn``),
+    or None: no gateway fronts it, it is the only replica behind its gateway (said so), or it
+    is a node of several (its group restarts together). The roll's order is said once per
+    gateway, in the plan too."""
+    rolled = rolled_by(host.name)
+    if rolled is None:
+        return None
+    gw, gs, names = rolled
+    if len(names) < 2:
+        logger.info(roll.order_words(gw.name, names, gs.gateway_roll_batch))
+        return None
+    if cs.nodes:
+        logger.warning(f"{host.name}: a node of a multi-node replica behind {gw.name}: its "
+                       "group restarts together, not in turn")
+        return None
+    return turn_for(gw.name, gs, names, cs.generation_timeout_s,
+                    stack_steps.follow_start(cs, client_address(cs.server_host)))
+
+
+def turn_for(gateway: str, gs: GatewaySettings, names: list[str], check_s: int, judge):
+    """This host's turn behind GATEWAY (settings GS, replicas NAMES, in the inventory's
+    order): the worker script's ``out``, ``in`` and ``check`` of it in the gateway's
+    container, JUDGE following its start, CHECK_S each generation's bound."""
+    if names[0] == host.name:
+        logger.info(roll.order_words(gateway, names, gs.gateway_roll_batch))
+    out = [*render.sync_argv(gs, "out", gs.gateway_register_timeout_s), "--worker", host.name,
+           "--drain", str(gs.gateway_drain_timeout_s)]
+    back = [*render.sync_argv(gs, "in", gs.gateway_register_timeout_s
+                              + 2 * gs.gateway_health_check_interval_s), "--worker", host.name]
+    check = [*render.sync_argv(gs, "check", check_s), "--worker", host.name]
+    return rolling.turn(gateway, names, gs.gateway_roll_batch, host.name, out, back, check,
+                        judge, roll.step_words(gateway, gs.gateway_drain_timeout_s),
+                        [*render.sync_argv(gs), "--not-up-ok"])

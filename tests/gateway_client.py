@@ -5,7 +5,8 @@ gateway's container for the tests, beside the workers for the bench.
 [--tokens T] [--seconds S]``: N requests to SGLang's ``/generate`` (streamed, as
 ``bench_serving``'s ``sglang`` backend sends them), C at a time; each prompt is unique, and with
 ``--prefix-words`` W they all open with the same W words (a shared system prompt). With
-``--seconds`` it sends for that long instead (N ignored). URL may list several servers,
+``--seconds`` it sends for that long instead (N ignored); with ``--until FILE``, until FILE
+exists (a test's change is over). URL may list several servers,
 comma-separated: the client then sends to each in turn (balancing by hand, no gateway). The key, if any, comes from the
 ``API_KEY`` environment variable. Prints one JSON line: the count of each HTTP status (or
 ``error``; ``cut``: HTTP 200, but the stream ended without its last event ``data: [DONE]``, as
@@ -70,7 +71,10 @@ def run(args: argparse.Namespace) -> dict:
         while True:
             with lock:
                 n = counter["next"]
-                if (deadline is None and n >= args.count) or (deadline and time.time() >= deadline):
+                if args.until:
+                    if os.path.exists(args.until):
+                        return
+                elif (deadline is None and n >= args.count) or (deadline and time.time() >= deadline):
                     return
                 counter["next"] += 1
             # Unique from its first character: a prefix router (cache_aware) matches no other
@@ -117,6 +121,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prefix-words", type=int, default=0)
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=0)
+    parser.add_argument("--until", default="")
     parser.add_argument("urls", nargs="*")
     args = parser.parse_args(argv)
     print(json.dumps(run(args) if args.command == "requests" else counts(args.urls)))

@@ -60,6 +60,8 @@ class StandinSmg:
 
     key: str | None = None
     up: set[str] = field(default_factory=set)
+    #: Workers listed but unhealthy (their health checks failing in smg's view).
+    sick: set[str] = field(default_factory=set)
     startup_timeout: float = 60.0
     filler: int = 0
     echo_bad_body: bool = False
@@ -142,7 +144,7 @@ class StandinSmg:
             "labels": {"version": "standin", "model_path": "/models/standin", "tp_size": "1",
                        "served_model_name": "standin-model"},
             "priority": 50, "cost": 1.0, "max_connection_attempts": 20,
-            "is_healthy": reg.status == "ready", "status": reg.status, "load": 0,
+            "is_healthy": reg.status == "ready" and reg.url not in self.sick, "status": reg.status, "load": 0,
             "http2": False,
             **({"job_status": {"job_type": "AddWorker", "worker_url": reg.url,
                                "status": "processing", "message": None,

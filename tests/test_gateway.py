@@ -164,6 +164,12 @@ def test_each_worker_judged_by_its_listing_and_its_answer(listed, pending, answe
     ({"gateway_api_key": "a key"}, ["gateway_api_key", "<secret>", "whitespace"]),
     ({"gateway_workers": []}, ["gateway_workers", "empty list"]),
     ({"gateway_host": "gateway.local"}, ["gateway_host", "gateway.local"]),
+    # The roll's batch and drain bound, at their edges.
+    ({"gateway_roll_batch": 0}, ["gateway_roll_batch", "greater than or equal to 1"]),
+    ({"gateway_roll_batch": 1001}, ["gateway_roll_batch", "less than or equal to 1000"]),
+    ({"gateway_roll_batch": "two"}, ["gateway_roll_batch", "'two'"]),
+    ({"gateway_drain_timeout_s": 0}, ["gateway_drain_timeout_s", "greater than or equal to 1"]),
+    ({"gateway_drain_timeout_s": 86401}, ["gateway_drain_timeout_s", "less than or equal to 86400"]),
 ])
 def test_bad_gateway_settings_are_named(data, words):
     with pytest.raises(SettingsError) as raised:
@@ -411,3 +417,10 @@ def test_the_registered_keys_are_a_link_that_a_new_keys_file_leaves_behind(tmp_p
     assert gw.worker_spec(worker, gw.read_keys(str(keys))[0]) == {
         "url": "http://a:1", "api_key": "sk-third"}
     assert gw.worker_spec({"url": "http://b:2", "key_env": None}, {}) == {"url": "http://b:2"}
+
+
+@pytest.mark.parametrize("field, value", [("gateway_roll_batch", 1), ("gateway_roll_batch", 1000),
+                                          ("gateway_drain_timeout_s", 1),
+                                          ("gateway_drain_timeout_s", 86400)])
+def test_the_rolls_settings_are_taken_at_their_edges(field, value):
+    assert getattr(validate_gateway(W, {field: value}, DEFAULTS), field) == value

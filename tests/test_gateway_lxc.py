@@ -122,6 +122,40 @@ class Site:
             results = None
         return done, results
 
+    def roll(self, ports: tuple[int, ...], flags: str, roll: bool = True, dry: bool = False,
+             **settings) -> tuple[subprocess.CompletedProcess, dict | None]:
+        """The roll deploy (tests/deploys/gateway_roll.py): a stand-in replica per port of
+        PORTS, each a unit of its own in the servers' container running with FLAGS, behind the
+        gateway with SETTINGS over the module's; ROLL false: restarted at once (no roll); DRY:
+        its plan only (``--dry``)."""
+        names = [f"@lxc/standin-roll-{p}" for p in ports]
+        gateway = {**self.gateway.host_data(), "settings": {**SETTINGS, **settings},
+                   "gateway_worker_list": [{"name": n, "url": self.url(p), "has_key": True}
+                                           for n, p in zip(names, ports)],
+                   "check_timeout_s": CHECK_TIMEOUT_S, "worker_keys": [KEY] * len(ports)}
+        replicas = [(n, {**self.servers.host_data(), "port": p, "flags": flags, "key": KEY,
+                         "roll": roll}) for n, p in zip(names, ports)]
+        inventory = self.folder / "roll_inventory.py"
+        inventory.write_text(f"gateways = [({self.gateway.inventory_name!r}, {gateway!r})]\n"
+                             f"replicas = {replicas!r}\n")
+        done = subprocess.run([str(PYINFRA), str(inventory), "tests/deploys/gateway_roll.py",
+                               "--dry" if dry else "-y", "--json"], cwd=REPO,
+                              capture_output=True, text=True, timeout=600)
+        try:
+            return done, json.loads(done.stdout)
+        except ValueError:
+            return done, None
+
+    def load(self, until: str, concurrency: int = 4) -> subprocess.Popen:
+        """A client sending streamed requests through the gateway until the file UNTIL exists
+        in its container."""
+        self.gateway.attach(f"rm -f {until}")
+        return subprocess.Popen(
+            ["lxc-attach", "-P", str(self.gateway.lxc_path), "-n", self.gateway.name,
+             "--clear-env", "-v", f"API_KEY={KEY}", "--", "python3", CLIENT, "requests", "--url",
+             f"http://127.0.0.1:{GATEWAY_PORT}", "--until", until, "--concurrency",
+             str(concurrency), "--tokens", "24"], stdout=subprocess.PIPE, text=True)
+
     def client(self, *args: str, key: str | None = KEY) -> dict:
         done = self.gateway.attach((f"API_KEY={key} " if key else "") + f"python3 {CLIENT} "
                                    + " ".join(args), timeout=300)
@@ -389,3 +423,96 @@ def test_a_rotated_worker_key_is_registered_again_without_a_restart(site, first)
     site.wait_listed({PORTS[0]: True, PORTS[1]: True})
     done, results = site.deploy(PORTS[:2], {PORTS[0]: rotated}, gateway_api_key=None)
     assert done.returncode == 0 and results and changed(results) == [], done.stderr[-4000:]
+
+
+ROLL_PORTS = (31007, 31008, 31009)
+
+
+def unit_pid(site: Site, port: int) -> str:
+    return site.servers.attach(
+        f"systemctl show -p MainPID --value standin-roll-{port}.service").stdout.strip()
+
+
+def test_a_change_rolls_over_the_replicas_and_no_request_fails(site, first):
+    """Three replicas behind the real smg, each a real unit; a flag of theirs changes: each is
+    taken out of the gateway's rotation, drained, restarted, its start followed, asked a
+    generation as the gateway asks it, and given back before the next, in the inventory's
+    order. A client streaming through the gateway the whole time sees no failed request (a
+    stream without its last event fails). Restarted at once, as without the roll, the same
+    change cuts requests (``bench/gateway_roll.py`` measures it)."""
+    done, results = site.roll(ROLL_PORTS, "--token-delay 0.005")
+    assert done.returncode == 0 and results and not failed(results), done.stderr[-5000:]
+    site.wait_listed({p: True for p in ROLL_PORTS})
+    before = {p: unit_pid(site, p) for p in ROLL_PORTS}
+    # The plan (--dry): the order, and each replica's step; nothing restarts.
+    done, _ = site.roll(ROLL_PORTS, "--token-delay 0.006", dry=True)
+    assert done.returncode == 0, done.stderr[-5000:]
+    order = ("a restart rolls over its 3 replicas, 1 at a time, in this order: "
+             + "; ".join(f"{n}. @lxc/standin-roll-{p}" for n, p in enumerate(ROLL_PORTS, 1)))
+    assert order in done.stderr, done.stderr[-5000:]
+    for p in ROLL_PORTS:
+        assert (f"@lxc/standin-roll-{p}: standin-roll-{p}.service restarts in turn behind "
+                f"{site.gateway.inventory_name}: out of its rotation") in done.stderr
+    assert {p: unit_pid(site, p) for p in ROLL_PORTS} == before
+    # A run killed between a turn's out and its in left the last replica out of the rotation:
+    # the roll gives it back before its first turn (no turn counts without it).
+    code, out = site.script("out", "--worker", f"@lxc/standin-roll-{ROLL_PORTS[2]}",
+                            "--drain", "5")
+    assert code == 0 and out["was_listed"], out
+    site.wait_listed({p: True for p in ROLL_PORTS[:2]})
+    until = "/run/roll-done"
+    load = site.load(until)
+    try:
+        site.client("requests", "--url", f"http://127.0.0.1:{GATEWAY_PORT}", "--count", "4")
+        began = time.time()
+        done, results = site.roll(ROLL_PORTS, "--token-delay 0.006")
+        ended = time.time()
+    finally:
+        site.gateway.attach(f"touch {until}")
+        output, _ = load.communicate(timeout=120)
+    TIMES["roll of 3 replicas"] = ended - began
+    assert done.returncode == 0 and results and not failed(results), done.stderr[-6000:]
+    requests = json.loads(output)["requests"]
+    during = [status for start, _, status in requests if began <= start <= ended]
+    assert during and set(during) == {"200"}, json.loads(output)["codes"]
+    assert json.loads(output)["codes"] == {"200": len(requests)}, json.loads(output)["codes"]
+    # Each restarted, in its turn, in the inventory's order, and given back.
+    assert all(unit_pid(site, p) != before[p] for p in ROLL_PORTS), before
+    assert order in done.stderr, done.stderr[-6000:]
+    assert ("given back first, left out of its rotation by an earlier run: "
+            f"{site.url(ROLL_PORTS[2])}") in done.stderr, done.stderr[-6000:]
+    lines = [done.stderr.index(f"@lxc/standin-roll-{p}: drained in") for p in ROLL_PORTS]
+    assert lines == sorted(lines), done.stderr[-6000:]
+    for p in ROLL_PORTS:
+        assert (f"@lxc/standin-roll-{p}: drained in") in done.stderr
+    assert done.stderr.count("serving, given back (listed healthy in") == 3, done.stderr[-6000:]
+    assert {w["url"]: w["is_healthy"] for w in site.gateway_listing()} == {
+        site.url(p): True for p in ROLL_PORTS}
+
+
+def test_a_replica_failing_its_judgement_stops_the_roll_naming_it(site, first):
+    """The change makes every replica fail each generation (HTTP 500; /health still 200): the
+    first replica restarts, fails the generation asked as the gateway asks it, and the roll
+    stops there, naming it; the others are not restarted and keep serving what they ran. The
+    next run with a good change restarts the first again and rolls over the rest."""
+    done, results = site.roll(ROLL_PORTS, "--token-delay 0.005")
+    assert done.returncode == 0 and results and not failed(results), done.stderr[-5000:]
+    site.wait_listed({p: True for p in ROLL_PORTS})
+    before = {p: unit_pid(site, p) for p in ROLL_PORTS}
+    done, results = site.roll(ROLL_PORTS, "--token-delay 0.004 --case fail-generation")
+    assert done.returncode != 0
+    first_name, *rest = (f"@lxc/standin-roll-{p}" for p in ROLL_PORTS)
+    assert (f"{first_name}: drained in") in done.stderr, done.stderr[-6000:]
+    assert ("failed its judgement: a generation asked as the gateway asks it: HTTP 500"
+            in done.stderr), done.stderr[-6000:]
+    for name in rest:
+        assert (f"{name}: drain -, restart -, not restarted: the roll stopped at {first_name}"
+                in done.stderr), done.stderr[-6000:]
+    assert unit_pid(site, ROLL_PORTS[0]) != before[ROLL_PORTS[0]]
+    assert [unit_pid(site, p) for p in ROLL_PORTS[1:]] == [before[p] for p in ROLL_PORTS[1:]]
+    # The gateway phase gave the failed one back (its verify phase, in a real deploy, rolls
+    # it back first) and names it failing.
+    assert f"{first_name} ({site.url(ROLL_PORTS[0])}) fails a generation" in done.stderr
+    done, results = site.roll(ROLL_PORTS, "--token-delay 0.005")
+    assert done.returncode == 0 and results and not failed(results), done.stderr[-6000:]
+    assert done.stderr.count("serving, given back (listed healthy in") == 3, done.stderr[-6000:]

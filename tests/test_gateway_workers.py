@@ -357,6 +357,92 @@ def test_sync_standin_smg_refusals_show_smgs_answer_and_no_key(site):
     assert "<secret>" in result["error"] and "sk-worker-secret" not in result["error"] + stderr
 
 
+# --- out and in: a roll's two ends ------------------------------------------------------------
+
+
+def listing(*workers: tuple[str, object]) -> list[dict]:
+    return [{"url": url, "is_healthy": healthy} for url, healthy in workers]
+
+
+@pytest.mark.parametrize("workers, problem", [
+    # One other, healthy: it may go (the smallest roll).
+    (listing((W1, True), (W2, True)), None),
+    (listing((W1, True), (W2, True), (W3, True)), None),
+    # Itself out already (a killed roll): the others decide.
+    (listing((W2, True)), None),
+    # The last one: never.
+    (listing((W1, True)), "no other worker is listed: it is the last one serving"),
+    (listing(), "no other worker is listed: it is the last one serving"),
+    # Itself unhealthy decides nothing; another unhealthy (or unknown) does.
+    (listing((W1, False), (W2, True)), None),
+    (listing((W1, True), (W2, False)),
+     "1 other worker not healthy in the gateway's view: http://10.9.0.2:30000"),
+    (listing((W1, True), (W2, None), (W3, False)),
+     "2 other workers not healthy in the gateway's view: http://10.9.0.2:30000, "
+     "http://10.9.0.3:30000"),
+    (listing((W1 + "/", True)), "no other worker is listed: it is the last one serving"),
+])
+def test_a_worker_goes_out_only_while_the_others_serve(workers, problem):
+    assert gw.capacity_problem(W1, workers) == problem
+
+
+@pytest.mark.parametrize("text, running", [
+    ("sglang:num_running_reqs{tp_rank=\"0\"} 3.0\n", 3),
+    ("sglang:num_running_reqs{tp_rank=\"0\"} 2.0\nsglang:num_running_reqs{tp_rank=\"1\"} 1.0\n", 3),
+    ("sglang:num_running_reqs 0.0\n", 0),
+    # Its help line, and a longer name that starts alike, are not its samples.
+    ("# HELP sglang:num_running_reqs The number\nsglang:num_running_reqs_total 9\n", None),
+    ("", None),
+])
+def test_a_servers_requests_in_flight_are_read_from_its_metrics(text, running):
+    assert gw.running_requests(text) == running
+
+
+def test_out_standin_smg_waits_for_the_others_then_drains_and_in_gives_it_back(site, standins):
+    """A roll's ends as the deploy runs them: the worker stays in while another is unhealthy
+    (exit 5, nothing deleted), goes out once it is healthy, after its request in flight ended;
+    ``in`` registers it again and returns once it is listed healthy."""
+    slow, other = standins["metrics"], standins["normal"]
+    site.smg.up |= {slow, other}
+    workers = [("@lxc/slow", slow, None), ("@lxc/other", other, None)]
+    assert site.run("sync", workers)[0] == 0
+    site.smg.sick.add(other)
+    code, result, _ = site.run("out", workers, 0.5, "--worker", "@lxc/slow")
+    assert code == gw.EXIT_CAPACITY, result
+    assert "1 other worker not healthy in the gateway's view" in result["error"]
+    assert sorted(site.smg.listed_urls()) == sorted([slow, other])
+    # A request in flight on it: the drain waits for its end.
+    client = subprocess.Popen([sys.executable, str(REPO / "tests" / "gateway_client.py"),
+                               "requests", "--url", slow, "--count", "1", "--tokens", "60"],
+                              stdout=subprocess.PIPE, text=True)
+    wait_for(lambda: gw.in_flight(slow) == 1, "the request did not start")
+    site.smg.sick.clear()
+    code, result, _ = site.run("out", workers, 10, "--worker", "@lxc/slow", "--drain", "60")
+    assert code == 0, result
+    assert result["was_listed"] and result["in_flight"] == 0 and result["cut"] == 0
+    assert client.poll() is not None  # done before the drain said so
+    assert json.loads(client.communicate()[0])["codes"] == {"200": 1}
+    assert site.smg.listed_urls() == [other]
+    code, result, _ = site.run("in", workers, 10, "--worker", "@lxc/slow")
+    assert code == 0, result
+    assert sorted(site.smg.listed_urls()) == sorted([slow, other])
+    assert site.registered()[slow] == next(w["id"] for w in site.smg.listing()["workers"]
+                                           if w["url"] == slow)
+    # Out again, with a drain bound shorter than the request: it is cut, and counted.
+    client = subprocess.Popen([sys.executable, str(REPO / "tests" / "gateway_client.py"),
+                               "requests", "--url", slow, "--count", "1", "--tokens", "200"],
+                              stdout=subprocess.PIPE, text=True)
+    wait_for(lambda: gw.in_flight(slow) == 1, "the request did not start")
+    code, result, _ = site.run("out", workers, 10, "--worker", "@lxc/slow", "--drain", "0.2")
+    assert code == 0 and result["cut"] == 1, result
+    client.wait(timeout=120)
+    # The last one serving never goes out.
+    code, result, _ = site.run("out", workers, 0.3, "--worker", "@lxc/other")
+    assert code == gw.EXIT_CAPACITY and "the last one serving" in result["error"]
+    code, result, _ = site.run("out", workers, 0.3, "--worker", "@lxc/nobody")
+    assert code == gw.EXIT_USAGE and "no worker named '@lxc/nobody'" in result["error"]
+
+
 # --- check: each worker's answer, straight from the gateway's container -------------------------
 
 
@@ -384,6 +470,15 @@ def standins(tmp_path_factory):
              "--event-file", str(folder / f"{name}.event"), "--pause-scale", "0.001"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
         found[name] = f"http://127.0.0.1:{port}"
+    # A server with SGLang's /metrics and tokens slow enough for a request to be in flight.
+    port = free_port()
+    processes.append(subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "standin_sglang.py"), "--logs",
+         str(REPO / "tests" / "fixtures" / "sglang_logs"), "--port", str(port), "--event-file",
+         str(folder / "metrics.event"), "--pause-scale", "0.001", "--enable-metrics",
+         "--token-delay", "0.02"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "SGLANG_API_KEY": ""}))
+    found["metrics"] = f"http://127.0.0.1:{port}"
     found["down"] = f"http://127.0.0.1:{free_port()}"
 
     def ready(url: str) -> bool:
@@ -392,7 +487,7 @@ def standins(tmp_path_factory):
         except OSError:
             return False
 
-    for case in cases:
+    for case in [*cases, "metrics"]:
         wait_for(lambda case=case: ready(found[case]), f"the {case} stand-in did not start")
     yield found
     for process in processes:

@@ -86,6 +86,8 @@ class GatewaySettings(_Strict):
     gateway_register_timeout_s: Int = Field(ge=1, le=3600)
     gateway_worker_startup_timeout_s: Int = Field(ge=1, le=86400)
     gateway_bench: bool
+    gateway_roll_batch: Int = Field(ge=1, le=1000)
+    gateway_drain_timeout_s: Int = Field(ge=1, le=86400)
 
     @field_validator("gateway_workers")
     @classmethod

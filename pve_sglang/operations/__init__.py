@@ -9,7 +9,8 @@ initramfs), ``wheels`` (the wheel store's wheels), ``store`` (the store's retent
 autotune patch, the server's flags), ``systemd_unit`` (the server's unit running),
 ``stack_switch`` (the failed-set check, the switch of stacks, retention, the rollback),
 ``paths`` (files and folders the steps manage), ``verify`` (the verify phase's checks). In a
-gateway's container: ``gateway`` (smg as locked, its worker list, the workers' health).
+gateway's container: ``gateway`` (smg as locked, its worker list, the workers' health). Behind a
+gateway: ``roll`` (a replica's restart in its turn: out of the rotation, drained, judged, back).
 
 What they share: ``container_reads`` and ``host_reads`` (what a run reads, folded into one
 command per stage, and what forgets it), ``changes`` (whether earlier operations changed

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pyinfra import host, logger
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from pve_sglang.facts.one_read import Part
 from pve_sglang.facts.verify import JournalTail
@@ -36,7 +36,8 @@ def _state_words(unit_state: dict) -> str:
 
 @operation()
 def service_running(unit: str, start: bool, restart: Callable[[], bool],
-                    since: dict[str, str] | None = None, restart_on_change: bool = True):
+                    since: dict[str, str] | None = None, restart_on_change: bool = True,
+                    turn: Callable | None = None):
     """
     Keep UNIT running and enabled at boot where it can run (START: the server needs a GPU;
     without one it is disabled, so that it does not fail and restart at every boot). Start it
@@ -58,6 +59,9 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool],
       run's one read of the managed paths) are compared with the server's start
     + restart_on_change: false never restarts a running server: a needed restart is reported
       as pending on every run until the server runs what its files say
+    + turn: a running server's restart made in its turn of a roll behind a gateway
+      (``operations.roll.turn``, given the restart's commands): out of the gateway's rotation,
+      drained, restarted, judged, given back; None: restarted at once
 
     **Example:**
 
@@ -92,6 +96,12 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool],
                               start=start, changed=changed, pending=pending,
                               restart_on_change=restart_on_change)
     quoted = QuoteString(unit)
+    if turn is not None and hasattr(turn, "decided"):
+        turn.decided(plan.action is Action.RESTART)  # its roll waits for every replica's
+    if plan.action is Action.RESTART and turn is not None and cache.once(
+            Kind.RESTART_REASON, f"{unit} in turn"):
+        # Before the first command: a plan (--dry) says each replica's step too.
+        logger.info(f"{host.name}: {unit} restarts {getattr(turn, 'words', 'in its turn')}")
     if plan.daemon_reload:
         yield StringCommand("systemctl daemon-reload")
     if plan.boot:
@@ -115,8 +125,12 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool],
         if pending and cache.once(Kind.RESTART_PENDING, unit):
             # Once per run: in the plan, or at execution when the plan was skipped (-y).
             logger.warning(f"{host.name}: {unit} restart pending: {plan.why}")
-        yield StringCommand("systemctl reset-failed", quoted)
-        yield StringCommand("systemctl restart", quoted)
+        commands = [StringCommand("systemctl reset-failed", quoted),
+                    StringCommand("systemctl restart", quoted)]
+        if turn is not None:
+            yield FunctionCommand(turn, (commands,), {})
+        else:
+            yield from commands
     elif action is Action.START:
         yield StringCommand("systemctl reset-failed", quoted)
         yield StringCommand("systemctl start", quoted)

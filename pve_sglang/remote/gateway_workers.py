@@ -5,7 +5,9 @@ line)::
 
     python3 gateway_workers.py sync   --gateway URL --workers FILE --env-file ENV --keys-file KEYS --state FILE [--timeout S] [--not-up-ok]
     python3 gateway_workers.py status --gateway URL --workers FILE --env-file ENV --keys-file KEYS --state FILE
-    python3 gateway_workers.py check  --gateway URL --workers FILE --env-file ENV --keys-file KEYS [--timeout S]
+    python3 gateway_workers.py check  --gateway URL --workers FILE --env-file ENV --keys-file KEYS [--timeout S] [--worker NAME]
+    python3 gateway_workers.py out    --gateway URL --workers FILE --env-file ENV --keys-file KEYS --state FILE --worker NAME [--timeout S] [--drain S]
+    python3 gateway_workers.py in     --gateway URL --workers FILE --env-file ENV --keys-file KEYS --state FILE --worker NAME [--timeout S]
 
 WORKERS (JSON, written by the deploy, no secret): ``{"workers": [{"name", "url", "key_env"}]}``;
 ``key_env`` names KEYS' variable holding that worker's API key (or null); ENV holds the
@@ -51,8 +53,19 @@ request on another worker and lists a worker healthy while its every generation 
 TIMEOUT bounds each whole answer (headers and every event). Prints
 ``{"workers": [{"name", "url", "ok", "why", "status", "events", "elapsed_s"}]}``.
 
+``out`` and ``in`` are a roll's two ends (the deploy restarting the replicas one at a time):
+``out`` takes worker NAME out of the rotation once every other worker the gateway lists is
+healthy in its view, and one is (waiting up to TIMEOUT for that: never the last healthy one),
+deletes it (``DELETE /workers/{id}``: smg sends it nothing new), waits until it is not listed,
+then until its requests in flight are done (SGLang's ``sglang:num_running_reqs`` on its
+``/metrics``), bounded by DRAIN seconds: those still running then are cut, and counted.
+Prints ``{"worker", "url", "was_listed", "drain_s", "in_flight", "cut"}`` (``in_flight``:
+null where the worker has no metrics). ``in`` registers it again and waits until the gateway
+lists it healthy; prints ``{"worker", "url", "listed_s"}``.
+
 Exit codes: 0 done; 2 bad usage or files; 3 the gateway did not answer in time or refused (its
-error and code in the message); 4 a worker is not up, or a stray registration is pending.
+error and code in the message); 4 a worker is not up, or a stray registration is pending; 5 a roll's worker may not go out (the others are not
+healthy in the gateway's view: it would take capacity the gateway needs).
 """
 
 from __future__ import annotations
@@ -89,7 +102,9 @@ NOT_FOUND = "WORKER_NOT_FOUND"
 #: "Worker creation already in progress for URL '...' with ID <id>. Poll GET /workers/<id>."
 _IN_PROGRESS_ID = re.compile(r"\bwith ID ([0-9A-Za-z-]+)")
 PENDING = "pending"
-EXIT_USAGE, EXIT_GATEWAY, EXIT_NOT_UP = 2, 3, 4
+EXIT_USAGE, EXIT_GATEWAY, EXIT_NOT_UP, EXIT_CAPACITY = 2, 3, 4, 5
+#: SGLang's gauge of the requests a server is running (its ``/metrics``).
+RUNNING = "sglang:num_running_reqs"
 #: What ``check`` asks each worker: a few tokens, as SGLang's native API takes them.
 PROMPT = "The capital of France is"
 CHECK_TOKENS = 8
@@ -106,6 +121,14 @@ class GatewayError(Exception):
 
 class TooLarge(ValueError):
     pass
+
+
+class CapacityError(Exception):
+    """A roll's worker may not go out: the others cannot serve without it."""
+
+
+class NotUpError(Exception):
+    """A worker given back is not listed healthy in time."""
 
 
 def read_bounded(stream, limit: int) -> bytes:
@@ -563,6 +586,117 @@ def check(workers: list[dict], keys_file: str, timeout: float) -> dict:
     return {"workers": [found[i] for i in range(len(workers))]}
 
 
+def capacity_problem(url: str, listing: list[dict]) -> str | None:
+    """Why the worker at URL may not go out of the rotation now, or None (pure). LISTING: the
+    gateway's workers (``GET /workers``). Every other worker it lists must be healthy in its
+    view, and one at least: a roll never takes the last healthy worker out."""
+    others = [w for w in listing if norm(w["url"]) != norm(url)]
+    sick = sorted(w["url"] for w in others if w.get("is_healthy") is not True)
+    if sick:
+        return (f"{len(sick)} other worker{'s' if len(sick) != 1 else ''} not healthy in the "
+                f"gateway's view: {', '.join(sick)}")
+    if not others:
+        return "no other worker is listed: it is the last one serving"
+    return None
+
+
+def running_requests(metrics: str) -> int | None:
+    """The requests a server is running, summed over its ``sglang:num_running_reqs`` samples
+    (one per rank), from its ``/metrics`` text; None where it has none (pure)."""
+    total, seen = 0.0, False
+    for line in metrics.splitlines():
+        if line.startswith(RUNNING) and line[len(RUNNING):len(RUNNING) + 1] in ("{", " "):
+            try:
+                total += float(line.rsplit(None, 1)[-1])
+            except ValueError:
+                continue
+            seen = True
+    return int(total) if seen else None
+
+
+def in_flight(url: str) -> int | None:
+    """The worker's requests in flight (its ``/metrics``, which asks no key), None where it
+    does not answer them."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=5) as answer:
+            return running_requests(read_bounded(answer, MAX_ERROR_BYTES * 16).decode(
+                "utf-8", "replace"))
+    except (urllib.error.URLError, OSError, TooLarge, ValueError):
+        return None
+
+
+def named(workers: list[dict], name: str) -> dict:
+    """The worker of WORKERS named NAME (its name, else its URL)."""
+    for worker in workers:
+        if name in (worker.get("name"), worker["url"]):
+            return worker
+    raise ValueError(f"no worker named {name!r} in the worker list; allowed: "
+                     + ", ".join(str(w.get("name") or w["url"]) for w in workers))
+
+
+def take_out(gateway: str, worker: dict, env_file: str, state_file: str, timeout: float,
+             drain: float) -> dict:
+    """``out``: WORKER out of the rotation once the others can serve, its requests in flight
+    done (up to DRAIN seconds)."""
+    key = env_value(env_file, GATEWAY_KEY)
+    url = norm(worker["url"])
+    deadline = time.monotonic() + timeout
+    while True:
+        listing = listed(gateway, key)
+        problem = capacity_problem(url, listing)
+        if problem is None or time.monotonic() >= deadline:
+            break
+        time.sleep(0.25)
+    if problem:
+        raise CapacityError(f"{worker.get('name') or url} stays in: {problem} (waited "
+                            f"{timeout:g}s)")
+    start = time.monotonic()
+    ident = next((w.get("id") for w in listing if norm(w["url"]) == url), None)
+    was_listed = any(norm(w["url"]) == url for w in listing)
+    if was_listed and isinstance(ident, str):
+        call(gateway, "DELETE", worker_path(ident), key)
+        settled(gateway, key, lambda urls: url not in urls, timeout)
+        ours = read_registrations(state_file)
+        if url in ours:
+            ours[url] = None  # the id is gone with it; ``in`` records the new one
+            write_registrations(state_file, ours)
+    out_s = time.monotonic() - start  # smg removes a worker in the background of the DELETE
+    left = in_flight(url)
+    until = time.monotonic() + drain
+    while left and time.monotonic() < until:
+        time.sleep(0.1)
+        left = in_flight(url)
+    return {"worker": worker.get("name") or url, "url": url, "was_listed": was_listed,
+            "out_s": round(out_s, 3), "drain_s": round(time.monotonic() - start, 3),
+            "in_flight": left,
+            "cut": left or 0}
+
+
+def give_back(gateway: str, worker: dict, env_file: str, keys_file: str, state_file: str,
+              timeout: float) -> dict:
+    """``in``: WORKER registered again, listed healthy by the gateway (up to TIMEOUT)."""
+    key = env_value(env_file, GATEWAY_KEY)
+    keys, _ = read_keys(keys_file)
+    url = norm(worker["url"])
+    start = time.monotonic()
+    healthy = lambda: any(norm(w["url"]) == url and w.get("is_healthy") is True  # noqa: E731
+                          for w in listed(gateway, key))
+    if not any(norm(w["url"]) == url for w in listed(gateway, key)):
+        how, ident = register(gateway, key, worker, keys)
+        if how in ("posted", "in_progress"):
+            ours = read_registrations(state_file)
+            ours[url] = ident
+            write_registrations(state_file, ours)
+    deadline = start + timeout
+    while not healthy():
+        if time.monotonic() >= deadline:
+            raise NotUpError(f"{worker.get('name') or url} is not listed healthy by the "
+                             f"gateway {timeout:g}s after it was registered again")
+        time.sleep(0.25)
+    return {"worker": worker.get("name") or url, "url": url,
+            "listed_s": round(time.monotonic() - start, 3)}
+
+
 def scrub(text: str, secrets: list[str]) -> str:
     """TEXT with each of SECRETS masked (an error answer that quoted a request's body)."""
     for secret in sorted((s for s in secrets if s), key=len, reverse=True):
@@ -572,7 +706,7 @@ def scrub(text: str, secrets: list[str]) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="gateway_workers.py")
-    parser.add_argument("command", choices=("sync", "status", "check"))
+    parser.add_argument("command", choices=("sync", "status", "check", "out", "in"))
     parser.add_argument("--gateway", required=True)
     parser.add_argument("--workers", required=True)
     parser.add_argument("--env-file", required=True)
@@ -580,6 +714,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--state", default="")
     parser.add_argument("--timeout", type=float, default=60)
     parser.add_argument("--not-up-ok", action="store_true")
+    parser.add_argument("--worker", default="")
+    parser.add_argument("--drain", type=float, default=60)
     args = parser.parse_args(argv)
     secrets = [env_value(args.env_file, GATEWAY_KEY) or "",
                *read_keys(args.keys_file)[0].values()]
@@ -597,7 +733,17 @@ def main(argv: list[str]) -> int:
             code = EXIT_NOT_UP if problems and not args.not_up_ok else 0
         elif args.command == "status":
             result = status(args.gateway, args.env_file, args.keys_file, args.state)
+        elif args.command in ("out", "in"):
+            if not args.state or not args.worker:
+                raise ValueError(f"{args.command} needs --state FILE and --worker NAME")
+            worker = named(workers, args.worker)
+            result = (take_out(args.gateway, worker, args.env_file, args.state, args.timeout,
+                               args.drain) if args.command == "out" else
+                      give_back(args.gateway, worker, args.env_file, args.keys_file,
+                                args.state, args.timeout))
         else:
+            if args.worker:
+                workers = [named(workers, args.worker)]
             result = check(workers, args.keys_file, args.timeout)
     except ValueError as error:
         print(json.dumps({"error": scrub(str(error), secrets)}))
@@ -605,6 +751,12 @@ def main(argv: list[str]) -> int:
     except GatewayError as error:
         print(json.dumps({"error": scrub(f"the gateway at {args.gateway}: {error}", secrets)}))
         return EXIT_GATEWAY
+    except CapacityError as error:
+        print(json.dumps({"error": scrub(str(error), secrets)}))
+        return EXIT_CAPACITY
+    except NotUpError as error:
+        print(json.dumps({"error": scrub(str(error), secrets)}))
+        return EXIT_NOT_UP
     print(scrub(json.dumps(result), secrets))
     return code
 

@@ -1,0 +1,226 @@
+"""A replica's turn in a roll behind its gateway, at execution (``gateway/roll.py`` decides and
+words it).
+
+pyinfra runs an operation on every host at once: the server's restart
+(``systemd_unit.service_running``) is one operation on every replica. A turn is the function
+that restart runs instead of its two commands. Each replica's operation tells the roll whether
+it restarts (``decided``); a turn waits until the replicas of the run decided, then for its
+place in the inventory's order (``gateway.roll.may_go``: ``gateway_roll_batch`` at once), asks
+the gateway's container (the worker script's ``out``) to take it out once the others serve,
+runs the restart, judges it (the startup watch and the gateway's own generation check of it),
+and gives it back (``in``), all in one function so that a failure at any point ends its turn.
+
+A replica that fails its judgement is left out of the rotation and the roll stops there; its
+turn does not fail the operation: the verify phase judges it as today (and rolls an upgrade
+back), and the gateway phase's sync registers it again. The replicas after it are not restarted
+(their operation fails, naming the replica that stopped the roll): they keep serving the
+release they ran, and the next run restarts them, in turn (their restart is pending).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import gevent
+from gevent.lock import BoundedSemaphore
+from pyinfra import logger
+from pyinfra.api import OperationError, QuoteString, StringCommand
+
+from pve_sglang.gateway.roll import Roll, Turn, may_go, out_refusal, places, turn_line
+
+#: Seconds the first turn waits for the other replicas of the run to decide whether they
+#: restart (each decides in its own operation, at about the same time): one that never does (its
+#: container is not in the run) delays the roll this long, once.
+SETTLE_S = 10.0
+#: Seconds between two looks at the turns before this one.
+POLL_S = 0.1
+
+
+@dataclass
+class _Run:
+    """A roll in this run: its record, how many turns at once, each replica's decision
+    (restarts or not), the turns begun and ended."""
+
+    roll: Roll
+    at_once: int
+    decided: dict[str, bool] = field(default_factory=dict)
+    running: set[str] = field(default_factory=set)
+    done: set[str] = field(default_factory=set)
+    mend: BoundedSemaphore = field(default_factory=lambda: BoundedSemaphore(1))
+    mended: bool = False
+    #: When a replica last decided, or a turn began or ended.
+    moved: float = field(default_factory=time.monotonic)
+
+
+#: This run's rolls, by gateway.
+_ROLLS: dict[str, _Run] = {}
+
+
+def run_of(gateway: str, names: list[str], batch: int) -> _Run:
+    """The roll of GATEWAY's replicas NAMES in this run, made by the first replica to ask:
+    ``places(len(names), batch)`` of them restart at once (never all)."""
+    if gateway not in _ROLLS:
+        _ROLLS[gateway] = _Run(Roll(gateway, list(names)), places(len(names), batch))
+    return _ROLLS[gateway]
+
+
+def _wait_for_turn(state, run: _Run, name: str) -> None:
+    """Until NAME's turn may begin (``may_go``), once every replica of the run in this roll
+    decided whether it restarts (up to ``SETTLE_S``). A replica before it that said it restarts
+    but left the run, or whose turn does not begin within ``SETTLE_S`` of the roll's last move
+    (its operation failed before it), holds it back no longer: the order yields, the number at
+    once does not."""
+    names = run.roll.names
+
+    def active(n: str) -> bool:
+        return state.inventory.get_host(n, None) in state.active_hosts
+
+    settle = time.monotonic() + SETTLE_S
+    while any(n not in run.decided for n in names if active(n)) and time.monotonic() < settle:
+        gevent.sleep(POLL_S)
+    while True:
+        due = {n for n, restarts in run.decided.items() if restarts and active(n)} | {name}
+        if may_go(name, names, due, run.running, run.done, run.at_once):
+            return
+        if len(run.running) < run.at_once and time.monotonic() - run.moved > SETTLE_S:
+            return
+        gevent.sleep(POLL_S)
+
+
+def _script(gateway_host, argv: list[str]) -> tuple[int, dict]:
+    """The worker script's ARGV in the gateway's container: its exit code and its JSON line
+    (an exit code of 2 where the container could not be asked)."""
+    command = StringCommand(*(QuoteString(arg) for arg in argv), "; echo exit=$?")
+    try:
+        _, output = gateway_host.run_shell_command(command)
+    except Exception as error:  # a gateway container the run cannot reach: no roll
+        return 2, {"error": f"{type(error).__name__}: {error}"}
+    lines = [line for line in output.stdout_lines if line.strip()]
+    code = int(lines[-1].removeprefix("exit=")) if lines and lines[-1].startswith("exit=") else 2
+    try:
+        answer = json.loads(lines[-2]) if len(lines) > 1 else {}
+    except ValueError:
+        answer = {"error": lines[-2][:300]}
+    return code, answer if isinstance(answer, dict) else {}
+
+
+def _mended(state, run: _Run, sync_argv: list[str]) -> None:
+    """Once per roll, before its first turn: the replicas an earlier run left out of the
+    rotation (killed between a turn's out and its in) given back by the worker script's
+    ``sync`` of the list the gateway holds, so that no turn counts without them."""
+    with run.mend:
+        if run.mended:
+            return
+        run.mended = True
+        _, answer = _script(state.inventory.get_host(run.roll.gateway), sync_argv)
+        added = answer.get("added") or []
+        if added:
+            logger.warning(f"{run.roll.gateway}: given back first, left out of its rotation by "
+                           f"an earlier run: {', '.join(str(a) for a in added)}")
+
+
+def turn(gateway: str, names: list[str], batch: int, name: str, out_argv: list[str],
+         in_argv: list[str], check_argv: list[str], judge: Callable[[], None],
+         words: str = "in its turn", sync_argv: list[str] | None = None) -> Callable:
+    """The function replica NAME's restart runs (``service_running``'s TURN): its turn in the
+    roll of GATEWAY's replicas NAMES, BATCH at a time. OUT_ARGV, IN_ARGV, CHECK_ARGV: the worker
+    script's ``out``, ``in`` and ``check`` of it; JUDGE: follows its start (raises
+    ``OperationError`` when it does not serve); WORDS: the turn's step, for the plan (its
+    ``words``); SYNC_ARGV: the worker script's ``sync`` (``--not-up-ok``), run once before
+    the roll's first turn. Its ``decided(restarts)``: the replica's operation tells the roll
+    whether it restarts, so that the turns go in order."""
+
+    def decided(restarts: bool) -> None:
+        run = run_of(gateway, names, batch)
+        run.decided[name], run.moved = restarts, time.monotonic()
+
+    def in_turn(state, host, commands: list[StringCommand]) -> bool:
+        run = run_of(gateway, names, batch)
+        run.decided[name] = True
+        _wait_for_turn(state, run, name)
+        if sync_argv:
+            _mended(state, run, sync_argv)
+        run.running.add(name)
+        run.moved = time.monotonic()
+        try:
+            return _one_turn(state, host, run.roll.turn(name), run.roll, commands,
+                             (out_argv, in_argv, check_argv), judge)
+        finally:
+            run.running.discard(name)
+            run.done.add(name)
+            run.moved = time.monotonic()
+
+    in_turn.words = words  # type: ignore[attr-defined]
+    in_turn.decided = decided  # type: ignore[attr-defined]
+    return in_turn
+
+
+def _one_turn(state, host, this: Turn, roll: Roll, commands: list[StringCommand],
+              argvs: tuple[list[str], list[str], list[str]], judge: Callable[[], None]) -> bool:
+    """THIS replica's turn: out, restarted (COMMANDS), judged, in; False where it was not
+    restarted (the roll stopped before it, or the others cannot serve without it)."""
+    out_argv, in_argv, check_argv = argvs
+    if roll.stopped_at:
+        this.verdict = (f"not restarted: the roll stopped at {roll.stopped_at}; it serves the "
+                        "release it ran, until a run restarts it in turn")
+        logger.error(turn_line(this))
+        return False
+    gateway_host = state.inventory.get_host(roll.gateway)
+    code, out = _script(gateway_host, out_argv)
+    refusal = out_refusal(code)
+    if refusal == "capacity":
+        roll.stopped_at = this.name
+        this.verdict = f"not restarted: {out.get('error')}"
+        logger.error(turn_line(this))
+        return False
+    if refusal is None:
+        this.drain_s, this.cut = float(out.get("drain_s") or 0), int(out.get("cut") or 0)
+        this.out_s = float(out["out_s"]) if isinstance(out.get("out_s"), (int, float)) else None
+    else:
+        logger.warning(f"{host.name}: the gateway {roll.gateway} did not take it out "
+                       f"({out.get('error') or f'exit {code}'}): restarted as without a "
+                       "gateway (its first deploy)")
+    start = time.monotonic()
+    for command in commands:
+        ok, output = host.run_shell_command(command)
+        if not ok:
+            return _failed(roll, this, start, f"{command.get_raw_value()}: "
+                           f"{output.stderr or output.stdout}", refusal is None)
+    if refusal is not None:
+        this.restart_s, this.verdict = time.monotonic() - start, "restarted (no roll)"
+        return True
+    try:
+        judge()
+        code, answer = _script(gateway_host, check_argv)
+        asked = (answer.get("workers") or [{}])[0]
+        if code or not asked.get("ok"):
+            raise OperationError("a generation asked as the gateway asks it: "
+                                 f"{asked.get('why') or answer.get('error')}")
+    except OperationError as failure:
+        return _failed(roll, this, start, str(failure).splitlines()[0], True)
+    this.restart_s = time.monotonic() - start
+    code, back = _script(gateway_host, in_argv)
+    if code:
+        roll.stopped_at = this.name
+        this.verdict = (f"serving, but not given back: {back.get('error')} (the gateway "
+                        "phase registers it again)")
+        logger.error(turn_line(this))
+        return True
+    this.verdict = f"serving, given back (listed healthy in {back.get('listed_s')}s)"
+    logger.info(turn_line(this))
+    return True
+
+
+def _failed(roll: Roll, this: Turn, start: float, why: str, out: bool) -> bool:
+    """A turn whose restart or judgement failed: the roll stops at it; the verify phase judges
+    it as today (so the operation does not fail here)."""
+    roll.stopped_at = this.name
+    this.restart_s = time.monotonic() - start
+    this.verdict = (f"failed its judgement: {why}; " + (
+        "left out of the rotation: the verify phase judges it (an upgrade rolls back), the "
+        "gateway phase gives it back" if out else "the verify phase judges it"))
+    logger.error(turn_line(this))
+    return True
