@@ -144,7 +144,7 @@ def main() -> int:
                 before = summary(requests, began, ended)
                 delay = round(delay + 0.001, 3)
                 requests, began, ended, done = loaded(
-                    site, args.concurrency, lambda: changed(site, ports, flags(delay), how))
+                    site, args.concurrency, lambda delay=delay, how=how: changed(site, ports, flags(delay), how))
                 during = summary(requests, began, ended)
                 row = {"round": round_, "restart": how, "until_serving_s": round(ended - began, 1),
                        "deploy_rc": done.returncode, "before": before, "during": during,
