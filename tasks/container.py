@@ -102,12 +102,12 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
         if cs.stack_install == "pinned" else " (no dependencies)"
     )
 
-    def server(restart_on: list) -> list:
+    def server_step(restart_on: list) -> list:
         # Rendered as the host phase's preflight rendered it (one function for both).
-        files = server_files(host.name, cs, gpus, state.inventory)
-        for warning in files.argv.warnings:
+        rendered = server_files(host.name, cs, gpus, state.inventory)
+        for warning in rendered.argv.warnings:
             logger.warning(f"{host.name}: {warning}")
-        server_unit(cs, py, files, restart_on, start=bool(driver))
+        server_unit(cs, py, rendered, restart_on, start=bool(driver))
         return []
 
     def base_packages(_: list) -> list:
@@ -142,7 +142,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
             "against the free space, access, revision: checked then, before any byte moves)"
             if cs.model_download and not cs.uses_model_store else "")
          + (", enable it and (re)start it once" if driver else " (not enabled at boot: no GPU)"),
-         server),
+         server_step),
         (stack_steps.kept_words(cs), lambda _: stack_steps.kept(cs)),
     ]
     return steps
@@ -166,9 +166,9 @@ def beside(cs: ContainerSettings) -> bool:
     return switch_rules.found_of(cs.venv_path, raw).named != stack_id(cs)
 
 
-def restart_check(cs: ContainerSettings, files: list, stack_ops: list, switched,
+def restart_check(cs: ContainerSettings, written: list, stack_ops: list, switched,
                   unit: str) -> Callable[[], bool]:
-    """Whether the server restarts: its files changed, the switch to a new stack changed the
+    """Whether the server restarts: its files changed (WRITTEN), the switch to a new stack changed the
     link, or the serving stack itself was changed in place (repaired, patched). The build of a
     stack beside the serving one restarts nothing by itself."""
 
@@ -177,7 +177,7 @@ def restart_check(cs: ContainerSettings, files: list, stack_ops: list, switched,
         moved = (switched.is_complete() and switched.did_change()) if executing \
             else switched.will_change
         in_place = [] if moved or beside(cs) else stack_ops
-        return any_changed(*files, *in_place, switched, restarts=unit)()
+        return any_changed(*written, *in_place, switched, restarts=unit)()
 
     return check
 
@@ -412,7 +412,7 @@ def shared_layer(cs: ContainerSettings, uv: str, py: str, lock: Lock) -> list:
     the lock of what the venv holds itself; the ops that need a restart."""
     assert cs.wheel_store is not None
     # Each stack reads its own lock's layer.
-    return layer.venv_on_layer(uv=uv, python=py, tools=TOOLS, venv=stack_dir(cs),
+    return layer.venv_on_layer(uv=uv, python=py, tools=TOOLS, venv_path=stack_dir(cs),
                                python_version=cs.stack_python, store=cs.wheel_store, lock=lock,
                                lock_file=f"{stack_dir(cs)}/{STACK_VENV_LOCK}")
 
@@ -436,11 +436,11 @@ def container_model(cs: ContainerSettings, py: str, env_file: str, env) -> list:
     return [script, fetched]
 
 
-def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: list,
+def server_unit(cs: ContainerSettings, py: str, rendered: ServerFiles, stack_ops: list,
                 start: bool) -> None:
     """The server's env file (0600), unit and state; restarted only when something changed."""
     unit = unit_name(cs)
-    argv, unit_text = server.argv, server.unit
+    argv, unit_text = rendered.argv, rendered.unit
     venv.server_flags(name=f"Server flags exist in sglang {cs.sglang_version}",
                       python=py, tools=TOOLS, argv=list(argv),
                       unit_path=unit_path(cs), unit_text=unit_text)
@@ -448,7 +448,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
     env_file = env_file_path(cs)
     paths.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
     env = paths.put(name=f"Server environment {env_file} (secrets, mode 0600)",
-                     src=StringIO(server.env), dest=env_file, mode="600", secret=True)
+                     src=StringIO(rendered.env), dest=env_file, mode="600", secret=True)
     model_ops = container_model(cs, py, env_file, env)
     # ExecStart runs it: the key reaches the server without a command line, masked in the log.
     launcher = upload_script(remote.LAUNCHER, "Upload the server launcher")
@@ -458,7 +458,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
     upload_script(remote.STACK_FALLBACK, "Upload the stack fallback (the unit's OnFailure=)")
     fallback = paths.put(name=f"systemd unit {fallback_unit_name(cs)} (switches a stack on "
                          "trial back when the server fails for good)",
-                         src=StringIO(server.fallback), dest=fallback_unit_path(cs), mode="644")
+                         src=StringIO(rendered.fallback), dest=fallback_unit_path(cs), mode="644")
     systemd.daemon_reload(name="Reload systemd units",
                           _if=lambda: unit_file.did_change() or fallback.did_change())
     switched = stack_switch.switch(
