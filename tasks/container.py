@@ -17,7 +17,7 @@ from pve_sglang import remote
 from pve_sglang.model_store import operations as model
 from pve_sglang.model_store.rules import fetch_request
 from pve_sglang.operations import (
-    apt, container_reads, layer, nvidia_driver, paths, stack_switch, systemd_unit, venv,
+    container_reads, debs, layer, nvidia_driver, paths, stack_switch, systemd_unit, venv,
 )
 from pve_sglang.operations.changes import any_changed
 from tasks import stack_steps
@@ -111,7 +111,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
         return []
 
     def base_packages(_: list) -> list:
-        apt.deb_packages(name="Base packages", packages=BASE_PACKAGES)
+        debs.deb_packages(name="Base packages", packages=BASE_PACKAGES)
         return []
 
     steps: list[Step] = [
@@ -327,7 +327,7 @@ def cuda_toolkit(cs: ContainerSettings) -> None:
     repo = platform_for(cs.stack_python).nvidia_repo
     cuda_keyring(CUDA_KEYRING.format(repo=repo))
     toolkit = toolkit_of(cs)
-    apt.deb_packages(
+    debs.deb_packages(
         name=f"CUDA toolkit {toolkit} and a host compiler (FlashInfer JIT)",
         packages=[f"cuda-toolkit-{toolkit.replace('.', '-')}", *JIT_PACKAGES],
     )
@@ -336,10 +336,10 @@ def cuda_toolkit(cs: ContainerSettings) -> None:
 def cuda_keyring(url: str) -> None:
     """NVIDIA's repository keyring package from URL, installed until dpkg lists it: not only
     when the download changed, so a ``dpkg -i`` that failed once is made again
-    (``apt.deb_file``)."""
+    (``debs.deb_file``)."""
     files.download(name="NVIDIA CUDA repository keyring", src=url, dest=CUDA_KEYRING_DEB)
-    package, version = apt.deb_file_name(url)
-    apt.deb_file(name=f"Install the CUDA repository keyring ({package} {version})",
+    package, version = debs.deb_file_name(url)
+    debs.deb_file(name=f"Install the CUDA repository keyring ({package} {version})",
                  path=CUDA_KEYRING_DEB, package=package, version=version)
 
 

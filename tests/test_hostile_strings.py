@@ -72,7 +72,7 @@ from pve_sglang.facts import gateway as gateway_facts
 from pve_sglang.gateway.workers import Worker
 from pve_sglang.operations import gateway as gateway_ops
 from pve_sglang.model_store import operations as model
-from pve_sglang.operations import apt, boot, layer, lxc, nvidia_driver, paths, pct, phase, systemd_unit, venv, wheel_store, wheels
+from pve_sglang.operations import boot, debs, layer, lxc, nvidia_driver, paths, pct, phase, systemd_unit, venv, wheel_store, wheels
 from pve_sglang.operations import stack_switch as stacks
 from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
@@ -1000,7 +1000,7 @@ def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
 # that. Each operation and fact of the project gets the payloads in every string argument,
 # with the facts saying "nothing there yet" (and "running, changed" for the restart paths).
 
-OPERATION_MODULES = (pct, lxc, venv, nvidia_driver, systemd_unit, apt, paths, wheels, layer, boot, model,
+OPERATION_MODULES = (pct, lxc, venv, nvidia_driver, systemd_unit, debs, paths, wheels, layer, boot, model,
                      stacks, wheel_store, gateway_ops)
 FACT_MODULES = (container_facts, nvidia_facts, pve_facts, system_facts, verify_facts, model_facts,
                 stacks_facts, wheel_store_facts, gateway_facts)
