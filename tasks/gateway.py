@@ -23,7 +23,7 @@ from pve_sglang.config.gateway import GatewaySettings, gateway_lock, gateway_sto
 from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
 from pve_sglang.gateway import render
 from pve_sglang.gateway.workers import Worker, gateway_address, key_problem
-from pve_sglang.operations import apt, gateway, paths, systemd_unit, verify, wheel_store
+from pve_sglang.operations import debs, gateway, paths, systemd_unit, verify, wheel_store
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.server.bench import bench_levels, bench_runs
@@ -102,7 +102,7 @@ def gateway_steps(gs: GatewaySettings, workers: list[Worker], keys: list[str | N
                                                remote.REMOTE_ENV, remote.STARTUP_WATCH)),
              *([user_path(wheels, store_user_key())] if wheels else [])}
     paths.watch(*sorted(files))
-    apt.deb_packages(name="Base packages", packages=BASE_PACKAGES)
+    debs.deb_packages(name="Base packages", packages=BASE_PACKAGES)
     launcher = upload_script(remote.LAUNCHER, "Upload the launcher (keys off the command line)",
                              tools)
     upload_script(remote.GATEWAY_WORKERS, "Upload the gateway's worker script", tools)
