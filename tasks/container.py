@@ -162,7 +162,7 @@ def beside(cs: ContainerSettings) -> bool:
     """The settings' stack is not the one ``venv_path`` runs: its build changes nothing the
     server runs; only its switch restarts it. Asked by the restart's check, with the
     container's one read (not when the deploy's code runs)."""
-    raw = stack_switch.read(cs.venv_path, LOCK_FILE, cs.service_name)
+    raw = stack_switch.read_stacks(cs.venv_path, LOCK_FILE, cs.service_name)
     return switch_rules.found_of(cs.venv_path, raw).named != stack_id(cs)
 
 

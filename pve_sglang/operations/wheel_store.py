@@ -73,7 +73,7 @@ def holds(store: str, key: str, venv_path: str, lock_file: str, service: str, wa
                           service="sglang", wanted="68a87c7696509d54")
     """
     # After retention (it forgets the read when it removes a stack).
-    yield from _record(store, key, held(stack_switch.read(venv_path, lock_file, service), wanted))
+    yield from _record(store, key, held(stack_switch.read_stacks(venv_path, lock_file, service), wanted))
 
 
 @operation()
