@@ -58,9 +58,9 @@ def expect_container_reads(cs: ContainerSettings) -> None:
     settings CS (paths aside: ``paths.watch``), so that the first ask of a run stage reads them
     all in one command (``container_reads.expect``)."""
     # The settings' stack, built beside the serving one (``venv_path`` links to it).
-    python = f"{settings_stack_path(host.name, cs)}/bin/python"
+    stack_python = f"{settings_stack_path(host.name, cs)}/bin/python"
     parts = [(Part.DEBS, ()), (Part.UV, (container_reads.TOOLS_UV,)),
-             (Part.VENV, (python, remote.TOOLS)), (Part.UNIT, (unit_name(cs),)),
+             (Part.VENV, (stack_python, remote.TOOLS)), (Part.UNIT, (unit_name(cs),)),
              (Part.STACKS, switch_rules.read_args(cs.venv_path, cs.service_name))]
     if host.data.get("platform") == "lxc":
         parts.append((Part.HOSTNAME, ()))

@@ -17,7 +17,7 @@ from pve_sglang import remote
 from pve_sglang.model_store import operations as model
 from pve_sglang.model_store.rules import fetch_request
 from pve_sglang.operations import (
-    apt, container_reads, layer, nvidia_driver, paths, stack_switch, systemd_unit, venv,
+    container_reads, debs, layer, nvidia_driver, paths, stack_switch, systemd_unit, venv,
 )
 from pve_sglang.operations.changes import any_changed
 from tasks import stack_steps
@@ -103,16 +103,16 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
         if cs.stack_install == "pinned" else " (no dependencies)"
     )
 
-    def server(restart_on: list) -> list:
+    def server_step(restart_on: list) -> list:
         # Rendered as the host phase's preflight rendered it (one function for both).
-        files = server_files(host.name, cs, gpus, state.inventory)
-        for warning in files.argv.warnings:
+        rendered = server_files(host.name, cs, gpus, state.inventory)
+        for warning in rendered.argv.warnings:
             logger.warning(f"{host.name}: {warning}")
-        server_unit(cs, py, files, restart_on, start=bool(driver))
+        server_unit(cs, py, rendered, restart_on, start=bool(driver))
         return []
 
     def base_packages(_: list) -> list:
-        apt.deb_packages(name="Base packages", packages=BASE_PACKAGES)
+        debs.deb_packages(name="Base packages", packages=BASE_PACKAGES)
         return []
 
     steps: list[Step] = [
@@ -144,7 +144,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
             if cs.model_download and not cs.uses_model_store else "")
          + (", enable it and (re)start it once" + roll_words(cs) if driver
             else " (not enabled at boot: no GPU)"),
-         server),
+         server_step),
         (stack_steps.kept_words(cs), lambda _: stack_steps.kept(cs)),
     ]
     return steps
@@ -164,13 +164,13 @@ def beside(cs: ContainerSettings) -> bool:
     """The settings' stack is not the one ``venv_path`` runs: its build changes nothing the
     server runs; only its switch restarts it. Asked by the restart's check, with the
     container's one read (not when the deploy's code runs)."""
-    raw = stack_switch.read(cs.venv_path, LOCK_FILE, cs.service_name)
+    raw = stack_switch.read_stacks(cs.venv_path, LOCK_FILE, cs.service_name)
     return switch_rules.found_of(cs.venv_path, raw).named != stack_id(cs)
 
 
-def restart_check(cs: ContainerSettings, files: list, stack_ops: list, switched,
+def restart_check(cs: ContainerSettings, written: list, stack_ops: list, switched,
                   unit: str) -> Callable[[], bool]:
-    """Whether the server restarts: its files changed, the switch to a new stack changed the
+    """Whether the server restarts: its files changed (WRITTEN), the switch to a new stack changed the
     link, or the serving stack itself was changed in place (repaired, patched). The build of a
     stack beside the serving one restarts nothing by itself."""
 
@@ -179,7 +179,7 @@ def restart_check(cs: ContainerSettings, files: list, stack_ops: list, switched,
         moved = (switched.is_complete() and switched.did_change()) if executing \
             else switched.will_change
         in_place = [] if moved or beside(cs) else stack_ops
-        return any_changed(*files, *in_place, switched, restarts=unit)()
+        return any_changed(*written, *in_place, switched, restarts=unit)()
 
     return check
 
@@ -329,7 +329,7 @@ def cuda_toolkit(cs: ContainerSettings) -> None:
     repo = platform_for(cs.stack_python).nvidia_repo
     cuda_keyring(CUDA_KEYRING.format(repo=repo))
     toolkit = toolkit_of(cs)
-    apt.deb_packages(
+    debs.deb_packages(
         name=f"CUDA toolkit {toolkit} and a host compiler (FlashInfer JIT)",
         packages=[f"cuda-toolkit-{toolkit.replace('.', '-')}", *JIT_PACKAGES],
     )
@@ -338,10 +338,10 @@ def cuda_toolkit(cs: ContainerSettings) -> None:
 def cuda_keyring(url: str) -> None:
     """NVIDIA's repository keyring package from URL, installed until dpkg lists it: not only
     when the download changed, so a ``dpkg -i`` that failed once is made again
-    (``apt.deb_file``)."""
+    (``debs.deb_file``)."""
     files.download(name="NVIDIA CUDA repository keyring", src=url, dest=CUDA_KEYRING_DEB)
-    package, version = apt.deb_file_name(url)
-    apt.deb_file(name=f"Install the CUDA repository keyring ({package} {version})",
+    package, version = debs.deb_file_name(url)
+    debs.deb_file(name=f"Install the CUDA repository keyring ({package} {version})",
                  path=CUDA_KEYRING_DEB, package=package, version=version)
 
 
@@ -414,7 +414,7 @@ def shared_layer(cs: ContainerSettings, uv: str, py: str, lock: Lock) -> list:
     the lock of what the venv holds itself; the ops that need a restart."""
     assert cs.wheel_store is not None
     # Each stack reads its own lock's layer.
-    return layer.venv_on_layer(uv=uv, python=py, tools=TOOLS, venv=stack_dir(cs),
+    return layer.venv_on_layer(uv=uv, python=py, tools=TOOLS, venv_path=stack_dir(cs),
                                python_version=cs.stack_python, store=cs.wheel_store, lock=lock,
                                lock_file=f"{stack_dir(cs)}/{STACK_VENV_LOCK}")
 
@@ -438,11 +438,11 @@ def container_model(cs: ContainerSettings, py: str, env_file: str, env) -> list:
     return [script, fetched]
 
 
-def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: list,
+def server_unit(cs: ContainerSettings, py: str, rendered: ServerFiles, stack_ops: list,
                 start: bool) -> None:
     """The server's env file (0600), unit and state; restarted only when something changed."""
     unit = unit_name(cs)
-    argv, unit_text = server.argv, server.unit
+    argv, unit_text = rendered.argv, rendered.unit
     venv.server_flags(name=f"Server flags exist in sglang {cs.sglang_version}",
                       python=py, tools=TOOLS, argv=list(argv),
                       unit_path=unit_path(cs), unit_text=unit_text)
@@ -450,7 +450,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
     env_file = env_file_path(cs)
     paths.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
     env = paths.put(name=f"Server environment {env_file} (secrets, mode 0600)",
-                     src=StringIO(server.env), dest=env_file, mode="600", secret=True)
+                     src=StringIO(rendered.env), dest=env_file, mode="600", secret=True)
     model_ops = container_model(cs, py, env_file, env)
     # ExecStart runs it: the key reaches the server without a command line, masked in the log.
     launcher = upload_script(remote.LAUNCHER, "Upload the server launcher")
@@ -460,7 +460,7 @@ def server_unit(cs: ContainerSettings, py: str, server: ServerFiles, stack_ops: 
     upload_script(remote.STACK_FALLBACK, "Upload the stack fallback (the unit's OnFailure=)")
     fallback = paths.put(name=f"systemd unit {fallback_unit_name(cs)} (switches a stack on "
                          "trial back when the server fails for good)",
-                         src=StringIO(server.fallback), dest=fallback_unit_path(cs), mode="644")
+                         src=StringIO(rendered.fallback), dest=fallback_unit_path(cs), mode="644")
     systemd.daemon_reload(name="Reload systemd units",
                           _if=lambda: unit_file.did_change() or fallback.did_change())
     switched = stack_switch.switch(

@@ -23,7 +23,7 @@ from pve_sglang.config.gateway import GatewaySettings, gateway_lock, gateway_sto
 from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
 from pve_sglang.gateway import render, roll
 from pve_sglang.gateway.workers import Worker, gateway_address, key_problem
-from pve_sglang.operations import apt, gateway, paths, store, systemd_unit, verify
+from pve_sglang.operations import debs, gateway, paths, systemd_unit, verify, wheel_store
 from pve_sglang.operations import roll as rolling
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.runtime.errors import PreflightError
@@ -105,7 +105,7 @@ def gateway_steps(gs: GatewaySettings, workers: list[Worker], keys: list[str | N
                                                remote.REMOTE_ENV, remote.STARTUP_WATCH)),
              *([user_path(wheels, store_user_key())] if wheels else [])}
     paths.watch(*sorted(files))
-    apt.deb_packages(name="Base packages", packages=BASE_PACKAGES)
+    debs.deb_packages(name="Base packages", packages=BASE_PACKAGES)
     launcher = upload_script(remote.LAUNCHER, "Upload the launcher (keys off the command line)",
                              tools)
     upload_script(remote.GATEWAY_WORKERS, "Upload the gateway's worker script", tools)
@@ -117,8 +117,8 @@ def gateway_steps(gs: GatewaySettings, workers: list[Worker], keys: list[str | N
                                                       gs.gateway_pip_index_url))
     if wheels:
         # Its record: the store keeps the smg set, and the gateway's mount blocks no pruning.
-        store.holds_locks(name=f"The wheel store {wheels} knows the gateway's lock",
-                          store=wheels, key=store_user_key(), locks=[lock.id])
+        wheel_store.holds_locks(name=f"The wheel store {wheels} knows the gateway's lock",
+                                store=wheels, key=store_user_key(), locks=[lock.id])
     env = paths.put(name=f"Gateway environment {render.env_file_path(gs)} (its key, mode 0600)",
                     src=StringIO(render.render_env(gs)), dest=render.env_file_path(gs),
                     mode="600", secret=True)

@@ -34,7 +34,7 @@ from pve_sglang.container_config.lxc_keys import (
 from pve_sglang.container_config.lxc_keys import limits as lxc_limits
 from pve_sglang import remote
 from pve_sglang.model_store import operations as model, rules as model_store
-from pve_sglang.operations import boot, host_reads, lxc, owned, paths, pct, store, wheels
+from pve_sglang.operations import boot, host_reads, lxc, owned, paths, pct, wheel_store, wheels
 from pve_sglang.facts.pve import PctStatus
 from pve_sglang.server.unit_text import env_quote
 from pve_sglang.operations.changes import any_changed
@@ -181,7 +181,7 @@ def store_retention_phase() -> None:
         keep[cs.wheel_store] = max(keep.get(cs.wheel_store, 0), cs.stack_retention)
         wanted.setdefault(cs.wheel_store, set()).add(lock.id)
         # The plan's guess of what the container's phase records (its stacks, read now).
-        stores.setdefault(cs.wheel_store, {})[store_user_key(ct.data)] = store.planned_record(
+        stores.setdefault(cs.wheel_store, {})[store_user_key(ct.data)] = wheel_store.planned_record(
             ct, cs.venv_path, LEGACY_LOCK_FILE, cs.service_name, lock.id, cs.stack_retention,
             cs.restart_on_change) if not state.is_executing else [lock.id]
     # A gateway's record names its smg set (tasks/gateway.py writes it).
@@ -191,10 +191,10 @@ def store_retention_phase() -> None:
         wanted.setdefault(cs.wheel_store, set()).add(lock.id)
         stores.setdefault(cs.wheel_store, {})[store_user_key(gw.data)] = [lock.id]
     for path, planned in stores.items():
-        store.pruned(name=f"Wheel store {path}: the sets no container holds, beyond the "
-                          f"{keep[path]} newest, removed", path=path, keep=keep[path],
-                     platform=settings.platform, lxc_path=settings.lxc_path, planned=planned,
-                     wanted=sorted(wanted[path]))
+        wheel_store.pruned(name=f"Wheel store {path}: the sets no container holds, beyond the "
+                                f"{keep[path]} newest, removed", path=path, keep=keep[path],
+                           platform=settings.platform, lxc_path=settings.lxc_path,
+                           planned=planned, wanted=sorted(wanted[path]))
 
 
 #: The host's model fetcher: a venv with huggingface_hub and ``model_store/model_fetch.py``.

@@ -17,14 +17,14 @@ from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.context import state
 from pyinfra.facts.files import FindFiles
-from pyinfra.operations import files, server, systemd
+from pyinfra.operations import apt, files, server, systemd
 
 from pve_sglang import remote
 from pve_sglang.config.monitoring import MonitoringSettings
 from pve_sglang.config.settings import ContainerSettings, host_settings
 from pve_sglang.monitoring import render
 from pve_sglang.monitoring.targets import Target, node_target
-from pve_sglang.operations import apt, paths, systemd_unit
+from pve_sglang.operations import debs, paths, systemd_unit
 from pve_sglang.operations.changes import any_changed
 from pve_sglang.preflight import driver_and_gpus
 from pve_sglang.project import template
@@ -112,7 +112,7 @@ def prometheus_steps(ms: MonitoringSettings, found: list[Target], keys: dict[str
     """Prometheus in this container scraping FOUND, with each keyed server's key in KEYS (by
     inventory name), the request caps CAPS and last benchmarks BENCHMARKS the rules compare."""
     paths.watch(render.CONFIG_PATH, render.DEFAULTS_PATH)
-    apt.deb_packages(name="Prometheus (Debian's)", packages=PACKAGES)
+    debs.deb_packages(name="Prometheus (Debian's)", packages=PACKAGES)
     changes = included_files(ms, found, keys, caps, benchmarks)
     changes.append(paths.put(name=f"Prometheus's configuration {render.CONFIG_PATH} "
                                   f"({len(found)} targets)",
@@ -221,7 +221,5 @@ def node_exporter_steps(ms: MonitoringSettings) -> None:
 
 def files_installed(packages: list[str]):
     """Debian PACKAGES on the host (pyinfra's apt, its lists refreshed once a day)."""
-    from pyinfra.operations import apt as pyinfra_apt
-
-    return pyinfra_apt.packages(name="Node exporter (Debian's) and python3", packages=packages,
-                                update=True, cache_time=86400, no_recommends=True)
+    return apt.packages(name="Node exporter (Debian's) and python3", packages=packages,
+                        update=True, cache_time=86400, no_recommends=True)

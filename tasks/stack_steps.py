@@ -15,7 +15,7 @@ from pyinfra import host
 
 from pve_sglang import remote
 from pve_sglang.config.settings import ContainerSettings
-from pve_sglang.operations import stack_switch, store, verify
+from pve_sglang.operations import stack_switch, verify, wheel_store
 from pve_sglang.server.addresses import base_url, client_address
 from pve_sglang.server.unit_text import env_file_path, unit_name
 from pve_sglang.stack.identity import settings_stack_id
@@ -79,7 +79,7 @@ def kept(cs: ContainerSettings, after_verdict: bool = False) -> None:
         venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE, service=cs.service_name,
         wanted=wanted, keep=cs.stack_retention, restart_on_change=cs.restart_on_change)
     if cs.uses_wheel_store and cs.wheel_store is not None:
-        store.holds(name=f"The wheel store {cs.wheel_store} knows the locks this container "
-                    f"holds{when}", store=cs.wheel_store, key=store_user_key(),
-                    venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE,
-                    service=cs.service_name, wanted=wanted)
+        wheel_store.holds(name=f"The wheel store {cs.wheel_store} knows the locks this "
+                               f"container holds{when}", store=cs.wheel_store,
+                          key=store_user_key(), venv_path=cs.venv_path,
+                          lock_file=LEGACY_LOCK_FILE, service=cs.service_name, wanted=wanted)

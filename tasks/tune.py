@@ -170,7 +170,7 @@ def search(pinned: frozenset[str], view: NodeView) -> None:
         for node in nodes[1:]:
             if tuned.exists():
                 write_tuned(Path(node.host.data.get("tuned_file")), tuned.read_text())
-        done = record.read(record.record_path(tuned))
+        done = record.read_search(record.record_path(tuned))
         logger.info(f"{host.name}: make tune: every try\n" + report.summary_table(done))
         if done.tries:
             plot = tuned.with_suffix(".png")

@@ -19,7 +19,7 @@ from pve_sglang.facts.one_read import (
     part_command,
     part_values,
 )
-from pve_sglang.operations import apt, paths, venv
+from pve_sglang.operations import debs, paths, venv
 from pve_sglang.operations import container_reads as container_state
 from pve_sglang.runtime.pyinfra_private import operation_function
 
@@ -154,5 +154,5 @@ def test_tools_venv_and_deb_packages_forget_what_they_installed(folding):
     folding.values[("uv", (container_state.TOOLS_UV,))] = "0.1.0"
     folding.values[("debs", ())] = {}
     list(operation_function(venv.tools_venv)(path="/opt/sglang/tools", uv_version="0.13.8"))
-    list(operation_function(apt.deb_packages)(packages=["curl"]))
+    list(operation_function(debs.deb_packages)(packages=["curl"]))
     assert container_state.TOOLS_UV not in cache.memo(Kind.UV) and None not in cache.memo(Kind.DEBS)

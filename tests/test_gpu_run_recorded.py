@@ -117,7 +117,7 @@ def tries_of(run: Path) -> list[tuple[dict, list[str]]]:
 def test_drive_record_holds_the_real_tries_and_their_endings(run):
     if not (run / "tries.jsonl").exists():
         pytest.skip("no tries in this run")
-    read = record.read(run / "tries.jsonl")
+    read = record.read_search(run / "tries.jsonl")
     assert read.found is not None and read.ended is not None
     assert read.tries and all(done.outcome.ended == "measured" for done in read.tries)
     # What the drive kept is what the record says it measured best, and a later deploy's

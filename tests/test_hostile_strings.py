@@ -62,7 +62,7 @@ from pve_sglang.facts import verify as verify_facts
 from pve_sglang.model_store import facts as model_facts
 from pve_sglang.model_store.facts import FILES_FOLLOW
 from pve_sglang.facts import installed_stacks as stacks_facts
-from pve_sglang.facts import store as store_facts
+from pve_sglang.facts import wheel_store as wheel_store_facts
 from pve_sglang.facts.container import UnitState
 from pve_sglang.facts.pve import LxcContainerStatus, PctStatus
 from pve_sglang.hosts_file import build_inventory, build_monitored_inventory
@@ -72,7 +72,7 @@ from pve_sglang.facts import gateway as gateway_facts
 from pve_sglang.gateway.workers import Worker
 from pve_sglang.operations import gateway as gateway_ops
 from pve_sglang.model_store import operations as model
-from pve_sglang.operations import apt, boot, layer, lxc, nvidia_driver, paths, pct, phase, store, systemd_unit, venv, wheels
+from pve_sglang.operations import boot, debs, layer, lxc, nvidia_driver, paths, pct, phase, systemd_unit, venv, wheel_store, wheels
 from pve_sglang.operations import stack_switch as stacks
 from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
@@ -1000,10 +1000,10 @@ def test_hostile_value_never_injects_on_recorded_h200_and_proxmox_facts(
 # that. Each operation and fact of the project gets the payloads in every string argument,
 # with the facts saying "nothing there yet" (and "running, changed" for the restart paths).
 
-OPERATION_MODULES = (pct, lxc, venv, nvidia_driver, systemd_unit, apt, paths, wheels, layer, boot, model,
-                     stacks, store, gateway_ops)
+OPERATION_MODULES = (pct, lxc, venv, nvidia_driver, systemd_unit, debs, paths, wheels, layer, boot, model,
+                     stacks, wheel_store, gateway_ops)
 FACT_MODULES = (container_facts, nvidia_facts, pve_facts, system_facts, verify_facts, model_facts,
-                stacks_facts, store_facts, gateway_facts)
+                stacks_facts, wheel_store_facts, gateway_facts)
 RUNNING = {PctStatus: "running", LxcContainerStatus: "RUNNING",
            UnitState: {"active": "active", "enabled": "disabled"}}
 
@@ -1141,10 +1141,10 @@ def store_problems(shell, value: str) -> list[str]:
     from pve_sglang.stack.store_retention import Prune, user_path, user_text
 
     store_path, lock_id = f"/srv/{value}", "a" * 16
-    commands = [*store.commands(store_path, Prune(locks=(lock_id,), wheels=(f"{value}.whl",),
-                                                  stale=("b" * 16,))),
-                store.record_command(store_path, user_path(store_path, "lxc-x"),
-                                     user_text(value, {lock_id}))]
+    prune = Prune(locks=(lock_id,), wheels=(f"{value}.whl",), stale=("b" * 16,))
+    commands = [*wheel_store.commands(store_path, prune),
+                wheel_store.record_command(store_path, user_path(store_path, "lxc-x"),
+                                           user_text(value, {lock_id}))]
     return [problem for _, problem in shell.check_all([c.get_raw_value() for c in commands])]
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from pve_sglang.remote import stage
 from pve_sglang.model_store.model_fetch import MARKER, partial_bytes
-from pve_sglang.model_store.rules import Verdict, preflight
+from pve_sglang.model_store.rules import FetchVerdict, preflight
 from conftest import hub_client_versions
 from standin_hub import StandinHub, serving, synthetic_files
 
@@ -471,7 +471,7 @@ def test_a_full_disk_is_named_in_plan_and_fetch(hf_python, script, hub, shards, 
     plan = lines[-1]
     assert status == 0 and not plan["complete"] and plan["free_bytes"] < SHARD, plan
     verdict, text = preflight(plan, "host h", NAME, None, "the store")
-    assert verdict is Verdict.REFUSE and "free" in text and "larger filesystem" in text
+    assert verdict is FetchVerdict.REFUSE and "free" in text and "larger filesystem" in text
     assert not [p for p in small.root.rglob("*.tmp*")]  # no empty temp file left
 
 
@@ -501,7 +501,7 @@ def test_a_verified_model_on_a_disk_filled_since_needs_nothing(hf_python, script
     status, lines, err = runner.call("plan")
     assert "Traceback" not in err and status == 0, err
     assert lines[-1]["complete"] and lines[-1]["missing_files"] == 0, lines
-    assert preflight(lines[-1], "host h", NAME, None, "the store").verdict is Verdict.READY
+    assert preflight(lines[-1], "host h", NAME, None, "the store").verdict is FetchVerdict.READY
     status, lines, err = runner.call("fetch", "--commit", commit)
     assert "Traceback" not in err and status == 0, (lines, err)
     assert lines[-1]["done"]["fetched_files"] == 0

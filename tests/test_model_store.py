@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pve_sglang.model_store.rules import Verdict, preflight
+from pve_sglang.model_store.rules import FetchVerdict, preflight
 
 WHERE = "host pve1"
 REPO = "org/Model-405B"
@@ -28,43 +28,43 @@ def error(kind: str) -> dict:
 
 CASES = [
     # (plan, token_pending, verdict, words in the text)
-    (plan(), False, Verdict.REFUSE,
+    (plan(), False, FetchVerdict.REFUSE,
      ["host pve1: model org/Model-405B@aaaaaaaaaaaa (revision 'main') needs 405.0 GB more",
       "83 of 83 files", "the store /tank has 190.0 GB free: free 215.0 GB there"]),
     # A partial file resumes: its bytes are not needed again.
-    (plan(missing_bytes=200 * 10**9, partial_bytes=15 * 10**9), False, Verdict.FETCH,
+    (plan(missing_bytes=200 * 10**9, partial_bytes=15 * 10**9), False, FetchVerdict.FETCH,
      ["83 of 83 files to fetch, 200.0 GB of 405.0 GB (15.0 GB partly there), 190.0 GB free"]),
-    (plan(free_bytes=500 * 10**9), False, Verdict.FETCH,
+    (plan(free_bytes=500 * 10**9), False, FetchVerdict.FETCH,
      ["host pve1: model org/Model-405B at revision 'main': commit " + COMMIT]),
-    (plan(complete=True, settled=True, missing_files=0, missing_bytes=0), False, Verdict.READY,
+    (plan(complete=True, settled=True, missing_files=0, missing_bytes=0), False, FetchVerdict.READY,
      ["83 files, 405.0 GB, verified in /store/"]),
     # Complete but not yet recorded or linked: the fetch records it (and needs no space).
     (plan(complete=True, settled=False, missing_files=0, missing_bytes=0, free_bytes=0), False,
-     Verdict.FETCH, ["0 of 83 files to fetch"]),
-    (error("gated"), False, Verdict.REFUSE, ["host pve1: org/Model-405B: the hub says gated"]),
-    (error("not-found"), False, Verdict.REFUSE, ["the hub says not-found"]),
-    (error("revision-not-found"), False, Verdict.REFUSE, ["the hub says revision-not-found"]),
-    (error("network"), False, Verdict.REFUSE, ["the hub says network"]),
-    (error("no-weights"), False, Verdict.REFUSE, ["the hub says no-weights"]),
-    (error("unverifiable"), False, Verdict.REFUSE, ["the hub says unverifiable"]),
-    (error("unconfined"), False, Verdict.REFUSE, ["the hub says unconfined"]),
+     FetchVerdict.FETCH, ["0 of 83 files to fetch"]),
+    (error("gated"), False, FetchVerdict.REFUSE, ["host pve1: org/Model-405B: the hub says gated"]),
+    (error("not-found"), False, FetchVerdict.REFUSE, ["the hub says not-found"]),
+    (error("revision-not-found"), False, FetchVerdict.REFUSE, ["the hub says revision-not-found"]),
+    (error("network"), False, FetchVerdict.REFUSE, ["the hub says network"]),
+    (error("no-weights"), False, FetchVerdict.REFUSE, ["the hub says no-weights"]),
+    (error("unverifiable"), False, FetchVerdict.REFUSE, ["the hub says unverifiable"]),
+    (error("unconfined"), False, FetchVerdict.REFUSE, ["the hub says unconfined"]),
     # Files taken without a hash (model_accept_unhashed): said, in a fetch and when ready.
-    (plan(free_bytes=500 * 10**9, unverified=2), False, Verdict.FETCH,
+    (plan(free_bytes=500 * 10**9, unverified=2), False, FetchVerdict.FETCH,
      ["; 2 files not verified: the hub gave no hash or size of them (model_accept_unhashed; "
       "a size not given is not counted against the free space)"]),
     (plan(complete=True, settled=True, missing_files=0, missing_bytes=0, unverified=1), False,
-     Verdict.READY, ["verified in /store/", "; 1 files not verified"]),
+     FetchVerdict.READY, ["verified in /store/", "; 1 files not verified"]),
     # A token this run writes may grant what the old one did not: checked at run time.
-    (error("gated"), True, Verdict.AT_RUN, ["the hub says gated", "checked again at run time"]),
-    (error("unauthorized"), True, Verdict.AT_RUN, ["checked again at run time"]),
-    (error("not-found"), True, Verdict.AT_RUN, ["checked again at run time"]),
-    (error("revision-not-found"), True, Verdict.REFUSE, ["revision-not-found"]),
-    ({"unavailable": "script"}, False, Verdict.AT_RUN,
+    (error("gated"), True, FetchVerdict.AT_RUN, ["the hub says gated", "checked again at run time"]),
+    (error("unauthorized"), True, FetchVerdict.AT_RUN, ["checked again at run time"]),
+    (error("not-found"), True, FetchVerdict.AT_RUN, ["checked again at run time"]),
+    (error("revision-not-found"), True, FetchVerdict.REFUSE, ["revision-not-found"]),
+    ({"unavailable": "script"}, False, FetchVerdict.AT_RUN,
      ["model org/Model-405B at revision 'main': its preflight (size against the free space, "
       "access, revision) runs at run time, before any byte moves: /opt/x/model_fetch.py is "
       "uploaded by this run"]),
-    ({"unavailable": "client"}, False, Verdict.AT_RUN, ["huggingface_hub for /opt/x/bin/python"]),
-    (None, False, Verdict.AT_RUN, ["the fetcher did not answer"]),
+    ({"unavailable": "client"}, False, FetchVerdict.AT_RUN, ["huggingface_hub for /opt/x/bin/python"]),
+    (None, False, FetchVerdict.AT_RUN, ["the fetcher did not answer"]),
 ]
 
 

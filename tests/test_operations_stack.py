@@ -17,7 +17,7 @@ from pve_sglang.facts.container import (
     UvVersion,
 )
 from pve_sglang.facts.verify import JournalTail
-from pve_sglang.operations import apt, nvidia_driver, paths, systemd_unit, venv as venv_ops
+from pve_sglang.operations import debs, nvidia_driver, paths, systemd_unit, venv as venv_ops
 from pve_sglang.server.command import KnownFlags
 
 PY = "/opt/sglang/venv/bin/python"
@@ -430,8 +430,8 @@ def test_path_states_command_on_this_machine(tmp_path):
 def test_deb_packages_installs_only_missing_after_refreshing_lists():
     from pyinfra.facts.deb import DebPackages
     facts = {DebPackages: {"curl": ["7.88"], "python3": ["3.11.2"]}}
-    assert op_commands(apt.deb_packages, packages=["curl", "python3"], facts=facts) == []
-    assert op_commands(apt.deb_packages, packages=["curl", "python3-venv", "g++"], facts=facts) == [
+    assert op_commands(debs.deb_packages, packages=["curl", "python3"], facts=facts) == []
+    assert op_commands(debs.deb_packages, packages=["curl", "python3-venv", "g++"], facts=facts) == [
         "DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive "
         "apt-get install -y -q --no-install-recommends python3-venv g++"]
 
@@ -447,7 +447,7 @@ def test_deb_file_installs_until_dpkg_lists_the_version():
         ({"cuda-keyring": ["1.0-1"]}, install),  # another version: this one is installed
         ({"cuda-keyring": ["1.1-1"]}, []),
     ]:
-        assert op_commands(apt.deb_file, **keyring, facts={DebPackages: installed}) == commands
+        assert op_commands(debs.deb_file, **keyring, facts={DebPackages: installed}) == commands
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -457,11 +457,11 @@ def test_deb_file_installs_until_dpkg_lists_the_version():
     ("libfoo2_2.4.1+dfsg-3_amd64.deb", ("libfoo2", "2.4.1+dfsg-3")),
 ])
 def test_deb_file_name(name, expected):
-    assert apt.deb_file_name(name) == expected
+    assert debs.deb_file_name(name) == expected
 
 
 @pytest.mark.parametrize("name", ["cuda-keyring.deb", "cuda-keyring_1.1-1_all.tar", "a__all.deb",
                                   "a_1_b_all.deb"])
 def test_deb_file_name_refuses_other_names(name):
     with pytest.raises(ValueError, match="not a Debian package file name"):
-        apt.deb_file_name(name)
+        debs.deb_file_name(name)

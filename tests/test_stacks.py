@@ -19,7 +19,7 @@ from pve_sglang.remote import rollback_rules as rules
 from pve_sglang.remote import stack_fallback as fallback
 from pve_sglang.stack import switch_rules as stacks
 from pve_sglang.stack.switch_rules import (
-    Found, Move, SwitchPlan, Unfinished, Verdict, decide_switch, found_of, judge,
+    Found, Move, RollbackVerdict, SwitchPlan, Unfinished, decide_switch, found_of, rollback_verdict,
 )
 
 A, B, C, D = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "cccccccccccccccc", "dddddddddddddddd"
@@ -75,20 +75,20 @@ def test_what_cannot_be_named_is_not_moved_nor_switched(found):
 
 
 @pytest.mark.parametrize("failed, trial, current, previous, stacks_, rollback, verdict", [
-    (False, B, B, A, (A, B), True, Verdict.GOOD),
-    (True, B, B, A, (A, B), True, Verdict.ROLL_BACK),
+    (False, B, B, A, (A, B), True, RollbackVerdict.GOOD),
+    (True, B, B, A, (A, B), True, RollbackVerdict.ROLL_BACK),
     # Not on trial (judged good before, or never switched): a failure as before, no rollback.
-    (True, None, B, A, (A, B), True, Verdict.NOT_AN_UPGRADE),
+    (True, None, B, A, (A, B), True, RollbackVerdict.NOT_AN_UPGRADE),
     # The record says B, the link says A (a run killed before its rename): not an upgrade.
-    (True, B, A, A, (A, B), True, Verdict.NOT_AN_UPGRADE),
-    (True, B, B, A, (A, B), False, Verdict.KEEP_FAILED),
+    (True, B, A, A, (A, B), True, RollbackVerdict.NOT_AN_UPGRADE),
+    (True, B, B, A, (A, B), False, RollbackVerdict.KEEP_FAILED),
     # The rollback target is gone (removed by hand) or never complete.
-    (True, B, B, A, (B,), True, Verdict.NO_TARGET),
-    (True, B, B, None, (A, B), True, Verdict.NO_TARGET),
+    (True, B, B, A, (B,), True, RollbackVerdict.NO_TARGET),
+    (True, B, B, None, (A, B), True, RollbackVerdict.NO_TARGET),
 ])
 def test_judgement_after_the_verify_phase(failed, trial, current, previous, stacks_, rollback,
                                           verdict):
-    assert judge(failed, trial, current, previous, stacks_, rollback) is verdict
+    assert rollback_verdict(failed, trial, current, previous, stacks_, rollback) is verdict
 
 
 @pytest.mark.parametrize("found, failed, step", [
@@ -99,7 +99,7 @@ def test_judgement_after_the_verify_phase(failed, trial, current, previous, stac
     (Found("link", current=B, stacks=(A, B), previous=A, trial=B), (B,), Unfinished.SWITCH_BACK),
     # Killed after the link went back (before or after the restart), before the record's end.
     (Found("link", current=A, stacks=(A, B), previous=A, trial=B), (B,), Unfinished.FORGET_TRIAL),
-    # The target is gone: the failed release stays (judge says NO_TARGET).
+    # The target is gone: the failed release stays (rollback_verdict says NO_TARGET).
     (Found("link", current=B, stacks=(B,), previous=A, trial=B), (B,), None),
     (Found("link", current=B, stacks=(A, B), previous=None, trial=B), (B,), None),
 ])
@@ -127,16 +127,16 @@ def test_a_group_fails_when_one_node_fails(passed, failed):
 
 @pytest.mark.parametrize("passed, trial, current, previous, rollback, verdict", [
     # Every node gets the same verdict from the group's: the node that served rolls back too.
-    ({N1: True, N2: True}, B, B, A, True, Verdict.GOOD),
-    ({N1: True, N2: False}, B, B, A, True, Verdict.ROLL_BACK),
-    ({N1: True, N2: None}, B, B, A, True, Verdict.ROLL_BACK),
-    ({N1: True, N2: False}, B, B, A, False, Verdict.KEEP_FAILED),
+    ({N1: True, N2: True}, B, B, A, True, RollbackVerdict.GOOD),
+    ({N1: True, N2: False}, B, B, A, True, RollbackVerdict.ROLL_BACK),
+    ({N1: True, N2: None}, B, B, A, True, RollbackVerdict.ROLL_BACK),
+    ({N1: True, N2: False}, B, B, A, False, RollbackVerdict.KEEP_FAILED),
     # Not an upgrade on this node (no stack on trial): the group fails, nothing switches back.
-    ({N1: True, N2: False}, None, B, A, True, Verdict.NOT_AN_UPGRADE),
+    ({N1: True, N2: False}, None, B, A, True, RollbackVerdict.NOT_AN_UPGRADE),
 ])
 def test_each_node_is_judged_by_its_group(passed, trial, current, previous, rollback, verdict):
     failed = bool(stacks.group_failed(passed))
-    assert judge(failed, trial, current, previous, (A, B), rollback) is verdict
+    assert rollback_verdict(failed, trial, current, previous, (A, B), rollback) is verdict
 
 
 @pytest.mark.parametrize("nodes, in_run, current, wanted, missing", [

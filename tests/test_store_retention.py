@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from pve_sglang.facts.store import WheelStoreState
-from pve_sglang.operations.store import commands, held, held_after_retention
+from pve_sglang.facts.wheel_store import WheelStoreState
+from pve_sglang.operations.wheel_store import commands, held, held_after_retention
 from pve_sglang.stack.store_retention import (
     Prune, StoreLock, decide, mount_source, mounting, user_key, user_locks, user_text,
 )
@@ -200,7 +200,7 @@ def test_the_host_phase_plans_the_removal_on_recorded_proxmox_answers():
     120 that mounts the store without a record blocks it all (the control)."""
     from harness import plan_deploy
     from pve_sglang.facts.installed_stacks import Stacks
-    from pve_sglang.facts.store import FolderSizes
+    from pve_sglang.facts.wheel_store import FolderSizes
     from pve_sglang.project import load_defaults
     from pve_sglang.stack import switch_rules as stacks
     from pve_sglang.stack.lock import default_key, lock_for

@@ -189,7 +189,7 @@ def test_stopped_with_ctrl_c_the_server_serves_the_best_so_far_and_the_next_run_
     with pytest.raises(KeyboardInterrupt):
         drive.run(Server(server.apply, stops_at_the_tenth))
     path = record.record_path(drive.tuned)
-    stopped = record.read(path)
+    stopped = record.read_search(path)
     assert stopped.ended["stopped"] == "stopped before its end" and not stopped.finished
     assert server.flags == stopped.ended["best"] == stopped.ended["serving"] == \
         read_tuned(drive.tuned)
@@ -204,7 +204,7 @@ def test_stopped_with_ctrl_c_the_server_serves_the_best_so_far_and_the_next_run_
         return measured(length, limit_s, level)
 
     search = drive.run(Server(server.apply, counted))
-    done = record.read(path)
+    done = record.read_search(path)
     assert done.finished and done.ended["stopped"].startswith("no move left")
     assert search.best == BEST
     assert [t.proposal for t in done.tries[:before]] == [t.proposal for t in stopped.tries]
@@ -302,11 +302,11 @@ def counting(server: tune_sim.SimServer) -> tuple[Server, dict]:
 def test_a_killed_search_resumes_from_its_record_each_try_measured_once(tmp_path):
     drive, server = tune_sim.drive(seed_moe(), tmp_path, seed=3)
     lines, _ = killed_at(drive, server, 30)
-    killed = record.read(record.record_path(drive.tuned))
+    killed = record.read_search(record.record_path(drive.tuned))
     assert killed.ended is None and len(killed.tries) == 29
     again, calls = counting(server)
     search = drive.run(again)
-    done = record.read(record.record_path(drive.tuned))
+    done = record.read_search(record.record_path(drive.tuned))
     assert done.finished and len(done.tries) == len(search.tries)
     assert [t.proposal for t in done.tries[:29]] == [t.proposal for t in killed.tries]
     measured = [t for t in done.tries[29:] if t.outcome.start_s == 0 or t.outcome.ok]
@@ -336,10 +336,10 @@ def test_a_finished_search_is_not_resumed_the_next_run_searches_again(tmp_path):
     landscape = seed_moe()
     drive, server = tune_sim.drive(landscape, tmp_path, seed=2, budget_s=2 * 3600)
     drive.run(server.server())
-    assert record.read(record.record_path(drive.tuned)).finished
+    assert record.read_search(record.record_path(drive.tuned)).finished
     again, calls = counting(server)
     second = drive.run(again)
-    done = record.read(record.record_path(drive.tuned))
+    done = record.read_search(record.record_path(drive.tuned))
     assert calls["measure"] > 0 and len(done.tries) == len(second.tries)
     assert done.tries[0].proposal.why == "the server as found"
 
@@ -348,12 +348,12 @@ def test_stopped_with_ctrl_c_the_next_run_goes_on_each_try_measured_once(tmp_pat
     landscape = seed_moe()
     drive, server = tune_sim.drive(landscape, tmp_path, seed=4)
     stopped_with_ctrl_c_at(drive, server, 25)
-    stopped = record.read(record.record_path(drive.tuned))
+    stopped = record.read_search(record.record_path(drive.tuned))
     assert not stopped.finished and tune_sim.same(server.serving, stopped.ended["best"])
     assert stopped.ended["serving"] == stopped.ended["best"]
     again, calls = counting(server)
     search = drive.run(again)
-    done = record.read(record.record_path(drive.tuned))
+    done = record.read_search(record.record_path(drive.tuned))
     assert done.finished and len(done.tries) == len(search.tries)
     assert calls["measure"] == len([t for t in done.tries[len(stopped.tries):]
                                     if t.outcome.ok or t.outcome.start_s == 0])
@@ -372,7 +372,7 @@ def test_stopped_near_the_budgets_end_the_resumed_search_keeps_the_budget(tmp_pa
         killed_at(drive, server, 56)
     else:
         stopped_with_ctrl_c_at(drive, server, 56)
-    stopped = record.read(path)
+    stopped = record.read_search(path)
     spent = sum(t.outcome.cost_s for t in stopped.tries)
     assert not tune_sim.same(server.serving, stopped.tries[-1].proposal.candidate) or \
         stop is Killed  # the stop put the best back: the next part's flags need a restart
@@ -402,7 +402,7 @@ def test_a_try_that_moves_only_the_benchmarks_level_is_measured_without_a_restar
         return server.measure(length, limit_s, level)
 
     search = drive.run(Server(apply, measure))
-    tries = record.read(record.record_path(drive.tuned)).tries
+    tries = record.read_search(record.record_path(drive.tuned)).tries
     running: dict | None = dict(landscape.start)
     restarted, level_only = [], 0
     for t in tries:
@@ -449,7 +449,7 @@ def test_a_part_outside_the_bound_leaves_the_server_serving_the_next_level_no_re
     drive, server = tune_sim.drive(landscape, tmp_path, seed=0, budget_s=4 * 3600)
     again, calls = counting(server)
     search = drive.run(again)
-    tries = record.read(record.record_path(drive.tuned)).tries
+    tries = record.read_search(record.record_path(drive.tuned)).tries
     first = next(i for i, t in enumerate(tries) if t.outcome.start_s > 0)
     assert [(t.proposal.candidate["tune_concurrency"], t.outcome.ended)
             for t in tries[:first] if t.proposal.why != "the server as found"] == \
@@ -477,7 +477,7 @@ def test_a_tight_budget_keeps_the_best_measured_at_the_length_it_reached(tmp_pat
     search = drive.run(server.server())
     assert search.best != landscape.start and search.best["max_running_requests"] is None
     assert 0 < search.best_weight < 1
-    ended = record.read(record.record_path(drive.tuned)).ended
+    ended = record.read_search(record.record_path(drive.tuned)).ended
     assert ended["weight"] == search.best_weight and ended["best"] == search.best
     assert f"measured over {search.best_weight:g} of the benchmark" in drive.tuned.read_text()
     assert server.clock.now <= budget
@@ -495,7 +495,7 @@ def test_after_hours_of_tries_that_beat_the_start_a_better_best_is_kept(tmp_path
     assert tune_sim.share(landscape, search.best) > 1.1 * tune_sim.share(landscape,
                                                                          landscape.start)
     assert tune_sim.same(server.serving, search.best)
-    ended = record.read(record.record_path(drive.tuned)).ended
+    ended = record.read_search(record.record_path(drive.tuned)).ended
     assert ended["best"] == search.best and ended["weight"] == search.best_weight > 0
     assert f"measured over {search.best_weight:g} of the benchmark" in drive.tuned.read_text()
 
@@ -528,7 +528,7 @@ def test_a_server_that_hangs_in_the_last_benchmark_ends_serving_the_best(tmp_pat
         return real(length, limit_s, level)
 
     search = drive.run(Server(server.apply, hangs_last))
-    done = record.read(record.record_path(drive.tuned))
+    done = record.read_search(record.record_path(drive.tuned))
     # The win whose part hung drops: a try that fails is never the best.
     assert done.tries[-1].outcome.ended == "bench" and search.best == landscape.start
     assert not server.hung and tune_sim.same(server.serving, search.best)
@@ -544,7 +544,7 @@ def test_a_server_found_hung_is_started_again_at_the_end(tmp_path):
     search = drive.run(again)
     assert search.best is None and search.stopped.startswith("the server as found did not")
     assert calls["apply"] == [seed_moe().start] and not server.hung
-    assert record.read(record.record_path(drive.tuned)).ended["serving"] == seed_moe().start
+    assert record.read_search(record.record_path(drive.tuned)).ended["serving"] == seed_moe().start
 
 
 def test_the_end_falls_back_to_the_flags_found_when_the_best_no_longer_starts(tmp_path):

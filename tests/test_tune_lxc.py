@@ -152,12 +152,12 @@ def test_a_two_node_group_is_tuned_as_one_and_left_serving_the_best_as_the_deplo
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
     deadline = time.monotonic() + 300
-    while len(record.read(record.record_path(tuned)).tries) < 2:
+    while len(record.read_search(record.record_path(tuned)).tries) < 2:
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-4000:]
         time.sleep(0.2)
     os.killpg(run.pid, signal.SIGINT)
     stopped_log = run.communicate(timeout=300)[0]
-    stopped = record.read(record.record_path(tuned))
+    stopped = record.read_search(record.record_path(tuned))
     assert run.returncode != 0 and "stopped with Ctrl-C" in stopped_log, stopped_log[-4000:]
     assert stopped.ended and stopped.ended["stopped"] == "stopped before its end"
     assert not stopped.finished and "the next run goes on from the record" in stopped_log
@@ -174,7 +174,7 @@ def test_a_two_node_group_is_tuned_as_one_and_left_serving_the_best_as_the_deplo
 
     # The best: no cap (the landscape's 4 streams against 1), the fraction that starts.
     assert read_tuned(tuned) == BEST, tuned.read_text() + log[-8000:]
-    kept = record.read(record.record_path(tuned))
+    kept = record.read_search(record.record_path(tuned))
     assert kept.finished and kept.ended["best"] == BEST
     assert [t.proposal for t in kept.tries[:len(stopped.tries)]] == [
         t.proposal for t in stopped.tries]  # replayed, not measured again
@@ -234,4 +234,4 @@ def test_a_two_node_group_is_tuned_as_one_and_left_serving_the_best_as_the_deplo
     assert (f"a multi-node group is tuned as one, and {boxes[0].inventory_name} is not in this "
             "run" in alone.stdout + alone.stderr), (alone.stdout + alone.stderr)[-3000:]
     assert [starts(node, unit) for node in boxes] == before
-    assert read_tuned(tuned) == BEST and kept.tries == record.read(record.record_path(tuned)).tries
+    assert read_tuned(tuned) == BEST and kept.tries == record.read_search(record.record_path(tuned)).tries

@@ -573,7 +573,7 @@ def test_a_record_line_not_as_the_search_writes_it_ends_the_reading(tmp_path, li
     record.begin(path, {"max_running_requests": 64})
     with open(path, "a") as handle:
         handle.write(line + "\n")
-    read = record.read(path)
+    read = record.read_search(path)
     assert read.found == {"max_running_requests": 64} and read.tries == []
     assert "line 2 not read" in read.cut and why in read.cut
 
@@ -594,7 +594,7 @@ def test_a_record_goes_on_after_an_end_that_did_not_finish_the_search(
     record.begin(path, {})
     with open(path, "a") as handle:
         handle.write("\n".join([TRY, ended, TRY]) + "\n")
-    read = record.read(path)
+    read = record.read_search(path)
     assert read.finished is finished and len(read.tries) == tries
     assert bool(read.cut) is finished  # a try after a finished search: not read
 
@@ -606,7 +606,7 @@ def test_a_kill_mid_line_keeps_the_tries_before_it(tmp_path):
     assert path.name == "sim-1.tries.jsonl"
     lines = path.read_text().splitlines()[:-1]  # no end: killed
     path.write_text("\n".join(lines) + '\n{"event": "try", "candidate": {"max_running')
-    torn = record.read(path)
+    torn = record.read_search(path)
     assert len(torn.tries) == len(run.tries) and f"line {len(lines) + 1} not read" in torn.cut
     assert torn.ended is None and not torn.finished
 
@@ -616,7 +616,7 @@ def test_the_table_and_the_plot_of_every_try(tmp_path):
 
     landscape = Landscape.read(Path(__file__).parent / "landscapes" / "graph_cap_coupled.yaml")
     run, _ = tune_sim.search(landscape, tmp_path, seed=2)
-    read = record.read(record.record_path(tmp_path / "sim-2.yml"))
+    read = record.read_search(record.record_path(tmp_path / "sim-2.yml"))
     table = summary_table(read).splitlines()
     assert len([line for line in table if line.startswith("| ")]) == len(run.tries) + 2
     assert table[2].startswith("| 1 | (none) | 0.25 | 0 | measured | ")

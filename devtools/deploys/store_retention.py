@@ -2,12 +2,12 @@
 LXC host (``@local``) and its containers (``@lxc/NAME``), for a lock given in host data.
 
 On ``@local``: the wheel store (``wheels.store``), and last, once the containers ran, its
-retention (``store.pruned``). In each container, as the deploy's container phase does for a
+retention (``wheel_store.pruned``). In each container, as the deploy's container phase does for a
 stack: its venv beside the others (``<venv>.stacks/<lock id>``), the host's shared layer of its
 lock (``layer.shared``), its release file, the switch of the link (``stack_switch.switch``), the
 container's retention (``stack_switch.retention``: none while a stack is on trial), then as the
 verify phase ends, the verdict (taken as good: no server runs here), the retention that waited
-for it and the container's record in the store (``store.holds``).
+for it and the container's record in the store (``wheel_store.holds``).
 
 Host data: ``lock_file`` (on this machine), ``pins``, ``python``, ``store``, ``uv`` (in the
 containers), ``keep`` (``stack_retention``), ``lxc_path`` (the host's containers), and on
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pyinfra import host
 
-from pve_sglang.operations import layer, paths, phase, stack_switch, store, venv, wheels
+from pve_sglang.operations import layer, paths, phase, stack_switch, venv, wheel_store, wheels
 from pve_sglang.stack import lock as stack_lock
 from pve_sglang.stack import switch_rules
 from pve_sglang.stack.store_retention import user_key
@@ -56,15 +56,16 @@ if host.name != "@local":
     stack_switch.retention(name="Stack retention, after the verdict", venv_path=VENV,
                            lock_file=LOCK_FILE, service=SERVICE, wanted=lock.id, keep=data.keep,
                            restart_on_change=True)
-    store.holds(name="The store knows this container's locks", store=data.store,
-                key=user_key("lxc", data.lxc_name), venv_path=VENV, lock_file=LOCK_FILE,
-                service=SERVICE, wanted=lock.id)
+    wheel_store.holds(name="The store knows this container's locks", store=data.store,
+                      key=user_key("lxc", data.lxc_name), venv_path=VENV, lock_file=LOCK_FILE,
+                      service=SERVICE, wanted=lock.id)
 phase.done(name="Verify done", phase="verify")
 if host.name == "@local":
     from pyinfra.context import state
 
-    planned = {key: store.planned_record(state.inventory.get_host(name), VENV, LOCK_FILE,
-                                         SERVICE, lock.id, data.keep, True)
+    planned = {key: wheel_store.planned_record(state.inventory.get_host(name), VENV, LOCK_FILE,
+                                               SERVICE, lock.id, data.keep, True)
                for key, name in data.planned.items()}
-    store.pruned(name="Wheel store retention", path=data.store, keep=data.keep, platform="lxc",
-                 lxc_path=data.lxc_path, planned=planned, wanted=[lock.id])
+    wheel_store.pruned(name="Wheel store retention", path=data.store, keep=data.keep,
+                       platform="lxc", lxc_path=data.lxc_path, planned=planned,
+                       wanted=[lock.id])

@@ -34,8 +34,8 @@ else:
     if own is not None:
         lock_file = "/opt/stack/stack-venv.lock"
         layer.venv_on_layer(uv=data.uv, python="/opt/stack/venv/bin/python", tools="/opt/stack",
-                            venv="/opt/stack/venv", python_version=data.python, store=data.store,
-                            lock=lock, lock_file=lock_file, own=own)
+                            venv_path="/opt/stack/venv", python_version=data.python,
+                            store=data.store, lock=lock, lock_file=lock_file, own=own)
     venv.locked_venv(name="Stack as locked, from the wheel store", uv=data.uv,
                      python="/opt/stack/venv/bin/python", tools="/opt/stack",
                      lock_file=lock_file, lock=lock,

@@ -9,7 +9,7 @@
 - ``installed_stacks``: the stacks installed side by side in a container and their record;
 - ``one_read``: several facts' commands run in one command (``ContainerState``), and
   ``Part``, the parts of a container's one read;
-- ``store``: a host's wheel store, for its retention;
+- ``wheel_store``: a host's wheel store, for its retention;
 - ``gateway``: a gateway's container (the smg venv's packages, its worker list);
 - ``verify``: the verify phase's read-only checks (GPUs, CUDA, health, startup, benchmark);
 - ``status``: ``make status``'s one read of a container (``ContainerStatus``).

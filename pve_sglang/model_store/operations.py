@@ -17,7 +17,7 @@ from pve_sglang.model_store.facts import HubClientVersion, ModelFetchLog, ModelM
 from pve_sglang.model_store.model_fetch import MARKER
 from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.model_store.rules import (
-    Verdict,
+    FetchVerdict,
     fetch_failure,
     log_path,
     moved_warning,
@@ -62,13 +62,13 @@ def checked(python: str, script: str, repo: str, revision: str | None, root: str
     later = {"script": f"{script} is uploaded by this run",
              "client": f"huggingface_hub for {python} is installed by this run"}
     verdict, text = preflight(plan, where, repo, revision, space_of, token_pending, later)
-    if verdict is Verdict.REFUSE:
+    if verdict is FetchVerdict.REFUSE:
         raise PreflightError(text)
     moved = moved_warning(plan or {}, where, repo, revision)
     if moved:
         logger.warning(moved)
     logger.info(text)
-    return plan if verdict in (Verdict.READY, Verdict.FETCH) else None
+    return plan if verdict in (FetchVerdict.READY, FetchVerdict.FETCH) else None
 
 
 @operation()

@@ -187,7 +187,7 @@ def unverified_text(count: int | None) -> str:
             "(model_accept_unhashed; a size not given is not counted against the free space)")
 
 
-class Verdict(Enum):
+class FetchVerdict(Enum):
     """What the preflight of a model says before any change (``preflight``)."""
 
     READY = "ready"  # verified and settled: nothing to fetch
@@ -197,7 +197,7 @@ class Verdict(Enum):
 
 
 class Preflight(NamedTuple):
-    verdict: Verdict
+    verdict: FetchVerdict
     #: What to tell the user: the error, the plan, or why it is checked later.
     text: str
 
@@ -218,27 +218,27 @@ def preflight(plan: dict | None, where: str, repo: str, revision: str | None, sp
     model = f"model {repo}" + (f" at revision {revision!r}" if revision else "")
     if plan is None or "unavailable" in plan:
         why = (later or {}).get((plan or {}).get("unavailable", ""), "the fetcher did not answer")
-        return Preflight(Verdict.AT_RUN, f"{where}: {model}: its preflight (size against the free "
-                                         f"space, access, revision) runs at run time, before any "
-                                         f"byte moves: {why}")
+        return Preflight(FetchVerdict.AT_RUN, f"{where}: {model}: its preflight (size against the free "
+                                              f"space, access, revision) runs at run time, before any "
+                                              f"byte moves: {why}")
     if "error" in plan:
         message = f"{where}: {plan['error'].get('message')}"
         if token_pending and plan["error"].get("kind") in TOKEN_KINDS:
-            return Preflight(Verdict.AT_RUN, f"{message} (with the token on the host now; this "
-                                             "run writes a new env file: checked again at run time)")
-        return Preflight(Verdict.REFUSE, message)
+            return Preflight(FetchVerdict.AT_RUN, f"{message} (with the token on the host now; this "
+                                                  "run writes a new env file: checked again at run time)")
+        return Preflight(FetchVerdict.REFUSE, message)
     commit = plan.get("commit") or ""
     if plan.get("complete") and plan.get("settled"):
-        return Preflight(Verdict.READY, f"{where}: {model}: commit {commit}, {plan.get('files')} "
-                                        f"files, {size_text(plan.get('bytes') or 0)}, verified in "
-                                        f"{plan.get('dir')}{unverified_text(plan.get('unverified'))}")
+        return Preflight(FetchVerdict.READY, f"{where}: {model}: commit {commit}, {plan.get('files')} "
+                                             f"files, {size_text(plan.get('bytes') or 0)}, verified in "
+                                             f"{plan.get('dir')}{unverified_text(plan.get('unverified'))}")
     problem = space_error(plan, where, space_of)
     if problem:
-        return Preflight(Verdict.REFUSE, problem)
-    return Preflight(Verdict.FETCH, f"{where}: {model}: commit {commit}: "
-                                    f"{plan.get('missing_files')} of {plan.get('files')} files to "
-                                    f"fetch, {size_text(plan.get('missing_bytes') or 0)} of "
-                                    f"{size_text(plan.get('bytes') or 0)} "
-                                    f"({size_text(plan.get('partial_bytes') or 0)} partly there), "
-                                    f"{size_text(plan.get('free_bytes') or 0)} free in {space_of}"
-                                    f"{unverified_text(plan.get('unverified'))}")
+        return Preflight(FetchVerdict.REFUSE, problem)
+    return Preflight(FetchVerdict.FETCH, f"{where}: {model}: commit {commit}: "
+                                         f"{plan.get('missing_files')} of {plan.get('files')} files to "
+                                         f"fetch, {size_text(plan.get('missing_bytes') or 0)} of "
+                                         f"{size_text(plan.get('bytes') or 0)} "
+                                         f"({size_text(plan.get('partial_bytes') or 0)} partly there), "
+                                         f"{size_text(plan.get('free_bytes') or 0)} free in {space_of}"
+                                         f"{unverified_text(plan.get('unverified'))}")

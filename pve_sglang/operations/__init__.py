@@ -3,8 +3,8 @@ arguments (``+ arg:``) and an example.
 
 On a host: ``pct`` (Proxmox containers, templates), ``lxc`` (plain LXC containers, the
 network guard, cgroup limits), ``owned`` (the config lines the deploy owns), ``boot`` (the
-initramfs), ``wheels`` (the wheel store's wheels), ``store`` (the store's retention),
-``layer`` (the shared stack layer). In a container: ``apt`` (Debian packages),
+initramfs), ``wheels`` (the wheel store's wheels), ``wheel_store`` (the store's retention),
+``layer`` (the shared stack layer). In a container: ``debs`` (Debian packages),
 ``nvidia_driver`` (the user-space driver), ``venv`` (uv, the sglang venv, its packages, the
 autotune patch, the server's flags), ``systemd_unit`` (the server's unit running),
 ``stack_switch`` (the failed-set check, the switch of stacks, retention, the rollback),

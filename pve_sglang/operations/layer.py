@@ -47,9 +47,10 @@ def marker(store: str, lock: Lock) -> str:
     return f"{store.rstrip('/')}/{LOCKS}/{lock.id}.layer"
 
 
-def pth_path(venv: str, python_version: str) -> str:
-    """The ``.pth`` file that puts the layer on the venv's ``sys.path``, after its own packages."""
-    return f"{venv.rstrip('/')}/lib/python{python_version}/site-packages/{PTH}"
+def pth_path(venv_path: str, python_version: str) -> str:
+    """The ``.pth`` file that puts the layer on the ``sys.path`` of the venv at VENV_PATH, after
+    its own packages."""
+    return f"{venv_path.rstrip('/')}/lib/python{python_version}/site-packages/{PTH}"
 
 
 def venv_names(lock: Lock, own: tuple[str, ...] = VENV_OWNED) -> list[str]:
@@ -62,12 +63,12 @@ def layer_names(lock: Lock, own: tuple[str, ...] = VENV_OWNED) -> list[str]:
     return [name for name in lock.packages if name not in own]
 
 
-def venv_on_layer(uv: str, python: str, tools: str, venv: str, python_version: str,
+def venv_on_layer(uv: str, python: str, tools: str, venv_path: str, python_version: str,
                   store: str, lock: Lock, lock_file: str, own: tuple[str, ...] = VENV_OWNED) -> list:
     """The host's shared layer of LOCK in STORE (built once per host), the venv's ``.pth`` to
     it, and LOCK_FILE: the lock of what the venv holds itself (OWN). Returns the operations
     after whose change the server restarts (a layer built again, a venv reading another)."""
-    pth = pth_path(venv, python_version)
+    pth = pth_path(venv_path, python_version)
     built = shared(name=f"Shared stack layer of lock {lock.id} in {store}/layers "
                         f"({len(layer_names(lock, own))} packages, built once per host)",
                    uv=uv, python=python, tools=tools, pth=pth, store=store, lock=lock, own=own)

@@ -19,7 +19,7 @@ from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
 from pve_sglang.server import unit_action
 from pve_sglang.stack import switch_rules
-from pve_sglang.stack.switch_rules import Found, Move, Unfinished, Verdict, read_args
+from pve_sglang.stack.switch_rules import Found, Move, RollbackVerdict, Unfinished, read_args
 
 
 def cannot_name(venv_path: str, error: ValueError) -> str:
@@ -27,7 +27,7 @@ def cannot_name(venv_path: str, error: ValueError) -> str:
             "cannot name) and run again")
 
 
-def read(venv_path: str, lock_file: str, service: str) -> dict:
+def read_stacks(venv_path: str, lock_file: str, service: str) -> dict:
     """The container's stacks (``Stacks``), with the container's other reads, once per run
     stage until an operation here changes them."""
     return container_reads.read(Part.STACKS, *read_args(venv_path, service, lock_file))
@@ -83,7 +83,7 @@ def not_failed(venv_path: str, lock_file: str, service: str, wanted: str, releas
                                 lock_file="/opt/sglang/stack.lock", service="sglang",
                                 wanted="68a87c7696509d54", release="sglang 0.5.10", retry=False)
     """
-    raw = read(venv_path, lock_file, service)
+    raw = read_stacks(venv_path, lock_file, service)
     record = (raw.get("state") or {}).get("failed") or {}
     failed = switch_rules.refused(record, wanted, retry)
     if failed is not None:
@@ -138,7 +138,7 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
                             unit="sglang.service", wanted="68a87c7696509d54", restart_on_change=True)
     """
     # What the build before changed (a new stack's files) decides nothing here.
-    raw = read(venv_path, lock_file, service)
+    raw = read_stacks(venv_path, lock_file, service)
     found = switch_rules.found_of(venv_path, raw)
     unit_state = container_reads.read(Part.UNIT, unit)
     serving = unit_state.get("active") in unit_action.RUNNING_STATES
@@ -197,7 +197,7 @@ def migrate(venv_path: str, lock_file: str, service: str, copies: dict[str, str]
                              lock_file="/opt/sglang/stack.lock", service="sglang",
                              copies={"/opt/sglang/stack.lock": "pve-sglang.lock"})
     """
-    raw = read(venv_path, lock_file, service)
+    raw = read_stacks(venv_path, lock_file, service)
     try:
         moved = switch_rules.migration(switch_rules.found_of(venv_path, raw))
     except ValueError as error:
@@ -255,7 +255,7 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
     """
     # Read again after a switch of this run (it forgets): a stack built in this run and not
     # read yet is kept (the wanted one always is).
-    raw = read(venv_path, lock_file, service)
+    raw = read_stacks(venv_path, lock_file, service)
     found = switch_rules.found_of(venv_path, raw)
     current = found.named
     serving, rollback = switch_rules.after_switch(current, found.previous, wanted, restart_on_change)
@@ -291,10 +291,10 @@ def judged(failure: OperationError, venv_path: str, lock_file: str, service: str
                        f"the group ({', '.join(nodes)})")
         return None
     forget()
-    raw = read(venv_path, lock_file, service)
+    raw = read_stacks(venv_path, lock_file, service)
     found = switch_rules.found_of(venv_path, raw)
-    verdict = switch_rules.judge(True, found.trial, found.current, found.previous, found.stacks,
-                                 rollback)
+    verdict = switch_rules.rollback_verdict(True, found.trial, found.current, found.previous,
+                                            found.stacks, rollback)
     return _concluded(verdict, failure, _first_line(failure), raw, found, venv_path, service,
                       unit, watch)
 
@@ -337,7 +337,7 @@ def together(venv_path: str, lock_file: str, service: str, wanted: str, release:
                               wanted="68a87c7696509d54", release="sglang 0.5.10",
                               nodes=["ct101", "ct102"])
     """
-    raw = read(venv_path, lock_file, service)
+    raw = read_stacks(venv_path, lock_file, service)
     found = switch_rules.found_of(venv_path, raw)
     current = found.named
     missing = switch_rules.not_together(nodes, in_run(), current, wanted)
@@ -403,10 +403,10 @@ def group_judged(venv_path: str, lock_file: str, service: str, unit: str, rollba
     own = node_failure(host.name)
     failure = own or OperationError(f"the group fails: {why}")
     forget()
-    raw = read(venv_path, lock_file, service)
+    raw = read_stacks(venv_path, lock_file, service)
     found = switch_rules.found_of(venv_path, raw)
-    verdict = switch_rules.judge(True, found.trial, found.current, found.previous, found.stacks,
-                                 rollback)
+    verdict = switch_rules.rollback_verdict(True, found.trial, found.current, found.previous,
+                                            found.stacks, rollback)
     yield from host_fails(_concluded(verdict, failure, why[:300], raw, found, venv_path,
                                      service, unit, watch, group=(nodes, failed)))
 
@@ -415,13 +415,13 @@ def _first_line(failure: OperationError) -> str:
     return str(failure).split("\n", 1)[0][:300]
 
 
-def _concluded(verdict: Verdict, failure: OperationError, why: str, raw: dict, found: Found,
+def _concluded(verdict: RollbackVerdict, failure: OperationError, why: str, raw: dict, found: Found,
                venv_path: str, service: str, unit: str, watch: Callable[[], None],
                group: tuple[list[str], tuple[str, ...]] | None = None) -> OperationError:
     """Act on VERDICT for the failed server (FAILURE, WHY its first line): record the failed
-    set and switch back (``Verdict.ROLL_BACK``), or say why not; the error to raise. GROUP:
+    set and switch back (``RollbackVerdict.ROLL_BACK``), or say why not; the error to raise. GROUP:
     the group's nodes and the failed ones, for a node of several."""
-    if verdict is Verdict.NOT_AN_UPGRADE:
+    if verdict is RollbackVerdict.NOT_AN_UPGRADE:
         if group:  # no stack on trial here: nothing to go back to, the group fails as it is
             own = f"\n{failure}" if node_failure(host.name) is failure else ""
             return _told(f"the group ({', '.join(group[0])}) does not serve: {why}", own, group)
@@ -437,10 +437,10 @@ def _concluded(verdict: Verdict, failure: OperationError, why: str, raw: dict, f
     on = (f" on node(s) {', '.join(group[1])} of the group ({', '.join(group[0])})"
           if group else "")
     every = " on every node of the group" if group else ""
-    if verdict is not Verdict.ROLL_BACK:
-        reason = {Verdict.KEEP_FAILED: "upgrade_rollback is false: the failed release is kept "
-                                       "for debugging",
-                  Verdict.NO_TARGET: "no previous stack to go back to"}[verdict]
+    if verdict is not RollbackVerdict.ROLL_BACK:
+        reason = {RollbackVerdict.KEEP_FAILED: "upgrade_rollback is false: the failed release is "
+                                               "kept for debugging",
+                  RollbackVerdict.NO_TARGET: "no previous stack to go back to"}[verdict]
         _run(record_command(service, record))
         back = (f"; to go back: ln -sfn {switch_rules.link_target(venv_path, found.previous)} "
                 f"{venv_path} && systemctl restart {unit}{every}") if found.previous else ""
@@ -536,7 +536,7 @@ def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str,
                                        lock_file="/opt/sglang/stack.lock", service="sglang",
                                        unit="sglang.service")
     """
-    raw = read(venv_path, lock_file, service)
+    raw = read_stacks(venv_path, lock_file, service)
     found = switch_rules.found_of(venv_path, raw)
     record = dict(raw.get("state") or {})
     _report_crash_loop(unit, raw, found, record)
@@ -640,9 +640,9 @@ def _after_trial(venv_path: str, service: str, unit: str, rollback: bool, raw: d
     failed[found.current] = {"sglang": (raw["stacks"].get(found.current) or {}).get("sglang"),
                              "when": _utc(now), "why": why}
     record = {**record, "failed": failed}
-    if verdict is not Verdict.ROLL_BACK:
+    if verdict is not RollbackVerdict.ROLL_BACK:
         logger.error(f"{host.name}: UPGRADE FAILED, NOT ROLLED BACK: {new}: {why} ("
-                     + ("upgrade_rollback is false" if verdict is Verdict.KEEP_FAILED
+                     + ("upgrade_rollback is false" if verdict is RollbackVerdict.KEEP_FAILED
                         else "no previous stack to go back to") + ")")
         yield record_command(service, record)
         forget()
@@ -696,7 +696,7 @@ def trial_passed(venv_path: str, lock_file: str, service: str, probation_s: int 
         host.noop("an upgrade's trial ends once the server answered")
         return
     # The container phase's read, after its switch (which forgets) if any.
-    raw = read(venv_path, lock_file, service)
+    raw = read_stacks(venv_path, lock_file, service)
     found = switch_rules.found_of(venv_path, raw)
     record = dict(raw.get("state") or {})
     failed = dict(record.get("failed") or {})

@@ -49,7 +49,7 @@ def linked_id(venv_path: str, target: str | None) -> str | None:
     return name if folder in ours and STACK_NAME.match(name) else None
 
 
-class Verdict(Enum):
+class RollbackVerdict(Enum):
     GOOD = "good"  # served and answered: nothing to do (or the trial ends)
     ROLL_BACK = "roll_back"  # a failed upgrade: switch back to the previous stack
     KEEP_FAILED = "keep_failed"  # a failed upgrade kept on purpose (upgrade_rollback: false)
@@ -74,8 +74,8 @@ def has_target(current: str | None, previous: str | None, stacks) -> bool:
     return previous is not None and previous != current and previous in stacks
 
 
-def judge(failed: bool, trial: str | None, current: str | None, previous: str | None,
-          stacks, rollback: bool) -> Verdict:
+def rollback_verdict(failed: bool, trial: str | None, current: str | None, previous: str | None,
+                     stacks, rollback: bool) -> RollbackVerdict:
     """
     What follows a judgement of the server's start and answer.
 
@@ -87,24 +87,25 @@ def judge(failed: bool, trial: str | None, current: str | None, previous: str | 
     + rollback: ``upgrade_rollback``
     """
     if not failed:
-        return Verdict.GOOD
+        return RollbackVerdict.GOOD
     if trial is None or trial != current:
-        return Verdict.NOT_AN_UPGRADE
+        return RollbackVerdict.NOT_AN_UPGRADE
     if not rollback:
-        return Verdict.KEEP_FAILED
+        return RollbackVerdict.KEEP_FAILED
     if not has_target(current, previous, stacks):
-        return Verdict.NO_TARGET
-    return Verdict.ROLL_BACK
+        return RollbackVerdict.NO_TARGET
+    return RollbackVerdict.ROLL_BACK
 
 
 def failure_verdict(record: dict, current: str | None, stacks, now: float,
-                    rollback: bool) -> Verdict:
+                    rollback: bool) -> RollbackVerdict:
     """The verdict on a failure of the server at NOW, seen after the run that switched (the
     next run, or the server's fallback): an upgrade's while the stack the link names (CURRENT)
     is the RECORD's trial and its window runs (``window_open``); else not an upgrade's."""
     if not window_open(record.get("trial_until"), now):
-        return Verdict.NOT_AN_UPGRADE
-    return judge(True, record.get("trial"), current, record.get("previous"), stacks, rollback)
+        return RollbackVerdict.NOT_AN_UPGRADE
+    return rollback_verdict(True, record.get("trial"), current, record.get("previous"), stacks,
+                            rollback)
 
 
 class Act(Enum):
@@ -130,7 +131,7 @@ def at_exit(record: dict, current: str | None, stacks, now: float, rollback: boo
             not judged_on_probation(record.get("trial_until"), now):
         return Act.LEAVE
     verdict = failure_verdict(record, current, stacks, now, rollback)
-    return Act.SWITCH_BACK if verdict is Verdict.ROLL_BACK else Act.LEAVE
+    return Act.SWITCH_BACK if verdict is RollbackVerdict.ROLL_BACK else Act.LEAVE
 
 
 def at_start_limit(record: dict, current: str | None, stacks, now: float, rollback: bool,
@@ -143,9 +144,9 @@ def at_start_limit(record: dict, current: str | None, stacks, now: float, rollba
     the unit does not restart on: a missing secret).
     """
     verdict = failure_verdict(record, current, stacks, now, rollback)
-    if verdict is Verdict.ROLL_BACK:
+    if verdict is RollbackVerdict.ROLL_BACK:
         return Act.SWITCH_BACK
-    if verdict is Verdict.KEEP_FAILED or restart_prevented:
+    if verdict is RollbackVerdict.KEEP_FAILED or restart_prevented:
         return Act.LEAVE
     return Act.RESTART
 

@@ -134,7 +134,7 @@ def mtimes(paths: dict[str, str]) -> dict[str, int | None]:
     return out
 
 
-def read(args: dict) -> dict:
+def read_status(args: dict) -> dict:
     """Everything ARGS asks of this container."""
     result: dict = {"unit": unit(args["unit"])}
     timeout = float(args.get("timeout_s", 3))
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="One container's status, as one JSON object.")
     parser.add_argument("args_json", help="what to read (this module's docstring)")
     options = parser.parse_args(argv)
-    print(json.dumps(read(json.loads(options.args_json)), sort_keys=True))
+    print(json.dumps(read_status(json.loads(options.args_json)), sort_keys=True))
     return 0
 
 

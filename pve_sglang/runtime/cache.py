@@ -37,7 +37,7 @@ class Kind(str, Enum):
     #: ``Stacks`` per ``(venv_path, lock_file, service)``; forgotten by the operations of
     #: ``operations/stack_switch.py`` that change a stack, the link or the state record.
     STACKS = "stacks"
-    #: ``DebPackages``; forgotten by ``apt.deb_packages``.
+    #: ``DebPackages``; forgotten by ``debs.deb_packages``.
     DEBS = "debs"
     #: ``UvVersion`` per uv binary; forgotten by ``venv.tools_venv``.
     UV = "uv"

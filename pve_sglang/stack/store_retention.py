@@ -103,7 +103,7 @@ def mounting(platform: str, configs: dict[str, list[str]], store: str) -> set[st
 
 
 class StoreLock(NamedTuple):
-    """A lock as the store holds it (``facts.store.WheelStoreState``)."""
+    """A lock as the store holds it (``facts.wheel_store.WheelStoreState``)."""
 
     #: When its set came into the store (its manifest's mtime).
     mtime: float = 0.0

@@ -20,8 +20,8 @@ from pve_sglang.remote import TOOLS
 # The rollback rule, the stacks' names and their link, written once for the deploy and the
 # server's own fallback (``remote/stack_fallback.py``, uploaded with it).
 from pve_sglang.remote.rollback_rules import (  # noqa: F401 (the deploy's names for them)
-    RELEASE_FILE, STACK_NAME, SUFFIX, Verdict, failure_verdict, has_target, judge, link_target,
-    linked_id, stacks_dir, window_open,
+    RELEASE_FILE, STACK_NAME, SUFFIX, RollbackVerdict, failure_verdict, has_target, link_target,
+    linked_id, rollback_verdict, stacks_dir, window_open,
 )
 #: The deploy's record of a container's stacks: the previous one (the rollback target), the one
 #: on trial, and the sets that failed.
@@ -162,7 +162,7 @@ def unfinished_rollback(found: Found, failed: tuple[str, ...]) -> Unfinished | N
     if found.current != found.trial:
         return Unfinished.FORGET_TRIAL
     if not has_target(found.current, found.previous, found.stacks):
-        return None  # no target: the failed release stays, as judge's NO_TARGET says
+        return None  # no target: the failed release stays, as rollback_verdict's NO_TARGET says
     return Unfinished.SWITCH_BACK
 
 

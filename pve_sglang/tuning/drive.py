@@ -135,7 +135,7 @@ class Drive:
     def run(self, server: Server) -> Search:
         """Search, the record kept; the server left serving the best (else the flags found)."""
         path = record.record_path(self.tuned)
-        before = record.read(path)
+        before = record.read_search(path)
         resumed = before.found is not None and not before.finished
         found = before.found if resumed and before.found is not None else self.found
         if not resumed:

@@ -117,7 +117,7 @@ def _try(entry: dict[str, Any]) -> Try:
                Outcome(ended, objective, row, float(cost), float(start)))
 
 
-def read(path: Path) -> Record:
+def read_search(path: Path) -> Record:
     """The record at PATH (an empty one where there is none)."""
     record = Record()
     try:

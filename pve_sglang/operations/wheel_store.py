@@ -13,7 +13,7 @@ from pyinfra.api.util import get_file_sha1
 from pyinfra.context import state as pyinfra_state
 
 from pve_sglang.facts.installed_stacks import Stacks
-from pve_sglang.facts.store import FolderSizes, WheelStoreState
+from pve_sglang.facts.wheel_store import FolderSizes, WheelStoreState
 from pve_sglang.operations import paths, stack_switch
 from pve_sglang.stack import switch_rules
 from pve_sglang.stack.store_retention import (
@@ -65,15 +65,15 @@ def holds(store: str, key: str, venv_path: str, lock_file: str, service: str, wa
 
     .. code:: python
 
-        from pve_sglang.operations import store
+        from pve_sglang.operations import wheel_store
 
-        store.holds(name="The wheel store knows this container's locks",
-                    store="/var/cache/pve-sglang/wheels", key="pct-105",
-                    venv_path="/opt/sglang/venv", lock_file="/opt/sglang/stack.lock",
-                    service="sglang", wanted="68a87c7696509d54")
+        wheel_store.holds(name="The wheel store knows this container's locks",
+                          store="/var/cache/pve-sglang/wheels", key="pct-105",
+                          venv_path="/opt/sglang/venv", lock_file="/opt/sglang/stack.lock",
+                          service="sglang", wanted="68a87c7696509d54")
     """
     # After retention (it forgets the read when it removes a stack).
-    yield from _record(store, key, held(stack_switch.read(venv_path, lock_file, service), wanted))
+    yield from _record(store, key, held(stack_switch.read_stacks(venv_path, lock_file, service), wanted))
 
 
 @operation()
@@ -91,11 +91,11 @@ def holds_locks(store: str, key: str, locks: list[str]):
 
     .. code:: python
 
-        from pve_sglang.operations import store
+        from pve_sglang.operations import wheel_store
 
-        store.holds_locks(name="The wheel store knows the gateway's lock",
-                          store="/var/cache/pve-sglang/wheels", key="pct-110",
-                          locks=["3f1c9a0e5b7d2468"])
+        wheel_store.holds_locks(name="The wheel store knows the gateway's lock",
+                                store="/var/cache/pve-sglang/wheels", key="pct-110",
+                                locks=["3f1c9a0e5b7d2468"])
     """
     yield from _record(store, key, set(locks))
 
@@ -161,11 +161,12 @@ def pruned(path: str, keep: int, platform: str, lxc_path: str, planned: dict[str
 
     .. code:: python
 
-        from pve_sglang.operations import store
+        from pve_sglang.operations import wheel_store
 
-        store.pruned(name="Wheel store retention", path="/var/cache/pve-sglang/wheels", keep=2,
-                     platform="pve", lxc_path="/var/lib/lxc",
-                     planned={"pct-105": ["68a87c7696509d54"]}, wanted=["68a87c7696509d54"])
+        wheel_store.pruned(name="Wheel store retention", path="/var/cache/pve-sglang/wheels",
+                           keep=2, platform="pve", lxc_path="/var/lib/lxc",
+                           planned={"pct-105": ["68a87c7696509d54"]},
+                           wanted=["68a87c7696509d54"])
     """
     found = host.get_fact(WheelStoreState, store=path, platform=platform, lxc_path=lxc_path)
     locks: dict[str, StoreLock] = dict(found["locks"])

@@ -28,9 +28,9 @@ def deb_file(path: str, package: str, version: str):
 
     .. code:: python
 
-        from pve_sglang.operations import apt
+        from pve_sglang.operations import debs
 
-        apt.deb_file(name="Install the CUDA repository keyring",
+        debs.deb_file(name="Install the CUDA repository keyring",
                      path="/var/cache/pve-sglang/cuda-keyring.deb",
                      package="cuda-keyring", version="1.1-1")
     """
@@ -54,9 +54,9 @@ def deb_packages(packages: list[str]):
 
     .. code:: python
 
-        from pve_sglang.operations import apt
+        from pve_sglang.operations import debs
 
-        apt.deb_packages(name="Base packages",
+        debs.deb_packages(name="Base packages",
                          packages=["ca-certificates", "curl", "python3", "python3-venv"])
     """
     installed = container_reads.read(Part.DEBS)
