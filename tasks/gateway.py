@@ -237,17 +237,17 @@ def replica_turn(cs: ContainerSettings):
                     stack_steps.follow_start(cs, client_address(cs.server_host)))
 
 
-def turn_for(gateway: str, gs: GatewaySettings, names: list[str], check_s: int, judge):
-    """This host's turn behind GATEWAY (settings GS, replicas NAMES, in the inventory's
+def turn_for(gateway_name: str, gs: GatewaySettings, names: list[str], check_s: int, judge):
+    """This host's turn behind GATEWAY_NAME (settings GS, replicas NAMES, in the inventory's
     order): the worker script's ``out``, ``in`` and ``check`` of it in the gateway's
     container, JUDGE following its start, CHECK_S each generation's bound."""
     if names[0] == host.name:
-        logger.info(roll.order_words(gateway, names, gs.gateway_roll_batch))
+        logger.info(roll.order_words(gateway_name, names, gs.gateway_roll_batch))
     out = [*render.sync_argv(gs, "out", gs.gateway_register_timeout_s), "--worker", host.name,
            "--drain", str(gs.gateway_drain_timeout_s)]
     back = [*render.sync_argv(gs, "in", gs.gateway_register_timeout_s
                               + 2 * gs.gateway_health_check_interval_s), "--worker", host.name]
     check = [*render.sync_argv(gs, "check", check_s), "--worker", host.name]
-    return rolling.turn(gateway, names, gs.gateway_roll_batch, host.name, out, back, check,
-                        judge, roll.step_words(gateway, gs.gateway_drain_timeout_s),
+    return rolling.turn(gateway_name, names, gs.gateway_roll_batch, host.name, out, back, check,
+                        judge, roll.step_words(gateway_name, gs.gateway_drain_timeout_s),
                         [*render.sync_argv(gs), "--not-up-ok"])

@@ -56,6 +56,9 @@ SHARED_STEMS: dict[str, tuple[frozenset[str], str]] = {
                           "tasks/verify.py"}),
                "the verify phase: its checks as facts, its operations and its steps"),
     "tune": (frozenset({"tasks/tune.py", "tune.py"}), "make tune: its steps and its deploy file"),
+    "roll": (frozenset({"pve_sglang/gateway/roll.py", "pve_sglang/operations/roll.py"}),
+             "the roll behind a gateway: its plan (pure, with the gateway's rules) and the "
+             "operation that runs each replica's turn"),
     "render": (frozenset({"pve_sglang/gateway/render.py", "pve_sglang/monitoring/render.py",
                           "pve_sglang/server/render.py"}),
                "one role in three topics: each renders its topic's files from its settings, and "
