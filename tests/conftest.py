@@ -58,6 +58,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -190,8 +191,17 @@ def longest_modules_first(items: list) -> list:
     return sorted(items, key=lambda item: (-seconds[module_of(item.nodeid)], order[module_of(item.nodeid)]))
 
 
+#: The seconds a root test waited for its machine turn (``machine_turn``), by test id.
+TURN_WAIT = "machine_turn_wait_s"
+_turn_waits: dict[str, float] = {}
+
+
 def pytest_runtest_logreport(report):
     _timed[module_of(report.nodeid)] = _timed.get(module_of(report.nodeid), 0.0) + report.duration
+    if report.when == "setup":
+        for name, value in report.user_properties:
+            if name == TURN_WAIT:
+                _turn_waits[report.nodeid] = value
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -223,7 +233,10 @@ def pytest_runtest_protocol(item, nextitem):
     if item.get_closest_marker("root") is None:
         yield
         return
+    began = time.monotonic()
     with lxc_env_module.machine_turn(exclusive=item.get_closest_marker("machine") is not None):
+        # What the wait cost is in no test's duration: kept for the run's summary.
+        item.user_properties.append((TURN_WAIT, time.monotonic() - began))
         yield
 
 
@@ -353,11 +366,17 @@ def deploy_namesakes(lxc_env, machine_alone):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Print the LXC environment's timings (rootfs build, base extract, boots, resets)."""
+    """Print the LXC environment's timings (rootfs build, base extract, boots, resets), and
+    how long root tests waited for their machine turn (the exclusive ones block the others)."""
     if lxc_env_module.TIMINGS:
         terminalreporter.section("lxc test environment timings")
         for line in lxc_env_module.timing_lines():
             terminalreporter.write_line(line)
+    if _turn_waits:
+        longest = sorted(_turn_waits.items(), key=lambda kv: -kv[1])[:3]
+        terminalreporter.write_line(
+            f"machine turns: {len(_turn_waits)} root tests waited {sum(_turn_waits.values()):.1f} s "
+            "in all; the longest: " + ", ".join(f"{nodeid} {s:.1f} s" for nodeid, s in longest))
 
 
 def hub_client_versions() -> list[str]:
