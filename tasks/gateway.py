@@ -243,11 +243,7 @@ def turn_for(gateway_name: str, gs: GatewaySettings, names: list[str], check_s: 
     container, JUDGE following its start, CHECK_S each generation's bound."""
     if names[0] == host.name:
         logger.info(roll.order_words(gateway_name, names, gs.gateway_roll_batch))
-    out = [*render.sync_argv(gs, "out", gs.gateway_register_timeout_s), "--worker", host.name,
-           "--drain", str(gs.gateway_drain_timeout_s)]
-    back = [*render.sync_argv(gs, "in", gs.gateway_register_timeout_s
-                              + 2 * gs.gateway_health_check_interval_s), "--worker", host.name]
-    check = [*render.sync_argv(gs, "check", check_s), "--worker", host.name]
-    return rolling.turn(gateway_name, names, gs.gateway_roll_batch, host.name, out, back, check,
-                        judge, roll.step_words(gateway_name, gs.gateway_drain_timeout_s),
-                        [*render.sync_argv(gs), "--not-up-ok"])
+    return rolling.InTurn(gateway_name, names, gs.gateway_roll_batch, host.name,
+                          render.turn_argv(gs, host.name, check_s), judge,
+                          roll.step_words(gateway_name, gs.gateway_drain_timeout_s),
+                          [*render.sync_argv(gs), "--not-up-ok"])

@@ -74,6 +74,7 @@ from pve_sglang.operations import gateway as gateway_ops
 from pve_sglang.model_store import operations as model
 from pve_sglang.operations import boot, debs, layer, lxc, nvidia_driver, paths, pct, phase, systemd_unit, venv, wheel_store, wheels
 from pve_sglang.operations import stack_switch as stacks
+from pve_sglang.operations.systemd_unit import RestartTurn
 from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import (SECRET_FIELDS, ContainerSettings, HostSettings, Mount,
@@ -1036,6 +1037,8 @@ def _argument(annotation: Any, value: str) -> Any:
         return parse(SHIPPED_LOCK)  # no string of a lock reaches a shell: its text is uploaded
     if annotation is Worker:
         return Worker(value, value, True)
+    if annotation is RestartTurn:
+        return None  # a turn runs the restart's own commands (checked here) in its place
     if annotation is LockKey:
         return LockKey(pins=(("sglang", value),), python="3.11", index_url=value)
     raise TypeError(f"no hostile argument for {annotation!r}")

@@ -11,6 +11,7 @@ a changed list changes no unit and restarts nothing.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from pve_sglang import remote
 from pve_sglang.config.gateway import GatewaySettings
@@ -114,6 +115,28 @@ def sync_argv(gs: GatewaySettings, command: str = "sync", timeout_s: int | None 
     elif timeout_s is not None:
         argv += ["--timeout", str(timeout_s)]
     return argv
+
+
+@dataclass(frozen=True)
+class TurnArgv:
+    """The worker script's argv for one replica's turn out of the rotation and back: ``out``
+    (drained first), ``in`` (back, once listed healthy) and ``check`` (a generation asked as the
+    gateway asks it)."""
+
+    out: list[str]
+    back: list[str]
+    check: list[str]
+
+
+def turn_argv(gs: GatewaySettings, name: str, check_s: int) -> TurnArgv:
+    """Replica NAME's turn argv behind the gateway of GS, CHECK_S its generation's bound:
+    ``in`` waits for the registration and two health checks."""
+    return TurnArgv(
+        out=[*sync_argv(gs, "out", gs.gateway_register_timeout_s), "--worker", name,
+             "--drain", str(gs.gateway_drain_timeout_s)],
+        back=[*sync_argv(gs, "in", gs.gateway_register_timeout_s
+                         + 2 * gs.gateway_health_check_interval_s), "--worker", name],
+        check=[*sync_argv(gs, "check", check_s), "--worker", name])
 
 
 def secrets(gs: GatewaySettings) -> dict[str, str]:

@@ -29,6 +29,7 @@ from gevent.lock import BoundedSemaphore
 from pyinfra import logger
 from pyinfra.api import OperationError, QuoteString, StringCommand
 
+from pve_sglang.gateway.render import TurnArgv
 from pve_sglang.gateway.roll import Roll, Turn, may_go, out_refusal, places, turn_line
 
 #: Seconds the first turn waits for the other replicas of the run to decide whether they
@@ -90,7 +91,7 @@ def _wait_for_turn(state, run: _Run, name: str) -> None:
         gevent.sleep(POLL_S)
 
 
-def _script(gateway_host, argv: list[str]) -> tuple[int, dict]:
+def worker_script(gateway_host, argv: list[str]) -> tuple[int, dict]:
     """The worker script's ARGV in the gateway's container: its exit code and its JSON line
     (an exit code of 2 where the container could not be asked)."""
     command = StringCommand(*(QuoteString(arg) for arg in argv), "; echo exit=$?")
@@ -107,6 +108,41 @@ def _script(gateway_host, argv: list[str]) -> tuple[int, dict]:
     return code, answer if isinstance(answer, dict) else {}
 
 
+def take_out(gateway_host, argv: TurnArgv, this: Turn) -> str | None:
+    """THIS replica out of the gateway's rotation, drained (the worker script's ``out``): None
+    where it is out (THIS's drain, cut and out times set), else ``out_refusal``'s word."""
+    code, out = worker_script(gateway_host, argv.out)
+    refusal = out_refusal(code)
+    if refusal is None:
+        this.drain_s, this.cut = float(out.get("drain_s") or 0), int(out.get("cut") or 0)
+        this.out_s = float(out["out_s"]) if isinstance(out.get("out_s"), (int, float)) else None
+    else:
+        this.verdict = f"not taken out: {out.get('error') or f'exit {code}'}"
+    return refusal
+
+
+def asked_as_the_gateway_asks(gateway_host, argv: TurnArgv) -> None:
+    """A generation of the replica asked from the gateway's container as the gateway asks it
+    (the worker script's ``check``); raises ``OperationError`` naming why it failed."""
+    code, answer = worker_script(gateway_host, argv.check)
+    asked = (answer.get("workers") or [{}])[0]
+    if code or not asked.get("ok"):
+        raise OperationError("a generation asked as the gateway asks it: "
+                             f"{asked.get('why') or answer.get('error')}")
+
+
+def give_back(gateway_host, argv: TurnArgv, this: Turn) -> bool:
+    """THIS replica given its traffic back (the worker script's ``in``, which returns once the
+    gateway lists it healthy); its verdict says how."""
+    code, back = worker_script(gateway_host, argv.back)
+    if code:
+        this.verdict = (f"serving, but not given back: {back.get('error')} (the gateway "
+                        "phase registers it again)")
+        return False
+    this.verdict = f"serving, given back (listed healthy in {back.get('listed_s')}s)"
+    return True
+
+
 def _mended(state, run: _Run, sync_argv: list[str]) -> None:
     """Once per roll, before its first turn: the replicas an earlier run left out of the
     rotation (killed between a turn's out and its in) given back by the worker script's
@@ -115,74 +151,73 @@ def _mended(state, run: _Run, sync_argv: list[str]) -> None:
         if run.mended:
             return
         run.mended = True
-        _, answer = _script(state.inventory.get_host(run.roll.gateway), sync_argv)
+        _, answer = worker_script(state.inventory.get_host(run.roll.gateway), sync_argv)
         added = answer.get("added") or []
         if added:
             logger.warning(f"{run.roll.gateway}: given back first, left out of its rotation by "
                            f"an earlier run: {', '.join(str(a) for a in added)}")
 
 
-def turn(gateway: str, names: list[str], batch: int, name: str, out_argv: list[str],
-         in_argv: list[str], check_argv: list[str], judge: Callable[[], None],
-         words: str = "in its turn", sync_argv: list[str] | None = None) -> Callable:
+@dataclass(frozen=True)
+class InTurn:
     """The function replica NAME's restart runs (``service_running``'s TURN): its turn in the
-    roll of GATEWAY's replicas NAMES, BATCH at a time. OUT_ARGV, IN_ARGV, CHECK_ARGV: the worker
-    script's ``out``, ``in`` and ``check`` of it; JUDGE: follows its start (raises
-    ``OperationError`` when it does not serve); WORDS: the turn's step, for the plan (its
-    ``words``); SYNC_ARGV: the worker script's ``sync`` (``--not-up-ok``), run once before
-    the roll's first turn. Its ``decided(restarts)``: the replica's operation tells the roll
-    whether it restarts, so that the turns go in order."""
+    roll of GATEWAY's replicas NAMES, BATCH at a time. ARGV: the worker script's ``out``,
+    ``in`` and ``check`` of it; JUDGE: follows its start (raises ``OperationError`` when it
+    does not serve); WORDS: the turn's step, for the plan; SYNC_ARGV: the worker script's
+    ``sync`` (``--not-up-ok``), run once before the roll's first turn."""
 
-    def decided(restarts: bool) -> None:
-        run = run_of(gateway, names, batch)
-        run.decided[name], run.moved = restarts, time.monotonic()
+    gateway: str
+    names: list[str]
+    batch: int
+    name: str
+    argv: TurnArgv
+    judge: Callable[[], None]
+    words: str = "in its turn"
+    sync_argv: list[str] | None = None
 
-    def in_turn(state, host, commands: list[StringCommand]) -> bool:
-        run = run_of(gateway, names, batch)
-        run.decided[name] = True
-        _wait_for_turn(state, run, name)
-        if sync_argv:
-            _mended(state, run, sync_argv)
-        run.running.add(name)
+    def decided(self, restarts: bool) -> None:
+        """The replica's operation tells the roll whether it restarts, so that the turns go
+        in order."""
+        run = run_of(self.gateway, self.names, self.batch)
+        run.decided[self.name], run.moved = restarts, time.monotonic()
+
+    def __call__(self, state, host, commands: list[StringCommand]) -> bool:
+        run = run_of(self.gateway, self.names, self.batch)
+        run.decided[self.name] = True
+        _wait_for_turn(state, run, self.name)
+        if self.sync_argv:
+            _mended(state, run, self.sync_argv)
+        run.running.add(self.name)
         run.moved = time.monotonic()
         try:
-            return _one_turn(state, host, run.roll.turn(name), run.roll, commands,
-                             (out_argv, in_argv, check_argv), judge)
+            return _one_turn(state, host, run.roll.turn(self.name), run.roll, commands,
+                             self.argv, self.judge)
         finally:
-            run.running.discard(name)
-            run.done.add(name)
+            run.running.discard(self.name)
+            run.done.add(self.name)
             run.moved = time.monotonic()
-
-    in_turn.words = words  # type: ignore[attr-defined]
-    in_turn.decided = decided  # type: ignore[attr-defined]
-    return in_turn
 
 
 def _one_turn(state, host, this: Turn, roll: Roll, commands: list[StringCommand],
-              argvs: tuple[list[str], list[str], list[str]], judge: Callable[[], None]) -> bool:
+              argv: TurnArgv, judge: Callable[[], None]) -> bool:
     """THIS replica's turn: out, restarted (COMMANDS), judged, in; False where it was not
     restarted (the roll stopped before it, or the others cannot serve without it)."""
-    out_argv, in_argv, check_argv = argvs
     if roll.stopped_at:
         this.verdict = (f"not restarted: the roll stopped at {roll.stopped_at}; it serves the "
                         "release it ran, until a run restarts it in turn")
         logger.error(turn_line(this))
         return False
     gateway_host = state.inventory.get_host(roll.gateway)
-    code, out = _script(gateway_host, out_argv)
-    refusal = out_refusal(code)
+    refusal = take_out(gateway_host, argv, this)
     if refusal == "capacity":
         roll.stopped_at = this.name
-        this.verdict = f"not restarted: {out.get('error')}"
+        this.verdict = this.verdict.replace("not taken out", "not restarted")
         logger.error(turn_line(this))
         return False
-    if refusal is None:
-        this.drain_s, this.cut = float(out.get("drain_s") or 0), int(out.get("cut") or 0)
-        this.out_s = float(out["out_s"]) if isinstance(out.get("out_s"), (int, float)) else None
-    else:
+    if refusal is not None:
         logger.warning(f"{host.name}: the gateway {roll.gateway} did not take it out "
-                       f"({out.get('error') or f'exit {code}'}): restarted as without a "
-                       "gateway (its first deploy)")
+                       f"({this.verdict.removeprefix('not taken out: ')}): restarted as "
+                       "without a gateway (its first deploy)")
     start = time.monotonic()
     for command in commands:
         ok, output = host.run_shell_command(command)
@@ -194,22 +229,14 @@ def _one_turn(state, host, this: Turn, roll: Roll, commands: list[StringCommand]
         return True
     try:
         judge()
-        code, answer = _script(gateway_host, check_argv)
-        asked = (answer.get("workers") or [{}])[0]
-        if code or not asked.get("ok"):
-            raise OperationError("a generation asked as the gateway asks it: "
-                                 f"{asked.get('why') or answer.get('error')}")
+        asked_as_the_gateway_asks(gateway_host, argv)
     except OperationError as failure:
         return _failed(roll, this, start, str(failure).splitlines()[0], True)
     this.restart_s = time.monotonic() - start
-    code, back = _script(gateway_host, in_argv)
-    if code:
+    if not give_back(gateway_host, argv, this):
         roll.stopped_at = this.name
-        this.verdict = (f"serving, but not given back: {back.get('error')} (the gateway "
-                        "phase registers it again)")
         logger.error(turn_line(this))
         return True
-    this.verdict = f"serving, given back (listed healthy in {back.get('listed_s')}s)"
     logger.info(turn_line(this))
     return True
 

@@ -4,6 +4,7 @@ what it runs changed, and a restart a killed run never made made by the next."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
@@ -15,6 +16,18 @@ from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
 from pve_sglang.server import unit_action
 from pve_sglang.server.unit_action import Action
+
+
+class RestartTurn(Protocol):
+    """A restart made in its turn (``operations.roll.InTurn``): told whether the replica
+    restarts, then run with the restart's commands in the place of them; WORDS for the plan."""
+
+    words: str
+
+    def decided(self, restarts: bool) -> None: ...
+
+    def __call__(self, state, host, commands: list[StringCommand]) -> bool: ...
+
 
 def restart_pending(started: int | None, since: dict[str, str]) -> list[str]:
     """The names in SINCE (``{name: path}``) whose path changed after STARTED (the running
@@ -37,7 +50,7 @@ def _state_words(unit_state: dict) -> str:
 @operation()
 def service_running(unit: str, start: bool, restart: Callable[[], bool],
                     since: dict[str, str] | None = None, restart_on_change: bool = True,
-                    turn: Callable | None = None):
+                    turn: RestartTurn | None = None):
     """
     Keep UNIT running and enabled at boot where it can run (START: the server needs a GPU;
     without one it is disabled, so that it does not fail and restart at every boot). Start it
@@ -60,7 +73,7 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool],
     + restart_on_change: false never restarts a running server: a needed restart is reported
       as pending on every run until the server runs what its files say
     + turn: a running server's restart made in its turn of a roll behind a gateway
-      (``operations.roll.turn``, given the restart's commands): out of the gateway's rotation,
+      (``operations.roll.InTurn``, given the restart's commands): out of the gateway's rotation,
       drained, restarted, judged, given back; None: restarted at once
 
     **Example:**
@@ -96,12 +109,12 @@ def service_running(unit: str, start: bool, restart: Callable[[], bool],
                               start=start, changed=changed, pending=pending,
                               restart_on_change=restart_on_change)
     quoted = QuoteString(unit)
-    if turn is not None and hasattr(turn, "decided"):
+    if turn is not None:
         turn.decided(plan.action is Action.RESTART)  # its roll waits for every replica's
     if plan.action is Action.RESTART and turn is not None and cache.once(
             Kind.RESTART_REASON, f"{unit} in turn"):
         # Before the first command: a plan (--dry) says each replica's step too.
-        logger.info(f"{host.name}: {unit} restarts {getattr(turn, 'words', 'in its turn')}")
+        logger.info(f"{host.name}: {unit} restarts {turn.words}")
     if plan.daemon_reload:
         yield StringCommand("systemctl daemon-reload")
     if plan.boot:
