@@ -143,7 +143,7 @@ def load(url: str, concurrency: int, seconds: float, tokens: int, group: int | N
                            str(seconds), "--concurrency", str(concurrency), "--tokens", str(tokens)],
                           capture_output=True, text=True, check=True)
     result = json.loads(done.stdout)
-    latencies = sorted(end - start for start, end, status in result["requests"] if status == "200")
+    latencies = sorted(end - start for start, end, status, _ in result["requests"] if status == "200")
     ok = len(latencies)
     used = cpu_s(group) - before if group else None
     return {"requests": len(result["requests"]), "ok": ok, "codes": result["codes"],
@@ -183,12 +183,12 @@ def death(venv: Path, work: Path, settings: dict, args) -> dict:
             time.sleep(0.05)
         thread.join()
         requests = json.loads(out["raw"])["requests"]
-        failed = [end for start, end, status in requests if status != "200" and end >= killed]
+        failed = [end for start, end, status, _ in requests if status != "200" and end >= killed]
         codes: dict[str, int] = {}
-        for _start, end, status in requests:
+        for _start, end, status, _ in requests:
             if end >= killed and status != "200":
                 codes[status] = codes.get(status, 0) + 1
-        after = [status for start, _, status in requests if marked and start > marked]
+        after = [status for start, _, status, _ in requests if marked and start > marked]
         result = {
             "health_check_interval_s": gs.gateway_health_check_interval_s,
             "health_failure_threshold": gs.gateway_health_failure_threshold,

@@ -16,11 +16,11 @@ server's own restart operation, in its turn or not). PAUSE_SCALE stretches the s
 Each round: BEFORE_S seconds of load alone (p99 of its requests' latency), then a change of a
 flag of every replica (its ``--token-delay``) deployed with the roll, then the same with
 ``roll`` off (the restart as without a gateway: all at once); the client sends CONCURRENCY
-streamed ``/generate`` back to back through the gateway from before the deploy until the
+``/generate`` back to back (streamed, every third asked whole, not streamed) through the gateway from before the deploy until the
 gateway serves again after it (every replica listed healthy and 4 requests through it answered
 whole: ``until_serving_s``); the requests begun in that window are counted.
-A request fails when it did not end with its stream's last event (``cut``, an HTTP error, no
-answer). Results: bench/results/gateway_roll.json.
+A request fails when it did not end with its stream's last event, or its whole answer is not
+whole (``cut``, an HTTP error, no answer). Results: bench/results/gateway_roll.json.
 """
 
 from __future__ import annotations
@@ -60,14 +60,16 @@ def p99(values: list[float]) -> float | None:
 def summary(requests: list, began: float, ended: float) -> dict:
     """The requests started between BEGAN and ENDED: how many, failed, p99 latency of those
     served."""
-    within = [(s, e, status) for s, e, status in requests if began <= s <= ended]
-    served = [e - s for s, e, status in within if status == "200"]
+    within = [(s, e, status, kind) for s, e, status, kind in requests if began <= s <= ended]
+    served = [e - s for s, e, status, _ in within if status == "200"]
     failed: dict[str, int] = {}
-    for _, _, status in within:
+    kinds: dict[str, int] = {}
+    for _, _, status, kind in within:
+        kinds[kind] = kinds.get(kind, 0) + 1
         if status != "200":
-            failed[status] = failed.get(status, 0) + 1
-    return {"requests": len(within), "failed": sum(failed.values()), "failed_by": failed,
-            "p99_s": round(p99(served), 3) if served else None}
+            failed[f"{kind} {status}"] = failed.get(f"{kind} {status}", 0) + 1
+    return {"requests": len(within), "by_kind": kinds, "failed": sum(failed.values()),
+            "failed_by": failed, "p99_s": round(p99(served), 3) if served else None}
 
 
 def loaded(site: Site, concurrency: int, action) -> tuple[list, float, float, object]:

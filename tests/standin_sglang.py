@@ -292,7 +292,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         held = prompt_tokens + count
         LOAD.admit(held)
         try:
-            self._stream(count, prompt_tokens)
+            if request.get("stream"):
+                self._stream(count, prompt_tokens)
+            else:
+                self._whole(count, prompt_tokens)
         finally:
             LOAD.done(held, prompt_tokens, count)
 
@@ -316,6 +319,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True
+
+    def _whole(self, count: int, prompt_tokens: int) -> None:
+        """SGLang's native answer to a request that does not stream: one JSON object, sent
+        once every token is made (a server that dies meanwhile sends nothing)."""
+        time.sleep(0.02)  # prefill
+        for n in range(1, count + 1):
+            if self.case == "die-mid-stream" and n > count // 2:
+                mark(self.event_file)
+                os._exit(1)
+            time.sleep(SCALE.get("token", 0.005))
+        text = "".join(f"w{n % 200} " for n in range(1, count + 1))
+        self._send(200, json.dumps({
+            "text": text, "meta_info": {"id": "standin", "finish_reason": {"type": "length",
+                                                                           "length": count},
+                                        "prompt_tokens": prompt_tokens,
+                                        "completion_tokens": count, "cached_tokens": 0}}).encode())
 
     def log_message(self, *args) -> None:  # sglang logs requests; not needed here
         pass

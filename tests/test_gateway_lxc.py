@@ -146,15 +146,16 @@ class Site:
         except ValueError:
             return done, None
 
-    def load(self, until: str, concurrency: int = 4) -> subprocess.Popen:
-        """A client sending streamed requests through the gateway until the file UNTIL exists
-        in its container."""
+    def load(self, until: str, concurrency: int = 4, whole_every: int = 3) -> subprocess.Popen:
+        """A client sending requests through the gateway until the file UNTIL exists in its
+        container: streamed, and every WHOLE_EVERY-th one asked whole (not streamed)."""
         self.gateway.attach(f"rm -f {until}")
         return subprocess.Popen(
             ["lxc-attach", "-P", str(self.gateway.lxc_path), "-n", self.gateway.name,
              "--clear-env", "-v", f"API_KEY={KEY}", "--", "python3", CLIENT, "requests", "--url",
              f"http://127.0.0.1:{GATEWAY_PORT}", "--until", until, "--concurrency",
-             str(concurrency), "--tokens", "24"], stdout=subprocess.PIPE, text=True)
+             str(concurrency), "--tokens", "24", "--whole-every", str(whole_every)],
+            stdout=subprocess.PIPE, text=True)
 
     def client(self, *args: str, key: str | None = KEY) -> dict:
         done = self.gateway.attach((f"API_KEY={key} " if key else "") + f"python3 {CLIENT} "
@@ -299,7 +300,7 @@ def test_a_killed_worker_is_marked_while_requests_are_served_and_the_deploy_name
     assert marked is not None, "the gateway still routes to the killed worker after 20 s"
     TIMES["death to unhealthy (s)"] = marked - killed
     requests = json.loads(output)["requests"]
-    after = [status for start, _, status in requests if start > marked + 0.5]
+    after = [status for start, _, status, _ in requests if start > marked + 0.5]
     assert after and set(after) == {"200"}, json.loads(output)["codes"]
     done, results = site.deploy(PORTS)
     assert done.returncode != 0
@@ -473,9 +474,10 @@ def test_a_change_rolls_over_the_replicas_and_no_request_fails(site, first):
     TIMES["roll of 3 replicas"] = ended - began
     assert done.returncode == 0 and results and not failed(results), done.stderr[-6000:]
     requests = json.loads(output)["requests"]
-    during = [status for start, _, status in requests if began <= start <= ended]
-    assert during and set(during) == {"200"}, json.loads(output)["codes"]
-    assert json.loads(output)["codes"] == {"200": len(requests)}, json.loads(output)["codes"]
+    during = [(status, kind) for start, _, status, kind in requests if began <= start <= ended]
+    assert {status for status, _ in during} == {"200"}, json.loads(output)["by_kind"]
+    assert {kind for _, kind in during} == {"stream", "whole"}, during
+    assert json.loads(output)["codes"] == {"200": len(requests)}, json.loads(output)["by_kind"]
     # Each restarted, in its turn, in the inventory's order, and given back.
     assert all(unit_pid(site, p) != before[p] for p in ROLL_PORTS), before
     assert order in done.stderr, done.stderr[-6000:]

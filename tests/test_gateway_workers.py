@@ -459,7 +459,7 @@ def standins(tmp_path_factory):
     folder = tmp_path_factory.mktemp("standins")
     cases = {"normal": "normal", "fail-generation": "fail-generation",
              "headers-then-silence": "headers-then-silence", "die-mid-stream": "die-mid-stream",
-             "die-mid-stream-client": "die-mid-stream"}
+             "die-mid-stream-client": "die-mid-stream", "die-mid-whole-client": "die-mid-stream"}
     found, processes = {}, []
     for name, case in cases.items():
         port = free_port()
@@ -532,3 +532,18 @@ def test_a_stream_cut_short_is_a_failed_request_for_the_tests_client(standins):
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "API_KEY": "sk-worker-Z"})
     assert json.loads(done.stdout)["codes"] == {"200": 2}
+
+
+def test_the_client_counts_an_answer_asked_whole_that_never_came_as_failed(standins):
+    """Every other request asks its answer whole (not streamed): counted per kind; one whose
+    worker died before its answer was whole failed."""
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "gateway_client.py"), "requests",
+                           "--url", standins["normal"], "--count", "4", "--tokens", "8",
+                           "--whole-every", "2"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "API_KEY": "sk-worker-Z"})
+    assert json.loads(done.stdout)["by_kind"] == {"stream": {"200": 2}, "whole": {"200": 2}}
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "gateway_client.py"), "requests",
+                           "--url", standins["die-mid-whole-client"], "--count", "1",
+                           "--tokens", "8", "--whole-every", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert json.loads(done.stdout)["by_kind"] == {"whole": {"error": 1}}
