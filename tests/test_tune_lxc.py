@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -235,3 +236,115 @@ def test_a_two_node_group_is_tuned_as_one_and_left_serving_the_best_as_the_deplo
             "run" in alone.stdout + alone.stderr), (alone.stdout + alone.stderr)[-3000:]
     assert [starts(node, unit) for node in boxes] == before
     assert read_tuned(tuned) == BEST and kept.tries == record.read_search(record.record_path(tuned)).tries
+
+
+#: Behind a gateway: one coordinate, the memory fraction that never runs out: no cap is best.
+REPLICA_SPACE = {"max_running_requests": [1, None]}
+
+
+def gateway_inventory(folder: Path, gateway, boxes, s, overrides: dict,
+                      tuned_files: list[Path]) -> Path:
+    """The gateway (real smg, its worker list the replicas BOXES) and, when TUNED_FILES, the
+    replicas with their settings and tuned files."""
+    from test_gateway_lxc import SETTINGS as GATEWAY_SETTINGS
+
+    workers = [{"name": box.inventory_name, "has_key": True,
+                "url": f"http://{box.address.ip}:{s.server_port}"} for box in boxes]
+    gw = {**gateway.host_data(), "settings": GATEWAY_SETTINGS, "gateway_worker_list": workers,
+          "check_timeout_s": 30,
+          "worker_keys": [s.api_key.get_secret_value()] * len(boxes)}
+    replicas = [(box.inventory_name, {**box.host_data(), "settings": overrides,
+                                      "tuned_file": str(tuned)})
+                for box, tuned in zip(boxes, tuned_files)]
+    path = folder / ("tune_inventory.py" if tuned_files else "gateway_inventory.py")
+    path.write_text(f"gateways = [({gateway.inventory_name!r}, {gw!r})]\n"
+                    + (f"replicas = {replicas!r}\n" if replicas else ""))
+    return path
+
+
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+
+
+def test_replicas_behind_a_gateway_are_tuned_once_out_of_its_rotation_and_the_best_rolls_to_the_other(
+        lxc_env, lxc_container_factory, package_index, tmp_path, sglang_wheel):
+    """Two replicas of one model behind the real smg (issue 51): ``make tune`` searches on the
+    first alone: it is taken out of the gateway's rotation (drained) before its first restart,
+    its tries restart and are measured while the other serves every request, then it is given
+    back, and the best rolls to the other by the roll's steps (out, drained, its unit written
+    and restarted once, its start followed, a generation asked as the gateway asks it, given
+    back), its tuned file the first's. A client sending through the gateway the whole time,
+    streamed and asked whole, sees no failed request."""
+    from test_gateway_lxc import CLIENT, GATEWAY_PORT, SCRIPT
+    from test_gateway_lxc import KEY as GATEWAY_KEY
+    from wheels import locked_wheels
+
+    from pve_sglang.config.gateway import smg_lock_path
+
+    venv = cached_venv(lxc_env, RELEASE, BENCH_STACKS[RELEASE], bench_venv_folder(RELEASE),
+                       sglang_wheel)
+    smg_wheels = locked_wheels(smg_lock_path("1.13.0", "3.11"))
+    boxes = lxc_container_factory(2, network="bridge", extra_config=[
+        f"lxc.mount.entry = {venv} {settings().venv_path.strip('/')} none bind,create=dir 0 0"])
+    [gateway] = lxc_container_factory(1, network="bridge", extra_config=[
+        f"lxc.mount.entry = {smg_wheels} opt/wheels none bind,ro,create=dir 0 0"])
+    overrides = {**tune_settings(tmp_path), "server_host": "0.0.0.0",
+                 "mem_fraction_static": 0.85, "tune_space": REPLICA_SPACE}
+    s = settings(**overrides)
+    unit = [serving_node(box, s) for box in boxes][0]
+    done = subprocess.run([PYINFRA, str(gateway_inventory(tmp_path, gateway, boxes, s, overrides,
+                                                          [])), "tests/deploys/gateway.py", "-y"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    put(gateway, CLIENT, (REPO / "tests" / "gateway_client.py").read_text())
+    tuned_files = [tmp_path / "tuned" / f"replica-{n}.yml" for n in range(2)]
+    before = [starts(box, unit) for box in boxes]
+
+    def listed() -> dict:
+        status = gateway.attach(SCRIPT.replace(" --gateway", " status --gateway", 1),
+                                check=False).stdout
+        return {w["url"]: w["is_healthy"] for w in json.loads(status or "{}").get("workers") or []}
+
+    urls = [f"http://{box.address.ip}:{s.server_port}" for box in boxes]
+    until = "/run/tune-done"
+    load = subprocess.Popen(
+        ["lxc-attach", "-P", str(gateway.lxc_path), "-n", gateway.name, "--clear-env", "-v",
+         "API_KEY=" + GATEWAY_KEY, "--", "python3", CLIENT, "requests", "--url",
+         f"http://127.0.0.1:{GATEWAY_PORT}", "--until", until, "--concurrency", "2",
+         "--tokens", "8", "--whole-every", "3"], stdout=subprocess.PIPE, text=True)
+    run = subprocess.Popen([PYINFRA, str(gateway_inventory(tmp_path, gateway, boxes, s, overrides,
+                                                  tuned_files)),
+                            "tests/deploys/tune.py", "-y"], cwd=REPO,
+                           stdout=(tmp_path / "tune.log").open("w"), stderr=subprocess.STDOUT)
+    # While its tries are measured, the first is out of the rotation; the other serves.
+    alone = []
+    while run.poll() is None:
+        if record.read_search(record.record_path(tuned_files[0])).tries and not alone:
+            alone.append(listed())
+        time.sleep(0.2)
+    log = (tmp_path / "tune.log").read_text()
+    gateway.attach(f"touch {until}")
+    client = json.loads(load.communicate(timeout=120)[0])
+    assert run.returncode == 0, log[-8000:]
+    assert alone == [{urls[1]: True}], (alone, log[-4000:])
+    assert client["codes"] == {"200": len(client["requests"])}, client["by_kind"]
+    assert set(client["by_kind"]) == {"stream", "whole"}, client["by_kind"]
+    # Tuned once, on the first; the best (no cap) kept for both and served by both.
+    kept = record.read_search(record.record_path(tuned_files[0]))
+    assert kept.finished and kept.ended["best"] == {"max_running_requests": None}, log[-6000:]
+    assert not record.record_path(tuned_files[1]).exists()
+    assert read_tuned(tuned_files[0]) == read_tuned(tuned_files[1]) == kept.ended["best"]
+    assert (f"{boxes[1].inventory_name}: make tune: tuned with its replicas behind "
+            f"{gateway.inventory_name}, by {boxes[0].inventory_name}") in log
+    assert f"make tune: the best rolled to {boxes[1].inventory_name}: drained in" in log, log[-6000:]
+    best = tried(s, kept.ended["best"])
+    for box in boxes:
+        rendered = render_unit(best, server_files(box.inventory_name, best, [], None).argv)
+        assert box.attach(["cat", unit_path(s)]).stdout == rendered
+        serving = box.attach(f"tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value "
+                             f"{unit})/cmdline").stdout
+        assert "--max-running-requests" not in serving
+    # The other restarted once, for the best; both given back.
+    assert starts(boxes[1], unit) == before[1] + 1
+    assert starts(boxes[0], unit) > before[0]
+    assert listed() == {url: True for url in urls}
+    assert hits(log) == 0
