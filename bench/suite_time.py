@@ -59,6 +59,8 @@ def run_tier(checkout: Path, tier: str, files: list[str], keyword: str | None, w
         command += ["-k", keyword]
     if workers and has_workers(checkout):
         command += ["-n", str(workers), "--dist", "loadscope"]
+        if "--no-loadscope-reorder" in (checkout / "Makefile").read_text():
+            command.append("--no-loadscope-reorder")  # as its Makefile runs it
     environment = {**os.environ, "PYTHONPATH": str(checkout)}
     started = time.monotonic()
     done = subprocess.run(command, cwd=checkout, env=environment, capture_output=True, text=True)

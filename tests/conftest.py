@@ -173,22 +173,54 @@ def module_of(nodeid: str) -> str:
 
 
 def longest_modules_first(items: list) -> list:
-    """ITEMS with the longest modules first (by the last run's times), each module's tests
-    together and in their order: pytest-xdist's workers take whole modules in this order, so
-    the long ones start early and the many short ones fill the end, instead of one worker
-    finishing a long module alone at the end."""
+    """ITEMS with the longest modules first (by the last run's times; a module moved to
+    another folder keeps its time by its file's name), each module's tests together and in
+    their order: pytest-xdist's workers take whole modules in this order
+    (``--no-loadscope-reorder``), so the long ones start early and the many short ones fill
+    the end, instead of one worker finishing a long module alone at the end. Turns first
+    (``by_turns``): a test that runs alone holds every other root test back while it waits
+    and runs."""
     try:
         recorded = json.loads(MODULE_SECONDS.read_text())
     except (OSError, ValueError):
         recorded = {}
+    by_name = {Path(module).name: s for module, s in recorded.items()}
     seconds: dict[str, float] = {}
+    rank: dict[str, int] = {}
     for item in items:
         guess = max((s for marker, s in SECONDS_OF_TIER if item.get_closest_marker(marker)),
                     default=1.0)
         module = module_of(item.nodeid)
-        seconds[module] = recorded.get(module, max(seconds.get(module, 0.0), guess))
-    order = {module: index for index, module in enumerate(seconds)}
-    return sorted(items, key=lambda item: (-seconds[module_of(item.nodeid)], order[module_of(item.nodeid)]))
+        seconds[module] = recorded.get(module, by_name.get(
+            Path(module).name, max(seconds.get(module, 0.0), guess)))
+        rank[module] = min(rank.get(module, 2), turn_rank(item))
+    modules = by_turns(sorted(seconds, key=lambda m: -seconds[m]), rank)
+    order = {module: index for index, module in enumerate(modules)}
+    return sorted(items, key=lambda item: order[module_of(item.nodeid)])
+
+
+def turn_rank(item) -> int:
+    """0: ITEM runs alone (machine); 1: it holds a shared machine turn (root); 2: it needs
+    none. A module's rank is its lowest."""
+    if item.get_closest_marker("machine"):
+        return 0
+    return 1 if item.get_closest_marker("root") else 2
+
+
+def by_turns(modules: list[str], rank: dict[str, int], workers: int = 4) -> list[str]:
+    """MODULES (longest first) in the order the workers should take them: each worker starts
+    with one module, then one more (pytest-xdist's first rounds). The modules that run alone
+    go first, then as many of the longest that need no turn as leave one worker each for
+    them, so that the others run while no root test holds a turn; then those that hold one,
+    then the rest."""
+    alone = [m for m in modules if rank[m] == 0]
+    free = [m for m in modules if rank[m] == 2]
+    shared = [m for m in modules if rank[m] == 1]
+    first_free = free[:max(0, workers - 1)]
+    # The first round: the longest alone-module, and a free one for each other worker; the
+    # second: the other alone-modules (on the first worker's heels), then the rest.
+    return (alone[:1] + first_free + alone[1:] + shared
+            + [m for m in free if m not in first_free])
 
 
 #: The seconds a root test waited for its machine turn (``machine_turn``), by test id.
