@@ -4,7 +4,7 @@ side by side in one sitting (issue 31).
     .venv/bin/python bench/suite_time.py                                  # every tier, this checkout
     .venv/bin/python bench/suite_time.py --against 7b3d044 --tiers fast  # old, then new, per tier
     .venv/bin/python bench/suite_time.py --against 7b3d044 --tiers root \\
-        --files tests/test_hostile_strings.py -k "recorded and ifs"       # one module's part
+        --files tests/root/test_hostile_strings.py -k "recorded and ifs"       # one module's part
 
 Each tier is the marker expression ``make test-fast`` and the fixtures' markers define
 (tests/conftest.py): ``fast`` (no root, no container, no download), ``root`` (root, no

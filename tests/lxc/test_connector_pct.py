@@ -36,10 +36,10 @@ from pyinfra.operations import files, server
 from pve_sglang.connectors.container import ContainerNotRunningError
 from pve_sglang.connectors.pct import PctConnector
 
-STANDIN_BIN = Path(__file__).parent / "bin"
+STANDIN_BIN = Path(__file__).parents[1] / "bin"
 #: A dpkg-query that says pve-container 6.1.10 (Proxmox VE 9.2's, tests/fixtures/pve/9.2) is
 #: installed and asks the real one about anything else: the connector reads the version to
-#: choose its ``pct exec`` form (the other releases: tests/test_connector_pct_releases.py).
+#: choose its ``pct exec`` form (the other releases: tests/unit/test_connector_pct_releases.py).
 DPKG_QUERY_9_2 = (
     "#!/bin/sh\ncase \"$*\" in *pve-container*) echo 'installed 6.1.10' ;; "
     "*) exec /usr/bin/dpkg-query \"$@\" ;; esac\n"

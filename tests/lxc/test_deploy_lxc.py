@@ -28,7 +28,7 @@ from cli_runs import changed, failed
 from devtools import lxc_env
 from pve_sglang.project import load_defaults
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 NAME = "pvs-deploy"
 UNIT = "/etc/systemd/system/sglang.service"

@@ -35,7 +35,7 @@ from test_host_phase_recorded import (
     plan,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 UNIT = "/etc/systemd/system/sglang.service"
 ENV = "/etc/sglang/sglang.env"

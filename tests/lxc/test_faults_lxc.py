@@ -1,5 +1,5 @@
 """Faults, in real LXC containers with systemd, through the real pyinfra CLI (as
-tests/test_deploy_lxc.py), and one on a GPU host's recorded outputs.
+tests/lxc/test_deploy_lxc.py), and one on a GPU host's recorded outputs.
 
 + The deploy killed with SIGKILL in the middle of the stack install (``uv pip install``), in
   the middle of the unit's push, after the unit was written but before systemd loaded it, and

@@ -35,7 +35,7 @@ from cache_dir import TEST_CACHE
 
 from devtools import lxc_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CACHE = TEST_CACHE / "fresh-machine"
 #: Host folder -> the container's: kept between runs, so that a run downloads only what changed.
 CACHES = {"pip": "root/.cache/pip", "apt-archives": "var/cache/apt/archives"}

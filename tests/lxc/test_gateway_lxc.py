@@ -33,7 +33,7 @@ from wheels import locked_wheels
 from pve_sglang.config.gateway import smg_lock_path
 from pve_sglang.gateway import render
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 LOGS = REPO / "tests" / "fixtures" / "sglang_logs"
 STANDIN = "/opt/standin"

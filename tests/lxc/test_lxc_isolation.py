@@ -4,7 +4,7 @@ LXC's command socket of a container is an abstract UNIX socket named after its L
 name (``@/var/lib/lxc/pve-sglang-demo/command``); abstract sockets belong to a network
 namespace. A test container in this machine's network namespace would reach, with any LXC tool
 inside it, this machine's container of the name it looks for: ``make deploy`` inside one (as
-tests/test_fresh_machine.py runs it) read a running ``pve-sglang-demo`` of this machine as its
+tests/lxc/test_fresh_machine.py runs it) read a running ``pve-sglang-demo`` of this machine as its
 own. Each test container has a network namespace of its own (devtools/lxc_env.py).
 
 Shown beside running namesakes of the deploy's containers (``deploy_namesakes``): their command

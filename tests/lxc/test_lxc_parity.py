@@ -28,7 +28,7 @@ import yaml
 from pve_sglang.container_config.lxc_keys import SHARED_NETWORK_DROPIN
 from devtools import lxc_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 NAME = "pvs-parity"
 ADDRESS = "10.0.3.202"  # lxc-net's bridge; above what its dnsmasq hands out first

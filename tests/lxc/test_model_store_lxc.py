@@ -32,7 +32,7 @@ from pve_sglang import remote
 from pve_sglang.remote import source
 from standin_hub import StandinHub, serving, synthetic_files
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 DEPLOY = "devtools/deploys/model_store.py"
 NAME = "standin-org/Standin-7B"

@@ -39,7 +39,7 @@ from pve_sglang.monitoring import render
 from pve_sglang.monitoring.targets import Target
 from pve_sglang.project import load_defaults
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 LOGS = REPO / "tests" / "fixtures" / "sglang_logs"
 STANDIN = "/opt/standin"

@@ -6,7 +6,7 @@ Release: the default (0.5.23, the newest on the index), in a first container (th
 filled, the shared layer built) and a second one of the same host (the layer found: sglang
 alone installed). The same proof of 0.5.17, a release the issue does not name (torch 2.11.0,
 flashinfer 0.6.15.post1, sglang-kernel 0.4.5, CUDA 13), is ``make release``'s, in
-tests/test_release_advance.py; ``PVE_SGLANG_PROVE_RELEASES="0.5.17"`` runs this file's for it
+tests/network/test_release_advance.py; ``PVE_SGLANG_PROVE_RELEASES="0.5.17"`` runs this file's for it
 too. ``make release``'s own proof end to end (0.5.17) runs last, as an upgrade in the default
 set's container and store: one whole-set deploy's container and store for both proofs. The
 deploy is ``devtools/release_proof.py``, through pyinfra's CLI, with this machine as
@@ -22,7 +22,7 @@ free space at its peak (the layer, the container; the store's wheels are links t
 
 Debian 13 (Proxmox VE 9's ``debian-13-standard``, ``lxc_release: trixie``): its Python 3.13
 has no wheels-only lock of 0.5.23's set (outlines-core 0.1.26 has no cp313 wheel:
-tests/test_stack_lock.py), so its container deploys sglang alone (``sglang-no-deps``), end to
+tests/network/test_stack_lock.py), so its container deploys sglang alone (``sglang-no-deps``), end to
 end up to the flag check, from the trixie rootfs.
 """
 
@@ -48,11 +48,11 @@ from pve_sglang.stack import lock as stack_lock
 from test_release_advance import repo  # noqa: F401 - the fixture: a copy of group_data/
 from wheels import OLDER_TARGETS, pip_download
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CACHE = TEST_CACHE
 MACHINE_CACHE = CACHE / "pyinfra-machine-cache"
 #: The default release, and those named in PVE_SGLANG_PROVE_RELEASES (``"0.5.17 0.5.22"``: about
-#: 2.5 minutes and 4 GB of wheels fetched once each; tests/test_release_advance.py proves 0.5.17
+#: 2.5 minutes and 4 GB of wheels fetched once each; tests/network/test_release_advance.py proves 0.5.17
 #: in the default suite already).
 RELEASES = (load_defaults()["sglang_version"],
             *os.environ.get("PVE_SGLANG_PROVE_RELEASES", "").split())

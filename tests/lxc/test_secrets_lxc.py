@@ -51,7 +51,7 @@ from wheels import PIP_TARGET, pip_download
 
 LAUNCHER_SOURCE = remote.source(remote.LAUNCHER)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CACHE = TEST_CACHE
 RELEASE = "0.5.9"
 # What ``python -m sglang.launch_server`` of 0.5.9 imports before it needs sgl_kernel, found by

@@ -24,7 +24,7 @@ from pve_sglang.server.unit_text import env_file_path, render_env, render_unit, 
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 LOGS = REPO / "tests" / "fixtures" / "sglang_logs"
 STANDIN = "/opt/standin"

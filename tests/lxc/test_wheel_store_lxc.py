@@ -151,7 +151,7 @@ def test_the_shared_layer_is_built_once_owned_by_the_host_and_read_only(layered)
     assert list(folder.rglob("*.pyc")), "bytecode compiled once, in the layer"
     assert not list(site.store.glob(".incoming-layer-*"))
     # These containers' roots are overlays (lxc_env): the host cannot rename the staging out
-    # of one, so it was copied (tests/test_release_stack_lxc.py sees the rename).
+    # of one, so it was copied (tests/lxc/test_release_stack_lxc.py sees the rename).
     assert f"the shared layer of lock {site.lock.id} copied into" in site.last.stderr + site.last.stdout
     # The venv holds only its own part and imports the rest from the layer.
     own = own_site_packages(first)

@@ -31,7 +31,7 @@ from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
 from test_server_metrics import SAMPLER_REFUSALS, START, STOP, WINDOWS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FAKE_NVIDIA_SMI = """#!/bin/sh
 # Stand-in for nvidia-smi --query-gpu=...: 2 GPUs every 50 ms, load power while $PHASE says so.
 case "$*" in *"--query-gpu=index,power.draw,power.limit,utilization.gpu,memory.used,memory.total"*) ;;

@@ -47,7 +47,7 @@ from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
 from bench_summary import summary_record
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "bench" / "bench_serving_0.5.9.txt"
 BENCH_SOURCE = {"0.5.9": "sglang/bench_serving.py", "0.5.23": "sglang/benchmark/serving.py"}
 

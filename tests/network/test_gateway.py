@@ -313,7 +313,7 @@ def test_the_host_phase_creates_the_gateways_container_without_gpus_recorded_h20
     from tasks.host import host_phase
     from test_host_phase_recorded import container_answers, gpu_host_responses
 
-    missing = (Path(__file__).parent / "fixtures/public/pve_pct_missing_ct_pve-nas-issue6.txt").read_text()
+    missing = (Path(__file__).parents[1] / "fixtures/public/pve_pct_missing_ct_pve-nas-issue6.txt").read_text()
     responses = {**gpu_host_responses(), **container_answers(None, None),
                  PctConfig().command(120): missing, PctStatus().command(120): missing,
                  PctPending().command(120): missing}

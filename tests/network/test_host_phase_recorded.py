@@ -29,7 +29,7 @@ from pve_sglang.preflight import PreflightError
 from pve_sglang.project import load_defaults
 from tasks.host import host_phase
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 H200 = FIXTURES / "h200" / "raw_idle"
 PUBLIC = FIXTURES / "public"
 # The H200 machine's nodes in passthrough order: the GPU, then ctl, uvm, uvm-tools, caps.
@@ -390,7 +390,7 @@ def test_initramfs_older_than_the_uvm_option_is_updated_again():
     from pve_sglang.facts.system import InitramfsOlderThan
     from tasks.host import UVM_CONF
 
-    body = (Path(__file__).resolve().parents[1] / "templates" / "nvidia-uvm.conf.j2").read_text()
+    body = (Path(__file__).resolve().parents[2] / "templates" / "nvidia-uvm.conf.j2").read_text()
     converged = {
         **gpu_host_responses(), **container_answers(None, None),
         Directory().command("/etc/modprobe.d").get_raw_value():

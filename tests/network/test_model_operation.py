@@ -19,7 +19,7 @@ from pve_sglang.remote import stage
 from pve_sglang.model_store.model_fetch import MARKER
 from standin_hub import StandinHub, serving, synthetic_files
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 DEPLOY = "devtools/deploys/model_store.py"
 NAME = "standin-org/Standin-7B"

@@ -1,11 +1,11 @@
 """``make release VERSION=X`` (devtools/release.py ``advance``): the default moves only on
 proof, and a release that fails a check leaves the repository as it was. Its proof end to end
-(the whole deploy into a real container) is in tests/test_release_stack_lxc.py, in the default
+(the whole deploy into a real container) is in tests/lxc/test_release_stack_lxc.py, in the default
 set's proof container and wheel store: one whole-set deploy's container for both.
 
 Each test runs on a copy of the repository's ``group_data/`` and ``docs/settings.md``: what
 ``advance`` writes, it writes there. The wheels of a set come from
-``$PVE_SGLANG_TEST_CACHE/pyinfra-machine-cache`` (shared with tests/test_release_stack_lxc.py:
+``$PVE_SGLANG_TEST_CACHE/pyinfra-machine-cache`` (shared with tests/lxc/test_release_stack_lxc.py:
 fetched once, found by every later run).
 """
 
@@ -24,7 +24,7 @@ from cache_dir import TEST_CACHE
 from devtools import release
 from pve_sglang.server import startup_log
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CACHE = TEST_CACHE
 MACHINE_CACHE = CACHE / "pyinfra-machine-cache"
 

@@ -14,7 +14,7 @@ from pve_sglang.config.settings import SettingsError, validate_container
 from pve_sglang.project import load_defaults
 from pve_sglang.stack import releases
 
-FIXTURES = Path(__file__).parent / "fixtures" / "releases"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "releases"
 
 
 def recorded(version: str) -> releases.ReleaseSet:
@@ -219,7 +219,7 @@ def test_a_pin_the_release_does_not_allow_exits_2_at_inventory_time(tmp_path):
         "ssh_hostname": "192.0.2.10", "platform": "pve",
         "containers": [{"vmid": 105, "gpus": [0], "sglang_version": "0.5.23",
                         "torch_version": "2.9.1"}]}}))
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     done = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "inventory.py",
                            "debug-inventory"], cwd=repo, capture_output=True, text=True,
                           env={**os.environ, "PVE_SGLANG_HOSTS": str(hosts)}, timeout=120)

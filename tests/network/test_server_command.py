@@ -35,7 +35,7 @@ from pve_sglang.tuning.space import default_space, start_of
 from pve_sglang.config.settings import ContainerSettings
 from server_args_venv import flag_site
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PY = "/opt/sglang/venv/bin/python"
 H100 = ["9.0"] * 8
 RTX_PRO_6000 = ["12.0"] * 8

@@ -30,7 +30,7 @@ from pve_sglang.remote import SERVER_METRICS, marked_json, server_metrics, sourc
 from pve_sglang.server import bench_hints
 from pve_sglang.server.bench import MAIN_RUN_MARKER, RESULT_HEADER, metric_columns, metrics_argv, metrics_problem
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 STANDIN = TESTS / "standin_sglang.py"
 LOGS = TESTS / "fixtures" / "sglang_logs"
 

@@ -23,7 +23,7 @@ from pve_sglang.server.startup_log import (
     strip,
 )
 
-LOGS = Path(__file__).parent / "fixtures" / "sglang_logs"
+LOGS = Path(__file__).parents[1] / "fixtures" / "sglang_logs"
 
 
 def log_lines(name: str) -> list[str]:

@@ -92,7 +92,7 @@ from pve_sglang.server.bench import EXIT_STATUS_PREFIX, bench_module
 from bench_summary import summary_record
 from test_host_phase_recorded import container_answers, gpu_host_responses
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def payloads(flag: str) -> dict[str, str]:

@@ -23,7 +23,7 @@ import pytest
 
 from pve_sglang.facts.lxc_host import LXC_NET_RUN, LxcNetState
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 PID_FILE = Path(LXC_NET_RUN) / "dnsmasq.pid"
 

@@ -26,7 +26,7 @@ from pve_sglang.model_store.rules import FetchVerdict, preflight
 from conftest import hub_client_versions
 from standin_hub import StandinHub, serving, synthetic_files
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NAME = "standin-org/Standin-7B"
 TOKEN = "hf_standin_token_Zq9"
 SHARD = 4 * 1024 * 1024

@@ -25,7 +25,7 @@ from pve_sglang.server.bench_hints import (
     run_hints,
 )
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def row(concurrency, running_mean, running_max, queue, usage, power=None):

@@ -28,7 +28,7 @@ from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import SettingsError, validate_container
 from bench_summary import summary_record
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PUBLIC = REPO / "tests" / "fixtures" / "public"
 H200 = PUBLIC / "bench_serving_kimi-k2.5_h200x8_sgl-cookbook.txt"
 MI350X = PUBLIC / "bench_serving_kimi-k2.5_mi350x4_sgl-cookbook.txt"

@@ -2,7 +2,7 @@
 command that writes its record as sglang's benchmark does (``open(args.output_file, "a")``,
 one ``json.dumps`` line with ``server_info`` and the key in it; 0.5.9 ``bench_serving.py``,
 0.5.23 ``benchmark/serving.py``). The real benchmarks of both releases run under it in a real
-container in tests/test_secrets_lxc.py.
+container in tests/lxc/test_secrets_lxc.py.
 """
 
 from __future__ import annotations

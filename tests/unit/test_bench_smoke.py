@@ -24,7 +24,7 @@ from devtools.deploy_cost.fleet import hosts_file
 from devtools.deploy_cost.plot import plot
 from devtools.deploy_cost.report import build_report, print_table, spread
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _op(name, success=(), no_change=(), error=()):

@@ -20,7 +20,7 @@ from pve_sglang.operations import container_reads as container_state, host_reads
 from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import WHOLE_RUN, Kind
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CACHE_PY = REPO / "pve_sglang" / "runtime" / "cache.py"
 #: The cache's functions that take a kind, and where: (name, position of the kind argument).
 TAKES_KIND = {"memo": 0, "forget": 0, "once": 0, "depends": 1}

@@ -27,7 +27,7 @@ from fixtures.factutil import fixture, text
 from pve_sglang.connectors.container import CONTAINER_PATH
 from pve_sglang.pve_releases import RELEASES, has_keep_env
 
-STANDIN_BIN = Path(__file__).parent / "bin"
+STANDIN_BIN = Path(__file__).parents[1] / "bin"
 RELEASE_NAMES = [r.name for r in RELEASES]
 
 

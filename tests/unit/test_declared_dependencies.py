@@ -23,7 +23,7 @@ try:
 except ImportError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SOURCES = ["pve_sglang", "tasks", "deploy.py", "inventory.py"]
 #: Folders whose modules serve the tests and benchmarks: the extras count for them too.
 TEST_SUPPORT = ["pve_sglang/testing"]

@@ -244,7 +244,7 @@ def test_pct_pending_recorded_format():
 
     from pve_sglang.facts.pve import PctPending, parse_pct_pending
 
-    fixtures = Path(__file__).parent / "fixtures"
+    fixtures = Path(__file__).parents[1] / "fixtures"
     lines = (fixtures / "pve" / "9.2" / "pct_pending_105_gpu_removal_pending.txt").read_text().splitlines()
     assert parse_pct_pending(lines) == {"dev6": ("del", "/dev/nvidia1,mode=0666")}
     assert parse_pct_pending(["cur memory: 1024", "new memory: 2048", "new dev7: /dev/nvidia2",

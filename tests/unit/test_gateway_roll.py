@@ -1,6 +1,6 @@
 """A roll of the replicas behind a gateway (issue 51), fast: its order, its words and its
 decisions on tables (``pve_sglang/gateway/roll.py``). The roll itself, with the real smg and
-real units in LXC: ``tests/test_gateway_lxc.py``; its cost and what it saves: ``bench/gateway_roll.py``."""
+real units in LXC: ``tests/lxc/test_gateway_lxc.py``; its cost and what it saves: ``bench/gateway_roll.py``."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ process) against a stand-in of smg 1.13.0's worker API (``tests/standin_smg.py``
 smg's answers, codes and background registration, copied from it), its ``check`` against
 stand-in SGLang servers (``tests/standin_sglang.py``) that fail as real ones do; and the tests'
 client (``tests/gateway_client.py``) on a stream cut short. The same script with the real smg
-in LXC: ``tests/test_gateway_lxc.py``."""
+in LXC: ``tests/lxc/test_gateway_lxc.py``."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import pytest
 from pve_sglang.remote import gateway_workers as gw
 from standin_smg import StandinSmg
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "pve_sglang" / "remote" / "gateway_workers.py"
 GATEWAY_KEY = "sk-gateway-Fq3"
 W1, W2, W3 = "http://10.9.0.1:30000", "http://10.9.0.2:30000", "http://10.9.0.3:30000"

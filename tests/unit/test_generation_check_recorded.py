@@ -5,7 +5,7 @@
 (the collapse flashinfer issue 4841 reports on SM120), its ``normal`` case sensible text. What the
 command printed is kept as is (``tests/fixtures/dev-docker/startup_watch_generate_standin_*.json``).
 A ``@fake`` container answers the check's command with it and pyinfra's API runs
-``verify.generation_works`` at execution, as the deploy does; ``tests/test_startup_watch_lxc.py``
+``verify.generation_works`` at execution, as the deploy does; ``tests/lxc/test_startup_watch_lxc.py``
 checks the same inside a real container.
 """
 
@@ -23,7 +23,7 @@ from pyinfra.api.operations import run_ops
 
 from pve_sglang.operations import verify
 
-RECORDED = Path(__file__).parent / "fixtures" / "dev-docker"
+RECORDED = Path(__file__).parents[1] / "fixtures" / "dev-docker"
 
 
 def run_generation_check(answer: str) -> State:

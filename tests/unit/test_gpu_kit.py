@@ -15,7 +15,7 @@ import pytest
 
 from pve_sglang.remote.file_hash import file_digest
 
-sys.path.insert(0, str(Path(__file__).parent / "device"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "device"))
 import gpu_kit  # noqa: E402
 import gpu_serve  # noqa: E402
 

@@ -22,7 +22,7 @@ from pve_sglang.server.bench import (REQUIRED, bench_exit_status, gpu_columns, m
 from pve_sglang.tuning import record
 from pve_sglang.tuning.drive import ending_of
 
-RUNS = sorted(p for p in (Path(__file__).parent / "fixtures" / "gpu").glob("*") if p.is_dir())
+RUNS = sorted(p for p in (Path(__file__).parents[1] / "fixtures" / "gpu").glob("*") if p.is_dir())
 pytestmark = pytest.mark.skipif(not RUNS, reason="no GPU run recorded")
 
 

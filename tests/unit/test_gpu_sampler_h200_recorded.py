@@ -19,8 +19,8 @@ import pytest
 
 from pve_sglang.remote import gpu_sampler, marked_json
 
-RECORDED = Path(__file__).parent / "fixtures" / "h200" / "gpu_sampler"
-RECORDED_NVML = Path(__file__).parent / "fixtures" / "h200" / "gpu_sampler_nvml"
+RECORDED = Path(__file__).parents[1] / "fixtures" / "h200" / "gpu_sampler"
+RECORDED_NVML = Path(__file__).parents[1] / "fixtures" / "h200" / "gpu_sampler_nvml"
 
 
 def samples(name: str) -> list[dict]:

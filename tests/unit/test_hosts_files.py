@@ -23,7 +23,7 @@ import yaml
 
 from cli_runs import PyinfraCli
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 SUMMARY_FILE = REPO / ".cache" / "test_hosts_files_summary.json"
 

@@ -13,7 +13,7 @@ import pytest
 
 from devtools import lxc_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HOLD = """
 import sys, time
 sys.path.insert(0, {repo!r})

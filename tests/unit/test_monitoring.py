@@ -22,7 +22,7 @@ from pve_sglang.monitoring.targets import Target
 from pve_sglang.project import load_defaults
 from promtool import promtool
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MS = validate_monitoring("test", {"monitoring_alert_for_s": 60}, load_defaults())
 
 

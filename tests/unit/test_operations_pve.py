@@ -16,10 +16,10 @@ from pve_sglang.facts.system import DebianArchitecture
 from pve_sglang.operations import lxc, owned, pct
 from pyinfra.facts.files import Directory, File, FileContents
 
-PUBLIC = Path(__file__).parent / "fixtures" / "public"
-PVE = Path(__file__).parent / "fixtures" / "pve"
+PUBLIC = Path(__file__).parents[1] / "fixtures" / "public"
+PVE = Path(__file__).parents[1] / "fixtures" / "pve"
 #: ``dpkg --print-architecture`` as recorded on this machine (tests/fixtures/dev-docker).
-ARCH = fact_value(DebianArchitecture, (Path(__file__).parent / "fixtures" / "dev-docker"
+ARCH = fact_value(DebianArchitecture, (Path(__file__).parents[1] / "fixtures" / "dev-docker"
                                        / "dpkg_print_architecture.txt").read_text())
 
 

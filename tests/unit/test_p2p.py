@@ -27,7 +27,7 @@ from pve_sglang.gpu.p2p import (
     parse_topo_matrix,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 H100 = "h100x8_nvidia_smi_topo_m_thunderkittens-167.txt"
 
 

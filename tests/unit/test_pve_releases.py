@@ -29,7 +29,7 @@ from pve_sglang.pve_releases import (
     upstream,
 )
 
-PVE = Path(__file__).parent / "fixtures" / "pve"
+PVE = Path(__file__).parents[1] / "fixtures" / "pve"
 
 
 @pytest.mark.parametrize("debian, expected", [

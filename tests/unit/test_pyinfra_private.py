@@ -27,7 +27,7 @@ try:
 except ImportError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: Everything of the checkout that imports pyinfra.
 SOURCES = ["pve_sglang", "tasks", "devtools", "tests", "bench", "deploy.py", "deploy_p2p.py",
            "inventory.py"]

@@ -10,7 +10,7 @@ import pytest
 
 from pve_sglang.config import settings_table
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
 SETTINGS = (REPO / settings_table.DOC).read_text()
 #: The documents a user or contributor reads, whose links must lead somewhere.

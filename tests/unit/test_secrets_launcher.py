@@ -1,7 +1,7 @@
 """The server launcher (pve_sglang/remote/sglang_launch.py) run as real processes on this machine.
 
 The module it starts here is a small stand-in written by each test (sglang itself runs under the
-launcher in tests/test_secrets_lxc.py); what is checked is the launcher's own promise: the key
+launcher in tests/lxc/test_secrets_lxc.py); what is checked is the launcher's own promise: the key
 reaches the module's ``sys.argv`` and no process's ``/proc/PID/cmdline``, every spelling of a
 secret is masked in the output of every process, and it ends as its child ended.
 """

@@ -19,7 +19,7 @@ from pve_sglang.config.settings import (
     validate_host,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "hosts.example.yml"
 
 

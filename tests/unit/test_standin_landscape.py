@@ -23,7 +23,7 @@ from pve_sglang.remote import server_metrics
 from pve_sglang.server.command import server_argv
 from test_server_metrics import LOGS, STANDIN, _free_port, standin
 
-SEED_MOE = Path(__file__).parent / "landscapes" / "seed_moe.yaml"
+SEED_MOE = Path(__file__).parents[1] / "landscapes" / "seed_moe.yaml"
 KEY = "sk-standin"
 #: The KV pool divided by this: 600,000 tokens of the landscape's start hold 4 requests of
 #: 1,280 tokens here (the test's requests: 1,024 prompt words and 256 new tokens).

@@ -1,6 +1,6 @@
 """The startup watch's pure parts on tables (``remote/startup_watch.py``: systemd's time, whether
 the unit still runs the start followed, a journal message); the watch itself follows a real
-unit in ``tests/test_startup_watch_lxc.py``."""
+unit in ``tests/lxc/test_startup_watch_lxc.py``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from pve_sglang.remote.startup_watch import message, micros, running
 
 #: ``systemctl --timestamp=us+utc show``'s ExecMainStartTimestamp of a recorded unit, and the
-#: microseconds the UnitState fact reads from it (tests/test_operations_stack.py).
+#: microseconds the UnitState fact reads from it (tests/unit/test_operations_stack.py).
 STAMP, STARTED = "Wed 2026-12-02 21:09:32.618391 UTC", 1796245772_618391
 
 

@@ -15,7 +15,7 @@ from pyinfra.api.command import StringCommand
 
 from pve_sglang.facts.lxc_host import LxcCgroupValues
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(path for folder in ("pve_sglang", "tasks", "devtools", "bench")
                  for path in (ROOT / folder).rglob("*.py")) + sorted(ROOT.glob("*.py"))
 #: What StringCommand takes by keyword besides its bits.

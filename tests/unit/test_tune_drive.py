@@ -237,7 +237,7 @@ def test_how_a_start_ended_from_the_watch_and_the_generation_check(lines, stalle
 
 # --- the drive's rules on a simulated server and clock ------------------------------------
 
-SEED_MOE = Path(__file__).parent / "landscapes" / "seed_moe.yaml"
+SEED_MOE = Path(__file__).parents[1] / "landscapes" / "seed_moe.yaml"
 
 
 def seed_moe() -> Landscape:

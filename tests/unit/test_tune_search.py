@@ -55,7 +55,7 @@ from pve_sglang.tuning.strategy import (
     verdict,
 )
 
-LANDSCAPES = sorted((Path(__file__).parent / "landscapes").glob("*.yaml"))
+LANDSCAPES = sorted((Path(__file__).parents[1] / "landscapes").glob("*.yaml"))
 #: The seed's class: its costs, the five kinds of landscape the issue names.
 SEED_CLASS = ["seed_moe", "cliff_peak", "two_peaks", "plateau", "defaults_best"]
 SEEDS = range(10)
@@ -489,7 +489,7 @@ def test_the_landscapes():
     assert [p.stem for p in LANDSCAPES] == sorted(
         [*SEED_CLASS, "dense_kv_bound", "graph_cap_coupled", "seed_concurrency"])
     for name in SEED_CLASS:
-        landscape = Landscape.read(Path(__file__).parent / "landscapes" / f"{name}.yaml")
+        landscape = Landscape.read(Path(__file__).parents[1] / "landscapes" / f"{name}.yaml")
         assert landscape.costs == tune_sim.SEED_COSTS, name
 
 
@@ -510,7 +510,7 @@ def searches(tmp_path_factory):
                                      else tmp_path_factory.mktemp("records")) as folder:
         out = {}
         for name in SEED_CLASS:
-            landscape = Landscape.read(Path(__file__).parent / "landscapes" / f"{name}.yaml",
+            landscape = Landscape.read(Path(__file__).parents[1] / "landscapes" / f"{name}.yaml",
                                        noise_pct=NOISE_PCT)
             (Path(folder) / name).mkdir()
             out[name] = (landscape, [tune_sim.search(landscape, Path(folder) / name, seed)
@@ -600,7 +600,7 @@ def test_a_record_goes_on_after_an_end_that_did_not_finish_the_search(
 
 
 def test_a_kill_mid_line_keeps_the_tries_before_it(tmp_path):
-    landscape = Landscape.read(Path(__file__).parent / "landscapes" / "seed_moe.yaml")
+    landscape = Landscape.read(Path(__file__).parents[1] / "landscapes" / "seed_moe.yaml")
     run, _ = tune_sim.search(landscape, tmp_path, seed=1, budget_s=2 * 3600)
     path = record.record_path(tmp_path / "sim-1.yml")
     assert path.name == "sim-1.tries.jsonl"
@@ -614,7 +614,7 @@ def test_a_kill_mid_line_keeps_the_tries_before_it(tmp_path):
 def test_the_table_and_the_plot_of_every_try(tmp_path):
     from pve_sglang.tuning.report import plot, summary_table
 
-    landscape = Landscape.read(Path(__file__).parent / "landscapes" / "graph_cap_coupled.yaml")
+    landscape = Landscape.read(Path(__file__).parents[1] / "landscapes" / "graph_cap_coupled.yaml")
     run, _ = tune_sim.search(landscape, tmp_path, seed=2)
     read = record.read_search(record.record_path(tmp_path / "sim-2.yml"))
     table = summary_table(read).splitlines()
