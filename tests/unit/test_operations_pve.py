@@ -2,6 +2,8 @@
 
 There is no Proxmox host here: the ``pct``/``pveam`` outputs are recorded real outputs from
 public sources (tests/fixtures/public, see its README), parsed by the real fact classes.
+The plain cases (arguments and facts, the exact commands) are data, one file a case:
+operations/MODULE.OPERATION/ beside this file, run by test_operation_cases.py.
 """
 
 import subprocess
@@ -11,7 +13,7 @@ import pytest
 
 from harness import fact_value, op_commands
 from pve_sglang.container_config.owned_lines import owned_by_gpu_passthrough
-from pve_sglang.facts.pve import LxcContainerStatus, PctConfig, PctStatus, PveamTemplates
+from pve_sglang.facts.pve import LxcContainerStatus, PctStatus, PveamTemplates
 from pve_sglang.facts.system import DebianArchitecture
 from pve_sglang.operations import lxc, owned, pct
 from pyinfra.facts.files import Directory, File, FileContents
@@ -27,18 +29,7 @@ def recorded(name: str) -> str:
     return (PUBLIC / name).read_text()
 
 
-CONFIG_104 = fact_value(PctConfig, recorded("pve_pct_config_104_pct-notes.txt"))
-CONFIG_115 = fact_value(PctConfig, recorded("pve8_pct_config_115_dev_passthrough_jellyfin-notes.txt"))
 TEMPLATES = fact_value(PveamTemplates, recorded("pve_pveam_list_local_notes-ru.txt"))
-MISSING = fact_value(PctStatus, recorded("pve_pct_missing_ct_pve-nas-issue6.txt"))
-RUNNING = fact_value(PctStatus, recorded("pve_pct_status_running_ops-notes.txt"))
-LIVE_104 = {"hostname": "webserver-ct-1", "cores": "1", "memory": "512", "swap": "512",
-            "net0": "name=eth0,bridge=vmbr0,ip=dhcp", "onboot": "1"}
-
-
-def test_recorded_pveam_list_template_prefix_present_means_no_download():
-    assert op_commands(pct.template, storage="local", template="debian-12-standard",
-                       facts={(PveamTemplates, ("local",)): TEMPLATES, DebianArchitecture: ARCH}) == []
 
 
 def test_recorded_pveam_list_missing_template_is_downloaded_newest_of_prefix():
@@ -139,99 +130,10 @@ def test_template_on_storage_of_another_architecture_is_not_taken():
     assert pct.find_template(local, "local", "debian-12-standard_12.7-1_arm64.tar.zst", "amd64") == local[0]
 
 
-def test_exact_template_name_downloads_that_file():
-    assert op_commands(pct.template, storage="local", template="debian-12-standard_12.9-1_amd64.tar.zst",
-                       facts={(PveamTemplates, ("local",)): TEMPLATES, DebianArchitecture: ARCH}) == [
-        "pveam update && pveam download local debian-12-standard_12.9-1_amd64.tar.zst"
-    ]
-
-
-def test_recorded_missing_container_is_created_with_explicit_unprivileged():
-    assert MISSING is None
-    commands = op_commands(
-        pct.create, vmid=105, storage="local", template="debian-12-standard",
-        options={"hostname": "glm5", "cores": "64", "memory": "524288", "swap": "0",
-                 "net0": "name=eth0,bridge=vmbr0,ip=dhcp", "onboot": "1",
-                 "rootfs": "local-lvm:300", "features": "nesting=1",
-                 "mp0": "/tank/models,mp=/models,ro=1"},
-        unprivileged=True,
-        facts={(PctStatus, (105,)): MISSING, (PveamTemplates, ("local",)): TEMPLATES,
-               DebianArchitecture: ARCH},
-    )
-    assert commands == [
-        "pct create 105 local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst --hostname glm5 "
-        "--cores 64 --memory 524288 --swap 0 --net0 name=eth0,bridge=vmbr0,ip=dhcp --onboot 1 "
-        "--rootfs local-lvm:300 --features nesting=1 --mp0 /tank/models,mp=/models,ro=1 "
-        "--unprivileged 1 --start 0"
-    ]
-
-
-def test_existing_container_is_not_recreated():
-    assert op_commands(pct.create, vmid=104, storage="local", template="debian-12-standard",
-                       options={}, unprivileged=True,
-                       facts={(PctStatus, (104,)): RUNNING}) == []
-
-
-def test_recorded_config_converged_gives_no_command():
-    # Proxmox adds hwaddr, type and firewall to net0: the settings' options are a subset.
-    assert op_commands(pct.config, vmid=104, options=LIVE_104,
-                       facts={(PctConfig, (104,)): CONFIG_104}) == []
-
-
-def test_recorded_config_changed_keys_are_set_and_only_those():
-    options = {**LIVE_104, "cores": "8", "memory": "16384"}
-    assert op_commands(pct.config, vmid=104, options=options,
-                       facts={(PctConfig, (104,)): CONFIG_104}) == [
-        "pct set 104 --cores 8 --memory 16384"
-    ]
-
-
-def test_recorded_config_gpu_devices_take_free_keys_and_leave_user_devices():
-    devices = ["/dev/nvidia0,mode=0666", "/dev/nvidiactl,mode=0666", "/dev/nvidia-uvm,mode=0666"]
-    commands = op_commands(pct.config, vmid=115, options={}, devices=devices,
-                           facts={(PctConfig, (115,)): CONFIG_115})
-    assert commands == [
-        "pct set 115 --dev4 /dev/nvidia0,mode=0666 --dev5 /dev/nvidiactl,mode=0666 "
-        "--dev6 /dev/nvidia-uvm,mode=0666"
-    ]
-    converged = {**CONFIG_115, "dev4": devices[0], "dev5": devices[1], "dev6": devices[2]}
-    assert op_commands(pct.config, vmid=115, options={}, devices=devices,
-                       facts={(PctConfig, (115,)): converged}) == []
-
-
-def test_gpu_no_longer_selected_is_deleted_user_devices_kept():
-    current = {**CONFIG_115, "dev4": "/dev/nvidia0,mode=0666", "dev5": "/dev/nvidia1,mode=0666",
-               "dev6": "/dev/nvidiactl,mode=0666"}
-    assert op_commands(pct.config, vmid=115, options={},
-                       devices=["/dev/nvidia0,mode=0666", "/dev/nvidiactl,mode=0666"],
-                       facts={(PctConfig, (115,)): current}) == ["pct set 115 --delete dev5"]
-
-
-def test_recorded_config_mount_keeps_key_of_same_path():
-    mounts = ["/mnt/data/ccna,mp=/media/ccna,ro=1", "/tank/models,mp=/models"]
-    assert op_commands(pct.config, vmid=115, options={}, mounts=mounts,
-                       facts={(PctConfig, (115,)): CONFIG_115}) == [
-        "pct set 115 --mp2 /mnt/data/ccna,mp=/media/ccna,ro=1 --mp6 /tank/models,mp=/models"
-    ]
-
-
-@pytest.mark.parametrize("size, expected", [
-    (16, []), (32, ["pct resize 115 rootfs 32G"]), (8, []),
-])
-def test_recorded_rootfs_grows_never_shrinks(size, expected):
-    assert op_commands(pct.rootfs_size, vmid=115, size_gib=size,
-                       facts={(PctConfig, (115,)): CONFIG_115}) == expected
-
-
-@pytest.mark.parametrize("status, restart, expected", [
-    (None, False, ["pct start 105"]),            # just created
-    ("stopped", True, ["pct start 105"]),        # a start picks the new config up: no reboot
-    ("running", True, ["pct reboot 105"]),       # config changed: exactly one restart
-    ("running", False, []),                      # converged: nothing
-])
-def test_power_starts_or_restarts_once(status, restart, expected):
-    assert op_commands(pct.power, vmid=105, restart=lambda: restart,
-                       facts={(PctStatus, (105,)): status}) == expected
+def test_recorded_pct_status_of_a_missing_container_is_none():
+    """The fact the create cases read (operations/pct.create/): pct status of a container that
+    does not exist, recorded, is no status."""
+    assert fact_value(PctStatus, recorded("pve_pct_missing_ct_pve-nas-issue6.txt")) is None
 
 
 def test_recorded_raw_lines_added_to_pve_conf_and_converged_after():
@@ -274,22 +176,6 @@ def test_lxc_container_built_in_staging_and_moved_into_place_config_last():
     assert not any(c.startswith("mv ") and "rootfs " in c for c in unprivileged)
     assert op_commands(lxc.create, container="c1", lxc_path="/var/lib/lxc", release="bookworm",
                        facts={(LxcContainerStatus, ("c1", "/var/lib/lxc")): "RUNNING"}) == []
-
-
-#: After RUNNING, the wait for systemd's boot (its cleaning of /tmp raced the first commands).
-BOOTED = (" && { timeout 120 lxc-attach -P /l -n c1 -- systemctl is-system-running --wait "
-          ">/dev/null 2>&1 || true; }")
-
-
-@pytest.mark.parametrize("status, restart, expected", [
-    ("STOPPED", False, ["lxc-start -P /l -n c1 && lxc-wait -P /l -n c1 -s RUNNING -t 60" + BOOTED]),
-    ("RUNNING", True, ["lxc-stop -P /l -n c1 -t 120 && lxc-start -P /l -n c1 && "
-                       "lxc-wait -P /l -n c1 -s RUNNING -t 60" + BOOTED]),
-    ("RUNNING", False, []),
-])
-def test_lxc_power(status, restart, expected):
-    assert op_commands(lxc.power, container="c1", lxc_path="/l", restart=lambda: restart,
-                       facts={(LxcContainerStatus, ("c1", "/l")): status}) == expected
 
 
 @pytest.mark.parametrize("pending, keys", [

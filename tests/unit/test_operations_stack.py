@@ -1,4 +1,9 @@
-"""Container-phase operations: facts in, commands out (changed and converged cases)."""
+"""Container-phase operations: facts in, commands out (changed and converged cases).
+
+The plain cases (an operation's arguments and facts, the exact commands) are data, one file a
+case: operations/MODULE.OPERATION/ beside this file, run by test_operation_cases.py. Here are
+those that need more: a log line, a command run for real, a fact's own parse.
+"""
 
 
 import pytest
@@ -14,15 +19,13 @@ from pve_sglang.facts.container import (
     SglangServerFlags,
     SglangVenv,
     UnitState,
-    UvVersion,
 )
 from pve_sglang.facts.verify import JournalTail
-from pve_sglang.operations import debs, nvidia_driver, paths, systemd_unit, venv as venv_ops
+from pve_sglang.operations import debs, paths, systemd_unit, venv as venv_ops
 from pve_sglang.server.command import KnownFlags
 
 PY = "/opt/sglang/venv/bin/python"
 TOOLS = "/opt/sglang"
-MARKER = "/opt/sglang/venv/.pve-sglang-install-incomplete"
 
 
 def path_facts(**states) -> dict:
@@ -33,26 +36,15 @@ def path_facts(**states) -> dict:
 def venv(packages=None, patch=None) -> dict:
     """A fact value of SglangVenv for PY and TOOLS."""
     return {(SglangVenv, (PY, TOOLS)): {"packages": packages or {}, "patch": patch}}
-RUNFILE = "/var/cache/pve-sglang/NVIDIA-Linux-x86_64-580.159.04.run"
+
+
 # `ls` of /usr/lib/x86_64-linux-gnu after NVIDIA's runfile (file names as it installs them).
 LIBS_580 = "libcuda.so\nlibcuda.so.1\nlibcuda.so.580.159.04\n"
-LIBS_570 = "libcuda.so\nlibcuda.so.1\nlibcuda.so.570.133.20\n"
 
 
 def test_libcuda_file_names_give_the_userspace_version():
     assert fact_value(NvidiaUserspaceVersion, LIBS_580) == "580.159.04"
     assert fact_value(NvidiaUserspaceVersion, "") is None
-
-
-@pytest.mark.parametrize("libs, expected", [
-    (LIBS_580, []),                                                        # converged
-    (LIBS_570, [f"sh {RUNFILE} --no-kernel-modules --silent"]),            # host upgraded
-    ("", [f"sh {RUNFILE} --no-kernel-modules --silent"]),                  # first install
-])
-def test_userspace_driver_follows_the_host_version(libs, expected):
-    installed = fact_value(NvidiaUserspaceVersion, libs)
-    assert op_commands(nvidia_driver.userspace_driver, version="580.159.04", runfile=RUNFILE,
-                       facts={NvidiaUserspaceVersion: installed}) == expected
 
 
 def test_venv_fact_normalises_names_and_reads_the_scripts_output():
@@ -64,46 +56,6 @@ def test_venv_fact_normalises_names_and_reads_the_scripts_output():
     assert fact_value(SglangVenv, "") == {"packages": {}, "patch": None}
     flags = fact_value(SglangServerFlags, "version 0.5.9\n--model-path\n--tp-size\n")
     assert flags == {"--model-path", "--tp-size"} and flags.version == "0.5.9"
-
-
-PINS = {"sglang": "0.5.9", "torch": "2.9.1", "flashinfer-python": "0.6.3"}
-#: uv's cache of an install into the venv: beside it, removed after (the container keeps none).
-SCRATCH = "/opt/sglang/venv.uv-cache"
-
-
-def test_venv_packages_converged_sends_nothing():
-    installed = {**PINS, "numpy": "2.1.0"}
-    assert op_commands(venv_ops.venv_packages, uv="/opt/sglang/tools/bin/uv", python=PY, tools=TOOLS,
-                       pins=PINS, args=["sglang==0.5.9"], facts=venv(installed)) == []
-
-
-def test_venv_packages_one_pin_off_reinstalls_the_set():
-    installed = {**PINS, "torch": "2.9.0"}
-    args = venv_ops.install_args([f"{n}=={v}" for n, v in PINS.items()], index_url=None,
-                              extra_index_url="https://example.invalid/whl/cu128",
-                              wheelhouse=None, no_deps=False)
-    assert op_commands(venv_ops.venv_packages, uv="/opt/sglang/tools/bin/uv", python=PY, tools=TOOLS,
-                       pins=PINS, args=args, facts=venv(installed)) == [
-        f"touch {MARKER}",
-        f"rm -rf {SCRATCH} && /opt/sglang/tools/bin/uv pip install --system-certs --cache-dir "
-        f"{SCRATCH} --python {PY} --extra-index-url https://example.invalid/whl/cu128 "
-        "--index-strategy unsafe-best-match sglang==0.5.9 torch==2.9.1 flashinfer-python==0.6.3"
-        f" && rm -rf {SCRATCH} || {{ rm -rf {SCRATCH} ; false; }}",
-        f"rm -f {MARKER}",
-    ]
-
-
-def test_venv_packages_after_an_install_cut_short_reinstalls_with_the_right_versions():
-    state = {(SglangVenv, (PY, TOOLS)): {"packages": PINS, "patch": "needs-patch",
-                                          "incomplete": True}}
-    assert op_commands(venv_ops.venv_packages, uv="/opt/sglang/tools/bin/uv", python=PY, tools=TOOLS,
-                       pins=PINS, args=["sglang==0.5.9"], facts=state) == [
-        f"touch {MARKER}",
-        f"rm -rf {SCRATCH} && /opt/sglang/tools/bin/uv pip install --system-certs --cache-dir "
-        f"{SCRATCH} --python {PY} --reinstall sglang==0.5.9 && rm -rf {SCRATCH} || "
-        f"{{ rm -rf {SCRATCH} ; false; }}",
-        f"rm -f {MARKER}",
-    ]
 
 
 def test_install_args_wheelhouse_alone_is_offline_and_with_index_is_not():
@@ -126,26 +78,7 @@ def test_autotune_patch_applied_only_when_needed(state, changes):
         assert "autotune_patch.py --apply " in commands[0]
 
 
-def test_autotune_patch_refuses_unrecognised_code_naming_it():
-    state = "unrecognised: 0.5.6 /x/sglang/srt/model_executor/model_runner.py"
-    with pytest.raises(OperationError, match="unrecognised: 0.5.6 .*model_runner.py"):
-        op_commands(venv_ops.autotune_patch, python=PY, tools=TOOLS, facts=venv(patch=state))
-
-
 RESET = "systemctl reset-failed sglang.service"
-
-
-@pytest.mark.parametrize("active, start, restart, expected", [
-    ("active", True, True, [RESET, "systemctl restart sglang.service"]),  # changed: one restart
-    ("active", True, False, []),                                          # converged: none
-    ("inactive", True, True, [RESET, "systemctl start sglang.service"]),  # down: start
-    # No GPU: not started, and not enabled at boot (where it would fail and loop).
-    ("inactive", False, True, ["systemctl disable sglang.service"]),
-])
-def test_service_restarts_only_on_change(active, start, restart, expected):
-    facts = {(UnitState, ("sglang.service",)): {"active": active, "enabled": "enabled"}}
-    assert op_commands(systemd_unit.service_running, unit="sglang.service", start=start,
-                       restart=lambda: restart, facts=facts) == expected
 
 
 # `systemctl show` of a unit whose server exits at once, Restart=on-failure, in a Debian 12
@@ -193,13 +126,6 @@ def test_unit_state_fact_and_enable_when_disabled():
     assert op_commands(systemd_unit.service_running, unit="sglang.service", start=True,
                        restart=lambda: False, facts={(UnitState, ("sglang.service",)): state}) == [
         "systemctl enable sglang.service", RESET, "systemctl start sglang.service"]
-
-
-def test_unit_written_but_never_loaded_is_loaded_and_the_server_restarted():
-    state = fact_value(UnitState, "ActiveState=active\nUnitFileState=enabled\nNeedDaemonReload=yes\n")
-    assert op_commands(systemd_unit.service_running, unit="sglang.service", start=True,
-                       restart=lambda: False, facts={(UnitState, ("sglang.service",)): state}) == [
-        "systemctl daemon-reload", RESET, "systemctl restart sglang.service"]
 
 
 # A restart a killed run never made (restart pending)
@@ -280,26 +206,6 @@ def test_server_started_after_every_change_is_not_restarted_again(caplog, mtimes
     assert "pending" not in caplog.text
 
 
-def test_pending_is_not_decided_without_a_start_time(caplog):
-    import logging
-
-    caplog.set_level(logging.WARNING, logger="pyinfra")
-    state = fact_value(UnitState, "ActiveState=active\nUnitFileState=enabled\n")
-    facts = {(UnitState, ("sglang.service",)): state,
-             **path_facts(**{path: {"type": "file", "mode": "644", "sha1": "0", "mtime": 1}
-                             for path in SINCE.values()})}
-    assert op_commands(systemd_unit.service_running, unit="sglang.service", start=True,
-                       restart=lambda: False, since=SINCE, facts=facts) == []
-
-
-def test_a_change_of_this_run_restarts_without_reading_the_paths():
-    # restart() says yes: one restart, and no path is asked (no fact given for any).
-    facts = {(UnitState, ("sglang.service",)): fact_value(UnitState, SHOW_RUNNING)}
-    assert op_commands(systemd_unit.service_running, unit="sglang.service", start=True,
-                       restart=lambda: True, since=SINCE, facts=facts) == [
-        RESET, "systemctl restart sglang.service"]
-
-
 UNIT = "/etc/systemd/system/sglang.service"
 
 
@@ -312,37 +218,6 @@ def test_unknown_server_flag_stops_before_the_unit_is_written():
     with pytest.raises(OperationError, match="sglang 0.5.9 does not know --tp-sise.*extra_server_args"):
         op_commands(venv_ops.server_flags, python=PY, tools=TOOLS, unit_path=UNIT, unit_text="new",
                     argv=[PY, "--tp-sise", "8"], facts=facts)
-
-
-def test_unchanged_unit_is_not_checked_again():
-    written = {"type": "file", "mode": "644", "sha1": get_file_sha1(StringIO("same"))}
-    # No SglangServerFlags value given: reading it would fail the test.
-    assert op_commands(venv_ops.server_flags, python=PY, tools=TOOLS, unit_path=UNIT,
-                       unit_text="same", argv=[PY, "--tp-sise"],
-                       facts=path_facts(**{UNIT: written})) == []
-
-
-def test_venv_created_once():
-    facts = path_facts(**{"/opt/sglang/venv/pyvenv.cfg": None})
-    assert op_commands(venv_ops.venv, uv="/u", path="/opt/sglang/venv", python="/usr/bin/python3",
-                       facts=facts) == [
-        "UV_PYTHON_DOWNLOADS=never /u venv --python /usr/bin/python3 /opt/sglang/venv"]
-    facts = path_facts(**{"/opt/sglang/venv/pyvenv.cfg": {"type": "file", "mode": "644", "sha1": "0"}})
-    assert op_commands(venv_ops.venv, uv="/u", path="/opt/sglang/venv", python="/usr/bin/python3",
-                       facts=facts) == []
-
-
-@pytest.mark.parametrize("uv, expected", [
-    ("uv 0.13.8", []),
-    ("uv 0.9.0", ["[ -x /opt/sglang/tools/bin/pip ] || python3 -m venv /opt/sglang/tools || python3 -m venv /opt/sglang/tools",
-                  "/opt/sglang/tools/bin/pip install uv==0.13.8"]),
-    ("", ["[ -x /opt/sglang/tools/bin/pip ] || python3 -m venv /opt/sglang/tools || python3 -m venv /opt/sglang/tools",
-          "/opt/sglang/tools/bin/pip install uv==0.13.8"]),
-])
-def test_tools_venv_reads_uv_version_once(uv, expected):
-    facts = {(UvVersion, ("/opt/sglang/tools/bin/uv",)): fact_value(UvVersion, uv)}
-    assert op_commands(venv_ops.tools_venv, path="/opt/sglang/tools", uv_version="0.13.8",
-                       facts=facts) == expected
 
 
 ENV = "HF_TOKEN=\"x\"\n"
@@ -367,16 +242,6 @@ def test_upload_same_content_and_mode_sends_nothing_and_mode_alone_is_fixed():
             op_commands(paths.put, src=StringIO(ENV), dest="/e", mode="600",
                         facts=path_facts(**{"/e": {**digest, "sha1": "0" * 40}}))] == [
         "upload", "chmod 600 /e"]
-
-
-@pytest.mark.parametrize("current, expected", [
-    (None, ["mkdir -p /etc/sglang && chmod 700 /etc/sglang"]),
-    ({"type": "dir", "mode": "755", "sha1": None}, ["chmod 700 /etc/sglang"]),
-    ({"type": "dir", "mode": "700", "sha1": None}, []),
-])
-def test_directory(current, expected):
-    assert op_commands(paths.directory, path="/etc/sglang", mode="700",
-                       facts=path_facts(**{"/etc/sglang": current})) == expected
 
 
 def test_path_states_fact_reads_files_dirs_and_missing_in_one_output():
@@ -425,29 +290,6 @@ def test_path_states_command_on_this_machine(tmp_path):
     assert states[str(tmp_path / "link")]["sha1"] == get_file_sha1(str(tmp_path / "f"))
     assert states[str(tmp_path)]["mtime"] == tmp_path.stat().st_mtime_ns // 1000
     assert states[str(tmp_path)]["type"] == "dir" and states[str(tmp_path / "nope")] is None
-
-
-def test_deb_packages_installs_only_missing_after_refreshing_lists():
-    from pyinfra.facts.deb import DebPackages
-    facts = {DebPackages: {"curl": ["7.88"], "python3": ["3.11.2"]}}
-    assert op_commands(debs.deb_packages, packages=["curl", "python3"], facts=facts) == []
-    assert op_commands(debs.deb_packages, packages=["curl", "python3-venv", "g++"], facts=facts) == [
-        "DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive "
-        "apt-get install -y -q --no-install-recommends python3-venv g++"]
-
-
-def test_deb_file_installs_until_dpkg_lists_the_version():
-    """Decided from the packages, not from the download: a dpkg -i that failed runs again."""
-    from pyinfra.facts.deb import DebPackages
-    keyring = dict(path="/var/cache/pve-sglang/cuda-keyring.deb", package="cuda-keyring",
-                   version="1.1-1")
-    install = ["dpkg -i /var/cache/pve-sglang/cuda-keyring.deb"]
-    for installed, commands in [
-        ({}, install),  # never installed, or its dpkg -i failed
-        ({"cuda-keyring": ["1.0-1"]}, install),  # another version: this one is installed
-        ({"cuda-keyring": ["1.1-1"]}, []),
-    ]:
-        assert op_commands(debs.deb_file, **keyring, facts={DebPackages: installed}) == commands
 
 
 @pytest.mark.parametrize("name, expected", [
