@@ -79,8 +79,10 @@ def modules_of(report: Path) -> dict:
     tests = 0
     for case in ElementTree.parse(report).iter("testcase"):
         tests += 1
-        module = case.get("classname", "").split(".")
-        per_module[".".join(module[:2]) if module[0] == "tests" else module[0]] += float(case.get("time", 0))
+        parts = case.get("classname", "").split(".")
+        # tests.TIER.test_x(.Class): the module is up to its test_ part (a class is in it).
+        end = next((i + 1 for i, part in enumerate(parts) if part.startswith("test_")), 1)
+        per_module[".".join(parts[:end])] += float(case.get("time", 0))
     ranked = sorted(per_module.items(), key=lambda item: -item[1])
     return {"tests": tests, "modules": {name: round(seconds, 1) for name, seconds in ranked}}
 
