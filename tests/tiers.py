@@ -51,7 +51,8 @@ def misplaced(tests: Iterable[Collected], whole: bool) -> list[str]:
     problems = []
     for file, collected in sorted(by_file.items()):
         folder, _, _ = file.rpartition("/")
-        belongs = folder_for(frozenset().union(*(test.markers for test in collected)))
+        most = frozenset().union(*(test.markers for test in collected))
+        belongs = folder_for(most)
         if folder not in FOLDERS:
             problems.append(f"tests/{file}: a test file sits in the folder of its tier "
                             f"({', '.join(f'tests/{f}/' for f in FOLDERS)}): this one belongs in "
@@ -67,7 +68,7 @@ def misplaced(tests: Iterable[Collected], whole: bool) -> list[str]:
                 f"belongs in tests/{belongs}/ (git mv it there; CONTRIBUTING.md, Tiers)")
         elif whole and belongs != folder:
             problems.append(
-                f"tests/{file}: none of its tests needs what tests/{folder}/ is for (the most "
-                f"they get: {', '.join(sorted(frozenset().union(*(t.markers for t in collected)))) or 'no marker'}"
-                f"): the file belongs in tests/{belongs}/ (git mv it there; CONTRIBUTING.md, Tiers)")
+                f"tests/{file}: none of its tests needs what tests/{folder}/ is for (the most they "
+                f"get: {', '.join(sorted(most)) or 'no marker'}): the file belongs in "
+                f"tests/{belongs}/ (git mv it there; CONTRIBUTING.md, Tiers)")
     return problems
