@@ -1,6 +1,6 @@
 """The LXC host's one read of its containers (``LxcHostState``): the same values as each fact
-read alone, on a real container and real files; what an operation changes is read again
-(``operations/host_reads.py``)."""
+read alone, on real files (on a real container: tests/lxc/test_host_state_lxc.py); what an
+operation changes is read again (``operations/host_reads.py``)."""
 
 from __future__ import annotations
 
@@ -50,20 +50,6 @@ def test_files_and_limits_read_in_one_command_give_each_fact_its_own_value(tmp_p
     assert values[parts[4]] == [str(tmp_path / "bare")]
     assert values[parts[5]]["cpus"] >= 1
     assert values[parts[6]] is None and values[parts[7]] == {}
-
-
-def test_a_running_container_read_with_the_host_gives_each_fact_its_own_value(lxc_container):
-    name, path = lxc_container.name, str(lxc_container.lxc_path)
-    keys = ("memory.max", "cpuset.cpus", "pids.max")
-    parts = (("status", (name, path)), ("config", (lxc.config_path(name, path),)),
-             ("cgroup", (name, path, keys)),
-             ("files", (tuple(lxc.guard_paths(f"{path}/{name}/rootfs")),)))
-    values = folded(parts)
-    for (kind, args), value in values.items():
-        assert value == alone(kind, args), kind
-    assert values[parts[0]] == "RUNNING"
-    assert any(line.startswith("lxc.rootfs.path") for line in values[parts[1]])
-    assert values[parts[2]]  # a running container's values
 
 
 class HostFoldingHost(FoldingHost):

@@ -1,17 +1,15 @@
 """The gateway's decisions on tables (fast tier): which servers it fronts and at which URLs, the
 key rule, what its answer says of each worker, its settings and hosts-file errors, and what its
-unit holds; and (network tier) its command line parsed by the pinned smg's own parser."""
+unit holds. Its command line parsed by the pinned smg's own parser (network tier):
+tests/network/test_gateway_smg_parser.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
-from pve_sglang.config.gateway import smg_lock_path, validate_gateway
+from pve_sglang.config.gateway import validate_gateway
 from pve_sglang.config.settings import SettingsError
 from pve_sglang.gateway import render
 from pve_sglang.gateway.workers import (
@@ -25,8 +23,6 @@ from pve_sglang.gateway.workers import (
 )
 from pve_sglang.hosts_file import build_inventory
 from pve_sglang.project import load_defaults
-from pve_sglang.server.command import EnvRef
-from wheels import locked_wheels
 
 DEFAULTS = load_defaults()
 W = "host h, gateway g"
@@ -273,32 +269,6 @@ def test_no_key_no_launcher_option_and_settings_change_the_unit():
 def test_the_worker_list_names_key_variables_never_keys():
     text = render.render_workers(WORKERS)
     assert '"key_env": "SMG_WORKER_KEY_1"' in text and text.count('"key_env": null') == 2
-
-
-# --- the pinned smg's own parser -------------------------------------------------------------
-
-
-def test_the_command_line_parses_with_the_pinned_smg(package_index, tmp_path):
-    """Every flag as smg 1.13.0's own parser reads it (its router_args.py from the wheel)."""
-    # smg and what it imports (cp311 wheels, as the containers take them)
-    for wheel in locked_wheels(smg_lock_path("1.13.0", "3.11")).glob("*.whl"):
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(tmp_path)
-    gs = gateway(gateway_api_key="k", gateway_remove_unhealthy=True, gateway_policy="power_of_two")
-    argv = render.smg_argv(gs)
-    args = [("secret-value" if isinstance(a, EnvRef) else a) for a in argv[3:]]
-    probe = (
-        "import sys, argparse, json; from smg.launch_router import parse_router_args; "
-        "a = parse_router_args(sys.argv[1:]); print(json.dumps([a.host, a.port, a.policy, "
-        "a.prometheus_port, a.health_check_interval_secs, a.health_check_timeout_secs, "
-        "a.health_failure_threshold, a.health_check_endpoint, a.remove_unhealthy_workers, "
-        "a.api_key, a.worker_startup_timeout_secs, a.worker_startup_check_interval]))")
-    done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True,
-                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == (
-        '["127.0.0.1", 30000, "power_of_two", 29000, 10, 5, 3, "/health", true, "secret-value", '
-        '3600, 10]')
 
 
 # --- its container, on recorded Proxmox and H200 answers (tests/fixtures) --------------------

@@ -1,7 +1,8 @@
 """The whole host phase on recorded outputs: a real GPU host's driver, GPUs and device nodes
 (captured on an H200 machine, tests/fixtures/h200) and Proxmox's pct/pveam answers (recorded
 from public sources, tests/fixtures/public). No Proxmox host exists here; pyinfra's real API
-plans the deploy on ``@fake`` hosts that answer with those outputs.
+plans the deploy on ``@fake`` hosts that answer with those outputs. The CUDA 13 set on the
+recorded driver, its lock made for real: tests/network/test_host_phase_cuda_13.py.
 """
 
 from __future__ import annotations
@@ -351,15 +352,6 @@ def test_plain_lxc_unprivileged_container_gets_userns_before_recorded_h200_gpu_l
 
 
 # --- the set's CUDA against the host's driver (issue 21) ------------------------------------
-
-def test_cuda_13_set_on_the_recorded_h200_driver_passes_preflight(tmp_path, monkeypatch, package_index):
-    """The H200 machine's recorded driver 580.159.04 runs 0.5.23's CUDA 13 set. Its lock is made
-    here with uv against the real index (into a cache of this test's own)."""
-    monkeypatch.setenv("PVE_SGLANG_CACHE", str(tmp_path))
-    assert "580.159.04" in h200("NvidiaDriverVersion")
-    ops = plan({**gpu_host_responses(), **container_answers(None, None)}, sglang_version="0.5.23")
-    assert commands(ops, "pct create")
-
 
 @pytest.mark.parametrize("driver, sglang, needed", [
     ("570.172.08", "0.5.23", "CUDA 13.x needs driver >= 580"),

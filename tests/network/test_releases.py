@@ -1,7 +1,8 @@
 """sglang_version alone picks the set: torch, flashinfer, the kernel package and the CUDA major
 follow from the release's own wheel metadata (recorded from real wheels: tests/fixtures/releases/,
 SOURCES.txt names each wheel and its sha256), and a pin of the user's is kept only where the
-release allows it, else inventory stops (exit 2) naming both versions."""
+release allows it, else inventory stops (exit 2) naming both versions. A release not recorded,
+fetched from the package index: tests/network/test_release_fetch.py."""
 
 from __future__ import annotations
 
@@ -226,19 +227,3 @@ def test_a_pin_the_release_does_not_allow_exits_2_at_inventory_time(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert ("host pve1, container 105: field 'torch_version' = '2.9.1': sglang 0.5.23 requires "
             "torch==2.14.1, not 2.9.1") in done.stderr and "Traceback" not in done.stderr
-
-
-def test_a_release_not_recorded_is_fetched_once_with_pip_and_cached(tmp_path, monkeypatch, package_index):
-    """0.5.10 is not in group_data/releases/: its wheel comes from the real index (pip
-    download --no-deps), its requirements land in this machine's cache, the same lines as the
-    recorded METADATA; a second read fetches nothing."""
-    monkeypatch.setenv("PVE_SGLANG_CACHE", str(tmp_path))
-    release = releases.read_release("0.5.10")
-    assert release == recorded("0.5.10")
-    [cached] = (tmp_path / "releases").iterdir()
-    assert cached.name == "sglang-0.5.10.txt"
-    assert cached.read_text() == releases.record_text(
-        "0.5.10", "sglang-0.5.10-py3-none-any.whl (METADATA)",
-        (FIXTURES / "sglang-0.5.10.METADATA").read_text())
-    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip could not fetch it again
-    assert releases.read_release("0.5.10") == release
