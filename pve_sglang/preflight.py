@@ -339,6 +339,6 @@ def check_server_files(
 ) -> ServerFiles:
     """``server_files``, with a render error as a PreflightError naming WHERE."""
     try:
-        return server_files(name, settings, gpus, inventory)
+        return server_files(name, settings.server, gpus, inventory)
     except ValueError as error:
         raise PreflightError(f"{where}: the server's command line, unit or env file: {error}") from None

@@ -105,7 +105,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
 
     def server_step(restart_on: list) -> list:
         # Rendered as the host phase's preflight rendered it (one function for both).
-        rendered = server_files(host.name, cs, gpus, state.inventory)
+        rendered = server_files(host.name, cs.server, gpus, state.inventory)
         for warning in rendered.argv.warnings:
             logger.warning(f"{host.name}: {warning}")
         server_unit(cs, py, rendered, restart_on, start=bool(driver))
@@ -137,7 +137,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
          f"{pins}", lambda _: python_stack(cs, py)),
         ("apply the FlashInfer CUTLASS MoE autotune patch where the release needs it",
          lambda _: patched_stack(cs, py)),
-        (f"write /etc/sglang/{cs.service_name}.env (mode 0600) and {unit_name(cs)}, switch "
+        (f"write /etc/sglang/{cs.service_name}.env (mode 0600) and {unit_name(cs.server)}, switch "
          f"{cs.venv_path} to the new stack"
          + (f", fetch {cs.model_download} into {cs.model_path} after its preflight (its size "
             "against the free space, access, revision: checked then, before any byte moves)"
@@ -211,7 +211,7 @@ def container_steps() -> None:
     cs = host_settings(ContainerSettings)
     expect_container_reads(cs)
     driver, gpus = container_gpus(cs)
-    env_file = env_file_path(cs)
+    env_file = env_file_path(cs.server)
     # Every path the steps below manage, so one read answers them all.
     paths.watch(
         *(ca_dest(path) for path in ca_files(cs)), *([CA_BUNDLE] if ca_files(cs) else []),
@@ -227,7 +227,7 @@ def container_steps() -> None:
         *([store_retention.user_path(cs.wheel_store, store_user_key())]
           if cs.uses_wheel_store and cs.wheel_store is not None else []),
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
-        unit_path(cs), fallback_unit_path(cs),
+        unit_path(cs.server), fallback_unit_path(cs.server),
         *(remote.path(script) for script in (remote.MODEL_FETCH,
                                              *remote.companions(remote.MODEL_FETCH))
           if cs.model_download),
@@ -441,13 +441,13 @@ def container_model(cs: ContainerSettings, py: str, env_file: str, env) -> list:
 def server_unit(cs: ContainerSettings, py: str, rendered: ServerFiles, stack_ops: list,
                 start: bool) -> None:
     """The server's env file (0600), unit and state; restarted only when something changed."""
-    unit = unit_name(cs)
+    unit = unit_name(cs.server)
     argv, unit_text = rendered.argv, rendered.unit
     venv.server_flags(name=f"Server flags exist in sglang {cs.sglang_version}",
                       python=py, tools=TOOLS, argv=list(argv),
-                      unit_path=unit_path(cs), unit_text=unit_text)
+                      unit_path=unit_path(cs.server), unit_text=unit_text)
     paths.directory(name="sglang cache directory", path=cs.sglang_cache_dir, mode="755")
-    env_file = env_file_path(cs)
+    env_file = env_file_path(cs.server)
     paths.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
     env = paths.put(name=f"Server environment {env_file} (secrets, mode 0600)",
                      src=StringIO(rendered.env), dest=env_file, mode="600", secret=True)
@@ -455,12 +455,12 @@ def server_unit(cs: ContainerSettings, py: str, rendered: ServerFiles, stack_ops
     # ExecStart runs it: the key reaches the server without a command line, masked in the log.
     launcher = upload_script(remote.LAUNCHER, "Upload the server launcher")
     unit_file = paths.put(name=f"systemd unit {unit}", src=StringIO(unit_text),
-                           dest=unit_path(cs), mode="644")
+                           dest=unit_path(cs.server), mode="644")
     # The unit's OnFailure=: a stack on trial that fails for good is switched back by systemd.
     upload_script(remote.STACK_FALLBACK, "Upload the stack fallback (the unit's OnFailure=)")
-    fallback = paths.put(name=f"systemd unit {fallback_unit_name(cs)} (switches a stack on "
+    fallback = paths.put(name=f"systemd unit {fallback_unit_name(cs.server)} (switches a stack on "
                          "trial back when the server fails for good)",
-                         src=StringIO(rendered.fallback), dest=fallback_unit_path(cs), mode="644")
+                         src=StringIO(rendered.fallback), dest=fallback_unit_path(cs.server), mode="644")
     systemd.daemon_reload(name="Reload systemd units",
                           _if=lambda: unit_file.did_change() or fallback.did_change())
     switched = stack_switch.switch(
@@ -476,7 +476,7 @@ def server_unit(cs: ContainerSettings, py: str, rendered: ServerFiles, stack_ops
         restart=restart_check(cs, [unit_file, env, launcher, *model_ops], stack_ops, switched,
                               unit),
         # A run killed after one of these changed, before the restart: restarted by the next.
-        since=restart_since(cs),
+        since=restart_since(cs.server),
         restart_on_change=cs.restart_on_change,
         turn=replica_turn(cs) if start else None,
     )

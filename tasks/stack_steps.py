@@ -27,7 +27,7 @@ def follow_start(cs: ContainerSettings, address: str) -> Callable[[], None]:
     """What follows the server's start in its journal until it serves (``verify.watch_start``,
     the uploaded startup watch): the verify phase's rollback and one begun at the start of a run
     wait with it. ADDRESS: where the server answers inside the container."""
-    unit, env_file = unit_name(cs), env_file_path(cs)
+    unit, env_file = unit_name(cs.server), env_file_path(cs.server)
     health = f"{base_url(address, cs.server_port)}/health"
     watch = remote.path(remote.STARTUP_WATCH)
     return lambda: verify.watch_start(unit, health, env_file, watch, cs.health_timeout_s,
@@ -45,7 +45,7 @@ def before_switch(cs: ContainerSettings) -> None:
     upload_script(remote.STARTUP_WATCH, "Upload the startup watch (a rollback waits with it)")
     stack_switch.rollback_finished(
         name="A rollback cut short by a kill is finished", venv_path=cs.venv_path,
-        lock_file=LEGACY_LOCK_FILE, service=cs.service_name, unit=unit_name(cs),
+        lock_file=LEGACY_LOCK_FILE, service=cs.service_name, unit=unit_name(cs.server),
         rollback=cs.upgrade_rollback,
         watch=follow_start(cs, client_address(cs.server_host)))
     stack_switch.not_failed(

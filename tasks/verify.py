@@ -53,7 +53,7 @@ def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) 
     if not driver:
         return []
     expected = len(gpus)
-    py = venv_python(cs)
+    py = venv_python(cs.server)
     script = remote.path(remote.GPU_CHECKS)
     # The server itself binds to server_host; checks run inside the container.
     address = client_address(cs.server_host)
@@ -73,7 +73,7 @@ def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) 
             name=f"P2P between the {expected} GPUs", python=py, script=script)))
     checks += server_checks(cs, address)
     if cs.bench:
-        checks.append((f"benchmark at concurrency {bench_levels(cs)}",
+        checks.append((f"benchmark at concurrency {bench_levels(cs.benchmark)}",
                        lambda: benchmark_check(cs, address)))
     return checks
 
@@ -82,7 +82,7 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     """The server's start followed in its journal up to /health (fails fast, with a hint, on a
     crash or a silent log), then one chat completion (``generation_check``). ADDRESS: where
     the server answers inside the container."""
-    unit, env_file = unit_name(cs), env_file_path(cs)
+    unit, env_file = unit_name(cs.server), env_file_path(cs.server)
     url = base_url(address, cs.server_port)
     watch = remote.path(remote.STARTUP_WATCH)
     health = f"{url}/health"
@@ -141,10 +141,10 @@ def benchmark_check(cs: ContainerSettings, address: str) -> None:
     upload_prompts(cs)
     # The server metrics sampler is uploaded beside the GPU sampler (its companion).
     scraper = remote.path(remote.SERVER_METRICS) if cs.enable_metrics else None
-    runs = bench_runs(cs, venv_python(cs), address, cs.sglang_version,
+    runs = bench_runs(cs.benchmark, venv_python(cs.server), address, cs.sglang_version,
                       remote.path(remote.GPU_SAMPLER), remote.path(remote.BENCH_RECORD), scraper)
-    verify.benchmark(name=f"Benchmark at concurrency {bench_levels(cs)}",
-                     runs=runs, env_file=env_file_path(cs), history_dir=cs.bench_history_dir,
+    verify.benchmark(name=f"Benchmark at concurrency {bench_levels(cs.benchmark)}",
+                     runs=runs, env_file=env_file_path(cs.server), history_dir=cs.bench_history_dir,
                      meta=run_meta(cs), regression_pct=cs.bench_regression_pct,
                      low_power_pct=cs.bench_low_power_pct)
 
