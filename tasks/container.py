@@ -95,6 +95,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
     driver, gpus = gpu_host
     # The settings' stack, built beside the serving one; the server runs venv_path, the link
     # to the current one.
+    wanted = stack_id(cs)
     py = f"{stack_dir(cs)}/bin/python"
     pins = f"sglang=={cs.sglang_version}" + (
         f", torch=={cs.torch_version}, flashinfer-python=={cs.flashinfer_version} and their "
@@ -117,7 +118,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
 
     steps: list[Step] = [
         ("finish a rollback cut short; stop if this set failed as an upgrade before "
-         "(retry_failed_stack)", lambda _: stack_steps.before_switch(cs))]
+         "(retry_failed_stack)", lambda _: stack_steps.before_switch(cs, wanted))]
     if host.data.get("platform") == "lxc":
         # Proxmox keeps /etc/hostname itself; on plain LXC systemd would set the old name from
         # it at every boot, whatever lxc.uts.name says.
@@ -145,7 +146,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
          + (", enable it and (re)start it once" + roll_words(cs) if driver
             else " (not enabled at boot: no GPU)"),
          server_step),
-        (stack_steps.kept_words(cs), lambda _: stack_steps.kept(cs)),
+        (stack_steps.kept_words(cs), lambda _: stack_steps.kept(cs, wanted)),
     ]
     return steps
 
@@ -427,7 +428,7 @@ def container_model(cs: ContainerSettings, py: str, env_file: str, env) -> list:
     read-only: nothing here."""
     if not cs.model_download or cs.uses_model_store:
         return []
-    fetch = fetch_request(cs, python=py, script=remote.path(remote.MODEL_FETCH),
+    fetch = fetch_request(cs.model, python=py, script=remote.path(remote.MODEL_FETCH),
                           env_file=env_file)._asdict()
     planned = model.checked(**fetch, fallback=f"{cs.venv_path}/bin/python",
                             token_pending=env.will_change)

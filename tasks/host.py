@@ -227,7 +227,7 @@ def model_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
                       if name == "HF_TOKEN")
         token = paths.put(name=f"Hub token for {cs.model_download} (mode 0600)",
                           src=StringIO(env), dest=env_file, mode="600", secret=True)
-        fetch = model_store.fetch_request(cs, python=f"{MODEL_TOOLS}/bin/python",
+        fetch = model_store.fetch_request(cs.model, python=f"{MODEL_TOOLS}/bin/python",
                                           script=f"{MODEL_TOOLS}/{remote.MODEL_FETCH}",
                                           env_file=env_file)._asdict()
         # Before any change, on the host that downloads (a plan too): the size, the access.

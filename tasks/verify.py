@@ -14,7 +14,7 @@ from pve_sglang.model_store import operations as model
 from pve_sglang.operations import paths, stack_switch, verify
 from tasks import stack_steps
 from tasks.common import container_gpus, expect_container_reads, run_when_container_exists, upload_script
-from pve_sglang.stack.identity import settings_stack_path, stack_lock_of
+from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
 from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from pve_sglang.server.command import venv_python
 from pve_sglang.server.unit_text import env_file_path, unit_name
@@ -128,7 +128,8 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                        probation_s=cs.upgrade_probation_s)))
     # After the verdict: the container phase removes none while a stack is on trial.
     checks.append((f"{stack_steps.kept_words(cs)}, after the verdict",
-                   lambda: stack_steps.kept(cs, after_verdict=True)))
+                   lambda: stack_steps.kept(cs, settings_stack_id(host.name, cs),
+                                            after_verdict=True)))
     return checks
 
 
