@@ -38,7 +38,7 @@ from pve_sglang.server.unit_text import (
     unit_path,
 )
 from pve_sglang.config.settings import (
-    ContainerSettings, StackView, container_hostname, host_settings,
+    ContainerSettings, ModelView, StackView, container_hostname, host_settings,
 )
 from pve_sglang.stack import switch_rules
 from pve_sglang.stack import store_retention
@@ -424,21 +424,20 @@ def shared_layer(stack: StackView, uv: str, py: str, lock: Lock) -> list:
                                lock=lock, lock_file=f"{stack_dir(stack)}/{STACK_VENV_LOCK}")
 
 
-def container_model(cs: ContainerSettings, py: str, env_file: str, env) -> list:
+def container_model(source: ModelView, py: str, serving_py: str, env_file: str, env) -> list:
     """Without a model store: model_download fetched into the container's own model_path
     with the sglang venv's huggingface_hub, verified and resumable (``model_store/operations.py``),
-    after its preflight (read now, before any change: with the serving stack's Python while
-    this run builds PY's). With one, the host fetched it and the container mounts it
-    read-only: nothing here."""
-    if not cs.model_download or cs.uses_model_store:
+    after its preflight (read now, before any change: with the serving stack's Python,
+    SERVING_PY, while this run builds PY's). With one, the host fetched it and the container
+    mounts it read-only: nothing here."""
+    if not source.model_download or source.uses_model_store:
         return []
-    fetch = fetch_request(cs.model, python=py, script=remote.path(remote.MODEL_FETCH),
+    fetch = fetch_request(source, python=py, script=remote.path(remote.MODEL_FETCH),
                           env_file=env_file)._asdict()
-    planned = model.checked(**fetch, fallback=f"{cs.venv_path}/bin/python",
-                            token_pending=env.will_change)
+    planned = model.checked(**fetch, fallback=serving_py, token_pending=env.will_change)
     script = upload_script(remote.MODEL_FETCH, "Upload the model fetcher")
     fetched = model.fetched(
-        name=f"Model {cs.model_download} in {cs.model_path} (verified against the hub)",
+        name=f"Model {source.model_download} in {source.model_path} (verified against the hub)",
         **fetch, planned=planned)
     return [script, fetched]
 
@@ -456,7 +455,7 @@ def server_unit(cs: ContainerSettings, py: str, rendered: ServerFiles, stack_ops
     paths.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
     env = paths.put(name=f"Server environment {env_file} (secrets, mode 0600)",
                      src=StringIO(rendered.env), dest=env_file, mode="600", secret=True)
-    model_ops = container_model(cs, py, env_file, env)
+    model_ops = container_model(cs.model, py, f"{cs.venv_path}/bin/python", env_file, env)
     # ExecStart runs it: the key reaches the server without a command line, masked in the log.
     launcher = upload_script(remote.LAUNCHER, "Upload the server launcher")
     unit_file = paths.put(name=f"systemd unit {unit}", src=StringIO(unit_text),
