@@ -7,7 +7,7 @@ them all at once, with a client streaming through the gateway the whole time.
 
 Needs root and lxc (``make system-deps``), smg's locked wheels (tests/wheels.py's cache or the
 package index); run it under the LXC tests' lock (``flock /tmp/lxc-tests.lock``). The gateway
-LXC tests' two containers (``tests/test_gateway_lxc.py``'s ``Site``): real smg 1.13.0 from its
+LXC tests' two containers (``tests/lxc/test_gateway_lxc.py``'s ``Site``): real smg 1.13.0 from its
 hashed lock in one, REPLICAS stand-in SGLang servers in the other, each under a real systemd
 unit of its own, deployed by ``tests/deploys/gateway_roll.py`` through the pyinfra CLI (the
 server's own restart operation, in its turn or not). PAUSE_SCALE stretches the stand-in's start
@@ -40,6 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "lxc"))  # test_*.py: tests/lxc/
 
 from devtools import lxc_env  # noqa: E402
 from pve_sglang.config.gateway import smg_lock_path  # noqa: E402

@@ -17,7 +17,7 @@ folder under /var/tmp, removed at the end:
    this machine as the host (``devtools/deploys/model_store.py``): the first container's run
    fetches into the store; a second container's run finds the commit verified and fetches
    nothing (the container then only mounts it: a bind mount, not timed here; the LXC test
-   tests/test_model_store_lxc.py shows it in real containers);
+   tests/lxc/test_model_store_lxc.py shows it in real containers);
 4. a fetch killed (SIGKILL) once half the bytes are on disk, then the deploy's run that resumes
    it; and what today's code does after the same kill (``config.json`` is there: skipped).
 

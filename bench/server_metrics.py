@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "pve_sglang" / "remote"))
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "network"))  # test_*.py: tests/network/
 
 import server_metrics  # noqa: E402
 from pve_sglang.remote import SERVER_METRICS, marked_json, source  # noqa: E402

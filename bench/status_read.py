@@ -5,7 +5,7 @@ containers at once, as pyinfra runs one per host in parallel.
     .venv/bin/python bench/status_read.py [--fleet 10] [--repeat 5]
 
 No root, no network, no GPU. Each "container" is a folder laid out as a deployed one (stack
-link, release file, stack record, model marker: tests/test_status.py's layout) and its own
+link, release file, stack record, model marker: tests/unit/test_status.py's layout) and its own
 stand-in server (tests/standin_sglang.py, with /metrics), on this machine: the cost inside the
 containers, not the connection to them (lxc-attach, SSH), which a deploy run pays as well and
 bench/deploy_cost.py measures. Results: bench/results/status_read.json.
@@ -27,6 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "network"))  # test_*.py: tests/network/
+sys.path.insert(0, str(REPO / "tests" / "unit"))  # test_*.py: tests/unit/
 
 from pve_sglang import remote  # noqa: E402
 from test_server_metrics import standin  # noqa: E402

@@ -4,7 +4,7 @@ side by side in one sitting (issue 31).
     .venv/bin/python bench/suite_time.py                                  # every tier, this checkout
     .venv/bin/python bench/suite_time.py --against 7b3d044 --tiers fast  # old, then new, per tier
     .venv/bin/python bench/suite_time.py --against 7b3d044 --tiers root \\
-        --files tests/test_hostile_strings.py -k "recorded and ifs"       # one module's part
+        --files tests/root/test_hostile_strings.py -k "recorded and ifs"       # one module's part
 
 Each tier is the marker expression ``make test-fast`` and the fixtures' markers define
 (tests/conftest.py): ``fast`` (no root, no container, no download), ``root`` (root, no
@@ -81,8 +81,10 @@ def modules_of(report: Path) -> dict:
     tests = 0
     for case in ElementTree.parse(report).iter("testcase"):
         tests += 1
-        module = case.get("classname", "").split(".")
-        per_module[".".join(module[:2]) if module[0] == "tests" else module[0]] += float(case.get("time", 0))
+        parts = case.get("classname", "").split(".")
+        # tests.TIER.test_x(.Class): the module is up to its test_ part (a class is in it).
+        end = next((i + 1 for i, part in enumerate(parts) if part.startswith("test_")), 1)
+        per_module[".".join(parts[:end])] += float(case.get("time", 0))
     ranked = sorted(per_module.items(), key=lambda item: -item[1])
     return {"tests": tests, "modules": {name: round(seconds, 1) for name, seconds in ranked}}
 

@@ -5,7 +5,7 @@ with the shared layer, up to the deploy's own flag check and the unit; then the 
 argument parser (``ServerArgs.add_cli_args``, imported from the installed set) parses the
 unit's server flags.
 
-Used by tests/test_release_stack_lxc.py and devtools/release.py (``make release VERSION=X``).
+Used by tests/lxc/test_release_stack_lxc.py and devtools/release.py (``make release VERSION=X``).
 Nothing is downloaded in the container: its pip finds only uv's wheel (a read-only
 ``/etc/pip.conf``), and the set comes from the store, offline. The machine running pyinfra
 fetches the store's wheels once into ``machine_cache`` (``PVE_SGLANG_CACHE``), where a second

@@ -1,7 +1,7 @@
 """A container for upgrades of the stack, on this machine: stand-in releases of sglang under the
 deploy's own unit, and the test deploy ``tests/deploys/upgrade.py`` run on it through the
 pyinfra CLI; or several such containers as the nodes of one model (``make_group``). Used by
-tests/test_upgrade_lxc.py, tests/test_upgrade_nodes_lxc.py and bench/upgrade_downtime.py.
+tests/lxc/test_upgrade_lxc.py, tests/lxc/test_upgrade_nodes_lxc.py and bench/upgrade_downtime.py.
 
 Each stack is a real venv with a real sglang wheel (``stack_install: sglang-no-deps``, from a
 wheelhouse), so the autotune patch and the flag check run on real sglang code. The server is

@@ -1,7 +1,7 @@
 """A plain LXC host for the wheel store, on this machine: the store, the pyinfra machine's
 cache, a lock, and unprivileged containers without network that mount the store read-only.
 The deploy run on it is ``deploys/wheel_store.py`` (the deploy's own store and install
-operations) through the pyinfra CLI. Used by tests/test_wheel_store_lxc.py and
+operations) through the pyinfra CLI. Used by tests/lxc/test_wheel_store_lxc.py and
 bench/stack_store.py."""
 
 from __future__ import annotations

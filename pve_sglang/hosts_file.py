@@ -663,7 +663,7 @@ def _validated_container(host_name: str, key: Any, container: dict[str, Any],
                                 defaults)
         if platform == "lxc":
             label = f"host {host_name}" + ("" if key is None else f", container {key}")
-            check_lxc_settings(label, cs, merged, host_settings.lxc_config)
+            check_lxc_settings(label, cs.lxc, merged, host_settings.lxc_config)
     except SettingsError as error:
         paths = (path, host_path) if path != host_path else (host_path,)
         raise _located(error, hosts, *paths, override=override) from None

@@ -47,7 +47,9 @@ from pve_sglang.pve_releases import (
     mount_attributes_broken,
 )
 from pve_sglang.server.render import ServerFiles, server_files
-from pve_sglang.config.settings import ContainerSettings, HostSettings, tensor_parallel_size
+from pve_sglang.config.settings import (
+    ContainerSettings, HostSettings, StackView, tensor_parallel_size,
+)
 from pve_sglang.stack.cuda_driver import driver_problem, limited_features
 from pve_sglang.stack.releases import ReleaseError, read_release
 
@@ -280,31 +282,31 @@ def _warn_about_p2p(host: Host, gpu_count: int) -> None:
 _CUDA_BUILD = re.compile(r"/cu(\d{2})(\d)\b")
 
 
-def _check_torch_build(where: str, settings: ContainerSettings, caps: list[str]) -> None:
+def _check_torch_build(where: str, stack: StackView, caps: list[str]) -> None:
     """A torch index for a CUDA build older than 12.8 cannot drive Blackwell GPUs."""
-    match = _CUDA_BUILD.search(settings.torch_index_url or "")
+    match = _CUDA_BUILD.search(stack.torch_index_url or "")
     # nvidia-smi prints "[N/A]" where it cannot tell: such a GPU is not known to be Blackwell.
     blackwell = [cap for cap in caps if re.match(r"(\d+)\.", cap) and int(cap.split(".")[0]) >= 10]
     if match and blackwell and (int(match.group(1)), int(match.group(2))) < (12, 8):
         raise PreflightError(
-            f"{where}: field 'torch_index_url' = {settings.torch_index_url!r} serves CUDA "
+            f"{where}: field 'torch_index_url' = {stack.torch_index_url!r} serves CUDA "
             f"{match.group(1)}.{match.group(2)} builds, but the GPUs have compute capability "
             f"{', '.join(blackwell)} (Blackwell): allowed: a CUDA 12.8+ index (cu128, cu129, "
             "cu130), or null for torch's PyPI build"
         )
 
 
-def _check_cuda_driver(where: str, settings: ContainerSettings, driver: str) -> None:
+def _check_cuda_driver(where: str, stack: StackView, driver: str) -> None:
     """The pinned set's CUDA (its release's cuda-python) against the host's driver."""
-    if settings.stack_install != "pinned":
+    if stack.stack_install != "pinned":
         return  # the set is not ours to judge: sglang alone, its CUDA from elsewhere
     try:
-        release = read_release(settings.sglang_version, settings.pip_index_url)
+        release = read_release(stack.sglang_version, stack.pip_index_url)
     except ReleaseError as error:
         raise PreflightError(f"{where}: field 'sglang_version': {error}") from None
-    stack = (f"sglang {settings.sglang_version} (torch {settings.torch_version}, CUDA "
+    words = (f"sglang {stack.sglang_version} (torch {stack.torch_version}, CUDA "
              f"{release.cuda_text})")
-    problem = driver_problem(release.cuda, driver, stack)
+    problem = driver_problem(release.cuda, driver, words)
     if problem:
         raise PreflightError(f"{where}: {problem}; nothing was changed")
     note = limited_features(release.cuda, driver)
@@ -322,8 +324,8 @@ def check_container(where: str, settings: ContainerSettings, gpu: GpuHost | None
         tensor_parallel_size(settings.tp_size, len(indices), len(settings.nodes))
     except ValueError as error:
         raise PreflightError(f"{where}: {error}") from None
-    _check_torch_build(where, settings, gpu.compute_caps)
-    _check_cuda_driver(where, settings, gpu.driver_version)
+    _check_torch_build(where, settings.stack, gpu.compute_caps)
+    _check_cuda_driver(where, settings.stack, gpu.driver_version)
     if any(cap.startswith("12.") for cap in gpu.compute_caps):
         if settings.moe_runner_backend == "flashinfer_cutlass":
             logger.warning(
@@ -339,6 +341,6 @@ def check_server_files(
 ) -> ServerFiles:
     """``server_files``, with a render error as a PreflightError naming WHERE."""
     try:
-        return server_files(name, settings, gpus, inventory)
+        return server_files(name, settings.server, gpus, inventory)
     except ValueError as error:
         raise PreflightError(f"{where}: the server's command line, unit or env file: {error}") from None

@@ -60,7 +60,7 @@ def expect_container_reads(cs: ContainerSettings) -> None:
     # The settings' stack, built beside the serving one (``venv_path`` links to it).
     stack_python = f"{settings_stack_path(host.name, cs)}/bin/python"
     parts = [(Part.DEBS, ()), (Part.UV, (container_reads.TOOLS_UV,)),
-             (Part.VENV, (stack_python, remote.TOOLS)), (Part.UNIT, (unit_name(cs),)),
+             (Part.VENV, (stack_python, remote.TOOLS)), (Part.UNIT, (unit_name(cs.server),)),
              (Part.STACKS, switch_rules.read_args(cs.venv_path, cs.service_name))]
     if host.data.get("platform") == "lxc":
         parts.append((Part.HOSTNAME, ()))

@@ -37,7 +37,9 @@ from pve_sglang.server.unit_text import (
     unit_name,
     unit_path,
 )
-from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
+from pve_sglang.config.settings import (
+    ContainerSettings, ModelView, StackView, container_hostname, host_settings,
+)
 from pve_sglang.stack import switch_rules
 from pve_sglang.stack import store_retention
 from pve_sglang.stack.lock import Lock
@@ -95,7 +97,8 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
     driver, gpus = gpu_host
     # The settings' stack, built beside the serving one; the server runs venv_path, the link
     # to the current one.
-    py = f"{stack_dir(cs)}/bin/python"
+    wanted = stack_id(cs.stack)
+    py = f"{stack_dir(cs.stack)}/bin/python"
     pins = f"sglang=={cs.sglang_version}" + (
         f", torch=={cs.torch_version}, flashinfer-python=={cs.flashinfer_version} and their "
         "dependencies as locked, hashes checked" + (
@@ -105,7 +108,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
 
     def server_step(restart_on: list) -> list:
         # Rendered as the host phase's preflight rendered it (one function for both).
-        rendered = server_files(host.name, cs, gpus, state.inventory)
+        rendered = server_files(host.name, cs.server, gpus, state.inventory)
         for warning in rendered.argv.warnings:
             logger.warning(f"{host.name}: {warning}")
         server_unit(cs, py, rendered, restart_on, start=bool(driver))
@@ -117,27 +120,27 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
 
     steps: list[Step] = [
         ("finish a rollback cut short; stop if this set failed as an upgrade before "
-         "(retry_failed_stack)", lambda _: stack_steps.before_switch(cs))]
+         "(retry_failed_stack)", lambda _: stack_steps.before_switch(cs, wanted))]
     if host.data.get("platform") == "lxc":
         # Proxmox keeps /etc/hostname itself; on plain LXC systemd would set the old name from
         # it at every boot, whatever lxc.uts.name says.
         name = container_hostname(host.data)
         steps.append((f"set the hostname {name}", lambda _: set_hostname(name)))
     if cs.ca_certificates:
-        steps.append(("trust the extra CA certificates", lambda _: trust_ca_certificates(cs)))
+        steps.append(("trust the extra CA certificates", lambda _: trust_ca_certificates(cs.stack)))
     steps.append(("install the base packages", base_packages))
     if driver:
         steps += [
             (f"install the NVIDIA user-space driver {driver} (the host's version)",
-             lambda _: [nvidia_userspace(cs, driver)]),
-            (f"install the CUDA toolkit {toolkit_of(cs)}", lambda _: cuda_toolkit(cs)),
+             lambda _: [nvidia_userspace(cs.stack, driver)]),
+            (f"install the CUDA toolkit {toolkit_of(cs.stack)}", lambda _: cuda_toolkit(cs.stack)),
         ]
     steps += [
-        (f"build the stack {stack_dir(cs)} beside the serving one with uv {cs.uv_version}: "
+        (f"build the stack {stack_dir(cs.stack)} beside the serving one with uv {cs.uv_version}: "
          f"{pins}", lambda _: python_stack(cs, py)),
         ("apply the FlashInfer CUTLASS MoE autotune patch where the release needs it",
-         lambda _: patched_stack(cs, py)),
-        (f"write /etc/sglang/{cs.service_name}.env (mode 0600) and {unit_name(cs)}, switch "
+         lambda _: patched_stack(cs.stack, py)),
+        (f"write /etc/sglang/{cs.service_name}.env (mode 0600) and {unit_name(cs.server)}, switch "
          f"{cs.venv_path} to the new stack"
          + (f", fetch {cs.model_download} into {cs.model_path} after its preflight (its size "
             "against the free space, access, revision: checked then, before any byte moves)"
@@ -145,19 +148,19 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
          + (", enable it and (re)start it once" + roll_words(cs) if driver
             else " (not enabled at boot: no GPU)"),
          server_step),
-        (stack_steps.kept_words(cs), lambda _: stack_steps.kept(cs)),
+        (stack_steps.kept_words(cs), lambda _: stack_steps.kept(cs, wanted)),
     ]
     return steps
 
 
-def stack_id(cs: ContainerSettings) -> str:
+def stack_id(stack: StackView) -> str:
     """The id of the settings' stack: the lock's id, or a digest of sglang's pin without one."""
-    return settings_stack_id(host.name, cs)
+    return settings_stack_id(host.name, stack)
 
 
-def stack_dir(cs: ContainerSettings) -> str:
+def stack_dir(stack: StackView) -> str:
     """Where the settings' stack is built, beside the serving one."""
-    return settings_stack_path(host.name, cs)
+    return settings_stack_path(host.name, stack)
 
 
 def beside(cs: ContainerSettings) -> bool:
@@ -165,7 +168,7 @@ def beside(cs: ContainerSettings) -> bool:
     server runs; only its switch restarts it. Asked by the restart's check, with the
     container's one read (not when the deploy's code runs)."""
     raw = stack_switch.read_stacks(cs.venv_path, LOCK_FILE, cs.service_name)
-    return switch_rules.found_of(cs.venv_path, raw).named != stack_id(cs)
+    return switch_rules.found_of(cs.venv_path, raw).named != stack_id(cs.stack)
 
 
 def restart_check(cs: ContainerSettings, written: list, stack_ops: list, switched,
@@ -184,15 +187,15 @@ def restart_check(cs: ContainerSettings, written: list, stack_ops: list, switche
     return check
 
 
-def patched_stack(cs: ContainerSettings, py: str) -> list:
+def patched_stack(stack: StackView, py: str) -> list:
     """The autotune patch in the new stack, then its release file (it is complete); the ops
     that restart the server when the stack is the serving one (``restart_check``)."""
     patch = venv.autotune_patch(name="FlashInfer CUTLASS MoE autotune (sglang patch)",
                                 python=py, tools=TOOLS)
-    release = {"lock": stack_id(cs), "sglang": cs.sglang_version}
-    paths.put(name=f"Stack {stack_id(cs)} complete (sglang {cs.sglang_version})",
+    release = {"lock": stack_id(stack), "sglang": stack.sglang_version}
+    paths.put(name=f"Stack {stack_id(stack)} complete (sglang {stack.sglang_version})",
               src=StringIO(json.dumps(release, sort_keys=True) + "\n"),
-              dest=f"{stack_dir(cs)}/{switch_rules.RELEASE_FILE}", mode="644")
+              dest=f"{stack_dir(stack)}/{switch_rules.RELEASE_FILE}", mode="644")
     return [patch]
 
 
@@ -211,23 +214,24 @@ def container_steps() -> None:
     cs = host_settings(ContainerSettings)
     expect_container_reads(cs)
     driver, gpus = container_gpus(cs)
-    env_file = env_file_path(cs)
+    env_file = env_file_path(cs.server)
     # Every path the steps below manage, so one read answers them all.
     paths.watch(
-        *(ca_dest(path) for path in ca_files(cs)), *([CA_BUNDLE] if ca_files(cs) else []),
+        *(ca_dest(path) for path in ca_files(cs.stack)),
+        *([CA_BUNDLE] if ca_files(cs.stack) else []),
         *(remote.path(script) for script in (remote.AUTOTUNE_PATCH, remote.FLAG_LISTER,
                                              remote.STACK_FALLBACK, remote.STARTUP_WATCH,
                                              *remote.companions(remote.STACK_FALLBACK),
                                              *remote.companions(remote.STARTUP_WATCH))),
-        *([DOWNLOADS] if driver else []), LAUNCHER, f"{stack_dir(cs)}/pyvenv.cfg",
-        cs.venv_path, f"{cs.venv_path}/", stack_dir(cs),
-        f"{stack_dir(cs)}/{switch_rules.RELEASE_FILE}",
-        *([f"{stack_dir(cs)}/{STACK_LOCK}"] if cs.stack_install == "pinned" else []),
-        *(shared_layer_paths(cs) if cs.uses_shared_layer else []),
+        *([DOWNLOADS] if driver else []), LAUNCHER, f"{stack_dir(cs.stack)}/pyvenv.cfg",
+        cs.venv_path, f"{cs.venv_path}/", stack_dir(cs.stack),
+        f"{stack_dir(cs.stack)}/{switch_rules.RELEASE_FILE}",
+        *([f"{stack_dir(cs.stack)}/{STACK_LOCK}"] if cs.stack_install == "pinned" else []),
+        *(shared_layer_paths(cs.stack) if cs.uses_shared_layer else []),
         *([store_retention.user_path(cs.wheel_store, store_user_key())]
           if cs.uses_wheel_store and cs.wheel_store is not None else []),
         cs.sglang_cache_dir, str(Path(env_file).parent), env_file,
-        unit_path(cs), fallback_unit_path(cs),
+        unit_path(cs.server), fallback_unit_path(cs.server),
         *(remote.path(script) for script in (remote.MODEL_FETCH,
                                              *remote.companions(remote.MODEL_FETCH))
           if cs.model_download),
@@ -244,9 +248,9 @@ def container_steps() -> None:
         restart_on += step(restart_on) or []  # None: nothing of the step restarts the server
 
 
-def ca_files(cs: ContainerSettings) -> list[str]:
+def ca_files(stack: StackView) -> list[str]:
     """The CA certificate files on this machine that ``ca_certificates`` names (globs too)."""
-    return sorted({match for pattern in cs.ca_certificates for match in glob.glob(pattern)})
+    return sorted({match for pattern in stack.ca_certificates for match in glob.glob(pattern)})
 
 
 def ca_dest(path: str) -> str:
@@ -254,18 +258,18 @@ def ca_dest(path: str) -> str:
     return f"/usr/local/share/ca-certificates/{Path(path).stem}.crt"
 
 
-def trust_ca_certificates(cs: ContainerSettings) -> None:
+def trust_ca_certificates(stack: StackView) -> None:
     """Add the given CA certificates to the container's store (a proxy's CA, for pip and uv).
     The store is updated when a certificate changed in this run, or is newer than the store's
     bundle: an update that failed, or a run killed after the upload, is made by the next run."""
     uploads = [
         paths.put(name=f"CA certificate {Path(path).name}", src=path, dest=ca_dest(path),
                   mode="644")
-        for path in ca_files(cs)
+        for path in ca_files(stack)
     ]
     if uploads:
         changed = any_changed(*uploads)
-        certs = [ca_dest(path) for path in ca_files(cs)]
+        certs = [ca_dest(path) for path in ca_files(stack)]
         server.shell(name="Update the CA store", commands=["update-ca-certificates"],
                      _if=lambda: changed() or bundle_older(
                          paths.state(CA_BUNDLE), [paths.state(cert) for cert in certs]))
@@ -283,17 +287,17 @@ def bundle_older(bundle: dict | None, certs: list[dict | None]) -> bool:
     return any(mtime > bundle["mtime"] for mtime in times)
 
 
-def nvidia_userspace(cs: ContainerSettings, version: str):
+def nvidia_userspace(stack: StackView, version: str):
     """The runfile of the host's exact driver version, installed without kernel modules."""
     paths.directory(name=f"Download folder {DOWNLOADS}", path=DOWNLOADS, mode="755")
     runfile = f"{DOWNLOADS}/NVIDIA-Linux-x86_64-{version}.run"
-    if cs.nvidia_runfile_path:
-        files.put(name=f"Upload NVIDIA driver runfile {version}", src=cs.nvidia_runfile_path,
+    if stack.nvidia_runfile_path:
+        files.put(name=f"Upload NVIDIA driver runfile {version}", src=stack.nvidia_runfile_path,
                   dest=runfile, mode="755")
     else:
         files.download(
             name=f"Download NVIDIA driver runfile {version}",
-            src=cs.nvidia_runfile_url or nvidia_driver.RUNFILE_URL.format(v=version),
+            src=stack.nvidia_runfile_url or nvidia_driver.RUNFILE_URL.format(v=version),
             dest=runfile,
             mode="755",
         )
@@ -304,17 +308,17 @@ def nvidia_userspace(cs: ContainerSettings, version: str):
     )
 
 
-def toolkit_of(cs: ContainerSettings) -> str:
+def toolkit_of(stack: StackView) -> str:
     """The CUDA toolkit (``MAJOR.MINOR``) of the container: cuda_toolkit_version, else the CUDA
     of the torch its set locks (``stack.releases.toolkit_version``)."""
-    if cs.cuda_toolkit_version is not None:
-        return cs.cuda_toolkit_version
-    release = read_release(cs.sglang_version, cs.pip_index_url)
-    locked = stack_lock_of(host.name, cs)[0].packages if cs.stack_install == "pinned" else {}
+    if stack.cuda_toolkit_version is not None:
+        return stack.cuda_toolkit_version
+    release = read_release(stack.sglang_version, stack.pip_index_url)
+    locked = stack_lock_of(host.name, stack)[0].packages if stack.stack_install == "pinned" else {}
     return toolkit_version(release, None, locked)
 
 
-def cuda_toolkit(cs: ContainerSettings) -> None:
+def cuda_toolkit(stack: StackView) -> None:
     """CUDA toolkit (nvcc) from NVIDIA's Debian repository, for FlashInfer's JIT.
 
     NVIDIA's repository, not the CUDA pip packages: FlashInfer 0.7.2's JIT
@@ -326,9 +330,9 @@ def cuda_toolkit(cs: ContainerSettings) -> None:
     repository's ``cuda-toolkit-X-Y`` is one toolkit at the set's CUDA for every release,
     installed as ``/usr/local/cuda-X.Y`` with the ``/usr/local/cuda`` link FlashInfer finds.
     """
-    repo = platform_for(cs.stack_python).nvidia_repo
+    repo = platform_for(stack.stack_python).nvidia_repo
     cuda_keyring(CUDA_KEYRING.format(repo=repo))
-    toolkit = toolkit_of(cs)
+    toolkit = toolkit_of(stack)
     debs.deb_packages(
         name=f"CUDA toolkit {toolkit} and a host compiler (FlashInfer JIT)",
         packages=[f"cuda-toolkit-{toolkit.replace('.', '-')}", *JIT_PACKAGES],
@@ -357,8 +361,8 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
     venv.tools_venv(name=f"Tools venv with uv {cs.uv_version}", path=tools,
                     uv_version=cs.uv_version)
     uv = f"{tools}/bin/uv"
-    folder = stack_dir(cs)
-    venv.venv(name=f"sglang venv {folder} (stack {stack_id(cs)})", uv=uv, path=folder,
+    folder = stack_dir(cs.stack)
+    venv.venv(name=f"sglang venv {folder} (stack {stack_id(cs.stack)})", uv=uv, path=folder,
               python="/usr/bin/python3")
     # The venv's state is read by one Python start that runs these two scripts too.
     upload_script(remote.AUTOTUNE_PATCH, "Upload the autotune patch")
@@ -371,7 +375,7 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
         restart_on = []
         lock_file, own = f"{folder}/{STACK_LOCK}", None
         if cs.uses_shared_layer:
-            restart_on += shared_layer(cs, uv, py, lock)
+            restart_on += shared_layer(cs.stack, uv, py, lock)
             lock_file, own = f"{folder}/{STACK_VENV_LOCK}", layer.venv_names(lock)
             source += ", the rest in the host's shared layer"
         packages = venv.locked_venv(
@@ -400,40 +404,40 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
     return [packages]
 
 
-def shared_layer_paths(cs: ContainerSettings) -> list[str]:
+def shared_layer_paths(stack: StackView) -> list[str]:
     """The paths the shared layer's steps ask about: its marker (through the store's mount),
     the venv's ``.pth`` and its own lock."""
-    assert cs.wheel_store is not None
-    lock, _ = stack_lock_of(host.name, cs)
-    return [layer.marker(cs.wheel_store, lock), layer.pth_path(stack_dir(cs), cs.stack_python),
-            f"{stack_dir(cs)}/{STACK_VENV_LOCK}"]
+    assert stack.wheel_store is not None
+    lock, _ = stack_lock_of(host.name, stack)
+    return [layer.marker(stack.wheel_store, lock),
+            layer.pth_path(stack_dir(stack), stack.stack_python),
+            f"{stack_dir(stack)}/{STACK_VENV_LOCK}"]
 
 
-def shared_layer(cs: ContainerSettings, uv: str, py: str, lock: Lock) -> list:
+def shared_layer(stack: StackView, uv: str, py: str, lock: Lock) -> list:
     """The host's shared layer of LOCK (built once per host), the venv's ``.pth`` to it, and
     the lock of what the venv holds itself; the ops that need a restart."""
-    assert cs.wheel_store is not None
+    assert stack.wheel_store is not None
     # Each stack reads its own lock's layer.
-    return layer.venv_on_layer(uv=uv, python=py, tools=TOOLS, venv_path=stack_dir(cs),
-                               python_version=cs.stack_python, store=cs.wheel_store, lock=lock,
-                               lock_file=f"{stack_dir(cs)}/{STACK_VENV_LOCK}")
+    return layer.venv_on_layer(uv=uv, python=py, tools=TOOLS, venv_path=stack_dir(stack),
+                               python_version=stack.stack_python, store=stack.wheel_store,
+                               lock=lock, lock_file=f"{stack_dir(stack)}/{STACK_VENV_LOCK}")
 
 
-def container_model(cs: ContainerSettings, py: str, env_file: str, env) -> list:
+def container_model(source: ModelView, py: str, serving_py: str, env_file: str, env) -> list:
     """Without a model store: model_download fetched into the container's own model_path
     with the sglang venv's huggingface_hub, verified and resumable (``model_store/operations.py``),
-    after its preflight (read now, before any change: with the serving stack's Python while
-    this run builds PY's). With one, the host fetched it and the container mounts it
-    read-only: nothing here."""
-    if not cs.model_download or cs.uses_model_store:
+    after its preflight (read now, before any change: with the serving stack's Python,
+    SERVING_PY, while this run builds PY's). With one, the host fetched it and the container
+    mounts it read-only: nothing here."""
+    if not source.model_download or source.uses_model_store:
         return []
-    fetch = fetch_request(cs, python=py, script=remote.path(remote.MODEL_FETCH),
+    fetch = fetch_request(source, python=py, script=remote.path(remote.MODEL_FETCH),
                           env_file=env_file)._asdict()
-    planned = model.checked(**fetch, fallback=f"{cs.venv_path}/bin/python",
-                            token_pending=env.will_change)
+    planned = model.checked(**fetch, fallback=serving_py, token_pending=env.will_change)
     script = upload_script(remote.MODEL_FETCH, "Upload the model fetcher")
     fetched = model.fetched(
-        name=f"Model {cs.model_download} in {cs.model_path} (verified against the hub)",
+        name=f"Model {source.model_download} in {source.model_path} (verified against the hub)",
         **fetch, planned=planned)
     return [script, fetched]
 
@@ -441,32 +445,33 @@ def container_model(cs: ContainerSettings, py: str, env_file: str, env) -> list:
 def server_unit(cs: ContainerSettings, py: str, rendered: ServerFiles, stack_ops: list,
                 start: bool) -> None:
     """The server's env file (0600), unit and state; restarted only when something changed."""
-    unit = unit_name(cs)
+    unit = unit_name(cs.server)
     argv, unit_text = rendered.argv, rendered.unit
     venv.server_flags(name=f"Server flags exist in sglang {cs.sglang_version}",
                       python=py, tools=TOOLS, argv=list(argv),
-                      unit_path=unit_path(cs), unit_text=unit_text)
+                      unit_path=unit_path(cs.server), unit_text=unit_text)
     paths.directory(name="sglang cache directory", path=cs.sglang_cache_dir, mode="755")
-    env_file = env_file_path(cs)
+    env_file = env_file_path(cs.server)
     paths.directory(name="Secrets directory", path=str(Path(env_file).parent), mode="700")
     env = paths.put(name=f"Server environment {env_file} (secrets, mode 0600)",
                      src=StringIO(rendered.env), dest=env_file, mode="600", secret=True)
-    model_ops = container_model(cs, py, env_file, env)
+    model_ops = container_model(cs.model, py, f"{cs.venv_path}/bin/python", env_file, env)
     # ExecStart runs it: the key reaches the server without a command line, masked in the log.
     launcher = upload_script(remote.LAUNCHER, "Upload the server launcher")
     unit_file = paths.put(name=f"systemd unit {unit}", src=StringIO(unit_text),
-                           dest=unit_path(cs), mode="644")
+                           dest=unit_path(cs.server), mode="644")
     # The unit's OnFailure=: a stack on trial that fails for good is switched back by systemd.
     upload_script(remote.STACK_FALLBACK, "Upload the stack fallback (the unit's OnFailure=)")
-    fallback = paths.put(name=f"systemd unit {fallback_unit_name(cs)} (switches a stack on "
+    fallback = paths.put(name=f"systemd unit {fallback_unit_name(cs.server)} (switches a stack on "
                          "trial back when the server fails for good)",
-                         src=StringIO(rendered.fallback), dest=fallback_unit_path(cs), mode="644")
+                         src=StringIO(rendered.fallback), dest=fallback_unit_path(cs.server),
+                         mode="644")
     systemd.daemon_reload(name="Reload systemd units",
                           _if=lambda: unit_file.did_change() or fallback.did_change())
     switched = stack_switch.switch(
-        name=f"{cs.venv_path} -> stack {stack_id(cs)} (sglang {cs.sglang_version}), in one "
+        name=f"{cs.venv_path} -> stack {stack_id(cs.stack)} (sglang {cs.sglang_version}), in one "
         "rename, when it is not the serving one", venv_path=cs.venv_path, lock_file=LOCK_FILE,
-        service=cs.service_name, unit=unit, wanted=stack_id(cs),
+        service=cs.service_name, unit=unit, wanted=stack_id(cs.stack),
         restart_on_change=cs.restart_on_change, nodes=cs.nodes)
     systemd_unit.service_running(
         name=f"{unit} enabled and running (restarted only when its unit, env, stack or patch "
@@ -476,7 +481,7 @@ def server_unit(cs: ContainerSettings, py: str, rendered: ServerFiles, stack_ops
         restart=restart_check(cs, [unit_file, env, launcher, *model_ops], stack_ops, switched,
                               unit),
         # A run killed after one of these changed, before the restart: restarted by the next.
-        since=restart_since(cs),
+        since=restart_since(cs.server),
         restart_on_change=cs.restart_on_change,
         turn=replica_turn(cs) if start else None,
     )

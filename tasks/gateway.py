@@ -178,8 +178,8 @@ def bench_through(gw, gs: GatewaySettings) -> None:
     upload_script(remote.BENCH_RECORD, "Upload the benchmark record wrapper")
     runs = gateway_bench_runs(cs, gs, address)
     verify.benchmark(name=f"Benchmark through the gateway {gw.name} at concurrency "
-                          f"{bench_levels(cs)}",
-                     runs=runs, env_file=env_file_path(cs),
+                          f"{bench_levels(cs.benchmark)}",
+                     runs=runs, env_file=env_file_path(cs.server),
                      history_dir=f"{cs.bench_history_dir.rstrip('/')}/gateway",
                      meta={**run_meta(cs), "gateway": gw.name, "gateway_policy": gs.gateway_policy},
                      regression_pct=cs.bench_regression_pct, low_power_pct=cs.bench_low_power_pct)
@@ -189,7 +189,7 @@ def gateway_bench_runs(cs: ContainerSettings, gs: GatewaySettings, address: str)
     """The benchmark's argv per level against the gateway at ADDRESS:``gateway_port``, under
     the GPU sampler of this container's GPUs; no /metrics sampler (the gateway's is smg's)."""
     via = cs.model_copy(update={"server_port": gs.gateway_port, "enable_metrics": False})
-    return bench_runs(via, venv_python(cs), address, cs.sglang_version,
+    return bench_runs(via.benchmark, venv_python(cs.server), address, cs.sglang_version,
                       remote.path(remote.GPU_SAMPLER), remote.path(remote.BENCH_RECORD), None)
 
 

@@ -227,7 +227,7 @@ def model_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
                       if name == "HF_TOKEN")
         token = paths.put(name=f"Hub token for {cs.model_download} (mode 0600)",
                           src=StringIO(env), dest=env_file, mode="600", secret=True)
-        fetch = model_store.fetch_request(cs, python=f"{MODEL_TOOLS}/bin/python",
+        fetch = model_store.fetch_request(cs.model, python=f"{MODEL_TOOLS}/bin/python",
                                           script=f"{MODEL_TOOLS}/{remote.MODEL_FETCH}",
                                           env_file=env_file)._asdict()
         # Before any change, on the host that downloads (a plan too): the size, the access.
@@ -474,7 +474,7 @@ def lxc_container(
         logger.warning(f"{where}: swap_mib = {cs.swap_mib} is not applied: this cgroup v1 host "
                        "has no swap accounting (boot with swapaccount=1)")
     hostname = container_hostname(ct.data)
-    lines = config_lines(cs, hostname, name, base, hs.lxc_config) + list(hs.lxc_config)
+    lines = config_lines(cs.lxc, hostname, name, base, hs.lxc_config) + list(hs.lxc_config)
     shared = shares_host_network(lines)
     lxc.create(name=f"Create container {name}", container=name, lxc_path=hs.lxc_path,
                release=hs.lxc_release, rootfs_tarball=hs.lxc_rootfs_tarball,
@@ -494,11 +494,11 @@ def lxc_container(
     owned.lines(
         name=f"Container {name} CPU and memory limits ({limits.prefix}*)",
         path=path,
-        lines=limit_lines(cs, limits),
+        lines=limit_lines(cs.lxc, limits),
         owned=owned_by_limits,
     )
     rootfs = rootfs_dir(existing or [], f"{hs.lxc_path.rstrip('/')}/{name}/rootfs")
-    keys = list(lxc_limits(cs, limits))
+    keys = list(lxc_limits(cs.lxc, limits))
     # What its operations read at execution, read with the other containers' (host_reads).
     host_reads.expect([(HostPart.STATUS, (name, hs.lxc_path)), (HostPart.CONFIG, (path,)),
                        (HostPart.CGROUP, (name, hs.lxc_path, keys))]
@@ -512,4 +512,4 @@ def lxc_container(
               restart=any_changed(config, *([guard] if guard else []),
                                   restarts=f"container {name} (lxc-stop, lxc-start)"))
     lxc.cgroup_limits(name=f"Container {name} limits applied (lxc-cgroup, no restart)",
-                      container=name, lxc_path=hs.lxc_path, limits=lxc_limits(cs, limits))
+                      container=name, lxc_path=hs.lxc_path, limits=lxc_limits(cs.lxc, limits))

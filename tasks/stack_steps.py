@@ -11,14 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pyinfra import host
-
 from pve_sglang import remote
 from pve_sglang.config.settings import ContainerSettings
 from pve_sglang.operations import stack_switch, verify, wheel_store
 from pve_sglang.server.addresses import base_url, client_address
 from pve_sglang.server.unit_text import env_file_path, unit_name
-from pve_sglang.stack.identity import settings_stack_id
 from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from tasks.common import store_user_key, upload_script
 
@@ -27,27 +24,27 @@ def follow_start(cs: ContainerSettings, address: str) -> Callable[[], None]:
     """What follows the server's start in its journal until it serves (``verify.watch_start``,
     the uploaded startup watch): the verify phase's rollback and one begun at the start of a run
     wait with it. ADDRESS: where the server answers inside the container."""
-    unit, env_file = unit_name(cs), env_file_path(cs)
+    unit, env_file = unit_name(cs.server), env_file_path(cs.server)
     health = f"{base_url(address, cs.server_port)}/health"
     watch = remote.path(remote.STARTUP_WATCH)
     return lambda: verify.watch_start(unit, health, env_file, watch, cs.health_timeout_s,
                                       cs.startup_stall_s)
 
 
-def before_switch(cs: ContainerSettings) -> None:
+def before_switch(cs: ContainerSettings, wanted: str) -> None:
     """A rollback a kill cut short is finished first, and a stack on trial found failed since
     its switch rolled back, each waiting until the previous release serves again; then the run
     stops before any change when the settings' set failed as an upgrade here before (unless
     ``retry_failed_stack``), or when a node of several (``nodes``) would switch without every
-    node of its group in the run."""
-    wanted = settings_stack_id(host.name, cs)
+    node of its group in the run. WANTED: the settings' stack id (``stack.identity``), which
+    the phase looks up once."""
+    watch = follow_start(cs, client_address(cs.server_host))
     release = f"sglang {cs.sglang_version}"
     upload_script(remote.STARTUP_WATCH, "Upload the startup watch (a rollback waits with it)")
     stack_switch.rollback_finished(
         name="A rollback cut short by a kill is finished", venv_path=cs.venv_path,
-        lock_file=LEGACY_LOCK_FILE, service=cs.service_name, unit=unit_name(cs),
-        rollback=cs.upgrade_rollback,
-        watch=follow_start(cs, client_address(cs.server_host)))
+        lock_file=LEGACY_LOCK_FILE, service=cs.service_name, unit=unit_name(cs.server),
+        rollback=cs.upgrade_rollback, watch=watch)
     stack_switch.not_failed(
         name=f"The set {release} did not fail here before", venv_path=cs.venv_path,
         lock_file=LEGACY_LOCK_FILE, service=cs.service_name, wanted=wanted, release=release,
@@ -67,11 +64,11 @@ def kept_words(cs: ContainerSettings) -> str:
                                 "container holds" if cs.uses_wheel_store else ""))
 
 
-def kept(cs: ContainerSettings, after_verdict: bool = False) -> None:
+def kept(cs: ContainerSettings, wanted: str, after_verdict: bool = False) -> None:
     """The stacks beyond the ``stack_retention`` newest removed (none while a stack is on trial:
     the verify phase removes them AFTER_VERDICT), then the container's record in its host's
-    wheel store written from what is left: the host's store retention prunes by it."""
-    wanted = settings_stack_id(host.name, cs)
+    wheel store written from what is left: the host's store retention prunes by it. WANTED:
+    the settings' stack id."""
     when = ", after the verdict" if after_verdict else ""
     stack_switch.retention(
         name=(f"Keep the {cs.stack_retention} newest stacks" + (

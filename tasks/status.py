@@ -40,9 +40,9 @@ def _has_row(candidate) -> bool:
 
 
 def _read_args(cs: ContainerSettings) -> dict:
-    return {"unit": unit_name(cs), "venv_path": cs.venv_path,
+    return {"unit": unit_name(cs.server), "venv_path": cs.venv_path,
             "state": switch_rules.state_path(cs.service_name), "model_path": cs.model_path,
-            "marker": MARKER, "metrics": True, "since": restart_since(cs),
+            "marker": MARKER, "metrics": True, "since": restart_since(cs.server),
             "base_url": base_url(client_address(cs.server_host), cs.server_port)}
 
 

@@ -161,7 +161,7 @@ def group_in_limit(cs: ContainerSettings) -> None:
 def measured_start_s(cs: ContainerSettings) -> float | None:
     """The seconds the container's server took at its last start, from its journal; None
     where it shows none."""
-    return start_seconds(host.get_fact(StartTimes, unit=unit_name(cs), ready=READY_LINE))
+    return start_seconds(host.get_fact(StartTimes, unit=unit_name(cs.server), ready=READY_LINE))
 
 
 def model_is_moe(cs: ContainerSettings) -> bool | None:

@@ -14,7 +14,7 @@ from pve_sglang.model_store import operations as model
 from pve_sglang.operations import paths, stack_switch, verify
 from tasks import stack_steps
 from tasks.common import container_gpus, expect_container_reads, run_when_container_exists, upload_script
-from pve_sglang.stack.identity import settings_stack_path, stack_lock_of
+from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
 from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from pve_sglang.server.command import venv_python
 from pve_sglang.server.unit_text import env_file_path, unit_name
@@ -53,7 +53,7 @@ def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) 
     if not driver:
         return []
     expected = len(gpus)
-    py = venv_python(cs)
+    py = venv_python(cs.server)
     script = remote.path(remote.GPU_CHECKS)
     # The server itself binds to server_host; checks run inside the container.
     address = client_address(cs.server_host)
@@ -73,7 +73,7 @@ def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) 
             name=f"P2P between the {expected} GPUs", python=py, script=script)))
     checks += server_checks(cs, address)
     if cs.bench:
-        checks.append((f"benchmark at concurrency {bench_levels(cs)}",
+        checks.append((f"benchmark at concurrency {bench_levels(cs.benchmark)}",
                        lambda: benchmark_check(cs, address)))
     return checks
 
@@ -82,7 +82,7 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     """The server's start followed in its journal up to /health (fails fast, with a hint, on a
     crash or a silent log), then one chat completion (``generation_check``). ADDRESS: where
     the server answers inside the container."""
-    unit, env_file = unit_name(cs), env_file_path(cs)
+    unit, env_file = unit_name(cs.server), env_file_path(cs.server)
     url = base_url(address, cs.server_port)
     watch = remote.path(remote.STARTUP_WATCH)
     health = f"{url}/health"
@@ -128,7 +128,8 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                        probation_s=cs.upgrade_probation_s)))
     # After the verdict: the container phase removes none while a stack is on trial.
     checks.append((f"{stack_steps.kept_words(cs)}, after the verdict",
-                   lambda: stack_steps.kept(cs, after_verdict=True)))
+                   lambda: stack_steps.kept(cs, settings_stack_id(host.name, cs),
+                                            after_verdict=True)))
     return checks
 
 
@@ -141,10 +142,10 @@ def benchmark_check(cs: ContainerSettings, address: str) -> None:
     upload_prompts(cs)
     # The server metrics sampler is uploaded beside the GPU sampler (its companion).
     scraper = remote.path(remote.SERVER_METRICS) if cs.enable_metrics else None
-    runs = bench_runs(cs, venv_python(cs), address, cs.sglang_version,
+    runs = bench_runs(cs.benchmark, venv_python(cs.server), address, cs.sglang_version,
                       remote.path(remote.GPU_SAMPLER), remote.path(remote.BENCH_RECORD), scraper)
-    verify.benchmark(name=f"Benchmark at concurrency {bench_levels(cs)}",
-                     runs=runs, env_file=env_file_path(cs), history_dir=cs.bench_history_dir,
+    verify.benchmark(name=f"Benchmark at concurrency {bench_levels(cs.benchmark)}",
+                     runs=runs, env_file=env_file_path(cs.server), history_dir=cs.bench_history_dir,
                      meta=run_meta(cs), regression_pct=cs.bench_regression_pct,
                      low_power_pct=cs.bench_low_power_pct)
 

@@ -67,8 +67,14 @@ from devtools import lxc_env as lxc_env_module
 from pve_sglang.hosts_file import EMBEDDED_HOSTS_FILE, build_groups, read_hosts_file
 
 import provisioned
+import tiers
 import wheels
 from cache_dir import TEST_CACHE, building, bytecode
+
+#: The tests' root: each test file sits in the folder of its tier (tests/tiers.py).
+TESTS = Path(__file__).parent
+# A test module imports another's helpers by its name, whatever folder either sits in.
+sys.path[1:1] = [str(TESTS / folder) for folder in tiers.FOLDERS]
 
 # The machine cache of the pyinfra runs the tests start (locks, whole wheel sets: GBs) is the test
 # cache's, where the release proof keeps its own: a test never fills the user's
@@ -149,14 +155,34 @@ def pytest_collection_finish(session):
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers set here
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         for name, markers in TIER_OF_FIXTURE.items():
             if name in used:
                 for marker in markers:
                     item.add_marker(marker)
+    check_folders(config, items)
     items[:] = longest_modules_first(items)
+
+
+def check_folders(config, items) -> None:
+    """Stop the run where a test file is not in the folder of its tests' tier (tests/tiers.py):
+    before -m deselects, so that the fast tier stops on a fast-folder test that boots containers."""
+    collected = []
+    for item in items:
+        path = Path(item.path)
+        if not path.is_relative_to(TESTS):
+            continue
+        markers = frozenset(m.name for m in item.iter_markers()) & tiers.TIER_MARKERS
+        fixtures = tuple(name for name in TIER_OF_FIXTURE if name in getattr(item, "fixturenames", ()))
+        collected.append(tiers.Collected(path.relative_to(TESTS).as_posix(), item.name, markers, fixtures))
+    # Chosen tests (FILE::TEST, --lf) say nothing of their files' other tests.
+    whole = not config.getoption("lf", False) and not any("::" in arg for arg in config.args)
+    for problem in tiers.misplaced(collected, whole):
+        # A collection error (pytest-xdist's workers pass it on): the run stops before any test.
+        config.hook.pytest_collectreport(report=pytest.CollectReport(
+            problem.split(":")[0], "failed", problem, []))
 
 
 #: Each module's seconds in the last whole run (its tests' setup, call and teardown added),

@@ -22,7 +22,7 @@ def promtool() -> tuple[str | None, str]:
     debs = sorted(ARCHIVES.glob("prometheus_*_amd64.deb"))
     if not debs or not shutil.which("dpkg-deb"):
         return None, (f"needs promtool: Debian's prometheus package on PATH, or its .deb in "
-                      f"{ARCHIVES} (tests/test_monitoring_lxc.py's container caches it)")
+                      f"{ARCHIVES} (tests/lxc/test_monitoring_lxc.py's container caches it)")
     tool = UNPACKED / debs[-1].stem / "usr/bin/promtool"
     with building(UNPACKED / debs[-1].stem):
         if not tool.exists():

@@ -36,7 +36,7 @@ With ``--enable-metrics`` it serves ``/metrics`` as SGLang does: without the API
 (``sglang/srt/utils/auth.py`` lets ``/metrics`` through), in Prometheus' text format, with
 SGLang's real metric names, types, help texts and scheduler labels (``METRICS``, taken from
 0.5.23's ``sglang/srt/observability/metrics_collector.py``; the same names and types as 0.5.9's
-``sglang/srt/metrics/collector.py``; tests/test_server_metrics.py checks them against both
+``sglang/srt/metrics/collector.py``; tests/network/test_server_metrics.py checks them against both
 wheels). The figures are the stand-in's own load: ``/generate`` requests are admitted up to
 ``--max-running`` at once (0: no cap) and while their tokens (prompt and ``max_new_tokens``)
 fit in ``--kv-tokens``; the others wait in the queue, as a capped or full server's do.

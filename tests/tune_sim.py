@@ -1,6 +1,6 @@
 """A server on a landscape (``landscape.py``) and a simulated clock, for the real ``Drive``: each
 restart and each part of the benchmark moves the clock by the landscape's costs, and each
-part's figures are the landscape's with its noise. Used by tests/test_tune_search.py and
+part's figures are the landscape's with its noise. Used by tests/unit/test_tune_search.py and
 bench/tune_search.py (where the peers run on the same server and clock).
 
 The server holds state as a real one does: it runs the flags it was last started with, or none

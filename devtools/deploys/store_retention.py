@@ -49,7 +49,7 @@ if host.name != "@local":
 phase.done(name="Containers done", phase="container")
 if host.name != "@local":
     # The verify phase's end (``tasks.stack_steps.kept``, after the verdict): no server runs here
-    # (its judgement is tests/test_upgrade_lxc.py's), so the verdict is good: the trial ends,
+    # (its judgement is tests/lxc/test_upgrade_lxc.py's), so the verdict is good: the trial ends,
     # then retention removes what waited for it, then the record is written from what is left.
     stack_switch.trial_passed(name="The verdict: the stack serves", venv_path=VENV,
                               lock_file=LOCK_FILE, service=SERVICE)

@@ -761,6 +761,177 @@ class ContainerSettings(_Strict):
             env["SGLANG_API_KEY"] = self.api_key.get_secret_value()
         return env
 
+    # --- views: the part of these settings one area reads (see _View) ---------------------
+    @property
+    def stack(self) -> StackView:
+        return StackView.of(self)
+
+    @property
+    def server(self) -> ServerView:
+        return ServerView.of(self)
+
+    @property
+    def model(self) -> ModelView:
+        return ModelView.of(self)
+
+    @property
+    def benchmark(self) -> BenchView:
+        return BenchView.of(self)
+
+    @property
+    def tuning(self) -> TuningView:
+        return TuningView.of(self)
+
+    @property
+    def lxc(self) -> LxcView:
+        return LxcView.of(self)
+
+
+_ViewT = TypeVar("_ViewT", bound="_View")
+
+
+class _View(BaseModel):
+    """A read-only part of one container's settings: the fields (and derived values) the
+    functions of one area read, under their ``ContainerSettings`` names. A function given a view
+    cannot read another area's settings (mypy says so; at run time: AttributeError). Built from
+    settings already validated, so not validated again; the schema and its messages stay
+    ``ContainerSettings``'."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @classmethod
+    def of(cls: type[_ViewT], settings: ContainerSettings) -> _ViewT:
+        return cls.model_construct(**{name: getattr(settings, name) for name in cls.model_fields})
+
+
+class StackView(_View):
+    """The stack: the release and its pins, the Python, the venv, where its wheels, the CUDA
+    toolkit and the driver's runfile come from (``stack/``, the container phase's stack
+    steps)."""
+
+    sglang_version: str
+    torch_version: str | None
+    flashinfer_version: str | None
+    cuda_toolkit_version: str | None
+    uv_version: str
+    venv_path: str
+    pip_index_url: str | None
+    ca_certificates: list[str]
+    wheelhouse: str | None
+    torch_index_url: str | None
+    stack_install: Literal["pinned", "sglang-no-deps"]
+    stack_lock: str | None
+    stack_python: str
+    wheel_store: str | None
+    shared_layer: bool
+    nvidia_runfile_url: str | None
+    nvidia_runfile_path: str | None
+    uses_wheel_store: bool
+    uses_shared_layer: bool
+
+
+class ServerView(_View):
+    """The server: its command line, unit, env file and the unit that switches a failed stack
+    back (``server/command.py``, ``server/unit_text.py``, ``server/render.py``)."""
+
+    service_name: str
+    venv_path: str
+    sglang_version: str
+    model_path: str
+    served_model_name: str | None
+    server_host: str
+    server_port: int
+    tp_size: int | None
+    moe_runner_backend: str
+    attention_backend: str
+    mem_fraction_static: float
+    max_running_requests: int | None
+    disable_cuda_graph: bool
+    cuda_graph_max_bs: int | None
+    chunked_prefill_size: int | None
+    schedule_policy: str | None
+    enable_flashinfer_allreduce_fusion: bool
+    enable_metrics: bool
+    extra_server_args: list[str]
+    sglang_cache_dir: str
+    api_key: SecretStr | None
+    # The env file's variables (``ContainerSettings.secrets``): never in a repr.
+    secrets: dict[str, str] = Field(repr=False)
+    health_timeout_s: int
+    upgrade_rollback: bool
+    nodes: list[str]
+    dist_init_addr: str | None
+    dist_init_port: int
+
+
+class ModelView(_View):
+    """The model: where it is served from, what is fetched and into which store
+    (``model_store/``)."""
+
+    model_path: str
+    model_download: str | None
+    model_revision: str | None
+    model_store: str | None
+    model_accept_unhashed: bool
+    uses_model_store: bool
+
+
+class BenchView(_View):
+    """The benchmark: its levels, prompts, samplers and history, and what it asks of the server
+    it measures (``server/bench.py``, ``server/bench_history.py``)."""
+
+    bench: bool
+    bench_preset: Literal["full", "quick"]
+    bench_concurrencies: list[int]
+    bench_quick_concurrencies: list[int]
+    bench_num_prompts: int
+    bench_prompts_per_concurrency: int
+    bench_input_len: int
+    bench_output_len: int
+    bench_prompts_file: str | None
+    bench_history_dir: str
+    bench_regression_pct: float
+    bench_gpu_sample_ms: int
+    bench_metrics_sample_ms: int
+    bench_low_power_pct: float
+    model_path: str
+    served_model_name: str | None
+    server_port: int
+    enable_metrics: bool
+
+
+class TuningView(_View):
+    """The tuning search: its space, budget, load and bound (``tuning/``)."""
+
+    tune_space: dict[str, list[Any]] | None
+    tune_budget_s: int
+    tune_concurrency: int | None
+    tune_max_p99_ttft_ms: float | None
+    tune_dir: str
+
+
+class LxcView(_View):
+    """The container itself: its Proxmox/LXC keys, resources, network, GPUs and every mount it
+    gets (``container_config/``, the host phase's container steps)."""
+
+    hostname: str | None
+    rootfs_storage: str
+    rootfs_size_gib: int
+    cores: int
+    memory_mib: int
+    swap_mib: int
+    net0: str
+    unprivileged: bool
+    onboot: bool
+    nesting: bool
+    gpus: Literal["all"] | list[int]
+    all_mounts: list[Mount]
+
+
+#: Each view and the property of ``ContainerSettings`` that gives it.
+VIEWS: dict[str, type[_View]] = {"stack": StackView, "server": ServerView, "model": ModelView,
+                                 "benchmark": BenchView, "tuning": TuningView, "lxc": LxcView}
+
 
 #: The gateway's secrets (``config/gateway.py``'s settings, which build on these): masked too.
 GATEWAY_SECRET_FIELDS = frozenset({"gateway_api_key"})

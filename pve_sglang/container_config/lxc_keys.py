@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from pve_sglang.config.settings import ContainerSettings, SettingsError
+from pve_sglang.config.settings import LxcView, SettingsError
 
 USERNS_INCLUDE = "lxc.include = /usr/share/lxc/config/userns.conf"
 NESTING_INCLUDE = "lxc.include = /usr/share/lxc/config/nesting.conf"
@@ -101,21 +101,21 @@ def cpuset(cores: int, host_cpus: int) -> str:
     return "0" if last == 0 else f"0-{last}"
 
 
-def limits(cs: ContainerSettings, host: HostLimits) -> dict[str, str]:
+def limits(lxc: LxcView, host: HostLimits) -> dict[str, str]:
     """The cgroup limits of the settings, ``{key: value}`` as ``lxc-cgroup`` takes them."""
-    values = {"cpuset.cpus": cpuset(cs.cores, host.cpus)}
+    values = {"cpuset.cpus": cpuset(lxc.cores, host.cpus)}
     if host.version == "v2":
-        values["memory.max"] = f"{cs.memory_mib}M"
-        values["memory.swap.max"] = f"{cs.swap_mib}M"
+        values["memory.max"] = f"{lxc.memory_mib}M"
+        values["memory.swap.max"] = f"{lxc.swap_mib}M"
     else:
-        values["memory.limit_in_bytes"] = f"{cs.memory_mib}M"
+        values["memory.limit_in_bytes"] = f"{lxc.memory_mib}M"
         if host.swap_accounting:
-            values["memory.memsw.limit_in_bytes"] = f"{cs.memory_mib + cs.swap_mib}M"
+            values["memory.memsw.limit_in_bytes"] = f"{lxc.memory_mib + lxc.swap_mib}M"
     return values
 
 
-def limit_lines(cs: ContainerSettings, host: HostLimits) -> list[str]:
-    return [f"{host.prefix}{key} = {value}" for key, value in limits(cs, host).items()]
+def limit_lines(lxc: LxcView, host: HostLimits) -> list[str]:
+    return [f"{host.prefix}{key} = {value}" for key, value in limits(lxc, host).items()]
 
 
 def net0_items(net0: str) -> dict[str, str]:
@@ -161,15 +161,15 @@ def shares_host_network(lines: Iterable[str]) -> bool:
     return any(re.fullmatch(r"lxc\.net\.0\.type\s*=\s*none", line.strip()) for line in lines)
 
 
-def mount_lines(cs: ContainerSettings) -> list[str]:
+def mount_lines(lxc: LxcView) -> list[str]:
     return [
         f"lxc.mount.entry = {m.host_path} {m.path.lstrip('/')} none "
         f"bind{',ro' if m.read_only else ''},create=dir,{MOUNT_MARK} 0 0"
-        for m in cs.all_mounts
+        for m in lxc.all_mounts
     ]
 
 
-def config_lines(cs: ContainerSettings, hostname: str, container: str, idmap_base: int | None,
+def config_lines(lxc: LxcView, hostname: str, container: str, idmap_base: int | None,
                  lxc_config: list[str]) -> list[str]:
     """The lines the settings give the container config, but the cgroup limits (restart
     needed for a change): user namespace first (its include resets the device rules that
@@ -177,12 +177,12 @@ def config_lines(cs: ContainerSettings, hostname: str, container: str, idmap_bas
     lines = []
     if idmap_base is not None:
         lines += [USERNS_INCLUDE, *idmap_lines(idmap_base)]
-    lines += [f"lxc.uts.name = {hostname}", f"lxc.start.auto = {int(cs.onboot)}"]
-    if cs.nesting:
+    lines += [f"lxc.uts.name = {hostname}", f"lxc.start.auto = {int(lxc.onboot)}"]
+    if lxc.nesting:
         lines.append(NESTING_INCLUDE)
     if not sets_network(lxc_config):
-        lines += network_lines(cs.net0, container)
-    return lines + mount_lines(cs)
+        lines += network_lines(lxc.net0, container)
+    return lines + mount_lines(lxc)
 
 
 def _key(line: str) -> str:
@@ -272,7 +272,7 @@ def same_limit(key: str, current: str | None, wanted: str) -> bool:
     return bytes_of(current) == bytes_of(wanted)
 
 
-def check_settings(where: str, cs: ContainerSettings, user_set: Iterable[str],
+def check_settings(where: str, lxc: LxcView, user_set: Iterable[str],
                    lxc_config: list[str]) -> None:
     """Refuse, before any change, container settings a plain LXC host cannot honour: a
     setting with no meaning there (set by the user: the defaults are Proxmox's), a net0 key
@@ -286,21 +286,21 @@ def check_settings(where: str, cs: ContainerSettings, user_set: Iterable[str],
                 "rootfs is a folder under lxc_path, with no storage and no size; remove the field"
             )
     network_by_config = sets_network(lxc_config)
-    items = net0_items(cs.net0)
+    items = net0_items(lxc.net0)
     if not network_by_config:
         unknown = [key for key in items if key not in LXC_NET_KEYS]
         if unknown:
             raise SettingsError(
-                f"{where}: field 'net0' = {cs.net0!r}: key {unknown[0]!r} has no meaning on plain "
+                f"{where}: field 'net0' = {lxc.net0!r}: key {unknown[0]!r} has no meaning on plain "
                 f"LXC; allowed keys there: {', '.join(LXC_NET_KEYS)}"
             )
         if "bridge" not in items or items.get("type", "veth") != "veth":
             raise SettingsError(
-                f"{where}: field 'net0' = {cs.net0!r}: plain LXC needs a veth on a bridge; "
+                f"{where}: field 'net0' = {lxc.net0!r}: plain LXC needs a veth on a bridge; "
                 "allowed: name=...,bridge=... (e.g. 'name=eth0,bridge=lxcbr0,ip=dhcp'), or "
                 "lxc.net.0.* lines in lxc_config"
             )
-    if cs.unprivileged and shares_host_network(lxc_config):
+    if lxc.unprivileged and shares_host_network(lxc_config):
         raise SettingsError(
             f"{where}: field 'lxc_config' has 'lxc.net.0.type = none' (the host's network "
             "namespace), which an unprivileged container cannot use (its user namespace cannot "

@@ -107,7 +107,7 @@ def companions(script: str) -> tuple[str, ...]:
 
 _HERE = Path(__file__).resolve().parent
 #: The scripts kept in another folder of the package, with the code of their topic: the same
-#: rules hold for them (tests/test_layout.py).
+#: rules hold for them (tests/unit/test_layout.py).
 ELSEWHERE: dict[str, Path] = {MODEL_FETCH: _HERE.parent / "model_store"}
 
 

@@ -3,7 +3,7 @@ kit's part, of a model's LFS file, or the git blob id the hub gives a model's sm
 
 The deploy imports it (``stack.wheel_fetch``), the device kit too (``tests/device/``), and it is
 uploaded beside ``model_fetch.py`` (``remote.COMPANIONS``), which imports it where it runs.
-``tests/test_file_hash.py`` holds it to ``sha256sum`` and ``git hash-object``.
+``tests/unit/test_file_hash.py`` holds it to ``sha256sum`` and ``git hash-object``.
 """
 
 from __future__ import annotations

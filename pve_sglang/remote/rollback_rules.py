@@ -5,7 +5,7 @@ names one (pure functions, the standard library only).
 Both sides decide with this module: the deploy (``stack.switch_rules``, the verify phase and the
 start of each run) and the server's own fallback, which systemd runs without a deploy run
 (``stack_fallback.py``, uploaded with this module beside it: ``remote.COMPANIONS``). Every rule
-is a row of ``tests/test_stacks.py``, which also runs the uploaded copy and the deploy's side on
+is a row of ``tests/unit/test_stacks.py``, which also runs the uploaded copy and the deploy's side on
 one table.
 """
 

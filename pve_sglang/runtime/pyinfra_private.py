@@ -5,7 +5,7 @@ global that pyinfra no longer calls is a no-op, a private constant that moved an
 far from its cause. So the project uses them only through this module, which was read against
 pyinfra ``SUPPORTED`` (the version pyproject.toml pins) and refuses any other on import, with an
 error naming both versions: a new pyinfra means reading each use below against its source
-again (``tests/test_pyinfra_private.py`` proves the speed patch still reaches what pyinfra
+again (``tests/unit/test_pyinfra_private.py`` proves the speed patch still reaches what pyinfra
 calls), then moving ``SUPPORTED`` and the pin together.
 
 Each name is a thin typed function or a constant with why the project needs it.

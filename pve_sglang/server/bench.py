@@ -28,7 +28,7 @@ from typing import Any
 from pyinfra.api import QuoteString, StringCommand
 
 from pve_sglang import remote
-from pve_sglang.config.settings import ContainerSettings
+from pve_sglang.config.settings import BenchView
 from pve_sglang.server.addresses import base_url
 from pve_sglang.runtime.pyinfra_private import joined
 
@@ -107,14 +107,14 @@ def bench_module(release: str) -> str:
     return "sglang.bench_serving"
 
 
-def bench_levels(settings: ContainerSettings) -> list[int]:
+def bench_levels(bench: BenchView) -> list[int]:
     """The concurrency levels of the benchmark preset, in the order given."""
-    if settings.bench_preset == "quick":
-        return list(settings.bench_quick_concurrencies)
-    return list(settings.bench_concurrencies)
+    if bench.bench_preset == "quick":
+        return list(bench.bench_quick_concurrencies)
+    return list(bench.bench_concurrencies)
 
 
-def num_prompts(settings: ContainerSettings, concurrency: int, share: float = 1.0) -> int:
+def num_prompts(bench: BenchView, concurrency: int, share: float = 1.0) -> int:
     """Prompts of the run at CONCURRENCY: ``bench_prompts_per_concurrency`` per concurrent
     request, so that the server holds the level for most of the run, and at least
     ``bench_num_prompts``, so that a low level still averages over some requests. SHARE: the
@@ -122,12 +122,12 @@ def num_prompts(settings: ContainerSettings, concurrency: int, share: float = 1.
     prompt per concurrent request."""
     if not 0 < share <= 1:
         raise ValueError(f"benchmark share {share!r}: allowed: above 0, at most 1")
-    whole = max(settings.bench_num_prompts, settings.bench_prompts_per_concurrency * concurrency)
+    whole = max(bench.bench_num_prompts, bench.bench_prompts_per_concurrency * concurrency)
     return max(concurrency, math.ceil(whole * share)) if share < 1 else whole
 
 
 def bench_argv(
-    settings: ContainerSettings,
+    bench: BenchView,
     python: str,
     concurrency: int,
     host: str,
@@ -147,20 +147,20 @@ def bench_argv(
     argv = [python, "-m", bench_module(release), "--backend", "sglang"]
     # --base-url too: 0.5.9 builds http://{host}:{port} itself, unbracketed for IPv6.
     argv += ["--host", host, "--port", str(port), "--base-url", base_url(host, port)]
-    argv += ["--model", settings.model_path, "--tokenizer", settings.model_path]
-    if settings.served_model_name:
-        argv += ["--served-model-name", settings.served_model_name]
-    argv += ["--num-prompts", str(num_prompts(settings, concurrency, share))]
+    argv += ["--model", bench.model_path, "--tokenizer", bench.model_path]
+    if bench.served_model_name:
+        argv += ["--served-model-name", bench.served_model_name]
+    argv += ["--num-prompts", str(num_prompts(bench, concurrency, share))]
     argv += ["--max-concurrency", str(concurrency)]
-    if settings.bench_prompts_file:
+    if bench.bench_prompts_file:
         # The file's prompts, each asked for bench_output_len tokens (its answers' lengths
         # otherwise: runs would not compare).
         argv += ["--dataset-name", PROMPTS_DATASET, "--dataset-path", PROMPTS_IN_CONTAINER]
-        argv += ["--sharegpt-output-len", str(settings.bench_output_len)]
+        argv += ["--sharegpt-output-len", str(bench.bench_output_len)]
     else:
         argv += ["--dataset-name", DATASET]
-        argv += ["--random-input-len", str(settings.bench_input_len)]
-        argv += ["--random-output-len", str(settings.bench_output_len)]
+        argv += ["--random-input-len", str(bench.bench_input_len)]
+        argv += ["--random-output-len", str(bench.bench_output_len)]
         argv += ["--random-range-ratio", "1.0"]
     argv += ["--disable-tqdm"]
     return argv
@@ -190,20 +190,20 @@ def metrics_argv(python: str, scraper: str, url: str, interval_ms: int,
             "--start-marker", MAIN_RUN_MARKER, "--stop-marker", RESULT_HEADER.strip(), "--", *argv]
 
 
-def bench_runs(settings: ContainerSettings, python: str, host: str, release: str,
+def bench_runs(bench: BenchView, python: str, host: str, release: str,
                sampler: str, recorder: str, scraper: str | None = None,
                levels: list[int] | None = None, share: float = 1.0) -> dict[int, list[str]]:
     """The argv of each level of the preset (or of LEVELS), SHARE of its prompts: the benchmark
     under the record wrapper at RECORDER, under the server metrics sampler at SCRAPER (when
     given and ``enable_metrics`` is on), under the GPU sampler at SAMPLER."""
     runs = {}
-    for c in levels or bench_levels(settings):
+    for c in levels or bench_levels(bench):
         argv = recorded_argv(python, recorder, bench_argv(
-            settings, python, c, host, settings.server_port, release, share))
-        if scraper and settings.enable_metrics:
-            url = base_url(host, settings.server_port) + "/metrics"
-            argv = metrics_argv(python, scraper, url, settings.bench_metrics_sample_ms, argv)
-        runs[c] = sampled_argv(python, sampler, settings.bench_gpu_sample_ms, argv)
+            bench, python, c, host, bench.server_port, release, share))
+        if scraper and bench.enable_metrics:
+            url = base_url(host, bench.server_port) + "/metrics"
+            argv = metrics_argv(python, scraper, url, bench.bench_metrics_sample_ms, argv)
+        runs[c] = sampled_argv(python, sampler, bench.bench_gpu_sample_ms, argv)
     return runs
 
 

@@ -13,7 +13,7 @@ from typing import Iterable
 
 from pve_sglang.server import spelling
 from pve_sglang.remote.sglang_flags import release_flags
-from pve_sglang.config.settings import ContainerSettings, tensor_parallel_size
+from pve_sglang.config.settings import ServerView, tensor_parallel_size
 
 API_KEY_VAR = "SGLANG_API_KEY"
 
@@ -54,7 +54,7 @@ def _major(cap: str) -> int:
 
 
 def server_argv(
-    settings: ContainerSettings,
+    server: ServerView,
     gpu_count: int,
     compute_caps: list[str],
     node_rank: int | None,
@@ -65,7 +65,7 @@ def server_argv(
     """The ExecStart argv of ``python -m sglang.launch_server`` for one node.
 
     ``tp_size`` None means one rank per GPU on every node (``gpu_count * nnodes``). Every flag is
-    spelled as ``settings.sglang_version`` spells it (``server.spelling``), so none of them makes
+    spelled as ``sglang_version`` spells it (``server.spelling``), so none of them makes
     that release log a deprecation warning. Returns a ``ServerArgv``: a list of str whose
     ``warnings`` say what was changed and why (today: allreduce fusion dropped on compute
     capability 12.x).
@@ -77,34 +77,34 @@ def server_argv(
     # SM12x GPUs refuse the allreduce fusion (below); a malformed capability is refused with
     # the other inputs, before any flag.
     sm12 = (sorted({cap for cap in compute_caps if _major(cap) == 12})
-            if settings.enable_flashinfer_allreduce_fusion else [])
+            if server.enable_flashinfer_allreduce_fusion else [])
     argv = ServerArgv([python, "-m", "sglang.launch_server"])
-    tp = tensor_parallel_size(settings.tp_size, gpu_count, nnodes)
-    release = settings.sglang_version
+    tp = tensor_parallel_size(server.tp_size, gpu_count, nnodes)
+    release = server.sglang_version
 
-    argv += ["--model-path", settings.model_path]
-    argv += ["--host", settings.server_host, "--port", str(settings.server_port)]
+    argv += ["--model-path", server.model_path]
+    argv += ["--host", server.server_host, "--port", str(server.server_port)]
     argv += ["--tp-size", str(tp)]
-    argv += ["--moe-runner-backend", settings.moe_runner_backend]
-    argv += ["--attention-backend", spelling.attention_backend(settings.attention_backend, release)]
-    argv += ["--mem-fraction-static", repr(float(settings.mem_fraction_static))]
-    if settings.max_running_requests is not None:
-        argv += ["--max-running-requests", str(settings.max_running_requests)]
-    if settings.cuda_graph_max_bs is not None:
-        argv += [*spelling.flag("cuda_graph_max_bs", release), str(settings.cuda_graph_max_bs)]
-    if settings.chunked_prefill_size is not None:
-        argv += ["--chunked-prefill-size", str(settings.chunked_prefill_size)]
-    if settings.schedule_policy is not None:
-        problem = spelling.schedule_policy_problem(settings.schedule_policy, release)
+    argv += ["--moe-runner-backend", server.moe_runner_backend]
+    argv += ["--attention-backend", spelling.attention_backend(server.attention_backend, release)]
+    argv += ["--mem-fraction-static", repr(float(server.mem_fraction_static))]
+    if server.max_running_requests is not None:
+        argv += ["--max-running-requests", str(server.max_running_requests)]
+    if server.cuda_graph_max_bs is not None:
+        argv += [*spelling.flag("cuda_graph_max_bs", release), str(server.cuda_graph_max_bs)]
+    if server.chunked_prefill_size is not None:
+        argv += ["--chunked-prefill-size", str(server.chunked_prefill_size)]
+    if server.schedule_policy is not None:
+        problem = spelling.schedule_policy_problem(server.schedule_policy, release)
         if problem:
             raise ValueError(f"schedule_policy: {problem}")
-        argv += ["--schedule-policy", settings.schedule_policy]
-    if settings.enable_metrics:
+        argv += ["--schedule-policy", server.schedule_policy]
+    if server.enable_metrics:
         # The same spelling in every release from 0.5.9 to 0.5.23 (a plain store_true).
         argv += ["--enable-metrics"]
-    if settings.disable_cuda_graph:
+    if server.disable_cuda_graph:
         argv += spelling.flag("disable_cuda_graph", release)
-    if settings.enable_flashinfer_allreduce_fusion:
+    if server.enable_flashinfer_allreduce_fusion:
         fusion = spelling.flag("flashinfer_allreduce_fusion", release)
         if sm12:
             argv.warnings.append(
@@ -119,8 +119,8 @@ def server_argv(
                     "unknown: kept, but sglang 0.5.23 refuses it on SM12x"
                 )
             argv += fusion
-    if settings.served_model_name:
-        argv += ["--served-model-name", settings.served_model_name]
+    if server.served_model_name:
+        argv += ["--served-model-name", server.served_model_name]
     if nnodes > 1:
         if node_rank is None or not 0 <= node_rank < nnodes:
             raise ValueError(f"node_rank {node_rank!r} is not in 0..{nnodes - 1} (nnodes {nnodes})")
@@ -128,16 +128,16 @@ def server_argv(
             raise ValueError(f"nnodes {nnodes} needs dist_init_addr (rank 0's address:port)")
         argv += ["--nnodes", str(nnodes), "--node-rank", str(node_rank)]
         argv += ["--dist-init-addr", dist_init_addr]
-    if settings.api_key is not None:
+    if server.api_key is not None:
         argv += ["--api-key", EnvRef(API_KEY_VAR)]
     # Secret flags in extra_server_args are refused by the settings (settings.server_argument).
-    argv += list(settings.extra_server_args)
+    argv += list(server.extra_server_args)
     return argv
 
 
-def venv_python(settings: ContainerSettings) -> str:
+def venv_python(server: ServerView) -> str:
     """The Python of the container's SGLang virtual environment."""
-    return f"{settings.venv_path.rstrip('/')}/bin/python"
+    return f"{server.venv_path.rstrip('/')}/bin/python"
 
 
 # --- flags the installed release accepts --------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pyinfra.api.inventory import Inventory
 
 from pve_sglang.server.addresses import host_port
-from pve_sglang.config.settings import ContainerSettings, container_hostname
+from pve_sglang.config.settings import ServerView, container_hostname
 from pve_sglang.server.command import ServerArgv, server_argv, venv_python
 from pve_sglang.server.unit_text import render_env, render_fallback_unit, render_unit
 
@@ -29,28 +29,28 @@ class ServerFiles:
 
 
 def server_files(
-    name: str, settings: ContainerSettings, gpus: list[dict], inventory: Inventory
+    name: str, server: ServerView, gpus: list[dict], inventory: Inventory
 ) -> ServerFiles:
     """Render the server's argv, unit and env file for container NAME on these GPUs (the
     host's GPUs it gets, ``gpu.passthrough.select_gpus``); the first node's hostname from INVENTORY
     when several nodes serve the model. Raises ValueError."""
-    node_rank, nnodes = node_rank_for(name, settings.nodes)
-    address = settings.dist_init_addr
-    if address is None and settings.nodes:
-        address = container_hostname(inventory.get_host(settings.nodes[0]).data)
-    # Several nodes: settings.nodes is not empty, so ADDRESS is set.
-    rank0 = dist_init_addr(address, settings.dist_init_port) if nnodes > 1 and address is not None else None
+    node_rank, nnodes = node_rank_for(name, server.nodes)
+    address = server.dist_init_addr
+    if address is None and server.nodes:
+        address = container_hostname(inventory.get_host(server.nodes[0]).data)
+    # Several nodes: server.nodes is not empty, so ADDRESS is set.
+    rank0 = dist_init_addr(address, server.dist_init_port) if nnodes > 1 and address is not None else None
     argv = server_argv(
-        settings,
+        server,
         gpu_count=len(gpus) or 1,
         compute_caps=[gpu["compute_cap"] for gpu in gpus],
         node_rank=node_rank,
         nnodes=nnodes,
         dist_init_addr=rank0,
-        python=venv_python(settings),
+        python=venv_python(server),
     )
-    return ServerFiles(argv, render_unit(settings, argv), render_env(settings),
-                       render_fallback_unit(settings))
+    return ServerFiles(argv, render_unit(server, argv), render_env(server),
+                       render_fallback_unit(server))
 
 
 def node_rank_for(inventory_name: str, nodes: list[str]) -> tuple[int | None, int]:

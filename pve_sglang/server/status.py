@@ -1,6 +1,6 @@
 """``make status``'s rows: what one read of a container (``facts.status.ContainerStatus``) and
 the local records (the benchmark history, the tuned file) say, as words, and the table of them
-(pure functions: ``tests/test_status.py``).
+(pure functions: ``tests/unit/test_status.py``).
 
 What a container answers is untrusted: every value shown goes through ``clean`` (control
 characters, terminal escapes among them, dropped; bounded length).

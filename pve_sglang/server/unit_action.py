@@ -4,7 +4,7 @@ What a run does with the server's systemd unit, decided from what was read (a pu
 ``operations.systemd_unit.service_running`` reads the unit's state, asks whether this run
 changed what the server runs, and which of its files changed after the running server started;
 ``decide`` turns those values into the commands' plan. Every case is a row of
-``tests/test_unit_action.py``.
+``tests/unit/test_unit_action.py``.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from pve_sglang.remote import sglang_launch
 from pve_sglang.server.command import EnvRef
 from pve_sglang.stack import switch_rules
 from pve_sglang.project import TEMPLATES, project_file
-from pve_sglang.config.settings import ContainerSettings
+from pve_sglang.config.settings import ServerView
 
 UNIT_TEMPLATE = "sglang.service.j2"
 FALLBACK_TEMPLATE = "sglang-stack-fallback.service.j2"
@@ -145,13 +145,13 @@ def env_file_of(service: str, folder: str = ENV_DIR) -> str:
     return f"{folder}/{service}.env"
 
 
-def env_file_path(settings: ContainerSettings) -> str:
+def env_file_path(server: ServerView) -> str:
     """Where the deploy writes the server unit's EnvironmentFile (mode 0600)."""
-    return env_file_of(settings.service_name)
+    return env_file_of(server.service_name)
 
 
-def unit_name(settings: ContainerSettings) -> str:
-    return f"{settings.service_name}.service"
+def unit_name(server: ServerView) -> str:
+    return f"{server.service_name}.service"
 
 
 def unit_file(unit: str) -> str:
@@ -159,29 +159,29 @@ def unit_file(unit: str) -> str:
     return f"/etc/systemd/system/{unit}"
 
 
-def unit_path(settings: ContainerSettings) -> str:
+def unit_path(server: ServerView) -> str:
     """Where the deploy writes the server's systemd unit."""
-    return unit_file(unit_name(settings))
+    return unit_file(unit_name(server))
 
 
-def restart_since(settings: ContainerSettings) -> dict[str, str]:
+def restart_since(server: ServerView) -> dict[str, str]:
     """What the server reads when it starts, ``{what: path}``: one changed after the running
     server started is a restart pending (a run killed before its restart; ``make status`` says
     so too). The link's own mtime moves at a switch; the serving stack's when an install in it
     ends (its marker goes) and before a patch."""
-    return {"the unit file": unit_path(settings), "the environment file": env_file_path(settings),
-            "the launcher": LAUNCHER, "the sglang stack link": settings.venv_path,
-            "the sglang venv": f"{settings.venv_path}/"}
+    return {"the unit file": unit_path(server), "the environment file": env_file_path(server),
+            "the launcher": LAUNCHER, "the sglang stack link": server.venv_path,
+            "the sglang venv": f"{server.venv_path}/"}
 
 
-def cache_environment(settings: ContainerSettings) -> dict[str, str]:
+def cache_environment(server: ServerView) -> dict[str, str]:
     """Persistent caches: SGLang's (FlashInfer autotune results among them) and the JIT caches.
 
     0.5.23 points the third-party caches under SGLANG_CACHE_DIR itself (setdefault); 0.5.9 does
     not, so they are set explicitly to the same layout. FlashInfer appends ``.cache/flashinfer``
     to FLASHINFER_WORKSPACE_BASE.
     """
-    base = settings.sglang_cache_dir.rstrip("/") or "/"
+    base = server.sglang_cache_dir.rstrip("/") or "/"
     return {
         "SGLANG_CACHE_DIR": base,
         "FLASHINFER_WORKSPACE_BASE": base,
@@ -216,7 +216,7 @@ def launch_argv(argv: list[str], mask_vars: Iterable[str] = (), launcher: str = 
 
 
 def render_unit(
-    settings: ContainerSettings,
+    server: ServerView,
     argv: list[str],
     env_file: str | None = None,
     description: str | None = None,
@@ -228,65 +228,65 @@ def render_unit(
     Secrets stay in ``env_file`` (default ``/etc/sglang/<service_name>.env``); the unit only names
     their variables, and systemd expands none of them into a command line.
     """
-    for secret in settings.secrets.values():
+    for secret in server.secrets.values():
         if any(str(arg) == secret or str(arg).endswith("=" + secret) for arg in argv):
             raise ValueError("the server argv holds a secret value; it must come from the EnvironmentFile")
-    env_file = env_file or env_file_path(settings)
-    environment = {**cache_environment(settings), **(extra_environment or {})}
+    env_file = env_file or env_file_path(server)
+    environment = {**cache_environment(server), **(extra_environment or {})}
     return _templates().get_template(UNIT_TEMPLATE).render(
-        description=_spec_escape(description or f"SGLang server ({settings.model_path})").replace("\n", " "),
+        description=_spec_escape(description or f"SGLang server ({server.model_path})").replace("\n", " "),
         env_file=_plain_path("env_file", env_file),
-        env_vars=sorted(settings.secrets),
+        env_vars=sorted(server.secrets),
         environment=[_environment_assignment(k, v) for k, v in environment.items()],
-        working_directory=_plain_path("sglang_cache_dir", settings.sglang_cache_dir),
-        exec_start=systemd_command(launch_argv(argv, settings.secrets, launcher)),
+        working_directory=_plain_path("sglang_cache_dir", server.sglang_cache_dir),
+        exec_start=systemd_command(launch_argv(argv, server.secrets, launcher)),
         launcher_config_error=sglang_launch.EX_CONFIG,
-        timeout_start_s=settings.health_timeout_s,
+        timeout_start_s=server.health_timeout_s,
         restart_sec=RESTART_SEC,
         start_limit_burst=START_LIMIT_BURST,
-        start_limit_interval_s=start_limit_interval_s(settings),
-        on_failure=fallback_unit_name(settings),
-        exec_stop_post=systemd_command([*fallback_argv(settings), "--on-exit"]),
+        start_limit_interval_s=start_limit_interval_s(server),
+        on_failure=fallback_unit_name(server),
+        exec_stop_post=systemd_command([*fallback_argv(server), "--on-exit"]),
     )
 
 
-def fallback_unit_name(settings: ContainerSettings) -> str:
+def fallback_unit_name(server: ServerView) -> str:
     """The server unit's ``OnFailure=``: it switches a stack on trial back (``remote/
     stack_fallback.py``)."""
-    return f"{settings.service_name}-stack-fallback.service"
+    return f"{server.service_name}-stack-fallback.service"
 
 
-def fallback_unit_path(settings: ContainerSettings) -> str:
-    return unit_file(fallback_unit_name(settings))
+def fallback_unit_path(server: ServerView) -> str:
+    return unit_file(fallback_unit_name(server))
 
 
-def fallback_argv(settings: ContainerSettings, script: str = FALLBACK) -> list[str]:
+def fallback_argv(server: ServerView, script: str = FALLBACK) -> list[str]:
     """The container's Python running SCRIPT (``remote/stack_fallback.py``) on the server's
     unit, link and stack record, with ``upgrade_rollback`` and the exit status the unit is not
     restarted on (the launcher's missing secret): the unit's ``ExecStopPost=`` (with
     ``--on-exit``) and its ``OnFailure=`` unit."""
-    return ["/usr/bin/python3", script, "--unit", unit_name(settings), "--venv-path",
-            settings.venv_path, "--state", switch_rules.state_path(settings.service_name),
-            *([] if settings.upgrade_rollback else ["--keep-failed"]),
+    return ["/usr/bin/python3", script, "--unit", unit_name(server), "--venv-path",
+            server.venv_path, "--state", switch_rules.state_path(server.service_name),
+            *([] if server.upgrade_rollback else ["--keep-failed"]),
             "--no-restart-status", str(sglang_launch.EX_CONFIG)]
 
 
-def render_fallback_unit(settings: ContainerSettings, script: str = FALLBACK) -> str:
+def render_fallback_unit(server: ServerView, script: str = FALLBACK) -> str:
     """The oneshot unit the server's unit names in ``OnFailure=`` (``fallback_argv``)."""
     return _templates().get_template(FALLBACK_TEMPLATE).render(
-        server_unit=unit_name(settings), unit_name=fallback_unit_name(settings),
-        exec_start=systemd_command(fallback_argv(settings, script)))
+        server_unit=unit_name(server), unit_name=fallback_unit_name(server),
+        exec_start=systemd_command(fallback_argv(server, script)))
 
 
-def start_limit_interval_s(settings: ContainerSettings) -> int:
+def start_limit_interval_s(server: ServerView) -> int:
     """StartLimitIntervalSec: START_LIMIT_BURST tries that each load the model for up to
     ``health_timeout_s`` fit in it, so a crash after a long load still counts toward the limit."""
-    return START_LIMIT_BURST * (settings.health_timeout_s + RESTART_SEC)
+    return START_LIMIT_BURST * (server.health_timeout_s + RESTART_SEC)
 
 
-def render_env(settings: ContainerSettings) -> str:
+def render_env(server: ServerView) -> str:
     """The EnvironmentFile (deploy it with mode 0600): HF_TOKEN and SGLANG_API_KEY when set."""
     return _templates().get_template(ENV_TEMPLATE).render(
-        unit=unit_name(settings),
-        variables=[(key, env_quote(value)) for key, value in sorted(settings.secrets.items())],
+        unit=unit_name(server),
+        variables=[(key, env_quote(value)) for key, value in sorted(server.secrets.items())],
     )

@@ -9,7 +9,7 @@ rollback target, one on trial or waiting for its switch) in a record of its own 
 (``<store>/.users/<key>.json``, written by its host: the container mounts the store read-only).
 A store is pruned only while every container whose config mounts it has such a record; it keeps
 every lock a record names and the ``keep`` newest sets besides. A wheel goes only when no kept
-lock names it. Every decision here is a row of ``tests/test_store_retention.py``.
+lock names it. Every decision here is a row of ``tests/unit/test_store_retention.py``.
 """
 
 from __future__ import annotations

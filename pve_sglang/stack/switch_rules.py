@@ -7,7 +7,7 @@ one, untouched; the switch is one rename of a symlink, then one restart. A new s
 trial until the verify phase judged it: a failed start, a stall, a crash loop or a degenerate
 answer switches back to the previous stack. The nodes of a model served by several
 (``nodes``) switch in the same run and share one verdict: one failed node rolls them all back.
-Every decision here is a row of ``tests/test_stacks.py``.
+Every decision here is a row of ``tests/unit/test_stacks.py``.
 """
 
 from __future__ import annotations

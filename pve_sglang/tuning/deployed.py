@@ -67,7 +67,7 @@ def refused_flags(name: str, settings: ContainerSettings, gpus: list[dict],
     for candidate in space_candidates(start, space):
         moved = ", ".join(f"{k}={v!r}" for k, v in candidate.items() if start.get(k) != v)
         try:
-            files = server_files(name, tried(settings, candidate), gpus, inventory)
+            files = server_files(name, tried(settings, candidate).server, gpus, inventory)
             check_flags(list(files.argv), known)
         except ValueError as error:
             refused.append(f"{moved or 'the server as found'}: {error}")
@@ -119,9 +119,9 @@ class Deployed:
         for node, cs in tried_on:
             with ctx_host.use(node.host):
                 if not host.run_shell_command(StringCommand(
-                        "systemctl", "restart", QuoteString(unit_name(cs))))[0]:
+                        "systemctl", "restart", QuoteString(unit_name(cs.server))))[0]:
                     raise OperationError(f"{host.name}: make tune: could not restart "
-                                         f"{unit_name(cs)} for {candidate}")
+                                         f"{unit_name(cs.server)} for {candidate}")
         for node, cs in tried_on:
             with ctx_host.use(node.host):
                 try:
@@ -134,7 +134,7 @@ class Deployed:
         node, cs = tried_on[0]
         with ctx_host.use(node.host):
             try:
-                verify.generation_answers(self.url(node), env_file_path(cs), self.watch, 48,
+                verify.generation_answers(self.url(node), env_file_path(cs.server), self.watch, 48,
                                           cs.generation_timeout_s)
             except OperationError as failure:
                 logger.warning(f"{host.name}: make tune: {failure}")
@@ -144,13 +144,13 @@ class Deployed:
     def follow_start(self, node: Node, cs: ContainerSettings) -> None:
         """NODE's start on CS followed until it serves, as the verify phase follows it
         (``verify.watch_start``, with pyinfra's ``host`` NODE); raises ``OperationError``."""
-        verify.watch_start(unit_name(cs), f"{self.url(node)}/health", env_file_path(cs),
+        verify.watch_start(unit_name(cs.server), f"{self.url(node)}/health", env_file_path(cs.server),
                            self.watch, cs.health_timeout_s, cs.startup_stall_s)
 
     def _write_unit(self, node: Node, cs: ContainerSettings) -> None:
         """NODE's unit for CS, as the container phase renders it, written whole; systemd told."""
-        path = unit_path(cs)
-        text = server_files(node.host.name, cs, node.gpus, self.inventory).unit
+        path = unit_path(cs.server)
+        text = server_files(node.host.name, cs.server, node.gpus, self.inventory).unit
         uploaded = host.put_file(StringIO(text), path,
                                  remote_temp_filename=host.get_temp_filename(path))
         paths.forget(path)
@@ -165,14 +165,14 @@ class Deployed:
         ran past the limit (a hung server)."""
         node = self.first
         cs = node.settings
-        python = venv_python(cs)
-        [argv] = bench_runs(cs, python, client_address(cs.server_host), cs.sglang_version,
+        python = venv_python(cs.server)
+        [argv] = bench_runs(cs.benchmark, python, client_address(cs.server_host), cs.sglang_version,
                             self.sampler, self.recorder, self.scraper, levels=[level],
                             share=length).values()
         limited = ["timeout", "--kill-after=30", f"{max(1, int(limit_s))}", *argv]
         with ctx_host.use(node.host):
             try:
-                return verify.benchmark_row(level, limited, env_file_path(cs))
+                return verify.benchmark_row(level, limited, env_file_path(cs.server))
             except OperationError as failure:
                 words = str(failure).splitlines()[0]
                 if "status 124" in words or "status 137" in words:
@@ -184,7 +184,7 @@ class Deployed:
 def installed_flags(settings: ContainerSettings, lister: str) -> set[str]:
     """The flags the container's installed sglang knows (its own ``server_args.py``, read by
     the uploaded flag lister at LISTER)."""
-    known = host.get_fact(SglangServerFlags, python=venv_python(settings), script=lister)
+    known = host.get_fact(SglangServerFlags, python=venv_python(settings.server), script=lister)
     if known is None:
         raise OperationError(f"{host.name}: make tune: no sglang in {settings.venv_path}: "
                              "run `make deploy` first")
