@@ -265,11 +265,13 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session, exitstatus):
     """The provisioned template destroyed once every worker is done with its copies; the
     whole run's module times, for the next run's order (not a worker's part, nor a run of a
-    few files: those would forget the other modules)."""
+    few files or of one tier, ``-m``, or a selection, ``-k``: those would forget the other
+    modules, or time a module by part of its tests)."""
     if not hasattr(session.config, "workerinput"):
         provisioned.destroy_templates(provisioned.run_folder(session.config._tmp_path_factory))
     if hasattr(session.config, "workerinput") or session.config.args != ["tests"] \
-            and session.config.args:
+            and session.config.args or session.config.option.markexpr \
+            or session.config.option.keyword:
         return
     try:
         recorded = json.loads(MODULE_SECONDS.read_text())
