@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pve_sglang.config.settings import ContainerSettings  # noqa: E402
 from pve_sglang.server.render import server_files  # noqa: E402
 from pve_sglang.project import load_defaults  # noqa: E402
+from pve_sglang.stack.identity import settings_stack_id  # noqa: E402
 from tasks import stack_steps  # noqa: E402
 from tasks.container import patched_stack, python_stack, server_unit, stack_dir  # noqa: E402
 from tasks.verify import server_checks  # noqa: E402
@@ -36,10 +37,11 @@ if state.inventory.override_data.get("upgrade_probation_s") is not None:
 cs = ContainerSettings.model_validate({**defaults, **overrides})
 py = f"{stack_dir(cs)}/bin/python"
 
-stack_steps.before_switch(cs)
+wanted = settings_stack_id(host.name, cs)
+stack_steps.before_switch(cs, wanted)
 restart_on = python_stack(cs, py)
 restart_on += patched_stack(cs, py)
 server_unit(cs, py, server_files(host.name, cs, [], state.inventory), restart_on, start=True)
-stack_steps.kept(cs)
+stack_steps.kept(cs, wanted)
 for _, check in server_checks(cs, "127.0.0.1"):
     check()
