@@ -314,6 +314,11 @@ gateway_roll_batch = 1
 # Seconds a replica taken out of the rotation waits for its requests in flight to finish before its
 # restart cuts those left (counted in the output); 1..86400.
 gateway_drain_timeout_s = 300
+# When a replica fails its judgement and the roll stops there: "keep" leaves the replicas changed
+# before it on the new (the run names them); "back" sends those that switched to a new release
+# back to the one they served, in turn (out, back, judged, in), so that the group serves one
+# release. A change of a flag or the tuned file keeps no earlier set to go back to: kept, said so.
+gateway_roll_failure = "keep"
 # Run the benchmark through the gateway after its phase, from its first worker's container (its
 # bench_* settings; saved under bench_history_dir/gateway); needs gateway_host off loopback.
 gateway_bench = False

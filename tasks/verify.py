@@ -12,8 +12,10 @@ from pve_sglang.server.bench_history import run_meta
 from pve_sglang.server.bench import PROMPTS_IN_CONTAINER, bench_levels, bench_runs
 from pve_sglang.model_store import operations as model
 from pve_sglang.operations import paths, stack_switch, verify
+from pve_sglang.operations import roll as rolling
 from tasks import stack_steps
 from tasks.common import container_gpus, expect_container_reads, run_when_container_exists, upload_script
+from tasks.gateway import rolled_by
 from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
 from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from pve_sglang.server.command import venv_python
@@ -120,6 +122,9 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                            "together", venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE,
                            service=cs.service_name, unit=unit, rollback=cs.upgrade_rollback,
                            nodes=cs.nodes, watch=follow)))
+    back = back_check(cs, follow)
+    if back is not None:
+        checks.append(back)
     checks.append((f"a new stack that serves ends its trial after upgrade_probation_s "
                    f"{cs.upgrade_probation_s} (a failed one was rolled back)",
                    lambda: stack_switch.trial_passed(
@@ -131,6 +136,34 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                    lambda: stack_steps.kept(cs, settings_stack_id(host.name, cs),
                                             after_verdict=True)))
     return checks
+
+
+def back_check(cs: ContainerSettings, follow: Callable[[], None]) -> Check | None:
+    """Behind a gateway with other replicas, where its roll stops at another one: what this
+    replica serves then, and with ``gateway_roll_failure: back`` an upgrade of this run sent
+    back to the release it served, in turn (``operations.roll.back_with_the_roll``); None for
+    a replica alone behind its gateway, a node of several, or no gateway."""
+    rolled = rolled_by(host.name) if not cs.nodes else None
+    if rolled is None or len(rolled[2]) < 2:
+        return None
+    gw, gs, _ = rolled
+    unit = unit_name(cs.server)
+
+    def target() -> str | None:
+        return stack_switch.back_target(cs.venv_path, LEGACY_LOCK_FILE, cs.service_name)
+
+    def go_back(why: str) -> None:
+        stack_switch.sent_back(why, cs.venv_path, LEGACY_LOCK_FILE, cs.service_name, unit, follow)
+
+    policy = gs.gateway_roll_failure
+    return (f"where the roll behind {gw.name} stops at another replica: " + (
+        "an upgrade of this run goes back to the release it served, in turn"
+        if policy == "back" else "it keeps the change of this run, named") +
+        " (gateway_roll_failure)",
+        lambda: rolling.back_with_the_roll(
+            name=f"Where the roll behind {gw.name} stopped: back or kept "
+                 f"(gateway_roll_failure {policy})",
+            gateway=gw.name, policy=policy, target=target, go_back=go_back))
 
 
 def benchmark_check(cs: ContainerSettings, address: str) -> None:

@@ -88,6 +88,7 @@ class GatewaySettings(_Strict):
     gateway_bench: bool
     gateway_roll_batch: Int = Field(ge=1, le=1000)
     gateway_drain_timeout_s: Int = Field(ge=1, le=86400)
+    gateway_roll_failure: Literal["keep", "back"]
 
     @field_validator("gateway_workers")
     @classmethod

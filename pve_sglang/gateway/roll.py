@@ -128,3 +128,21 @@ def turn_line(turn: Turn) -> str:
     restart = "restart -" if turn.restart_s is None else \
         f"restarted and judged in {turn.restart_s:.1f}s"
     return f"{turn.name}: {drain}, {restart}, {turn.verdict}"
+
+
+def after_a_stop(name: str, policy: str, stopped_at: str | None, verdict: str | None,
+                 back_to: str | None) -> tuple[str, str]:
+    """What replica NAME does once its gateway's roll stopped at STOPPED_AT: its turn's VERDICT
+    in this run (None: no turn), BACK_TO the release it could go back to (an upgrade's previous
+    stack), POLICY ``gateway_roll_failure``. (``none``|``keep``|``back``, the words)."""
+    if not stopped_at or stopped_at == name:
+        return "none", "no roll stopped at another replica"
+    if verdict is None or not verdict.startswith("serving"):
+        return "none", f"not changed by this run: it serves what it ran (the roll stopped at {stopped_at})"
+    if policy != "back":
+        return "keep", (f"keeps the change of this run though the roll stopped at {stopped_at} "
+                        "(gateway_roll_failure is keep)")
+    if back_to is None:
+        return "keep", (f"keeps the change of this run though the roll stopped at {stopped_at} "
+                        "(it keeps no earlier set to go back to: only an upgrade does)")
+    return "back", f"goes back to {back_to}: the roll stopped at {stopped_at}"

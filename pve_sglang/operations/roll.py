@@ -26,11 +26,14 @@ from dataclasses import dataclass, field
 
 import gevent
 from gevent.lock import BoundedSemaphore
+from pyinfra import host as pyinfra_host
 from pyinfra import logger
-from pyinfra.api import OperationError, QuoteString, StringCommand
+from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand, operation
+from pyinfra.context import state as pyinfra_state
 
 from pve_sglang.gateway.render import TurnArgv
-from pve_sglang.gateway.roll import Roll, Turn, may_go, out_refusal, places, turn_line
+from pve_sglang.gateway.roll import (Roll, Turn, after_a_stop, may_go, out_refusal, places,
+                                     turn_line)
 
 #: Seconds the first turn waits for the other replicas of the run to decide whether they
 #: restart (each decides in its own operation, at about the same time): one that never does (its
@@ -52,6 +55,12 @@ class _Run:
     done: set[str] = field(default_factory=set)
     mend: BoundedSemaphore = field(default_factory=lambda: BoundedSemaphore(1))
     mended: bool = False
+    #: Each replica's turn argv, as its turn registered it (the back-roll asks them again).
+    argv: dict[str, TurnArgv] = field(default_factory=dict)
+    #: One replica goes back at a time (``back_with_the_roll``); the one that stopped the roll
+    #: is given back first, once.
+    back: BoundedSemaphore = field(default_factory=lambda: BoundedSemaphore(1))
+    stopper_back: bool = False
     #: When a replica last decided, or a turn began or ended.
     moved: float = field(default_factory=time.monotonic)
 
@@ -184,6 +193,7 @@ class InTurn:
     def __call__(self, state, host, commands: list[StringCommand]) -> bool:
         run = run_of(self.gateway, self.names, self.batch)
         run.decided[self.name] = True
+        run.argv[self.name] = self.argv
         _wait_for_turn(state, run, self.name)
         if self.sync_argv:
             _mended(state, run, self.sync_argv)
@@ -251,3 +261,108 @@ def _failed(roll: Roll, this: Turn, start: float, why: str, out: bool) -> bool:
         "gateway phase gives it back" if out else "the verify phase judges it"))
     logger.error(turn_line(this))
     return True
+
+
+# --- after a roll that stopped: which serve what, and gateway_roll_failure ----------------------
+
+
+@operation()
+def back_with_the_roll(gateway: str, policy: str, target: Callable[[], str | None],
+                       go_back: Callable[[str], None]):
+    """
+    After the roll of GATEWAY's replicas stopped at another replica (its judgement failed):
+    say what this one serves, and with POLICY ``back`` send it back, where this run changed it
+    and TARGET names a release to go back to (an upgrade's previous stack), in turn: the
+    replica that stopped the roll given back first where it answers again (its verify phase
+    rolled it back), then this one out of the rotation (never the last serving), GO_BACK
+    (the stack switched back, restarted, its start followed), a generation asked as the
+    gateway asks it, given back. ``keep``, or a change with no earlier set (a flag, the tuned
+    file): it keeps the change, and the run says so. Checked once the deploy has run; nothing
+    where the roll did not stop.
+
+    + gateway: the gateway's inventory name
+    + policy: ``gateway_roll_failure``, ``keep`` or ``back``
+    + target: at execution, the release it would go back to, or None
+    + go_back: at execution, sends it back (given why) and follows its start (raises
+      ``OperationError``)
+
+    **Example:**
+
+    .. code:: python
+
+        from pve_sglang.operations import roll
+
+        roll.back_with_the_roll(
+            name="Back with the roll where it stopped", gateway="@pct/pve1/120",
+            policy="back", target=lambda: "sglang 0.5.17", go_back=lambda why: None,
+        )
+    """
+    if not pyinfra_state.is_executing:
+        pyinfra_host.noop("where a roll stops, the replicas changed before it are named "
+                          f"(gateway_roll_failure {policy})")
+        return
+    name = pyinfra_host.name
+    run = _ROLLS.get(gateway)
+    stopped_at = run.roll.stopped_at if run else None
+    turn = run.roll.turns.get(name) if run else None
+    verdict = turn.verdict if turn else None
+    # The release to go back to is read only where it matters.
+    back_to = target() if policy == "back" and after_a_stop(
+        name, policy, stopped_at, verdict, "?")[0] == "back" else None
+    what, words = after_a_stop(name, policy, stopped_at, verdict, back_to)
+    if what != "back":
+        if what == "keep":
+            logger.warning(f"{name}: behind {gateway}: {words}")
+        pyinfra_host.noop(words)
+        return
+    assert run is not None and back_to is not None  # "back": the roll stopped, a release named
+    yield FunctionCommand(_back, (run, name, back_to, go_back), {})
+
+
+def _back(state, host, run: _Run, name: str, back_to: str,
+          go_back: Callable[[str], None]) -> bool:
+    """NAME sent back to BACK_TO in its turn (``back_with_the_roll``)."""
+    with run.back:
+        gateway_host = state.inventory.get_host(run.roll.gateway)
+        _stopper_back(gateway_host, run)
+        this, argv = Turn(name), run.argv[name]
+        refusal = take_out(gateway_host, argv, this)
+        if refusal is not None:
+            logger.error(f"{name}: keeps the change, not sent back to {back_to}: {this.verdict}")
+            return True
+        start = time.monotonic()
+        try:
+            go_back(f"the roll behind {run.roll.gateway} stopped at {run.roll.stopped_at}, "
+                    "which failed its judgement")
+            asked_as_the_gateway_asks(gateway_host, argv)
+        except OperationError as failure:
+            this.restart_s = time.monotonic() - start
+            this.verdict = (f"sent back to {back_to}, which fails too: "
+                            f"{str(failure).splitlines()[0]}; left out of the rotation")
+            logger.error(turn_line(this))
+            raise
+        this.restart_s = time.monotonic() - start
+        given = give_back(gateway_host, argv, this)
+        this.verdict = f"back on {back_to} (the roll stopped at {run.roll.stopped_at}), " \
+            + this.verdict
+        (logger.warning if given else logger.error)(turn_line(this))
+        return True
+
+
+def _stopper_back(gateway_host, run: _Run) -> None:
+    """Once: the replica that stopped the roll given back where it answers again (its verify
+    phase rolled it back), so that the others can go out in turn."""
+    if run.stopper_back:
+        return
+    run.stopper_back = True
+    stopper = run.roll.stopped_at
+    if stopper is None or stopper not in run.argv:
+        return
+    this = Turn(stopper)
+    try:
+        asked_as_the_gateway_asks(gateway_host, run.argv[stopper])
+    except OperationError as failure:
+        logger.error(f"{stopper}: stays out of {run.roll.gateway}'s rotation: {failure}")
+        return
+    give_back(gateway_host, run.argv[stopper], this)
+    logger.warning(f"{stopper}: answers again: {this.verdict}, before the others go back")

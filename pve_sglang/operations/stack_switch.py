@@ -411,6 +411,42 @@ def group_judged(venv_path: str, lock_file: str, service: str, unit: str, rollba
                                      service, unit, watch, group=(nodes, failed)))
 
 
+def back_target(venv_path: str, lock_file: str, service: str) -> str | None:
+    """At execution: the release the server goes back to with its roll
+    (``operations.roll.back_with_the_roll``): the previous stack's, where the stack it runs is
+    on trial (an upgrade of this run); None where there is none (a change of a flag or of the
+    tuned file keeps no earlier set)."""
+    forget()
+    raw = read_stacks(venv_path, lock_file, service)
+    found = switch_rules.found_of(venv_path, raw)
+    if found.trial is None or found.previous is None:
+        return None
+    return release_words(raw, found.previous)
+
+
+def sent_back(why: str, venv_path: str, lock_file: str, service: str, unit: str,
+              watch: Callable[[], None]) -> None:
+    """At execution: the server that serves an upgrade of this run sent back to the previous
+    stack because its roll stopped elsewhere (WHY): the new set recorded as failed here too, the
+    link back, the restart, its start followed with WATCH (raises ``OperationError`` when the
+    old release does not serve either)."""
+    forget()
+    raw = read_stacks(venv_path, lock_file, service)
+    found = switch_rules.found_of(venv_path, raw)
+    if found.trial is None or found.previous is None:
+        raise OperationError(f"{host.name}: no previous stack to go back to")
+    record = dict(raw.get("state") or {})
+    failed = dict(record.get("failed") or {})
+    failed[found.current] = {"sglang": (raw["stacks"].get(found.current) or {}).get("sglang"),
+                             "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                             "why": why}
+    record["failed"] = failed
+    for command in rollback_commands(venv_path, service, unit, record, found.previous):
+        _run(command)
+    forget()
+    watch()
+
+
 def _first_line(failure: OperationError) -> str:
     return str(failure).split("\n", 1)[0][:300]
 

@@ -166,6 +166,7 @@ def test_each_worker_judged_by_its_listing_and_its_answer(listed, pending, answe
     ({"gateway_roll_batch": "two"}, ["gateway_roll_batch", "'two'"]),
     ({"gateway_drain_timeout_s": 0}, ["gateway_drain_timeout_s", "greater than or equal to 1"]),
     ({"gateway_drain_timeout_s": 86401}, ["gateway_drain_timeout_s", "less than or equal to 86400"]),
+    ({"gateway_roll_failure": "rollback"}, ["gateway_roll_failure", "'rollback'", "'keep' or 'back'"]),
 ])
 def test_bad_gateway_settings_are_named(data, words):
     with pytest.raises(SettingsError) as raised:
@@ -391,6 +392,8 @@ def test_the_registered_keys_are_a_link_that_a_new_keys_file_leaves_behind(tmp_p
 
 @pytest.mark.parametrize("field, value", [("gateway_roll_batch", 1), ("gateway_roll_batch", 1000),
                                           ("gateway_drain_timeout_s", 1),
-                                          ("gateway_drain_timeout_s", 86400)])
+                                          ("gateway_drain_timeout_s", 86400),
+                                          ("gateway_roll_failure", "keep"),
+                                          ("gateway_roll_failure", "back")])
 def test_the_rolls_settings_are_taken_at_their_edges(field, value):
     assert getattr(validate_gateway(W, {field: value}, DEFAULTS), field) == value

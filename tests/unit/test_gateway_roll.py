@@ -186,3 +186,69 @@ def planned_words(workers: list[str]) -> list[str]:
 def test_the_container_plan_says_how_its_restart_goes_behind_a_gateway(workers, ending):
     words = planned_words(workers)
     assert [w for w in words if "(re)start it once" in w][0].endswith(ending), words
+
+
+SERVING = "serving, given back (listed healthy in 1.0s)"
+
+
+@pytest.mark.parametrize("name, policy, stopped_at, verdict, back_to, what", [
+    # No roll stopped, or it stopped at this one (its verify phase judges it).
+    ("a", "back", None, SERVING, "sglang 0.5.17", "none"),
+    ("b", "back", "b", "failed its judgement: HTTP 500", "sglang 0.5.17", "none"),
+    # Not changed by this run (after the stop, or nothing to restart).
+    ("c", "back", "b", "not restarted: the roll stopped at b", "sglang 0.5.17", "none"),
+    ("c", "back", "b", None, "sglang 0.5.17", "none"),
+    # Changed before the stop: kept, or sent back where an upgrade left a release to go to.
+    ("a", "keep", "b", SERVING, "sglang 0.5.17", "keep"),
+    ("a", "back", "b", SERVING, None, "keep"),
+    ("a", "back", "b", SERVING, "sglang 0.5.17", "back"),
+    # Changed but not given back (the gateway phase registers it): still the change it serves.
+    ("a", "back", "b", "serving, but not given back: timeout", "sglang 0.5.17", "back"),
+])
+def test_after_a_stop_each_replica_keeps_its_change_or_goes_back(name, policy, stopped_at,
+                                                                  verdict, back_to, what):
+    found, words = roll.after_a_stop(name, policy, stopped_at, verdict, back_to)
+    assert found == what, words
+    if what == "keep":
+        assert f"the roll stopped at {stopped_at}" in words
+        assert ("gateway_roll_failure is keep" if policy == "keep" else "only an upgrade") in words
+    if what == "back":
+        assert words == f"goes back to {back_to}: the roll stopped at {stopped_at}"
+
+
+@pytest.mark.parametrize("workers, policy, words", [
+    # Behind a gateway with another replica: named, or sent back, where a roll stops.
+    (["@fake/ct105", "@fake/ct106"], "keep", "where the roll behind @fake/gw stops at another "
+     "replica: it keeps the change of this run, named (gateway_roll_failure)"),
+    (["@fake/ct105", "@fake/ct106"], "back", "where the roll behind @fake/gw stops at another "
+     "replica: an upgrade of this run goes back to the release it served, in turn "
+     "(gateway_roll_failure)"),
+    # Alone behind its gateway, or no gateway in front of it: no such check.
+    (["@fake/ct105"], "back", None),
+    (["@fake/ct107", "@fake/ct106"], "back", None),
+])
+def test_the_verify_phase_plans_what_a_replica_does_where_its_roll_stops(workers, policy, words):
+    from harness import plan_deploy
+    from pyinfra import host
+
+    from pve_sglang.config.settings import ContainerSettings, host_settings
+    from pve_sglang.project import load_defaults
+    from tasks import verify
+
+    found: list[str | None] = []
+
+    def deploy() -> None:
+        if host.name == "@fake/ct105":
+            back = verify.back_check(host_settings(ContainerSettings), lambda: None)
+            found.append(back[0] if back else None)
+
+    defaults = load_defaults()
+    ct = {**defaults, "pct_vmid": 105, "pve_host": "@fake/pve1", "platform": "pve"}
+    gateway = {**defaults, "pct_vmid": 120, "pve_host": "@fake/pve1", "platform": "pve",
+               "gateway_roll_failure": policy,
+               "gateway_worker_list": [{"name": n, "url": f"http://{n}:30000", "has_key": False}
+                                       for n in workers]}
+    plan_deploy(deploy, hosts=[("pve1", {**defaults}), ("ct105", ct), ("gw", gateway)],
+                responses={}, groups={"pve_hosts": ["pve1"], "gpu_containers": ["ct105"],
+                                      "gateways": ["gw"]})
+    assert found == [words]
