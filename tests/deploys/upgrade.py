@@ -11,13 +11,17 @@ Settings: ``group_data/all.py`` and the host's ``settings`` overrides (``--data`
 import sys
 from pathlib import Path
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.context import state
+from pyinfra.operations import python
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pve_sglang.config.settings import ContainerSettings  # noqa: E402
+from pve_sglang.operations import stack_switch  # noqa: E402
 from pve_sglang.server.render import server_files  # noqa: E402
+from pve_sglang.server.unit_text import unit_name  # noqa: E402
+from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE  # noqa: E402
 from pve_sglang.project import load_defaults  # noqa: E402
 from pve_sglang.stack.identity import settings_stack_id  # noqa: E402
 from tasks import stack_steps  # noqa: E402
@@ -45,3 +49,19 @@ server_unit(cs, py, server_files(host.name, cs, [], state.inventory), restart_on
 stack_steps.kept(cs, wanted)
 for _, check in server_checks(cs, "127.0.0.1"):
     check()
+
+
+def send_back() -> None:
+    """As a replica behind a gateway whose roll stopped elsewhere goes back with
+    ``gateway_roll_failure: back`` (``operations.roll.back_with_the_roll``): the release it goes
+    back to, then the product's own sending back, its start followed."""
+    logger.warning(f"{host.name}: goes back to: "
+                   f"{stack_switch.back_target(cs.venv_path, LEGACY_LOCK_FILE, cs.service_name)}")
+    stack_switch.sent_back("the roll behind the test's gateway stopped at another replica",
+                           cs.venv_path, LEGACY_LOCK_FILE, cs.service_name, unit_name(cs.server),
+                           stack_steps.follow_start(cs, "127.0.0.1"))
+
+
+# --data send_back=true: the server sent back after the checks, as its roll's back step does.
+if str(host.data.get("send_back") or "").lower() == "true":
+    python.call(name="Sent back with its roll (gateway_roll_failure back)", function=send_back)

@@ -446,3 +446,28 @@ def test_a_crash_loop_after_probation_is_started_again_and_reported(site):
     finally:
         site.sh(f"rm -f {fast} && systemctl daemon-reload")
         site.cases()
+
+
+def test_an_upgrade_sent_back_with_its_roll_serves_the_release_before_and_is_recorded_failed(site):
+    """``gateway_roll_failure: back`` on one replica (``operations.roll.back_with_the_roll``
+    runs the same two functions): an upgrade that serves, on trial, is sent back because its
+    roll stopped at another replica: the release it goes back to is named, the link goes back,
+    the server restarts and serves it, and the new set is recorded failed with why."""
+    if not site.serves():  # run alone: a release serves first
+        assert site.deploy(RELEASES[1]).returncode == 0
+    serving = site.serves()
+    failed = site.record().get("failed") or {}
+    new = next(r for r in reversed(RELEASES) if r != serving and stack_of(r) not in failed)
+    done = site.deploy(new, "--data", "upgrade_probation_s=3600")
+    assert done.returncode == 0, done.log[-5000:]
+    assert site.serves() == new and site.record().get("trial"), site.record()
+    starts = site.starts()
+    done = site.deploy(new, "--data", "upgrade_probation_s=3600", "--data", "send_back=true")
+    assert done.returncode == 0, done.log[-5000:]
+    assert f"goes back to: sglang {serving} (stack {stack_of(serving)})" in done.log, done.log[-3000:]
+    assert site.serves() == serving and site.starts() == starts + 1
+    assert site.link() == f"venv.stacks/{stack_of(serving)}"
+    record = site.record()
+    assert record.get("trial") is None and record.get("previous") is None, record
+    assert record["failed"][stack_of(new)]["why"] == (
+        "the roll behind the test's gateway stopped at another replica"), record
