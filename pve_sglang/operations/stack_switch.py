@@ -435,16 +435,23 @@ def sent_back(why: str, venv_path: str, lock_file: str, service: str, unit: str,
     found = switch_rules.found_of(venv_path, raw)
     if found.trial is None or found.previous is None:
         raise OperationError(f"{host.name}: no previous stack to go back to")
+    record = failed_record(raw, found, why)
+    for command in rollback_commands(venv_path, service, unit, record, found.previous):
+        _run(command)
+    forget()
+    watch()
+
+
+def failed_record(raw: dict, found: Found, why: str) -> dict:
+    """The stacks' record (RAW's) with the set the server runs (FOUND's current) recorded as
+    failed, when and WHY: a rollback writes it first."""
     record = dict(raw.get("state") or {})
     failed = dict(record.get("failed") or {})
     failed[found.current] = {"sglang": (raw["stacks"].get(found.current) or {}).get("sglang"),
                              "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                              "why": why}
     record["failed"] = failed
-    for command in rollback_commands(venv_path, service, unit, record, found.previous):
-        _run(command)
-    forget()
-    watch()
+    return record
 
 
 def _first_line(failure: OperationError) -> str:
@@ -463,12 +470,7 @@ def _concluded(verdict: RollbackVerdict, failure: OperationError, why: str, raw:
             return _told(f"the group ({', '.join(group[0])}) does not serve: {why}", own, group)
         return failure
     new, old = release_words(raw, found.current), release_words(raw, found.previous)
-    record = dict(raw.get("state") or {})
-    failed = dict(record.get("failed") or {})
-    failed[found.current] = {"sglang": (raw["stacks"].get(found.current) or {}).get("sglang"),
-                             "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                             "why": why}
-    record["failed"] = failed
+    record = failed_record(raw, found, why)
     details = f"\n{failure}"
     on = (f" on node(s) {', '.join(group[1])} of the group ({', '.join(group[0])})"
           if group else "")
