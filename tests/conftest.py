@@ -203,7 +203,7 @@ def longest_modules_first(items: list) -> list:
     another folder keeps its time by its file's name), each module's tests together and in
     their order: pytest-xdist's workers take whole modules in this order
     (``--no-loadscope-reorder``), so the long ones start early and the many short ones fill
-    the end, instead of one worker finishing a long module alone at the end. Turns first
+    the end, instead of one worker finishing a long module alone at the end. By machine turn
     (``by_turns``): a test that runs alone holds every other root test back while it waits
     and runs."""
     try:
@@ -235,18 +235,16 @@ def turn_rank(item) -> int:
 
 def by_turns(modules: list[str], rank: dict[str, int], workers: int = 4) -> list[str]:
     """MODULES (longest first) in the order the workers should take them: each worker starts
-    with one module, then one more (pytest-xdist's first rounds). The modules that run alone
-    go first, then as many of the longest that need no turn as leave one worker each for
-    them, so that the others run while no root test holds a turn; then those that hold one,
-    then the rest."""
+    with one module, then one more (pytest-xdist's first two rounds). The longest module that
+    runs alone goes first, the longest that need no turn fill the rest of both rounds (the
+    other workers run them while it holds the machine), then those that hold a turn, then the
+    rest, and the other modules that run alone last (short ones: by then no root test runs for
+    them to wait on, nor any waits on them)."""
     alone = [m for m in modules if rank[m] == 0]
     free = [m for m in modules if rank[m] == 2]
     shared = [m for m in modules if rank[m] == 1]
-    first_free = free[:max(0, workers - 1)]
-    # The first round: the longest alone-module, and a free one for each other worker; the
-    # second: the other alone-modules (on the first worker's heels), then the rest.
-    return (alone[:1] + first_free + alone[1:] + shared
-            + [m for m in free if m not in first_free])
+    start = free[:2 * workers - 1] if alone else []
+    return (alone[:1] + start + shared + [m for m in free if m not in start] + alone[1:])
 
 
 #: The seconds a root test waited for its machine turn (``machine_turn``), by test id.
