@@ -206,6 +206,14 @@ def rolled_by(name: str) -> tuple | None:
     return None
 
 
+def rolled_with_others(cs: ContainerSettings) -> tuple | None:
+    """``rolled_by`` this host where its gateway fronts other replicas too and it is no node of
+    several (a group restarts together): the replicas a roll, a tuning search and a stopped
+    roll's back step go over in turn; None otherwise."""
+    rolled = rolled_by(host.name) if not cs.nodes else None
+    return rolled if rolled is not None and len(rolled[2]) > 1 else None
+
+
 def roll_words(cs: ContainerSettings) -> str:
     """This replica's restart in words, for the plan: in its turn behind its gateway, or ''."""
     rolled = rolled_by(host.name) if not cs.nodes else None

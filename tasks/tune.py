@@ -35,10 +35,12 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations import python
 
 from pve_sglang import remote
+from pve_sglang.config.gateway import GatewaySettings
 from pve_sglang.config.settings import ContainerSettings, host_settings
 from pve_sglang.gateway.render import TurnArgv, turn_argv
 from pve_sglang.gateway.roll import Turn, turn_line
-from pve_sglang.operations.roll import asked_as_the_gateway_asks, give_back, take_out
+from pve_sglang.operations.roll import (asked_as_the_gateway_asks, back_if_it_answers,
+                                        give_back, take_out)
 from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.tuning import record, report
 from pve_sglang.tuning.deployed import Deployed, Node, installed_flags, refused_flags
@@ -56,7 +58,7 @@ from pve_sglang.tuning.plan import (
 from pve_sglang.tuning.space import start_of
 from pve_sglang.tuning.tuned_file import read_tuned, write_tuned
 from tasks.common import container_gpus, upload_script
-from tasks.gateway import rolled_by
+from tasks.gateway import rolled_with_others
 from tasks.verify import upload_prompts
 
 #: The scripts a search runs in the container, as the verify phase uploads them (the server
@@ -78,6 +80,11 @@ class Replicas:
     names: list[str]
     argv: dict[str, TurnArgv]
 
+    @classmethod
+    def of(cls, gateway: str, gs: GatewaySettings, names: list[str], check_s: int) -> Replicas:
+        """The replicas NAMES behind GATEWAY (settings GS), CHECK_S each generation's bound."""
+        return cls(gateway, names, {name: turn_argv(gs, name, check_s) for name in names})
+
     def tuner(self) -> str:
         """The replica the search runs on: the first of NAMES in this run."""
         return next(name for name in self.names
@@ -85,15 +92,13 @@ class Replicas:
 
 
 def replicas_behind(cs: ContainerSettings) -> Replicas | None:
-    """The replicas behind the gateway that fronts pyinfra's ``host`` (``gateway.rolled_by``);
-    None where none does, it is the only one, or it is a node of several (its group restarts
-    together)."""
-    rolled = rolled_by(host.name) if not cs.nodes else None
-    if rolled is None or len(rolled[2]) < 2:
+    """The replicas behind the gateway that fronts pyinfra's ``host``
+    (``gateway.rolled_with_others``), or None."""
+    rolled = rolled_with_others(cs)
+    if rolled is None:
         return None
     gw, gs, names = rolled
-    return Replicas(gw.name, names, {name: turn_argv(gs, name, cs.generation_timeout_s)
-                                     for name in names})
+    return Replicas.of(gw.name, gs, names, cs.generation_timeout_s)
 
 
 def deployed_view() -> tuple[ContainerSettings, list[dict]]:
@@ -256,11 +261,11 @@ def out_for_the_search(replicas: Replicas):
     if not gateway.connected:
         gateway.connect(reason="make tune: its rotation", raise_exceptions=True)
     turn = Turn(host.name)
-    if take_out(gateway, replicas.argv[host.name], turn) is not None:
+    refusal, why = take_out(gateway, replicas.argv[host.name], turn)
+    if refusal is not None:
         raise OperationError(f"{host.name}: make tune: not tuned: {replicas.gateway} did not "
-                             f"take it out of its rotation ({turn.verdict.removeprefix('not taken out: ')}); "
-                             "a replica is tuned out of the rotation, once the others serve; "
-                             "nothing was changed")
+                             f"take it out of its rotation ({why}); a replica is tuned out of "
+                             "the rotation, once the others serve; nothing was changed")
     logger.info(f"{host.name}: make tune: out of {replicas.gateway}'s rotation for the search, "
                 f"drained in {turn.drain_s or 0:.1f}s ({turn.cut or 0} in flight cut)")
     return gateway
@@ -270,14 +275,10 @@ def back_after_the_search(replicas: Replicas, gateway) -> None:
     """After the search, the server on the best: a generation asked as the gateway asks it,
     then its traffic given back; where it fails, it stays out (said so)."""
     turn = Turn(host.name)
-    argv = replicas.argv[host.name]
-    try:
-        asked_as_the_gateway_asks(gateway, argv)
-    except OperationError as failure:
-        logger.error(f"{host.name}: make tune: left out of {replicas.gateway}'s rotation: "
-                     f"{failure}")
+    out = back_if_it_answers(gateway, replicas.argv[host.name], turn)
+    if out is not None:
+        logger.error(f"{host.name}: make tune: left out of {replicas.gateway}'s rotation: {out}")
         return
-    give_back(gateway, argv, turn)
     logger.info(f"{host.name}: make tune: {turn.verdict}")
 
 
@@ -302,9 +303,10 @@ def roll_best(replicas: Replicas, gateway, deployed: Deployed, view: NodeView, t
         with ctx_host.use(other):
             node = Node(other, *view())
         turn, argv = Turn(name), replicas.argv[name]
-        if take_out(gateway, argv, turn) is not None:
-            raise OperationError(f"{name}: make tune: the best was not rolled to it: "
-                                 f"{turn.verdict}; the roll stopped there")
+        refusal, why = take_out(gateway, argv, turn)
+        if refusal is not None:
+            raise OperationError(f"{name}: make tune: the best was not rolled to it: not taken "
+                                 f"out: {why}; the roll stopped there")
         began = time.monotonic()
         one = dataclasses.replace(deployed, nodes=[node])
         ended = one.apply(best)

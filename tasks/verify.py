@@ -15,7 +15,7 @@ from pve_sglang.operations import paths, stack_switch, verify
 from pve_sglang.operations import roll as rolling
 from tasks import stack_steps
 from tasks.common import container_gpus, expect_container_reads, run_when_container_exists, upload_script
-from tasks.gateway import rolled_by
+from tasks.gateway import rolled_with_others
 from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
 from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from pve_sglang.server.command import venv_python
@@ -143,8 +143,8 @@ def back_check(cs: ContainerSettings, follow: Callable[[], None]) -> Check | Non
     replica serves then, and with ``gateway_roll_failure: back`` an upgrade of this run sent
     back to the release it served, in turn (``operations.roll.back_with_the_roll``); None for
     a replica alone behind its gateway, a node of several, or no gateway."""
-    rolled = rolled_by(host.name) if not cs.nodes else None
-    if rolled is None or len(rolled[2]) < 2:
+    rolled = rolled_with_others(cs)
+    if rolled is None:
         return None
     gw, gs, _ = rolled
     unit = unit_name(cs.server)

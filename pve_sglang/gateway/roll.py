@@ -9,6 +9,7 @@ restarted. The decisions and their words, pure; the execution is ``operations/ro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 #: The worker script's exit codes (``remote/gateway_workers.py``) a turn tells apart.
@@ -131,18 +132,21 @@ def turn_line(turn: Turn) -> str:
 
 
 def after_a_stop(name: str, policy: str, stopped_at: str | None, verdict: str | None,
-                 back_to: str | None) -> tuple[str, str]:
+                 target: Callable[[], str | None]) -> tuple[str, str, str | None]:
     """What replica NAME does once its gateway's roll stopped at STOPPED_AT: its turn's VERDICT
-    in this run (None: no turn), BACK_TO the release it could go back to (an upgrade's previous
-    stack), POLICY ``gateway_roll_failure``. (``none``|``keep``|``back``, the words)."""
+    in this run (None: no turn), POLICY ``gateway_roll_failure``, TARGET the release it could go
+    back to (an upgrade's previous stack; asked only where it would go back).
+    (``none``|``keep``|``back``, the words, the release it goes back to)."""
     if not stopped_at or stopped_at == name:
-        return "none", "no roll stopped at another replica"
+        return "none", "no roll stopped at another replica", None
     if verdict is None or not verdict.startswith("serving"):
-        return "none", f"not changed by this run: it serves what it ran (the roll stopped at {stopped_at})"
+        return "none", (f"not changed by this run: it serves what it ran (the roll stopped at "
+                        f"{stopped_at})"), None
     if policy != "back":
         return "keep", (f"keeps the change of this run though the roll stopped at {stopped_at} "
-                        "(gateway_roll_failure is keep)")
+                        "(gateway_roll_failure is keep)"), None
+    back_to = target()
     if back_to is None:
         return "keep", (f"keeps the change of this run though the roll stopped at {stopped_at} "
-                        "(it keeps no earlier set to go back to: only an upgrade does)")
-    return "back", f"goes back to {back_to}: the roll stopped at {stopped_at}"
+                        "(it keeps no earlier set to go back to: only an upgrade does)"), None
+    return "back", f"goes back to {back_to}: the roll stopped at {stopped_at}", back_to

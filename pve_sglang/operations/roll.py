@@ -117,17 +117,28 @@ def worker_script(gateway_host, argv: list[str]) -> tuple[int, dict]:
     return code, answer if isinstance(answer, dict) else {}
 
 
-def take_out(gateway_host, argv: TurnArgv, this: Turn) -> str | None:
-    """THIS replica out of the gateway's rotation, drained (the worker script's ``out``): None
-    where it is out (THIS's drain, cut and out times set), else ``out_refusal``'s word."""
+def take_out(gateway_host, argv: TurnArgv, this: Turn) -> tuple[str | None, str]:
+    """THIS replica out of the gateway's rotation, drained (the worker script's ``out``):
+    (None, "") where it is out (THIS's drain, cut and out times set), else ``out_refusal``'s
+    word and why the script refused."""
     code, out = worker_script(gateway_host, argv.out)
     refusal = out_refusal(code)
-    if refusal is None:
-        this.drain_s, this.cut = float(out.get("drain_s") or 0), int(out.get("cut") or 0)
-        this.out_s = float(out["out_s"]) if isinstance(out.get("out_s"), (int, float)) else None
-    else:
-        this.verdict = f"not taken out: {out.get('error') or f'exit {code}'}"
-    return refusal
+    if refusal is not None:
+        return refusal, str(out.get("error") or f"exit {code}")
+    this.drain_s, this.cut = float(out.get("drain_s") or 0), int(out.get("cut") or 0)
+    this.out_s = float(out["out_s"]) if isinstance(out.get("out_s"), (int, float)) else None
+    return None, ""
+
+
+def back_if_it_answers(gateway_host, argv: TurnArgv, this: Turn) -> str | None:
+    """THIS replica given its traffic back once a generation asked as the gateway asks it
+    answers (``give_back``); None where it is back, else why it stays out."""
+    try:
+        asked_as_the_gateway_asks(gateway_host, argv)
+    except OperationError as failure:
+        return str(failure)
+    give_back(gateway_host, argv, this)
+    return None
 
 
 def asked_as_the_gateway_asks(gateway_host, argv: TurnArgv) -> None:
@@ -218,16 +229,15 @@ def _one_turn(state, host, this: Turn, roll: Roll, commands: list[StringCommand]
         logger.error(turn_line(this))
         return False
     gateway_host = state.inventory.get_host(roll.gateway)
-    refusal = take_out(gateway_host, argv, this)
+    refusal, why = take_out(gateway_host, argv, this)
     if refusal == "capacity":
         roll.stopped_at = this.name
-        this.verdict = this.verdict.replace("not taken out", "not restarted")
+        this.verdict = f"not restarted: {why}"
         logger.error(turn_line(this))
         return False
     if refusal is not None:
-        logger.warning(f"{host.name}: the gateway {roll.gateway} did not take it out "
-                       f"({this.verdict.removeprefix('not taken out: ')}): restarted as "
-                       "without a gateway (its first deploy)")
+        logger.warning(f"{host.name}: the gateway {roll.gateway} did not take it out ({why}): "
+                       "restarted as without a gateway (its first deploy)")
     start = time.monotonic()
     for command in commands:
         ok, output = host.run_shell_command(command)
@@ -306,10 +316,7 @@ def back_with_the_roll(gateway: str, policy: str, target: Callable[[], str | Non
     stopped_at = run.roll.stopped_at if run else None
     turn = run.roll.turns.get(name) if run else None
     verdict = turn.verdict if turn else None
-    # The release to go back to is read only where it matters.
-    back_to = target() if policy == "back" and after_a_stop(
-        name, policy, stopped_at, verdict, "?")[0] == "back" else None
-    what, words = after_a_stop(name, policy, stopped_at, verdict, back_to)
+    what, words, back_to = after_a_stop(name, policy, stopped_at, verdict, target)
     if what != "back":
         if what == "keep":
             logger.warning(f"{name}: behind {gateway}: {words}")
@@ -326,9 +333,10 @@ def _back(state, host, run: _Run, name: str, back_to: str,
         gateway_host = state.inventory.get_host(run.roll.gateway)
         _stopper_back(gateway_host, run)
         this, argv = Turn(name), run.argv[name]
-        refusal = take_out(gateway_host, argv, this)
+        refusal, why = take_out(gateway_host, argv, this)
         if refusal is not None:
-            logger.error(f"{name}: keeps the change, not sent back to {back_to}: {this.verdict}")
+            logger.error(f"{name}: keeps the change, not sent back to {back_to}: not taken "
+                         f"out: {why}")
             return True
         start = time.monotonic()
         try:
@@ -359,10 +367,8 @@ def _stopper_back(gateway_host, run: _Run) -> None:
     if stopper is None or stopper not in run.argv:
         return
     this = Turn(stopper)
-    try:
-        asked_as_the_gateway_asks(gateway_host, run.argv[stopper])
-    except OperationError as failure:
-        logger.error(f"{stopper}: stays out of {run.roll.gateway}'s rotation: {failure}")
+    out = back_if_it_answers(gateway_host, run.argv[stopper], this)
+    if out is not None:
+        logger.error(f"{stopper}: stays out of {run.roll.gateway}'s rotation: {out}")
         return
-    give_back(gateway_host, run.argv[stopper], this)
     logger.warning(f"{stopper}: answers again: {this.verdict}, before the others go back")

@@ -16,7 +16,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pve_sglang.config.gateway import validate_gateway  # noqa: E402
 from pve_sglang.config.settings import ContainerSettings  # noqa: E402
-from pve_sglang.gateway.render import turn_argv  # noqa: E402
 from pve_sglang.project import load_defaults  # noqa: E402
 from tasks.tune import Replicas, tune_steps  # noqa: E402
 
@@ -35,8 +34,7 @@ def replicas() -> Replicas | None:
     gw = gateways[0]
     gs = validate_gateway(gw.name, gw.data.get("settings", {}), load_defaults())
     names = [str(w["name"]) for w in gw.data.get("gateway_worker_list")]
-    check_s = int(gw.data.get("check_timeout_s") or 60)
-    return Replicas(gw.name, names, {name: turn_argv(gs, name, check_s) for name in names})
+    return Replicas.of(gw.name, gs, names, int(gw.data.get("check_timeout_s") or 60))
 
 
 if "gateways" not in host.groups:

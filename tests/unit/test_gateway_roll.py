@@ -207,8 +207,17 @@ SERVING = "serving, given back (listed healthy in 1.0s)"
 ])
 def test_after_a_stop_each_replica_keeps_its_change_or_goes_back(name, policy, stopped_at,
                                                                   verdict, back_to, what):
-    found, words = roll.after_a_stop(name, policy, stopped_at, verdict, back_to)
+    asked: list[str] = []
+
+    def target() -> str | None:
+        asked.append(name)
+        return back_to
+
+    found, words, going_to = roll.after_a_stop(name, policy, stopped_at, verdict, target)
     assert found == what, words
+    # The release is read only where the replica would go back, and named only then.
+    assert bool(asked) == (what == "back" or (what == "keep" and policy == "back"))
+    assert going_to == (back_to if what == "back" else None)
     if what == "keep":
         assert f"the roll stopped at {stopped_at}" in words
         assert ("gateway_roll_failure is keep" if policy == "keep" else "only an upgrade") in words
