@@ -297,9 +297,10 @@ def test_replicas_behind_a_gateway_are_tuned_once_out_of_its_rotation_and_the_be
         f"lxc.mount.entry = {venv} {settings().venv_path.strip('/')} none bind,create=dir 0 0"])
     [gateway] = lxc_container_factory(1, network="bridge", extra_config=[
         f"lxc.mount.entry = {smg_wheels} opt/wheels none bind,ro,create=dir 0 0"])
-    # The servers' key is the gateway's, as in test_gateway_lxc: with another one, smg 1.13.0
-    # answered the gateway phase's chat completion with the worker's HTTP 401 (it passed the
-    # client's key on, it seems, not the worker's); followed up apart.
+    # The servers' key is the gateway's, as in test_gateway_lxc: smg 1.13.0 passes the client's
+    # key on to the worker (a worker with another key answers 401), which the deploy's gateway
+    # phase refuses before any change (gateway.workers.key_problem); this test's deploy writes
+    # the gateway's files itself (tests/deploys/gateway.py), past that check.
     overrides = {**tune_settings(tmp_path), "server_host": "0.0.0.0", "api_key": GATEWAY_KEY,
                  "mem_fraction_static": 0.85, "tune_space": REPLICA_SPACE}
     s = settings(**overrides)
