@@ -250,6 +250,32 @@ def by_turns(modules: list[str], rank: dict[str, int], workers: int = 4) -> list
 #: The seconds a root test waited for its machine turn (``machine_turn``), by test id.
 TURN_WAIT = "machine_turn_wait_s"
 _turn_waits: dict[str, float] = {}
+#: The CPU seconds a test's process and the children it waited for (pyinfra's runs, lxc-attach
+#: and what it ran) used from its setup to its teardown: on 2 cores the suite is CPU-bound, so
+#: a module's CPU, not its wall time, is what it costs the others. A container's own processes
+#: (its systemd, a server) are no child of the test: not counted.
+CPU_USED = "cpu_s"
+_cpu_used: dict[str, float] = {}
+
+
+def cpu_seconds() -> float:
+    """This process's CPU seconds and its waited-for children's."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def pytest_runtest_setup(item):
+    item.stash[_CPU_AT] = cpu_seconds()
+
+
+_CPU_AT = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "teardown" and _CPU_AT in item.stash:
+        outcome.get_result().user_properties.append((CPU_USED, cpu_seconds() - item.stash[_CPU_AT]))
 
 
 def pytest_runtest_logreport(report):
@@ -258,6 +284,11 @@ def pytest_runtest_logreport(report):
         for name, value in report.user_properties:
             if name == TURN_WAIT:
                 _turn_waits[report.nodeid] = value
+    if report.when == "teardown":
+        for name, value in report.user_properties:
+            if name == CPU_USED:
+                module = module_of(report.nodeid)
+                _cpu_used[module] = _cpu_used.get(module, 0.0) + value
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -430,6 +461,11 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("lxc test environment timings")
         for line in lxc_env_module.timing_lines():
             terminalreporter.write_line(line)
+    if _cpu_used:
+        most = sorted(_cpu_used.items(), key=lambda kv: -kv[1])[:12]
+        terminalreporter.write_line(
+            f"CPU seconds of the tests and their children: {sum(_cpu_used.values()):.0f} in all; "
+            "the most: " + ", ".join(f"{module} {s:.0f}" for module, s in most))
     if _turn_waits:
         longest = sorted(_turn_waits.items(), key=lambda kv: -kv[1])[:3]
         terminalreporter.write_line(
