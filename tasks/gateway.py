@@ -53,7 +53,7 @@ def gateway_phase() -> None:
                           {w.name: k for w, k in zip(workers, keys)})
     if problem:
         raise PreflightError(problem)
-    wheels = gateway_store(host_settings(ContainerSettings), gs)
+    wheels = gateway_store(host_settings(ContainerSettings).stack, gs)
     timeout_s = check_timeout_s(workers)
     run_when_container_exists(lambda: gateway_steps(gs, workers, keys, wheels, timeout_s),
                               "gateway", lambda: planned_steps(gs, workers, wheels))
