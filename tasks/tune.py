@@ -94,7 +94,7 @@ class Replicas:
 def replicas_behind(cs: ContainerSettings) -> Replicas | None:
     """The replicas behind the gateway that fronts pyinfra's ``host``
     (``gateway.rolled_with_others``), or None."""
-    rolled = rolled_with_others(cs)
+    rolled = rolled_with_others(cs.server)
     if rolled is None:
         return None
     gw, gs, names = rolled
@@ -145,7 +145,7 @@ def tune_steps(cs: ContainerSettings, pinned: frozenset[str], view: NodeView,
                     "for the search (drained once the others serve; its tries restart and are "
                     "measured alone), given back, then the best rolls to "
                     f"{', '.join(others)} in turn")
-    upload_prompts(cs)
+    upload_prompts(cs.benchmark)
     tuned = Path(host.data.get("tuned_file"))
     python.call(name=f"Tuning search: {tuned.name} (a restart and a benchmark per try)",
                 function=search, pinned=pinned, view=view, replicas=replicas)
