@@ -48,7 +48,7 @@ from pve_sglang.pve_releases import (
 )
 from pve_sglang.server.render import ServerFiles, server_files
 from pve_sglang.config.settings import (
-    ContainerSettings, HostSettings, StackView, tensor_parallel_size,
+    HostSettings, LxcView, ServerView, StackView, tensor_parallel_size,
 )
 from pve_sglang.stack.cuda_driver import driver_problem, limited_features
 from pve_sglang.stack.releases import ReleaseError, read_release
@@ -314,20 +314,22 @@ def _check_cuda_driver(where: str, stack: StackView, driver: str) -> None:
         logger.warning(f"{where}: {note}")
 
 
-def check_container(where: str, settings: ContainerSettings, gpu: GpuHost | None) -> list[int]:
-    """The container's GPU indices, after checking them and TP against the host."""
+def check_container(where: str, lxc: LxcView, server: ServerView, stack: StackView,
+                    gpu: GpuHost | None) -> list[int]:
+    """The container's GPU indices (LXC's ``gpus``), after checking them against the host, and
+    the SERVER's TP and MoE backend and the STACK's build against the host's GPUs and driver."""
     if gpu is None:
         return []
-    indices = gpu.indices(settings.gpus, where)
+    indices = gpu.indices(lxc.gpus, where)
     gpu.device_minors(indices, where)  # each GPU's node known and present, before any change
     try:
-        tensor_parallel_size(settings.tp_size, len(indices), len(settings.nodes))
+        tensor_parallel_size(server.tp_size, len(indices), len(server.nodes))
     except ValueError as error:
         raise PreflightError(f"{where}: {error}") from None
-    _check_torch_build(where, settings.stack, gpu.compute_caps)
-    _check_cuda_driver(where, settings.stack, gpu.driver_version)
+    _check_torch_build(where, stack, gpu.compute_caps)
+    _check_cuda_driver(where, stack, gpu.driver_version)
     if any(cap.startswith("12.") for cap in gpu.compute_caps):
-        if settings.moe_runner_backend == "flashinfer_cutlass":
+        if server.moe_runner_backend == "flashinfer_cutlass":
             logger.warning(
                 f"{where}: SM120 GPUs (compute capability 12.x): FlashInfer's CUTLASS MoE "
                 "autotune has printed failed tactics or illegal instructions there (flashinfer "
@@ -337,10 +339,10 @@ def check_container(where: str, settings: ContainerSettings, gpu: GpuHost | None
 
 
 def check_server_files(
-    where: str, name: str, settings: ContainerSettings, gpus: list[dict], inventory: Inventory
+    where: str, name: str, server: ServerView, gpus: list[dict], inventory: Inventory
 ) -> ServerFiles:
     """``server_files``, with a render error as a PreflightError naming WHERE."""
     try:
-        return server_files(name, settings.server, gpus, inventory)
+        return server_files(name, server, gpus, inventory)
     except ValueError as error:
         raise PreflightError(f"{where}: the server's command line, unit or env file: {error}") from None

@@ -20,7 +20,8 @@ from pyinfra.context import state
 
 from pve_sglang import remote
 from pve_sglang.config.gateway import GatewaySettings, gateway_lock, gateway_store
-from pve_sglang.config.settings import ContainerSettings, container_hostname, host_settings
+from pve_sglang.config.settings import (BenchView, ContainerSettings, ServerView, container_hostname,
+                                        host_settings)
 from pve_sglang.gateway import render, roll
 from pve_sglang.gateway.workers import Worker, gateway_address, key_problem
 from pve_sglang.operations import debs, gateway, paths, systemd_unit, verify, wheel_store
@@ -53,7 +54,7 @@ def gateway_phase() -> None:
                           {w.name: k for w, k in zip(workers, keys)})
     if problem:
         raise PreflightError(problem)
-    wheels = gateway_store(host_settings(ContainerSettings), gs)
+    wheels = gateway_store(host_settings(ContainerSettings).stack, gs)
     timeout_s = check_timeout_s(workers)
     run_when_container_exists(lambda: gateway_steps(gs, workers, keys, wheels, timeout_s),
                               "gateway", lambda: planned_steps(gs, workers, wheels))
@@ -176,20 +177,23 @@ def bench_through(gw, gs: GatewaySettings) -> None:
     address = gateway_address(gs.gateway_host, container_hostname(gw.data))
     upload_script(remote.GPU_SAMPLER, "Upload the GPU sampler")
     upload_script(remote.BENCH_RECORD, "Upload the benchmark record wrapper")
-    runs = gateway_bench_runs(cs, gs, address)
+    runs = gateway_bench_runs(cs.benchmark, cs.server, gs, address)
     verify.benchmark(name=f"Benchmark through the gateway {gw.name} at concurrency "
                           f"{bench_levels(cs.benchmark)}",
                      runs=runs, env_file=env_file_path(cs.server),
                      history_dir=f"{cs.bench_history_dir.rstrip('/')}/gateway",
-                     meta={**run_meta(cs), "gateway": gw.name, "gateway_policy": gs.gateway_policy},
+                     meta={**run_meta(cs.benchmark, cs.server), "gateway": gw.name,
+                           "gateway_policy": gs.gateway_policy},
                      regression_pct=cs.bench_regression_pct, low_power_pct=cs.bench_low_power_pct)
 
 
-def gateway_bench_runs(cs: ContainerSettings, gs: GatewaySettings, address: str) -> dict[int, list[str]]:
+def gateway_bench_runs(bench: BenchView, server: ServerView, gs: GatewaySettings,
+                       address: str) -> dict[int, list[str]]:
     """The benchmark's argv per level against the gateway at ADDRESS:``gateway_port``, under
-    the GPU sampler of this container's GPUs; no /metrics sampler (the gateway's is smg's)."""
-    via = cs.model_copy(update={"server_port": gs.gateway_port, "enable_metrics": False})
-    return bench_runs(via.benchmark, venv_python(cs.server), address, cs.sglang_version,
+    the GPU sampler of this container's GPUs (its SERVER's venv and release); no /metrics
+    sampler (the gateway's is smg's)."""
+    via = bench.model_copy(update={"server_port": gs.gateway_port, "enable_metrics": False})
+    return bench_runs(via, venv_python(server), address, server.sglang_version,
                       remote.path(remote.GPU_SAMPLER), remote.path(remote.BENCH_RECORD), None)
 
 
@@ -206,11 +210,11 @@ def rolled_by(name: str) -> tuple | None:
     return None
 
 
-def rolled_with_others(cs: ContainerSettings) -> tuple | None:
+def rolled_with_others(server: ServerView) -> tuple | None:
     """``rolled_by`` this host where its gateway fronts other replicas too and it is no node of
-    several (a group restarts together): the replicas a roll, a tuning search and a stopped
-    roll's back step go over in turn; None otherwise."""
-    rolled = rolled_by(host.name) if not cs.nodes else None
+    several (SERVER's ``nodes``: a group restarts together): the replicas a roll, a tuning
+    search and a stopped roll's back step go over in turn; None otherwise."""
+    rolled = rolled_by(host.name) if not server.nodes else None
     return rolled if rolled is not None and len(rolled[2]) > 1 else None
 
 
@@ -229,7 +233,8 @@ def replica_turn(cs: ContainerSettings):
     """The turn this replica's restart runs in its gateway's roll (``operations.roll.turn``),
     or None: no gateway fronts it, it is the only replica behind its gateway (said so), or it
     is a node of several (its group restarts together). The roll's order is said once per
-    gateway, in the plan too."""
+    gateway, in the plan too. CS whole: its start is followed by the stack steps'
+    ``follow_start``, which takes the settings so."""
     rolled = rolled_by(host.name)
     if rolled is None:
         return None

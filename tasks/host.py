@@ -61,6 +61,8 @@ from tasks.common import store_user_key, upload_script
 from pve_sglang.config.settings import (
     ContainerSettings,
     HostSettings,
+    LxcView,
+    StackView,
     container_hostname,
     host_settings,
 )
@@ -85,9 +87,9 @@ def host_phase() -> None:
     indices = {}
     for ct, cs in plans:
         where = f"host {host.name}, container {ct.name}"
-        indices[ct.name] = check_container(where, cs, gpu)
+        indices[ct.name] = check_container(where, cs.lxc, cs.server, cs.stack, gpu)
         gpus = select_gpus(cs.gpus, gpu.gpus, where) if gpu is not None else []
-        check_server_files(where, ct.name, cs, gpus, state.inventory)
+        check_server_files(where, ct.name, cs.server, gpus, state.inventory)
     # The gateways' and monitoring's containers: created as the others, without GPUs
     # (tasks/gateway.py, tasks/monitoring.py).
     gateways = host_gateways()
@@ -96,7 +98,8 @@ def host_phase() -> None:
         nvidia_uvm(settings, gpu)
     wheel_stores(plans, gateways)
     model_stores(plans)
-    idmap_base = lxc_host(plans + others, settings) if settings.platform == "lxc" else None
+    idmap_base = lxc_host([cs.lxc for _, cs in plans + others], settings) \
+        if settings.platform == "lxc" else None
     if settings.platform == "lxc":
         # Every container's config and the host's limits in one read (host_reads).
         host_reads.expect([(HostPart.CONFIG, (lxc.config_path(ct.data.get("lxc_name"),
@@ -105,14 +108,14 @@ def host_phase() -> None:
                           executing=False)
     for ct, cs in plans:
         if settings.platform == "pve":
-            pve_container(ct, cs, settings, gpu, indices[ct.name])
+            pve_container(ct, cs.lxc, settings, gpu, indices[ct.name])
         else:
-            lxc_container(ct, cs, settings, gpu, indices[ct.name], idmap_base)
+            lxc_container(ct, cs.lxc, settings, gpu, indices[ct.name], idmap_base)
     for gw, cs in others:
         if settings.platform == "pve":
-            pve_container(gw, cs, settings, None, [])
+            pve_container(gw, cs.lxc, settings, None, [])
         else:
-            lxc_container(gw, cs, settings, None, [], idmap_base)
+            lxc_container(gw, cs.lxc, settings, None, [], idmap_base)
 
 
 def host_gateways() -> list[tuple[Host, ContainerSettings]]:
@@ -155,7 +158,7 @@ def gateway_sets(gateways: list[tuple[Host, ContainerSettings]]
     found = []
     for gw, cs in gateways:
         gs = host_settings(GatewaySettings, of=gw)
-        if gateway_store(cs, gs) is not None:
+        if gateway_store(cs.stack, gs) is not None:
             found.append((gw, cs, *gateway_lock(gs)))
     return found
 
@@ -209,7 +212,8 @@ def model_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
     """Each model a container serves from the host's model store, fetched once per host by the
     host itself (the containers mount it read-only and could not write it; a host fetches once
     for all its containers, whichever starts first), verified against the hub, resumable;
-    before the containers start, which mount its commit (``ContainerSettings.all_mounts``)."""
+    before the containers start, which mount its commit (``ContainerSettings.all_mounts``).
+    PLANS' settings whole: a fetch reads the model, the hub token and the stack's lock."""
     done: set[tuple] = set()
     for ct, cs in plans:
         if not cs.uses_model_store:
@@ -219,7 +223,7 @@ def model_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
         if key in done:
             continue
         if not done:
-            model_tools(ct, cs)
+            model_tools(ct, cs.stack)
         done.add(key)
         root = model_store.entry(cs.model_store, cs.model_download)
         env_file = f"{MODEL_SECRETS}/{posixpath.basename(root)}.env"
@@ -238,11 +242,11 @@ def model_stores(plans: list[tuple[Host, ContainerSettings]]) -> None:
             planned=planned)
 
 
-def model_tools(ct: Host, cs: ContainerSettings) -> None:
+def model_tools(ct: Host, stack: StackView) -> None:
     """The host's model fetcher, with the huggingface_hub the containers' locked set has."""
     version = HUB_CLIENT_VERSION
-    if cs.stack_install == "pinned":
-        lock, _ = stack_lock_of(f"host {host.name}, container {ct.name}", cs)
+    if stack.stack_install == "pinned":
+        lock, _ = stack_lock_of(f"host {host.name}, container {ct.name}", stack)
         version = lock.packages.get("huggingface-hub", version)
     paths.directory(name=f"Secrets directory {MODEL_SECRETS}", path=MODEL_SECRETS, mode="700")
     model.client_venv(name=f"huggingface_hub {version} in {MODEL_TOOLS}", path=MODEL_TOOLS,
@@ -300,34 +304,35 @@ def nvidia_uvm(settings: HostSettings, gpu: GpuHost) -> None:
     )
 
 
-def _pve_options(cs: ContainerSettings, ct: Host) -> dict[str, str]:
+def _pve_options(container: LxcView, ct: Host) -> dict[str, str]:
     """``pct`` options Proxmox applies to a running container without a restart."""
     return {
         "hostname": container_hostname(ct.data),
-        "cores": str(cs.cores),
-        "memory": str(cs.memory_mib),
-        "swap": str(cs.swap_mib),
-        "net0": cs.net0,
-        "onboot": str(int(cs.onboot)),
+        "cores": str(container.cores),
+        "memory": str(container.memory_mib),
+        "swap": str(container.swap_mib),
+        "net0": container.net0,
+        "onboot": str(int(container.onboot)),
     }
 
 
-def _mount_values(cs: ContainerSettings) -> list[str]:
+def _mount_values(container: LxcView) -> list[str]:
     return [
-        f"{m.host_path},mp={m.path}" + (",ro=1" if m.read_only else "") for m in cs.all_mounts
+        f"{m.host_path},mp={m.path}" + (",ro=1" if m.read_only else "")
+        for m in container.all_mounts
     ]
 
 
 def pve_container(
-    ct: Host, cs: ContainerSettings, hs: HostSettings, gpu: GpuHost | None, indices: list[int]
+    ct: Host, container: LxcView, hs: HostSettings, gpu: GpuHost | None, indices: list[int]
 ) -> None:
     """Create or reconcile Proxmox container VMID and start it; restart only on a real change."""
     vmid = int(ct.data.get("pct_vmid"))
     where = f"host {host.name}, container {vmid}"
     current = pct.current_config(vmid)
-    if current is not None and current.get("unprivileged", "0") != str(int(cs.unprivileged)):
+    if current is not None and current.get("unprivileged", "0") != str(int(container.unprivileged)):
         raise PreflightError(
-            f"{where}: field 'unprivileged' = {cs.unprivileged}, but the existing container is "
+            f"{where}: field 'unprivileged' = {container.unprivileged}, but the existing container is "
             f"{'un' if current.get('unprivileged') == '1' else ''}privileged; Proxmox cannot "
             "change that in place (back up and restore with --unprivileged), or set the field "
             "to match"
@@ -335,23 +340,23 @@ def pve_container(
     pct.host_arch(hs.template)  # before any change, with -y too (the operations ask again)
     pct.template(name=f"Container template {hs.template}", storage=hs.template_storage,
                  template=hs.template)
-    features = f"nesting={int(cs.nesting)}"
+    features = f"nesting={int(container.nesting)}"
     pct.create(
         name=f"Create container {vmid}",
         vmid=vmid,
         storage=hs.template_storage,
         template=hs.template,
         options={
-            **_pve_options(cs, ct),
-            "rootfs": f"{cs.rootfs_storage}:{cs.rootfs_size_gib}",
+            **_pve_options(container, ct),
+            "rootfs": f"{container.rootfs_storage}:{container.rootfs_size_gib}",
             "features": features,
-            **{f"mp{i}": value for i, value in enumerate(_mount_values(cs))},
+            **{f"mp{i}": value for i, value in enumerate(_mount_values(container))},
         },
-        unprivileged=cs.unprivileged,
+        unprivileged=container.unprivileged,
     )
     pct.config(name=f"Container {vmid} size and network", vmid=vmid,
-               options=_pve_options(cs, ct))
-    pct.rootfs_size(name=f"Container {vmid} disk size", vmid=vmid, size_gib=cs.rootfs_size_gib)
+               options=_pve_options(container, ct))
+    pct.rootfs_size(name=f"Container {vmid} disk size", vmid=vmid, size_gib=container.rootfs_size_gib)
     native = gpu is not None and gpu.native_dev
     pve_container = gpu.pve_container if gpu is not None else pve_container_of(host)
     if pve_container is None:
@@ -359,7 +364,7 @@ def pve_container(
         logger.warning(f"{unread_pve_container(host.name)}: no warning about pve-container "
                        "6.0.19's mount points can be given")
     bind_mounts = bind_mount_sources(
-        _mount_values(cs) + [v for k, v in (current or {}).items()
+        _mount_values(container) + [v for k, v in (current or {}).items()
                              if re.fullmatch(r"mp\d+", k) and isinstance(v, str)])
     warning = mount_attributes_warning(where, pve_container, sorted(set(bind_mounts)))
     if warning:
@@ -369,7 +374,7 @@ def pve_container(
             name=f"Container {vmid} features and mounts",
             vmid=vmid,
             options={"features": features},
-            mounts=_mount_values(cs),
+            mounts=_mount_values(container),
         )
     ]
     marker = None
@@ -420,12 +425,12 @@ def pve_container(
               vmid=vmid, restart=lambda: changed() or bool(pending), marker=marker)
 
 
-def lxc_host(plans: list[tuple[Host, ContainerSettings]], hs: HostSettings) -> int | None:
-    """What a plain LXC host needs before its containers: root's subordinate ids when a
+def lxc_host(containers: list[LxcView], hs: HostSettings) -> int | None:
+    """What a plain LXC host needs before its CONTAINERS: root's subordinate ids when a
     container is unprivileged (created as Proxmox ships them when missing), and the bridges
     their veths join. Returns the start of root's id range (``None``: no unprivileged one)."""
     base = None
-    if any(cs.unprivileged for _, cs in plans):
+    if any(container.unprivileged for container in containers):
         ranges = host.get_fact(RootSubIds)
         base = subid_base(ranges or {})
         if base is None:
@@ -438,13 +443,13 @@ def lxc_host(plans: list[tuple[Host, ContainerSettings]], hs: HostSettings) -> i
                 )
             base = start
     if not sets_network(hs.lxc_config):
-        for bridge in sorted({net0_items(cs.net0)["bridge"] for _, cs in plans}):
+        for bridge in sorted({net0_items(container.net0)["bridge"] for container in containers}):
             lxc.bridge(name=f"Network bridge {bridge}", bridge=bridge)
     return base
 
 
 def lxc_container(
-    ct: Host, cs: ContainerSettings, hs: HostSettings, gpu: GpuHost | None, indices: list[int],
+    ct: Host, container: LxcView, hs: HostSettings, gpu: GpuHost | None, indices: list[int],
     idmap_base: int | None,
 ) -> None:
     """Create or reconcile a plain LXC container and start it; a changed cgroup limit applies
@@ -453,12 +458,12 @@ def lxc_container(
     where = f"host {host.name}, container {name}"
     path = lxc.config_path(name, hs.lxc_path)
     existing = owned.contents(path)
-    base = idmap_base if cs.unprivileged else None
+    base = idmap_base if container.unprivileged else None
     if existing is not None:
         mapped = idmap_of(existing)
-        if bool(mapped) != cs.unprivileged:
+        if bool(mapped) != container.unprivileged:
             raise PreflightError(
-                f"{where}: field 'unprivileged' = {cs.unprivileged}, but the existing container "
+                f"{where}: field 'unprivileged' = {container.unprivileged}, but the existing container "
                 f"is {'un' if mapped else ''}privileged ({'lxc.idmap lines' if mapped else 'no lxc.idmap line'} "
                 f"in {path}); its files' owners would have to be shifted: recreate the "
                 "container, or set the field to match"
@@ -467,14 +472,14 @@ def lxc_container(
                 line in mapped for line in idmap_lines(idmap_base)):
             base = None  # the user's own id map: kept, the deploy adds none
     limits = HostLimits.of(host_reads.read(HostPart.LIMITS) or {})
-    if cs.cores > limits.cpus:
-        logger.warning(f"{where}: cores = {cs.cores}, but the host has {limits.cpus} CPUs: "
+    if container.cores > limits.cpus:
+        logger.warning(f"{where}: cores = {container.cores}, but the host has {limits.cpus} CPUs: "
                        f"the container gets all {limits.cpus}")
-    if limits.version == "v1" and not limits.swap_accounting and cs.swap_mib:
-        logger.warning(f"{where}: swap_mib = {cs.swap_mib} is not applied: this cgroup v1 host "
+    if limits.version == "v1" and not limits.swap_accounting and container.swap_mib:
+        logger.warning(f"{where}: swap_mib = {container.swap_mib} is not applied: this cgroup v1 host "
                        "has no swap accounting (boot with swapaccount=1)")
     hostname = container_hostname(ct.data)
-    lines = config_lines(cs.lxc, hostname, name, base, hs.lxc_config) + list(hs.lxc_config)
+    lines = config_lines(container, hostname, name, base, hs.lxc_config) + list(hs.lxc_config)
     shared = shares_host_network(lines)
     lxc.create(name=f"Create container {name}", container=name, lxc_path=hs.lxc_path,
                release=hs.lxc_release, rootfs_tarball=hs.lxc_rootfs_tarball,
@@ -494,11 +499,11 @@ def lxc_container(
     owned.lines(
         name=f"Container {name} CPU and memory limits ({limits.prefix}*)",
         path=path,
-        lines=limit_lines(cs.lxc, limits),
+        lines=limit_lines(container, limits),
         owned=owned_by_limits,
     )
     rootfs = rootfs_dir(existing or [], f"{hs.lxc_path.rstrip('/')}/{name}/rootfs")
-    keys = list(lxc_limits(cs.lxc, limits))
+    keys = list(lxc_limits(container, limits))
     # What its operations read at execution, read with the other containers' (host_reads).
     host_reads.expect([(HostPart.STATUS, (name, hs.lxc_path)), (HostPart.CONFIG, (path,)),
                        (HostPart.CGROUP, (name, hs.lxc_path, keys))]
@@ -512,4 +517,4 @@ def lxc_container(
               restart=any_changed(config, *([guard] if guard else []),
                                   restarts=f"container {name} (lxc-stop, lxc-start)"))
     lxc.cgroup_limits(name=f"Container {name} limits applied (lxc-cgroup, no restart)",
-                      container=name, lxc_path=hs.lxc_path, limits=lxc_limits(cs.lxc, limits))
+                      container=name, lxc_path=hs.lxc_path, limits=lxc_limits(container, limits))

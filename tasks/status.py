@@ -17,7 +17,7 @@ from pyinfra import host
 from pyinfra.context import state
 
 from pve_sglang.config.gateway import GatewaySettings
-from pve_sglang.config.settings import ContainerSettings, host_settings
+from pve_sglang.config.settings import ContainerSettings, ServerView, host_settings
 from pve_sglang.connectors.container import ContainerConnector
 from pve_sglang.facts.status import ContainerStatus
 from pve_sglang.gateway import render as gateway_render
@@ -39,11 +39,11 @@ def _has_row(candidate) -> bool:
     return any(group in candidate.groups for group in GROUPS)
 
 
-def _read_args(cs: ContainerSettings) -> dict:
-    return {"unit": unit_name(cs.server), "venv_path": cs.venv_path,
-            "state": switch_rules.state_path(cs.service_name), "model_path": cs.model_path,
-            "marker": MARKER, "metrics": True, "since": restart_since(cs.server),
-            "base_url": base_url(client_address(cs.server_host), cs.server_port)}
+def _read_args(server: ServerView) -> dict:
+    return {"unit": unit_name(server), "venv_path": server.venv_path,
+            "state": switch_rules.state_path(server.service_name), "model_path": server.model_path,
+            "marker": MARKER, "metrics": True, "since": restart_since(server),
+            "base_url": base_url(client_address(server.server_host), server.server_port)}
 
 
 def _row() -> dict[str, str]:
@@ -60,7 +60,7 @@ def _row() -> dict[str, str]:
                                    "base_url": gateway_render.gateway_url(gs)})
         return status.gateway_row(where, host.name, read)
     cs = host_settings(ContainerSettings)
-    read = host.get_fact(ContainerStatus, python=f"{cs.venv_path}/bin/python", args=_read_args(cs))
+    read = host.get_fact(ContainerStatus, python=f"{cs.venv_path}/bin/python", args=_read_args(cs.server))
     runs = bench_history.load_runs(cs.bench_history_dir, host.name)
     tuned = host.data.get("tuned_file")
     tuned_mtime = Path(tuned).stat().st_mtime if tuned and Path(tuned).is_file() else None

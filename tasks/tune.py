@@ -36,7 +36,8 @@ from pyinfra.operations import python
 
 from pve_sglang import remote
 from pve_sglang.config.gateway import GatewaySettings
-from pve_sglang.config.settings import ContainerSettings, host_settings
+from pve_sglang.config.settings import (BenchView, ContainerSettings, ModelView, ServerView,
+                                        host_settings)
 from pve_sglang.gateway.render import TurnArgv, turn_argv
 from pve_sglang.gateway.roll import Turn, turn_line
 from pve_sglang.operations.roll import (asked_as_the_gateway_asks, back_if_it_answers,
@@ -91,14 +92,15 @@ class Replicas:
                     if state.is_host_in_limit(state.inventory.get_host(name)))
 
 
-def replicas_behind(cs: ContainerSettings) -> Replicas | None:
+def replicas_behind(server: ServerView, check_s: int) -> Replicas | None:
     """The replicas behind the gateway that fronts pyinfra's ``host``
-    (``gateway.rolled_with_others``), or None."""
-    rolled = rolled_with_others(cs)
+    (``gateway.rolled_with_others``), or None; CHECK_S each generation's bound
+    (``generation_timeout_s``)."""
+    rolled = rolled_with_others(server)
     if rolled is None:
         return None
     gw, gs, names = rolled
-    return Replicas.of(gw.name, gs, names, cs.generation_timeout_s)
+    return Replicas.of(gw.name, gs, names, check_s)
 
 
 def deployed_view() -> tuple[ContainerSettings, list[dict]]:
@@ -110,29 +112,33 @@ def deployed_view() -> tuple[ContainerSettings, list[dict]]:
 def tune_container(cs: ContainerSettings, pinned: frozenset[str],
                    gpu_host: tuple[str | None, list[dict]]) -> None:
     """``make tune`` for the container of pyinfra's ``host``, on its host's driver and GPUs
-    (GPU_HOST): without a GPU there is nothing to measure, and nothing changes."""
+    (GPU_HOST): without a GPU there is nothing to measure, and nothing changes. The phase's
+    entry point: CS whole, as its steps span the tuning, the server, the benchmark and the
+    search's nodes (``deployed_view``)."""
     driver, _ = gpu_host
-    print("\n".join(plan_lines(host.name, cs, None, pinned,
-                               start_s=measured_start_s(cs) if driver else None)))
+    print("\n".join(plan_lines(host.name, cs.tuning, None, pinned,
+                               start_s=measured_start_s(cs.server) if driver else None)))
     if not driver:
         logger.warning(f"{host.name}: make tune: nothing measured: the host has no NVIDIA GPU, "
                        "so no server runs; nothing was changed (the plan is above)")
         return
-    tune_steps(cs, pinned, deployed_view, replicas_behind(cs))
+    tune_steps(cs.server, cs.benchmark, pinned, deployed_view,
+               replicas_behind(cs.server, cs.generation_timeout_s))
 
 
-def tune_steps(cs: ContainerSettings, pinned: frozenset[str], view: NodeView,
+def tune_steps(server: ServerView, bench: BenchView, pinned: frozenset[str], view: NodeView,
                replicas: Replicas | None = None) -> None:
     """Upload the scripts the search runs; on a model's first node (or its only one; of
     REPLICAS behind a gateway, the first in the run), at execution, search (``search``).
-    PINNED: the search's settings the container's own entry sets (never moved); VIEW: what the
+    SERVER: its group (``nodes``); BENCH: the prompts the search's benchmark reads; PINNED:
+    the search's settings the container's own entry sets (never moved); VIEW: what the
     search needs of each node."""
-    group_in_limit(cs)
+    group_in_limit(server)
     for script in SCRIPTS:
         upload_script(script, f"Upload {script} (make tune)")
-    if cs.nodes and cs.nodes[0] != host.name:
+    if server.nodes and server.nodes[0] != host.name:
         logger.info(f"{host.name}: make tune: tuned with its group, by its first node "
-                    f"{cs.nodes[0]}")
+                    f"{server.nodes[0]}")
         return
     if replicas is not None:
         tuner = replicas.tuner()
@@ -145,34 +151,34 @@ def tune_steps(cs: ContainerSettings, pinned: frozenset[str], view: NodeView,
                     "for the search (drained once the others serve; its tries restart and are "
                     "measured alone), given back, then the best rolls to "
                     f"{', '.join(others)} in turn")
-    upload_prompts(cs)
+    upload_prompts(bench)
     tuned = Path(host.data.get("tuned_file"))
     python.call(name=f"Tuning search: {tuned.name} (a restart and a benchmark per try)",
                 function=search, pinned=pinned, view=view, replicas=replicas)
 
 
-def group_in_limit(cs: ContainerSettings) -> None:
+def group_in_limit(server: ServerView) -> None:
     """A group's nodes restart together: a search of a node whose group is not whole in the run
     (``--limit``) stops before any change."""
-    missing = [name for name in cs.nodes
+    missing = [name for name in server.nodes
                if not state.is_host_in_limit(state.inventory.get_host(name))]
     if missing:
         raise PreflightError(
-            f"{host.name}: make tune: nodes {cs.nodes}: a multi-node group is tuned as one, and "
+            f"{host.name}: make tune: nodes {server.nodes}: a multi-node group is tuned as one, and "
             f"{', '.join(missing)} is not in this run; allowed: --limit with every node of the "
             "group; nothing was changed")
 
 
-def measured_start_s(cs: ContainerSettings) -> float | None:
+def measured_start_s(server: ServerView) -> float | None:
     """The seconds the container's server took at its last start, from its journal; None
     where it shows none."""
-    return start_seconds(host.get_fact(StartTimes, unit=unit_name(cs.server), ready=READY_LINE))
+    return start_seconds(host.get_fact(StartTimes, unit=unit_name(server), ready=READY_LINE))
 
 
-def model_is_moe(cs: ContainerSettings) -> bool | None:
+def model_is_moe(model: ModelView) -> bool | None:
     """Whether the served model is MoE, from its config.json in the container; None where it
     cannot be read (the MoE backend then stays in the space)."""
-    text = host.get_fact(FileContents, path=f"{cs.model_path}/config.json")
+    text = host.get_fact(FileContents, path=f"{model.model_path}/config.json")
     try:
         config = json.loads("\n".join(text or ()))
     except ValueError:
@@ -197,15 +203,15 @@ def search(pinned: frozenset[str], view: NodeView, replicas: Replicas | None = N
     nodes = nodes_of(view)
     first = nodes[0]
     cs = first.settings
-    space = space_for(cs, model_is_moe(cs), pinned)
-    found = start_of(cs, space)
-    known = installed_flags(cs, remote.path(remote.FLAG_LISTER))
+    space = space_for(cs.tuning, model_is_moe(cs.model), pinned)
+    found = start_of(cs.tuning, space)
+    known = installed_flags(cs.server, remote.path(remote.FLAG_LISTER))
     refused = refused_flags(host.name, cs, first.gpus, state.inventory, found, space, known)
     if refused:
         raise OperationError(f"{host.name}: make tune: sglang {cs.sglang_version} refuses "
                              f"{len(refused)} value(s) of the space, before any restart:\n  "
                              + "\n  ".join(refused) + "\nchange tune_space")
-    level = objective_concurrency(cs)
+    level = objective_concurrency(cs.tuning)
     deployed = Deployed(nodes, state.inventory, remote.path(remote.STARTUP_WATCH),
                         remote.path(remote.GPU_SAMPLER), remote.path(remote.BENCH_RECORD),
                         remote.path(remote.SERVER_METRICS) if cs.enable_metrics else None, level)
@@ -213,9 +219,9 @@ def search(pinned: frozenset[str], view: NodeView, replicas: Replicas | None = N
     # The search starts from a server that serves: each start followed as each try's is.
     for node in nodes:
         with ctx_host.use(node.host):
-            deployed.follow_start(node, node.settings)
+            deployed.follow_start(node, node.settings.server, node.settings.startup_stall_s)
     tuned = Path(first.host.data.get("tuned_file"))
-    start_s = measured_start_s(cs)
+    start_s = measured_start_s(cs.server)
     drive = Drive(space, found, cs.tune_budget_s, tuned, level, cs.tune_max_p99_ttft_ms,
                   cs.bench_low_power_pct,
                   start_s=Drive.start_s if start_s is None else start_s)
@@ -317,7 +323,7 @@ def roll_best(replicas: Replicas, gateway, deployed: Deployed, view: NodeView, t
                 ended = str(failure)
         turn.restart_s = time.monotonic() - began
         if ended:
-            back = one.apply(start_of(node.settings, space))
+            back = one.apply(start_of(node.settings.tuning, space))
             if not back:
                 give_back(gateway, argv, turn)
             raise OperationError(

@@ -20,7 +20,7 @@ from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, st
 from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from pve_sglang.server.command import venv_python
 from pve_sglang.server.unit_text import env_file_path, unit_name
-from pve_sglang.config.settings import ContainerSettings, host_settings
+from pve_sglang.config.settings import BenchView, ContainerSettings, ServerView, host_settings
 from pve_sglang.server.addresses import base_url, client_address
 
 #: A check of the verify phase: what it checks in words (the plan shown before the container
@@ -50,7 +50,8 @@ def planned_checks() -> list[str]:
 def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) -> list[Check]:
     """The verify phase's checks, in order, each with its words: one list for both; none when
     the container's host has no NVIDIA driver (GPU_HOST: its driver version and the GPUs the
-    container gets, ``container_gpus(cs)``)."""
+    container gets, ``container_gpus(cs)``). The phase's plan: CS whole, as its checks span
+    the server, its stack's switch and the benchmark."""
     driver, gpus = gpu_host
     if not driver:
         return []
@@ -76,14 +77,15 @@ def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) 
     checks += server_checks(cs, address)
     if cs.bench:
         checks.append((f"benchmark at concurrency {bench_levels(cs.benchmark)}",
-                       lambda: benchmark_check(cs, address)))
+                       lambda: benchmark_check(cs.benchmark, cs.server, address)))
     return checks
 
 
 def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     """The server's start followed in its journal up to /health (fails fast, with a hint, on a
     crash or a silent log), then one chat completion (``generation_check``). ADDRESS: where
-    the server answers inside the container."""
+    the server answers inside the container. CS whole: the checks span the server, the
+    verify phase's bounds and the stack's switch (the stack steps take the settings so)."""
     unit, env_file = unit_name(cs.server), env_file_path(cs.server)
     url = base_url(address, cs.server_port)
     watch = remote.path(remote.STARTUP_WATCH)
@@ -122,7 +124,7 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                            "together", venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE,
                            service=cs.service_name, unit=unit, rollback=cs.upgrade_rollback,
                            nodes=cs.nodes, watch=follow)))
-    back = back_check(cs, follow)
+    back = back_check(cs.server, follow)
     if back is not None:
         checks.append(back)
     checks.append((f"a new stack that serves ends its trial after upgrade_probation_s "
@@ -138,22 +140,23 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     return checks
 
 
-def back_check(cs: ContainerSettings, follow: Callable[[], None]) -> Check | None:
+def back_check(server: ServerView, follow: Callable[[], None]) -> Check | None:
     """Behind a gateway with other replicas, where its roll stops at another one: what this
     replica serves then, and with ``gateway_roll_failure: back`` an upgrade of this run sent
     back to the release it served, in turn (``operations.roll.back_with_the_roll``); None for
     a replica alone behind its gateway, a node of several, or no gateway."""
-    rolled = rolled_with_others(cs)
+    rolled = rolled_with_others(server)
     if rolled is None:
         return None
     gw, gs, _ = rolled
-    unit = unit_name(cs.server)
+    unit = unit_name(server)
 
     def target() -> str | None:
-        return stack_switch.back_target(cs.venv_path, LEGACY_LOCK_FILE, cs.service_name)
+        return stack_switch.back_target(server.venv_path, LEGACY_LOCK_FILE, server.service_name)
 
     def go_back(why: str) -> None:
-        stack_switch.sent_back(why, cs.venv_path, LEGACY_LOCK_FILE, cs.service_name, unit, follow)
+        stack_switch.sent_back(why, server.venv_path, LEGACY_LOCK_FILE, server.service_name, unit,
+                               follow)
 
     policy = gs.gateway_roll_failure
     return (f"where the roll behind {gw.name} stops at another replica: " + (
@@ -166,29 +169,29 @@ def back_check(cs: ContainerSettings, follow: Callable[[], None]) -> Check | Non
             gateway=gw.name, policy=policy, target=target, go_back=go_back))
 
 
-def benchmark_check(cs: ContainerSettings, address: str) -> None:
+def benchmark_check(bench: BenchView, server: ServerView, address: str) -> None:
     """The serving benchmark at each level of the preset against the server at ADDRESS, under
     the GPU sampler, the server metrics sampler (``enable_metrics``) and the record wrapper (its
-    record, the key inside, in a private file)."""
+    record, the key inside, in a private file); the SERVER's venv, release and env file."""
     upload_script(remote.GPU_SAMPLER, "Upload the GPU sampler")
     upload_script(remote.BENCH_RECORD, "Upload the benchmark record wrapper")
-    upload_prompts(cs)
+    upload_prompts(bench)
     # The server metrics sampler is uploaded beside the GPU sampler (its companion).
-    scraper = remote.path(remote.SERVER_METRICS) if cs.enable_metrics else None
-    runs = bench_runs(cs.benchmark, venv_python(cs.server), address, cs.sglang_version,
+    scraper = remote.path(remote.SERVER_METRICS) if bench.enable_metrics else None
+    runs = bench_runs(bench, venv_python(server), address, server.sglang_version,
                       remote.path(remote.GPU_SAMPLER), remote.path(remote.BENCH_RECORD), scraper)
-    verify.benchmark(name=f"Benchmark at concurrency {bench_levels(cs.benchmark)}",
-                     runs=runs, env_file=env_file_path(cs.server), history_dir=cs.bench_history_dir,
-                     meta=run_meta(cs), regression_pct=cs.bench_regression_pct,
-                     low_power_pct=cs.bench_low_power_pct)
+    verify.benchmark(name=f"Benchmark at concurrency {bench_levels(bench)}",
+                     runs=runs, env_file=env_file_path(server), history_dir=bench.bench_history_dir,
+                     meta=run_meta(bench, server), regression_pct=bench.bench_regression_pct,
+                     low_power_pct=bench.bench_low_power_pct)
 
 
-def upload_prompts(cs: ContainerSettings) -> None:
+def upload_prompts(bench: BenchView) -> None:
     """The user's prompts (``bench_prompts_file``, checked when the settings were read) where
     the benchmark reads them (``bench.PROMPTS_IN_CONTAINER``)."""
-    if cs.bench_prompts_file:
-        paths.put(name=f"The benchmark's prompts {cs.bench_prompts_file}",
-                  src=cs.bench_prompts_file, dest=PROMPTS_IN_CONTAINER, mode="644")
+    if bench.bench_prompts_file:
+        paths.put(name=f"The benchmark's prompts {bench.bench_prompts_file}",
+                  src=bench.bench_prompts_file, dest=PROMPTS_IN_CONTAINER, mode="644")
 
 
 def verify_steps() -> None:

@@ -16,11 +16,11 @@ from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_va
 from pve_sglang.config.settings import (
     GATEWAY_SECRET_FIELDS,
     ContainerPath,
-    ContainerSettings,
     HttpUrl,
     Int,
     Port,
     SettingsError,
+    StackView,
     _format_error,
     _Strict,
     exact_version,
@@ -51,10 +51,11 @@ def gateway_lock(gs: GatewaySettings) -> tuple[Lock, LockKey]:
     return parse(smg_lock_path(gs.smg_version, gs.gateway_python)), key
 
 
-def gateway_store(cs: ContainerSettings, gs: GatewaySettings) -> str | None:
+def gateway_store(stack: StackView, gs: GatewaySettings) -> str | None:
     """The host's wheel store the gateway installs smg from (mounted read-only in its
-    container, CS): its container's, unless ``gateway_wheelhouse`` names the user's own."""
-    return cs.wheel_store if cs.uses_wheel_store and gs.gateway_wheelhouse is None else None
+    container, whose STACK names it): its container's, unless ``gateway_wheelhouse`` names the
+    user's own."""
+    return stack.wheel_store if stack.uses_wheel_store and gs.gateway_wheelhouse is None else None
 
 
 def smg_locks() -> list[str]:

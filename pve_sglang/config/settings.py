@@ -901,13 +901,30 @@ class BenchView(_View):
 
 
 class TuningView(_View):
-    """The tuning search: its space, budget, load and bound (``tuning/``)."""
+    """The tuning search: its space, budget, load and bound, and what it reads of the server it
+    moves and the benchmark it measures with: the release its space is spelled for, each
+    coordinate's value as found (where the search starts: ``tuning.space.start_of``), the
+    objective's default level, the benchmark's lengths and the low power bound its signals use
+    (``tuning/``, ``tasks/tune.py``)."""
 
     tune_space: dict[str, list[Any]] | None
     tune_budget_s: int
     tune_concurrency: int | None
     tune_max_p99_ttft_ms: float | None
     tune_dir: str
+    sglang_version: str
+    # The coordinates (``tuning.space.COORDINATES``): the server's values the search moves.
+    max_running_requests: int | None
+    mem_fraction_static: float
+    disable_cuda_graph: bool
+    cuda_graph_max_bs: int | None
+    moe_runner_backend: str
+    chunked_prefill_size: int | None
+    schedule_policy: str | None
+    bench_concurrencies: list[int]
+    bench_input_len: int
+    bench_output_len: int
+    bench_low_power_pct: float
 
 
 class LxcView(_View):

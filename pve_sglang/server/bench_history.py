@@ -31,7 +31,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pve_sglang.config.settings import ContainerSettings
+from pve_sglang.config.settings import BenchView, ServerView
 from pve_sglang.server import bench_hints
 
 PLOT_NAME = "output_tok_s.png"
@@ -47,21 +47,21 @@ def host_dir_name(host: str) -> str:
     return name or "_"
 
 
-def run_meta(cs: ContainerSettings) -> dict[str, Any]:
-    """What a run was made with, kept beside its table."""
+def run_meta(bench: BenchView, server: ServerView) -> dict[str, Any]:
+    """What a run was made with, kept beside its table: the BENCH's shape, the SERVER's flags."""
     return {
-        "model_path": cs.model_path,
-        "served_model_name": cs.served_model_name,
-        "sglang_version": cs.sglang_version,
-        "input_len": cs.bench_input_len,
-        "output_len": cs.bench_output_len,
-        "preset": cs.bench_preset,
-        "tp_size": cs.tp_size,
-        "max_running_requests": cs.max_running_requests,
-        "disable_cuda_graph": cs.disable_cuda_graph,
-        "moe_runner_backend": cs.moe_runner_backend,
-        "mem_fraction_static": cs.mem_fraction_static,
-        "enable_metrics": cs.enable_metrics,
+        "model_path": bench.model_path,
+        "served_model_name": bench.served_model_name,
+        "sglang_version": server.sglang_version,
+        "input_len": bench.bench_input_len,
+        "output_len": bench.bench_output_len,
+        "preset": bench.bench_preset,
+        "tp_size": server.tp_size,
+        "max_running_requests": server.max_running_requests,
+        "disable_cuda_graph": server.disable_cuda_graph,
+        "moe_runner_backend": server.moe_runner_backend,
+        "mem_fraction_static": server.mem_fraction_static,
+        "enable_metrics": server.enable_metrics,
     }
 
 

@@ -33,7 +33,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
 from pyinfra.context import ctx_host
 
-from pve_sglang.config.settings import ContainerSettings
+from pve_sglang.config.settings import ContainerSettings, ServerView
 from pve_sglang.server.addresses import base_url, client_address
 from pve_sglang.facts.container import SglangServerFlags
 from pve_sglang.operations import paths, verify
@@ -47,7 +47,7 @@ from pve_sglang.tuning.space import Candidate
 
 def tried(settings: ContainerSettings, candidate: Candidate) -> ContainerSettings:
     """SETTINGS with CANDIDATE's values, checked by the settings' own rules (as the tuned file's
-    values are when the deploy reads them)."""
+    values are when the deploy reads them): the settings whole, as those rules read them."""
     return ContainerSettings.model_validate({**settings.model_dump(), **candidate})
 
 
@@ -62,7 +62,8 @@ def refused_flags(name: str, settings: ContainerSettings, gpus: list[dict],
                   known: set[str]) -> list[str]:
     """Why each value of SPACE that container NAME's installed release (KNOWN: its flags)
     cannot take is refused: ``coordinate=value: the release's words``; [] when every value
-    renders and parses."""
+    renders and parses. SETTINGS whole: each value is checked on them by their own rules
+    (``tried``) before its server is rendered."""
     refused = []
     for candidate in space_candidates(start, space):
         moved = ", ".join(f"{k}={v!r}" for k, v in candidate.items() if start.get(k) != v)
@@ -115,7 +116,7 @@ class Deployed:
         tried_on = [(node, tried(node.settings, candidate)) for node in self.nodes]
         for node, cs in tried_on:
             with ctx_host.use(node.host):
-                self._write_unit(node, cs)
+                self._write_unit(node, cs.server)
         for node, cs in tried_on:
             with ctx_host.use(node.host):
                 if not host.run_shell_command(StringCommand(
@@ -125,7 +126,7 @@ class Deployed:
         for node, cs in tried_on:
             with ctx_host.use(node.host):
                 try:
-                    self.follow_start(node, cs)
+                    self.follow_start(node, cs.server, cs.startup_stall_s)
                 except OperationError as failure:
                     words = str(failure)
                     logger.warning(f"{host.name}: make tune: {words.splitlines()[0]}")
@@ -141,16 +142,18 @@ class Deployed:
                 return "degenerate" if "degenerate" in str(failure) else "start"
         return ""
 
-    def follow_start(self, node: Node, cs: ContainerSettings) -> None:
-        """NODE's start on CS followed until it serves, as the verify phase follows it
-        (``verify.watch_start``, with pyinfra's ``host`` NODE); raises ``OperationError``."""
-        verify.watch_start(unit_name(cs.server), f"{self.url(node)}/health", env_file_path(cs.server),
-                           self.watch, cs.health_timeout_s, cs.startup_stall_s)
+    def follow_start(self, node: Node, server: ServerView, stall_s: int) -> None:
+        """NODE's start of SERVER followed until it serves, as the verify phase follows it
+        (``verify.watch_start``, with pyinfra's ``host`` NODE; STALL_S: ``startup_stall_s``);
+        raises ``OperationError``."""
+        verify.watch_start(unit_name(server), f"{self.url(node)}/health", env_file_path(server),
+                           self.watch, server.health_timeout_s, stall_s)
 
-    def _write_unit(self, node: Node, cs: ContainerSettings) -> None:
-        """NODE's unit for CS, as the container phase renders it, written whole; systemd told."""
-        path = unit_path(cs.server)
-        text = server_files(node.host.name, cs.server, node.gpus, self.inventory).unit
+    def _write_unit(self, node: Node, server: ServerView) -> None:
+        """NODE's unit for SERVER, as the container phase renders it, written whole; systemd
+        told."""
+        path = unit_path(server)
+        text = server_files(node.host.name, server, node.gpus, self.inventory).unit
         uploaded = host.put_file(StringIO(text), path,
                                  remote_temp_filename=host.get_temp_filename(path))
         paths.forget(path)
@@ -181,11 +184,11 @@ class Deployed:
                 return {"concurrency": level}  # no objective: the part failed
 
 
-def installed_flags(settings: ContainerSettings, lister: str) -> set[str]:
+def installed_flags(server: ServerView, lister: str) -> set[str]:
     """The flags the container's installed sglang knows (its own ``server_args.py``, read by
     the uploaded flag lister at LISTER)."""
-    known = host.get_fact(SglangServerFlags, python=venv_python(settings.server), script=lister)
+    known = host.get_fact(SglangServerFlags, python=venv_python(server), script=lister)
     if known is None:
-        raise OperationError(f"{host.name}: make tune: no sglang in {settings.venv_path}: "
+        raise OperationError(f"{host.name}: make tune: no sglang in {server.venv_path}: "
                              "run `make deploy` first")
     return known

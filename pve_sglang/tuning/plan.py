@@ -2,9 +2,9 @@
 what the budget buys at the container's measured start time, its objective and bound, and the
 first tries (``make tune ARGS=--dry`` prints it).
 
-Pure: the container's settings in, lines out. Whether the model is MoE is read from its
-``config.json`` (``is_moe``) where the search runs; before that, ``moe`` None says the MoE
-backend is in the space only if the model turns out to be MoE. The start time is the server's
+Pure: the container's tuning settings in (``TuningView``), lines out. Whether the model is MoE
+is read from its ``config.json`` (``is_moe``) where the search runs; before that, ``moe`` None
+says the MoE backend is in the space only if the model turns out to be MoE. The start time is the server's
 last start as its journal shows it (``start_seconds``), where there is one.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pve_sglang.config.settings import ContainerSettings
+from pve_sglang.config.settings import TuningView
 from pve_sglang.server.startup_log import READY_LINE
 from pve_sglang.tuning.space import default_space, grid, key, start_of, user_space, valid
 from pve_sglang.tuning.strategy import CHUNK, START_WEIGHT, coordinate_order, value_order
@@ -50,18 +50,18 @@ def is_moe(config: dict[str, Any]) -> bool:
     return any(isinstance(part, dict) and part.get(k) for part in parts for k in MOE_KEYS)
 
 
-def space_for(settings: ContainerSettings, moe: bool | None,
+def space_for(tuning: TuningView, moe: bool | None,
               own: frozenset[str] = frozenset()) -> dict[str, tuple]:
     """The container's space: its ``tune_space``, else the default one less what its own
     entry sets (OWN: the user's, never moved); with MOE None, the MoE backend kept in."""
-    if settings.tune_space is not None:
-        return user_space(settings.tune_space, settings.sglang_version)
-    space = default_space(settings.sglang_version, moe if moe is not None else True)
+    if tuning.tune_space is not None:
+        return user_space(tuning.tune_space, tuning.sglang_version)
+    space = default_space(tuning.sglang_version, moe if moe is not None else True)
     return {name: values for name, values in space.items() if name not in own}
 
 
-def objective_concurrency(settings: ContainerSettings) -> int:
-    return settings.tune_concurrency or max(settings.bench_concurrencies)
+def objective_concurrency(tuning: TuningView) -> int:
+    return tuning.tune_concurrency or max(tuning.bench_concurrencies)
 
 
 #: A journal line of ``journalctl -o short-unix``: its time, then the rest.
@@ -106,22 +106,22 @@ def budget_lines(budget_s: int, start_s: float | None) -> list[str]:
     ]
 
 
-def plan_lines(name: str, settings: ContainerSettings, moe: bool | None,
+def plan_lines(name: str, tuning: TuningView, moe: bool | None,
                own: frozenset[str] = frozenset(), first: int = 8,
                start_s: float | None = None) -> list[str]:
     """What ``--dry`` shows for container NAME; START_S, its server's measured start time."""
-    space = space_for(settings, moe, own)
-    start = start_of(settings, space)
-    level = objective_concurrency(settings)
-    bound = (f", p99 time to first token at most {settings.tune_max_p99_ttft_ms:g} ms"
-             if settings.tune_max_p99_ttft_ms else "")
+    space = space_for(tuning, moe, own)
+    start = start_of(tuning, space)
+    level = objective_concurrency(tuning)
+    bound = (f", p99 time to first token at most {tuning.tune_max_p99_ttft_ms:g} ms"
+             if tuning.tune_max_p99_ttft_ms else "")
     lines = [
-        f"{name}: tuning search on sglang {settings.sglang_version}",
+        f"{name}: tuning search on sglang {tuning.sglang_version}",
         f"  objective: output tok/s at concurrency {level}{bound} (the server's own steady "
         f"state over the benchmark's window, where its /metrics give it); benchmark "
-        f"{settings.bench_input_len} in / {settings.bench_output_len} out tokens, in parts of "
+        f"{tuning.bench_input_len} in / {tuning.bench_output_len} out tokens, in parts of "
         f"{CHUNK:g} of the whole",
-        *budget_lines(settings.tune_budget_s, start_s),
+        *budget_lines(tuning.tune_budget_s, start_s),
         f"  space ({len(grid(space))} candidates in the grid):",
     ]
     for coordinate, values in space.items():
@@ -131,15 +131,15 @@ def plan_lines(name: str, settings: ContainerSettings, moe: bool | None,
         lines.append(f"    {coordinate}: {', '.join(mark)}{note}")
     if own:
         lines.append(f"  kept as the container's own entry sets them: {', '.join(sorted(own))}")
-    lines.append(f"  tuned file: {settings.tune_dir}/<host>-<container>.yml")
+    lines.append(f"  tuned file: {tuning.tune_dir}/<host>-<container>.yml")
     lines.append("  first tries:")
     tries = [f"the server as found, where it runs (no restart): {START_WEIGHT:g} of the "
              f"benchmark in parts: {key(start)}"]
-    order = coordinate_order(space, {}, settings.bench_low_power_pct)
+    order = coordinate_order(space, {}, tuning.bench_low_power_pct)
     for coordinate in order:
         tries += [f"{coordinate}={value!r} (one start, parts until a verdict)"
                   for value in value_order(coordinate, space[coordinate], start[coordinate],
-                                           {}, settings.bench_low_power_pct)
+                                           {}, tuning.bench_low_power_pct)
                   if valid({**start, coordinate: value})]
     lines += [f"    {n}. {text}" for n, text in enumerate(tries[:first], 1)]
     lines.append("    ... the moves in the order the server's figures ask once it is measured "

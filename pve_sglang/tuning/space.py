@@ -30,7 +30,7 @@ from typing import Annotated, Any
 from packaging.version import Version
 from pydantic import TypeAdapter, ValidationError
 
-from pve_sglang.config.settings import ContainerSettings
+from pve_sglang.config.settings import ContainerSettings, TuningView
 from pve_sglang.server.spelling import SCHEDULE_POLICY_SINCE
 
 #: A candidate: setting name -> value (None: the setting's null, SGLang's own choice).
@@ -117,9 +117,9 @@ def user_space(given: Mapping[str, Iterable[Any]], release: str) -> dict[str, tu
     return space
 
 
-def start_of(settings: ContainerSettings, space: Mapping[str, tuple[Any, ...]]) -> Candidate:
+def start_of(tuning: TuningView, space: Mapping[str, tuple[Any, ...]]) -> Candidate:
     """The container's own values of the space's coordinates: where the search starts."""
-    return {name: getattr(settings, name) for name in space}
+    return {name: getattr(tuning, name) for name in space}
 
 
 def valid(candidate: Mapping[str, Any]) -> bool:

@@ -15,4 +15,4 @@ from tasks.verify import benchmark_check  # noqa: E402
 
 defaults = {k: v for k, v in load_defaults().items() if k in ContainerSettings.model_fields}
 cs = ContainerSettings.model_validate({**defaults, **host.data.get("settings", {})})
-benchmark_check(cs, "127.0.0.1")
+benchmark_check(cs.benchmark, cs.server, "127.0.0.1")

@@ -38,4 +38,5 @@ def replicas() -> Replicas | None:
 
 
 if "gateways" not in host.groups:
-    tune_steps(view()[0], frozenset(), view, replicas())
+    settings, _ = view()
+    tune_steps(settings.server, settings.benchmark, frozenset(), view, replicas())

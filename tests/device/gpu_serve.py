@@ -675,7 +675,7 @@ def tries(args) -> int:
     tuned = Path("/tmp/tune/gpu-sglang.yml")
     shutil.rmtree(tuned.parent, ignore_errors=True)
     tuned.parent.mkdir(parents=True)
-    found = start_of(settings, TRY_SPACE)
+    found = start_of(settings.tuning, TRY_SPACE)
     if args.oom:
         # The try that runs out of memory on purpose, alone (the search may not reach it in
         # a short call): its ending read from the real log by the drive's own ending_of.

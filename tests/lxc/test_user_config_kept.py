@@ -293,8 +293,8 @@ def host_container_steps() -> None:
     for name in ctx_host_proxy.data.get("containers"):
         ct = ctx_state_proxy.inventory.get_host(name)
         cs = settings_for(ct.data, ContainerSettings)
-        indices = check_container(f"container {ct.name}", cs, gpu)
-        lxc_container(ct, cs, settings, gpu, indices, idmap_base=None)  # privileged
+        indices = check_container(f"container {ct.name}", cs.lxc, cs.server, cs.stack, gpu)
+        lxc_container(ct, cs.lxc, settings, gpu, indices, idmap_base=None)  # privileged
 
 
 def run_host_phase(container, monkeypatch) -> dict:

@@ -319,7 +319,7 @@ def test_every_value_of_the_default_space_renders_flags_the_release_knows(site, 
     each value that renders it, naming the coordinate, the value and the flag."""
     s = settings(sglang_version=version)
     space = default_space(version, moe=True)
-    start = start_of(s, space)
+    start = start_of(s.tuning, space)
     known = known_flags(site[version])
     assert refused_flags("pve1-105", s, [], NO_NODES, start, space, known) == []
     less = KnownFlags(known - {"--schedule-policy"}, version)

@@ -169,7 +169,7 @@ runs = {int(level): sampled_argv(sys.executable, str(source(GPU_SAMPLER)), 50, m
                           [sys.executable, "-c", code, path])))
         for level, path in (item.split("=") for item in os.environ["BLOCKS"].split(","))}
 verify.benchmark(name="Benchmark", runs=runs, env_file=os.environ["ENV_FILE"],
-                 history_dir="bench-history", meta={**run_meta(cs), "model_path": "kimi"},
+                 history_dir="bench-history", meta={**run_meta(cs.benchmark, cs.server), "model_path": "kimi"},
                  regression_pct=10, low_power_pct=95)
 '''
 

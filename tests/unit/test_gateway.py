@@ -326,7 +326,7 @@ def test_the_benchmark_through_the_gateway_targets_it_from_the_first_worker():
         "stack_install": "sglang-no-deps", "server_port": 30001, "bench_preset": "quick"})
     gs = gateway(gateway_host="0.0.0.0", gateway_port=8080, gateway_bench=True)
     address = gateway_address(gs.gateway_host, "gateway")
-    runs = gateway_bench_runs(cs, gs, address)
+    runs = gateway_bench_runs(cs.benchmark, cs.server, gs, address)
     assert runs
     for argv in runs.values():
         text = " ".join(argv)

@@ -248,7 +248,7 @@ def test_the_verify_phase_plans_what_a_replica_does_where_its_roll_stops(workers
 
     def deploy() -> None:
         if host.name == "@fake/ct105":
-            back = verify.back_check(host_settings(ContainerSettings), lambda: None)
+            back = verify.back_check(host_settings(ContainerSettings).server, lambda: None)
             found.append(back[0] if back else None)
 
     defaults = load_defaults()

@@ -95,8 +95,13 @@ AREAS = [
     ("benchmark", "tune_concurrency", False),
     ("benchmark", "server_port", True),
     ("tuning", "model_path", False),
-    ("tuning", "bench_concurrencies", False),
+    ("tuning", "api_key", False),
+    ("tuning", "venv_path", False),
+    ("tuning", "bench_history_dir", False),
     ("tuning", "tune_budget_s", True),
+    ("tuning", "sglang_version", True),
+    ("tuning", "mem_fraction_static", True),
+    ("tuning", "bench_concurrencies", True),
     ("lxc", "sglang_version", False),
     ("lxc", "mounts", False),
     ("lxc", "all_mounts", True),
@@ -125,6 +130,15 @@ def test_the_server_views_secrets_are_not_shown(cs):
     shown = repr(cs.server) + str(cs.server)
     assert cs.server.secrets == {"HF_TOKEN": "token-1", "SGLANG_API_KEY": "key-1"}
     assert "token-1" not in shown and "key-1" not in shown
+
+
+def test_the_tuning_view_holds_every_coordinate_the_search_may_move(cs):
+    """A search starts from the container's own value of each coordinate of its space
+    (``tuning.space.start_of``), a user's ``tune_space`` coordinate included."""
+    from pve_sglang.tuning.space import CLIENT_SIDE, COORDINATES, start_of
+
+    space = {name: () for name in (*COORDINATES, *CLIENT_SIDE)}
+    assert start_of(cs.tuning, space) == {name: getattr(cs, name) for name in space}
 
 
 def test_every_view_is_listed():

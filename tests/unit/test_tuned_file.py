@@ -168,7 +168,7 @@ def test_the_plan_lists_space_budget_objective_and_first_tries(tmp_path, monkeyp
     settings, pinned = container_settings(hosts({"max_running_requests": 64,
                                                  "tune_max_p99_ttft_ms": 900}))
     assert pinned == {"max_running_requests"}
-    text = "\n".join(plan_lines("@pct/pve1/105", settings, None, pinned))
+    text = "\n".join(plan_lines("@pct/pve1/105", settings.tuning, None, pinned))
     assert "output tok/s at concurrency 1024, p99 time to first token at most 900 ms" in text
     assert "budget: 28800 s (8.0 h)" in text
     assert "at a start of 420 s (assumed: no start measured)" in text
@@ -185,10 +185,10 @@ def test_the_plan_lists_space_budget_objective_and_first_tries(tmp_path, monkeyp
     assert "3. moe_runner_backend='auto' (one start" in text
     assert "cuda_graph_max_bs=64" not in text  # graphs are off in the flags found
     # The container's measured start time: what the budget buys follows.
-    measured = "\n".join(plan_lines("@pct/pve1/105", settings, None, pinned, start_s=95.5))
+    measured = "\n".join(plan_lines("@pct/pve1/105", settings.tuning, None, pinned, start_s=95.5))
     assert "at a start of 96 s (measured: the server's last start)" in measured
     assert "at most 113 restarts" in measured
-    grid_size = len(grid(space_for(settings, None, pinned)))
+    grid_size = len(grid(space_for(settings.tuning, None, pinned)))
     assert f"space ({grid_size} candidates in the grid)" in text
 
 
@@ -209,7 +209,7 @@ def test_the_plan_of_a_user_space_and_a_dense_model(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     settings, pinned = container_settings(hosts({"tune_space": {
         "max_running_requests": [None, 256], "disable_cuda_graph": [True, False]}}))
-    assert space_for(settings, False, pinned) == {"max_running_requests": (None, 256),
-                                                  "disable_cuda_graph": (True, False)}
+    assert space_for(settings.tuning, False, pinned) == {"max_running_requests": (None, 256),
+                                                         "disable_cuda_graph": (True, False)}
     assert "moe_runner_backend" not in space_for(
-        settings.model_copy(update={"tune_space": None}), False, pinned)
+        settings.model_copy(update={"tune_space": None}).tuning, False, pinned)
