@@ -97,7 +97,9 @@ class StandinServer:
                 stdout=out, stderr=subprocess.STDOUT,
                 env={"SGLANG_API_KEY": KEY, "PATH": "/usr/bin:/bin"})
         self.flags = dict(candidate)
-        deadline = time.monotonic() + 5  # the stand-in starts in about 0.3 s here
+        # The stand-in starts in about 0.3 s here, in seconds on a loaded machine; none of this
+        # landscape's flags stalls it, so the bound is only a loaded machine's.
+        deadline = time.monotonic() + 30
         ready = False
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:
@@ -217,7 +219,7 @@ def test_stopped_with_ctrl_c_the_server_serves_the_best_so_far_and_the_next_run_
     endings = {t.outcome.ended for t in done.tries}
     assert {"degenerate", "oom", "measured"} <= endings
     failed = [t for t in done.tries if not t.outcome.ok]
-    assert all(t.outcome.cost_s < 3 for t in failed)  # a failed try costs its start alone
+    assert failed and all(t.outcome.cost_s == t.outcome.start_s for t in failed)  # its start alone
 
 
 @pytest.mark.parametrize("lines, stalled, answer, ended", [
