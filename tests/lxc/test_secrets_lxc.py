@@ -422,19 +422,30 @@ TOKENIZER_CONFIG = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "
                     "model_max_length": 4096}
 # Every regular file of the container (its root file system, /run, /tmp, the venv's mount),
 # read in full; the patterns come on stdin, never in an argv or a file.
+# Only the files changed since SINCE are read: a file whose inode did not change since the
+# test began (ctime: any write, and any utime that would hide one, sets it) cannot hold the
+# test's key; the cached venvs' gigabytes it binds in are walked, not read.
 FIND_SECRETS = r'''
-import json, os, sys
-patterns = [p.encode() for p in json.load(sys.stdin)]
+import json, os, stat, sys
+asked = json.load(sys.stdin)
+patterns = [p.encode() for p in asked["patterns"]]
 longest = max(map(len, patterns))
-found, files = {}, 0
+found, files, read = {}, 0, 0
 for root, dirs, names in os.walk("/"):
     if root == "/":
         dirs[:] = [d for d in dirs if d not in ("proc", "sys", "dev")]
     for name in names:
         path = os.path.join(root, name)
-        if os.path.islink(path) or not os.path.isfile(path):
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISREG(info.st_mode):
             continue
         files += 1
+        if info.st_ctime < asked["since"]:
+            continue
+        read += 1
         count, tail = 0, b""
         try:
             with open(path, "rb") as handle:
@@ -446,7 +457,7 @@ for root, dirs, names in os.walk("/"):
             continue
         if count:
             found[path] = count
-print(json.dumps({"files": files, "found": found}))
+print(json.dumps({"files": files, "read": read, "found": found}))
 '''
 
 
@@ -496,18 +507,20 @@ def test_deploy(deploy: str, *hosts: tuple) -> tuple[str, float]:
 test_deploy.__test__ = False  # a helper, not a test
 
 
-def find_secrets(box) -> dict:
-    """``{"files": N, "found": {path: hits}}``: every spelling of every secret in the container."""
+def find_secrets(box, since: float) -> dict:
+    """``{"files": N, "read": N, "found": {path: hits}}``: every spelling of every secret in the
+    files of the container changed since SINCE (epoch seconds), of the N files it holds."""
     patterns = sorted({spelling for secret in SECRETS for spelling in spellings(secret)})
     put(box, f"{PROBE_DIR}/find_secrets.py", FIND_SECRETS)
-    done = box.attach(["python3", f"{PROBE_DIR}/find_secrets.py"], input=json.dumps(patterns),
-                      timeout=900)
+    done = box.attach(["python3", f"{PROBE_DIR}/find_secrets.py"],
+                      input=json.dumps({"patterns": patterns, "since": since}), timeout=900)
     return json.loads(done.stdout)
 
 
 @pytest.mark.parametrize("release", sorted(BENCH_STACKS))
 def test_benchmark_leaves_the_key_in_no_file(release, lxc_env, lxc_container_factory, tmp_path,
                                              sglang_wheel):
+    began = time.time() - 1  # ctime's clock: the kernel's, the container's too
     venv = cached_venv(lxc_env, release, BENCH_STACKS[release], bench_venv_folder(release),
                        sglang_wheel)
     history = tmp_path / "bench-history"
@@ -537,15 +550,18 @@ def test_benchmark_leaves_the_key_in_no_file(release, lxc_env, lxc_container_fac
     assert all(r["output_token_throughput"] > 0 and r["median_itl_ms"] > 0 for r in rows)
     assert (saved.parent / "output_tok_s.png").exists()
 
-    searched = find_secrets(box)
+    searched = find_secrets(box, began)
     mine = {str(path): hits(path.read_text(errors="replace"))
             for path in tmp_path.rglob("*") if path.is_file()}
     print(f"sglang {release}: benchmark deploy {elapsed:.0f}s; {searched['files']} files in the "
-          f"container, secrets found: {searched['found']}; pyinfra's output: {hits(log)}; "
+          f"container, {searched['read']} changed in the test, secrets found: "
+          f"{searched['found']}; pyinfra's output: {hits(log)}; "
           f"history on this machine: {sum(mine.values())} in {len(mine)} files")
     # Only the env file (0600) holds them: no record, no cache, no log of the benchmark.
     assert set(searched["found"]) == {env_file_path(s)}
-    assert searched["files"] > 10_000  # it did read the venv and the system
+    assert searched["files"] > 10_000  # it did walk the venv and the system
+    # It read what the benchmark wrote: its record, the venv's bytecode, the container's files.
+    assert 0 < searched["read"] < searched["files"], searched
     assert hits(log) == 0 and sum(mine.values()) == 0, mine
     assert "BENCH_RECORD_JSON" not in log  # read by the deploy, not shown
     box.attach(["systemctl", "stop", unit], check=False)
