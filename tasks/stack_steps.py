@@ -20,12 +20,12 @@ from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from tasks.common import store_user_key, upload_script
 
 
-def follow_start(cs: ContainerSettings, address: str) -> Callable[[], None]:
+def follow_start(cs: ContainerSettings) -> Callable[[], None]:
     """What follows the server's start in its journal until it serves (``verify.watch_start``,
-    the uploaded startup watch): the verify phase's rollback and one begun at the start of a run
-    wait with it. ADDRESS: where the server answers inside the container."""
+    the uploaded startup watch, asking /health where a client in the container reaches it):
+    the verify phase's rollback and one begun at the start of a run wait with it."""
     unit, env_file = unit_name(cs.server), env_file_path(cs.server)
-    health = f"{base_url(address, cs.server_port)}/health"
+    health = f"{base_url(client_address(cs.server_host), cs.server_port)}/health"
     watch = remote.path(remote.STARTUP_WATCH)
     return lambda: verify.watch_start(unit, health, env_file, watch, cs.health_timeout_s,
                                       cs.startup_stall_s)
@@ -38,7 +38,7 @@ def before_switch(cs: ContainerSettings, wanted: str) -> None:
     ``retry_failed_stack``), or when a node of several (``nodes``) would switch without every
     node of its group in the run. WANTED: the settings' stack id (``stack.identity``), which
     the phase looks up once."""
-    watch = follow_start(cs, client_address(cs.server_host))
+    watch = follow_start(cs)
     release = f"sglang {cs.sglang_version}"
     upload_script(remote.STARTUP_WATCH, "Upload the startup watch (a rollback waits with it)")
     stack_switch.rollback_finished(

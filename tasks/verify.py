@@ -90,7 +90,7 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     url = base_url(address, cs.server_port)
     watch = remote.path(remote.STARTUP_WATCH)
     health = f"{url}/health"
-    follow = stack_steps.follow_start(cs, address)
+    follow = stack_steps.follow_start(cs)
 
     def judged(failure):
         # A stack on trial (an upgrade) that fails is rolled back, and its start followed; a

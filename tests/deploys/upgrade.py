@@ -59,7 +59,7 @@ def send_back() -> None:
                    f"{stack_switch.back_target(cs.venv_path, LEGACY_LOCK_FILE, cs.service_name)}")
     stack_switch.sent_back("the roll behind the test's gateway stopped at another replica",
                            cs.venv_path, LEGACY_LOCK_FILE, cs.service_name, unit_name(cs.server),
-                           stack_steps.follow_start(cs, "127.0.0.1"))
+                           stack_steps.follow_start(cs))
 
 
 # --data send_back=true: the server sent back after the checks, as its roll's back step does.
