@@ -19,7 +19,9 @@ from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
 from pve_sglang.server import unit_action
 from pve_sglang.stack import switch_rules
-from pve_sglang.stack.switch_rules import Found, Move, RollbackVerdict, StacksAt, Unfinished
+from pve_sglang.stack.switch_rules import (
+    Found, Move, RollbackVerdict, StacksAt, Unfinished, release_words,
+)
 
 
 def cannot_name(venv_path: str, error: ValueError) -> str:
@@ -38,14 +40,6 @@ def found_stacks(stacks: StacksAt) -> tuple[dict, Found]:
     operation here decides by, asked once at its start (at plan time and again when it runs)."""
     raw = read_stacks(stacks)
     return raw, switch_rules.found_of(stacks.venv_path, raw)
-
-
-def release_words(raw: dict, stack_id: str | None) -> str:
-    """``sglang 0.5.9 (stack 68a87c7696509d54)`` from a stack's release file."""
-    if stack_id is None:
-        return "no stack"
-    release = (raw.get("stacks") or {}).get(stack_id, {}).get("sglang")
-    return f"sglang {release} (stack {stack_id})" if release else f"stack {stack_id}"
 
 
 def record_command(service: str, record: dict) -> StringCommand:

@@ -87,6 +87,15 @@ def found_of(venv_path: str, raw: dict) -> Found:
                  previous=record.get("previous"), trial=record.get("trial"))
 
 
+def release_words(raw: dict, stack_id: str | None) -> str:
+    """``sglang 0.5.9 (stack 68a87c7696509d54)`` from a stack's release file, as a ``Stacks``
+    read (RAW) holds it: how the operations' messages name a stack."""
+    if stack_id is None:
+        return "no stack"
+    release = (raw.get("stacks") or {}).get(stack_id, {}).get("sglang")
+    return f"sglang {release} (stack {stack_id})" if release else f"stack {stack_id}"
+
+
 class Move(Enum):
     NONE = "none"  # the link names the wanted stack: nothing to switch
     FIRST = "first"  # no server ran from a stack yet: make the link (the server starts anyway)
