@@ -44,6 +44,7 @@ from devtools import lxc_env  # noqa: E402
 from devtools.upgrade_site import API_KEY, PORT, UNIT, VENV, Site, make_site, stack_of  # noqa: E402
 from pve_sglang.operations.stack_switch import link_command, record_command, rollback_commands  # noqa: E402
 from pve_sglang.project import load_defaults  # noqa: E402
+from pve_sglang.stack.switch_rules import StacksAt  # noqa: E402
 
 RESULT = REPO / "bench" / "results" / "upgrade_downtime.json"
 POLLER = "/opt/standin/poll.py"
@@ -210,7 +211,7 @@ def rollback_cut(site: Site, steps: int, old: str, new: str, wait_s: float,
     failed = {**on_trial, "failed": {**(on_trial.get("failed") or {}), stack_of(new): {
         "sglang": new, "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "why": f"bench: rollback cut after step {steps}"}}}
-    commands = rollback_commands(VENV, "sglang", UNIT, failed, stack_of(old))
+    commands = rollback_commands(StacksAt(VENV, "sglang"), UNIT, failed, stack_of(old))
     for command in commands[:steps]:
         site.sh(command.get_raw_value())
     extra["cut_after"] = ["the failed set recorded", "the link back", "the restart"][steps - 1]

@@ -21,7 +21,7 @@ from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.operations import container_reads, paths
 from pve_sglang.preflight import driver_and_gpus
 from pve_sglang.server.unit_text import unit_name
-from pve_sglang.stack import store_retention, switch_rules
+from pve_sglang.stack import store_retention
 from pve_sglang.stack.identity import settings_stack_path
 
 
@@ -61,7 +61,7 @@ def expect_container_reads(cs: ContainerSettings) -> None:
     stack_python = f"{settings_stack_path(host.name, cs)}/bin/python"
     parts = [(Part.DEBS, ()), (Part.UV, (container_reads.TOOLS_UV,)),
              (Part.VENV, (stack_python, remote.TOOLS)), (Part.UNIT, (unit_name(cs.server),)),
-             (Part.STACKS, switch_rules.read_args(cs.venv_path, cs.service_name))]
+             (Part.STACKS, cs.server.stacks_at.read_args())]
     if host.data.get("platform") == "lxc":
         parts.append((Part.HOSTNAME, ()))
     container_reads.expect(parts)

@@ -167,8 +167,8 @@ def beside(cs: ContainerSettings) -> bool:
     """The settings' stack is not the one ``venv_path`` runs: its build changes nothing the
     server runs; only its switch restarts it. Asked by the restart's check, with the
     container's one read (not when the deploy's code runs)."""
-    raw = stack_switch.read_stacks(cs.venv_path, LOCK_FILE, cs.service_name)
-    return switch_rules.found_of(cs.venv_path, raw).named != stack_id(cs.stack)
+    _, found = stack_switch.found_stacks(cs.server.stacks_at)
+    return found.named != stack_id(cs.stack)
 
 
 def restart_check(cs: ContainerSettings, written: list, stack_ops: list, switched,
@@ -355,7 +355,7 @@ def python_stack(cs: ContainerSettings, py: str) -> list:
     stack is the serving one (``restart_check``)."""
     stack_switch.migrate(
         name=f"{cs.venv_path}: a venv made before stacks becomes one (not reinstalled)",
-        venv_path=cs.venv_path, lock_file=LOCK_FILE, service=cs.service_name,
+        stacks=cs.server.stacks_at,
         copies={LOCK_FILE: STACK_LOCK, f"{TOOLS}/stack-venv.lock": STACK_VENV_LOCK})
     tools = f"{TOOLS}/tools"
     venv.tools_venv(name=f"Tools venv with uv {cs.uv_version}", path=tools,
@@ -470,9 +470,8 @@ def server_unit(cs: ContainerSettings, py: str, rendered: ServerFiles, stack_ops
                           _if=lambda: unit_file.did_change() or fallback.did_change())
     switched = stack_switch.switch(
         name=f"{cs.venv_path} -> stack {stack_id(cs.stack)} (sglang {cs.sglang_version}), in one "
-        "rename, when it is not the serving one", venv_path=cs.venv_path, lock_file=LOCK_FILE,
-        service=cs.service_name, unit=unit, wanted=stack_id(cs.stack),
-        restart_on_change=cs.restart_on_change, nodes=cs.nodes)
+        "rename, when it is not the serving one", stacks=cs.server.stacks_at, unit=unit,
+        wanted=stack_id(cs.stack), restart_on_change=cs.restart_on_change, nodes=cs.nodes)
     systemd_unit.service_running(
         name=f"{unit} enabled and running (restarted only when its unit, env, stack or patch "
         "changed)",

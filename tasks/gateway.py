@@ -30,7 +30,6 @@ from pve_sglang.operations.changes import any_changed
 from pve_sglang.runtime.errors import PreflightError
 from pve_sglang.server.bench import bench_levels, bench_runs
 from pve_sglang.server.bench_history import run_meta
-from pve_sglang.server.addresses import client_address
 from pve_sglang.server.command import venv_python
 from pve_sglang.server.unit_text import env_file_path
 from pve_sglang.stack.store_retention import user_path
@@ -247,7 +246,7 @@ def replica_turn(cs: ContainerSettings):
                        "group restarts together, not in turn")
         return None
     return turn_for(gw.name, gs, names, cs.generation_timeout_s,
-                    stack_steps.follow_start(cs, client_address(cs.server_host)))
+                    stack_steps.follow_start(cs))
 
 
 def turn_for(gateway_name: str, gs: GatewaySettings, names: list[str], check_s: int, judge):

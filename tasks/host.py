@@ -53,7 +53,6 @@ from pve_sglang.preflight import (
 )
 from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.stack.identity import stack_lock_of
-from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from pve_sglang.stack.lock import Lock, LockKey
 from pve_sglang.config.gateway import GatewaySettings, gateway_lock, gateway_store
 from pve_sglang.project import template
@@ -185,7 +184,7 @@ def store_retention_phase() -> None:
         wanted.setdefault(cs.wheel_store, set()).add(lock.id)
         # The plan's guess of what the container's phase records (its stacks, read now).
         stores.setdefault(cs.wheel_store, {})[store_user_key(ct.data)] = wheel_store.planned_record(
-            ct, cs.venv_path, LEGACY_LOCK_FILE, cs.service_name, lock.id, cs.stack_retention,
+            ct, cs.server.stacks_at, lock.id, cs.stack_retention,
             cs.restart_on_change) if not state.is_executing else [lock.id]
     # A gateway's record names its smg set (tasks/gateway.py writes it).
     for gw, cs, lock, _ in gateway_sets(host_gateways()):

@@ -16,16 +16,15 @@ from pve_sglang.config.settings import ContainerSettings
 from pve_sglang.operations import stack_switch, verify, wheel_store
 from pve_sglang.server.addresses import base_url, client_address
 from pve_sglang.server.unit_text import env_file_path, unit_name
-from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from tasks.common import store_user_key, upload_script
 
 
-def follow_start(cs: ContainerSettings, address: str) -> Callable[[], None]:
+def follow_start(cs: ContainerSettings) -> Callable[[], None]:
     """What follows the server's start in its journal until it serves (``verify.watch_start``,
-    the uploaded startup watch): the verify phase's rollback and one begun at the start of a run
-    wait with it. ADDRESS: where the server answers inside the container."""
+    the uploaded startup watch, asking /health where a client in the container reaches it):
+    the verify phase's rollback and one begun at the start of a run wait with it."""
     unit, env_file = unit_name(cs.server), env_file_path(cs.server)
-    health = f"{base_url(address, cs.server_port)}/health"
+    health = f"{base_url(client_address(cs.server_host), cs.server_port)}/health"
     watch = remote.path(remote.STARTUP_WATCH)
     return lambda: verify.watch_start(unit, health, env_file, watch, cs.health_timeout_s,
                                       cs.startup_stall_s)
@@ -38,22 +37,19 @@ def before_switch(cs: ContainerSettings, wanted: str) -> None:
     ``retry_failed_stack``), or when a node of several (``nodes``) would switch without every
     node of its group in the run. WANTED: the settings' stack id (``stack.identity``), which
     the phase looks up once."""
-    watch = follow_start(cs, client_address(cs.server_host))
+    watch, stacks = follow_start(cs), cs.server.stacks_at
     release = f"sglang {cs.sglang_version}"
     upload_script(remote.STARTUP_WATCH, "Upload the startup watch (a rollback waits with it)")
     stack_switch.rollback_finished(
-        name="A rollback cut short by a kill is finished", venv_path=cs.venv_path,
-        lock_file=LEGACY_LOCK_FILE, service=cs.service_name, unit=unit_name(cs.server),
-        rollback=cs.upgrade_rollback, watch=watch)
+        name="A rollback cut short by a kill is finished", stacks=stacks,
+        unit=unit_name(cs.server), rollback=cs.upgrade_rollback, watch=watch)
     stack_switch.not_failed(
-        name=f"The set {release} did not fail here before", venv_path=cs.venv_path,
-        lock_file=LEGACY_LOCK_FILE, service=cs.service_name, wanted=wanted, release=release,
-        retry=cs.retry_failed_stack)
+        name=f"The set {release} did not fail here before", stacks=stacks, wanted=wanted,
+        release=release, retry=cs.retry_failed_stack)
     if cs.nodes:
         stack_switch.together(
             name=f"The nodes of the model ({', '.join(cs.nodes)}) switch together",
-            venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE, service=cs.service_name,
-            wanted=wanted, release=release, nodes=cs.nodes)
+            stacks=stacks, wanted=wanted, release=release, nodes=cs.nodes)
 
 
 def kept_words(cs: ContainerSettings) -> str:
@@ -69,14 +65,13 @@ def kept(cs: ContainerSettings, wanted: str, after_verdict: bool = False) -> Non
     the verify phase removes them AFTER_VERDICT), then the container's record in its host's
     wheel store written from what is left: the host's store retention prunes by it. WANTED:
     the settings' stack id."""
-    when = ", after the verdict" if after_verdict else ""
+    when, stacks = ", after the verdict" if after_verdict else "", cs.server.stacks_at
     stack_switch.retention(
         name=(f"Keep the {cs.stack_retention} newest stacks" + (
             when or " (the serving one and its rollback target always)")),
-        venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE, service=cs.service_name,
-        wanted=wanted, keep=cs.stack_retention, restart_on_change=cs.restart_on_change)
+        stacks=stacks, wanted=wanted, keep=cs.stack_retention,
+        restart_on_change=cs.restart_on_change)
     if cs.uses_wheel_store and cs.wheel_store is not None:
         wheel_store.holds(name=f"The wheel store {cs.wheel_store} knows the locks this "
                                f"container holds{when}", store=cs.wheel_store,
-                          key=store_user_key(), venv_path=cs.venv_path,
-                          lock_file=LEGACY_LOCK_FILE, service=cs.service_name, wanted=wanted)
+                          key=store_user_key(), stacks=stacks, wanted=wanted)

@@ -17,7 +17,6 @@ from tasks import stack_steps
 from tasks.common import container_gpus, expect_container_reads, run_when_container_exists, upload_script
 from tasks.gateway import rolled_with_others
 from pve_sglang.stack.identity import settings_stack_id, settings_stack_path, stack_lock_of
-from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE
 from pve_sglang.server.command import venv_python
 from pve_sglang.server.unit_text import env_file_path, unit_name
 from pve_sglang.config.settings import BenchView, ContainerSettings, ServerView, host_settings
@@ -90,13 +89,13 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     url = base_url(address, cs.server_port)
     watch = remote.path(remote.STARTUP_WATCH)
     health = f"{url}/health"
-    follow = stack_steps.follow_start(cs, address)
+    follow = stack_steps.follow_start(cs)
 
     def judged(failure):
         # A stack on trial (an upgrade) that fails is rolled back, and its start followed; a
         # node of several is judged with its group (``group_judged``, below).
-        return stack_switch.judged(failure, cs.venv_path, LEGACY_LOCK_FILE, cs.service_name, unit,
-                             rollback=cs.upgrade_rollback, watch=follow, nodes=cs.nodes)
+        return stack_switch.judged(failure, cs.server.stacks_at, unit, rollback=cs.upgrade_rollback,
+                                   watch=follow, nodes=cs.nodes)
 
     def started() -> None:
         upload_script(remote.STARTUP_WATCH, "Upload the startup watch")
@@ -121,18 +120,16 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
         checks.append((f"the nodes {', '.join(cs.nodes)} are judged together (one failed: "
                        "all roll back)", lambda: stack_switch.group_judged(
                            name=f"The nodes of the model ({', '.join(cs.nodes)}) are judged "
-                           "together", venv_path=cs.venv_path, lock_file=LEGACY_LOCK_FILE,
-                           service=cs.service_name, unit=unit, rollback=cs.upgrade_rollback,
-                           nodes=cs.nodes, watch=follow)))
+                           "together", stacks=cs.server.stacks_at, unit=unit,
+                           rollback=cs.upgrade_rollback, nodes=cs.nodes, watch=follow)))
     back = back_check(cs.server, follow)
     if back is not None:
         checks.append(back)
     checks.append((f"a new stack that serves ends its trial after upgrade_probation_s "
                    f"{cs.upgrade_probation_s} (a failed one was rolled back)",
                    lambda: stack_switch.trial_passed(
-                       name="An upgraded stack serves: its trial ends", venv_path=cs.venv_path,
-                       lock_file=LEGACY_LOCK_FILE, service=cs.service_name,
-                       probation_s=cs.upgrade_probation_s)))
+                       name="An upgraded stack serves: its trial ends",
+                       stacks=cs.server.stacks_at, probation_s=cs.upgrade_probation_s)))
     # After the verdict: the container phase removes none while a stack is on trial.
     checks.append((f"{stack_steps.kept_words(cs)}, after the verdict",
                    lambda: stack_steps.kept(cs, settings_stack_id(host.name, cs),
@@ -152,11 +149,10 @@ def back_check(server: ServerView, follow: Callable[[], None]) -> Check | None:
     unit = unit_name(server)
 
     def target() -> str | None:
-        return stack_switch.back_target(server.venv_path, LEGACY_LOCK_FILE, server.service_name)
+        return stack_switch.back_target(server.stacks_at)
 
     def go_back(why: str) -> None:
-        stack_switch.sent_back(why, server.venv_path, LEGACY_LOCK_FILE, server.service_name, unit,
-                               follow)
+        stack_switch.sent_back(why, server.stacks_at, unit, follow)
 
     policy = gs.gateway_roll_failure
     return (f"where the roll behind {gw.name} stops at another replica: " + (

@@ -28,7 +28,8 @@ from pve_sglang.stack.store_retention import user_key
 data = host.data
 lock = stack_lock.parse(Path(data.lock_file))
 key = stack_lock.LockKey(pins=tuple(tuple(pin) for pin in data.pins), python=data.python)
-VENV, LOCK_FILE, SERVICE = "/opt/sglang/venv", "/opt/sglang/stack.lock", "sglang"
+VENV = "/opt/sglang/venv"
+STACKS = switch_rules.StacksAt(VENV, "sglang", "/opt/sglang/stack.lock")
 
 if host.name == "@local":
     wheels.store(name=f"Wheel store {data.store}", path=data.store, lock=lock, key=key)
@@ -42,29 +43,26 @@ if host.name != "@local":
                  lock=lock)
     paths.put(name=f"Stack {lock.id} complete", src=StringIO(json.dumps({"lock": lock.id}) + "\n"),
               dest=f"{built}/{switch_rules.RELEASE_FILE}", mode="644")
-    stack_switch.switch(name=f"Switch to {lock.id}", venv_path=VENV, lock_file=LOCK_FILE,
-                        service=SERVICE, unit="sglang.service", wanted=lock.id, restart_on_change=True)
-    stack_switch.retention(name="Stack retention", venv_path=VENV, lock_file=LOCK_FILE,
-                           service=SERVICE, wanted=lock.id, keep=data.keep, restart_on_change=True)
+    stack_switch.switch(name=f"Switch to {lock.id}", stacks=STACKS, unit="sglang.service",
+                        wanted=lock.id, restart_on_change=True)
+    stack_switch.retention(name="Stack retention", stacks=STACKS, wanted=lock.id, keep=data.keep,
+                           restart_on_change=True)
 phase.done(name="Containers done", phase="container")
 if host.name != "@local":
     # The verify phase's end (``tasks.stack_steps.kept``, after the verdict): no server runs here
     # (its judgement is tests/lxc/test_upgrade_lxc.py's), so the verdict is good: the trial ends,
     # then retention removes what waited for it, then the record is written from what is left.
-    stack_switch.trial_passed(name="The verdict: the stack serves", venv_path=VENV,
-                              lock_file=LOCK_FILE, service=SERVICE)
-    stack_switch.retention(name="Stack retention, after the verdict", venv_path=VENV,
-                           lock_file=LOCK_FILE, service=SERVICE, wanted=lock.id, keep=data.keep,
-                           restart_on_change=True)
+    stack_switch.trial_passed(name="The verdict: the stack serves", stacks=STACKS)
+    stack_switch.retention(name="Stack retention, after the verdict", stacks=STACKS,
+                           wanted=lock.id, keep=data.keep, restart_on_change=True)
     wheel_store.holds(name="The store knows this container's locks", store=data.store,
-                      key=user_key("lxc", data.lxc_name), venv_path=VENV, lock_file=LOCK_FILE,
-                      service=SERVICE, wanted=lock.id)
+                      key=user_key("lxc", data.lxc_name), stacks=STACKS, wanted=lock.id)
 phase.done(name="Verify done", phase="verify")
 if host.name == "@local":
     from pyinfra.context import state
 
-    planned = {key: wheel_store.planned_record(state.inventory.get_host(name), VENV, LOCK_FILE,
-                                               SERVICE, lock.id, data.keep, True)
+    planned = {key: wheel_store.planned_record(state.inventory.get_host(name), STACKS, lock.id,
+                                               data.keep, True)
                for key, name in data.planned.items()}
     wheel_store.pruned(name="Wheel store retention", path=data.store, keep=data.keep,
                        platform="lxc", lxc_path=data.lxc_path, planned=planned,

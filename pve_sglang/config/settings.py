@@ -39,6 +39,7 @@ from pve_sglang.pve_releases import DEVN_FROM, upstream, version_problem
 from pve_sglang.stack.lock import LockError, key_of, lock_path, read_checked
 from pve_sglang.stack.platform import DEFAULT_RELEASE, PlatformError, platform_for
 from pve_sglang.stack.releases import ReleaseError, choose, read_release, toolkit_pin
+from pve_sglang.stack.switch_rules import StacksAt
 
 MOE_RUNNER_BACKENDS = (
     "auto",
@@ -862,6 +863,12 @@ class ServerView(_View):
     nodes: list[str]
     dist_init_addr: str | None
     dist_init_port: int
+
+    @property
+    def stacks_at(self) -> StacksAt:
+        """Where the container's stacks are (``venv_path``) and what names their state record
+        (the service): the one value the stack switch's operations take."""
+        return StacksAt(self.venv_path, self.service_name)
 
 
 class ModelView(_View):

@@ -19,7 +19,9 @@ from pve_sglang.runtime import cache
 from pve_sglang.runtime.cache import Kind
 from pve_sglang.server import unit_action
 from pve_sglang.stack import switch_rules
-from pve_sglang.stack.switch_rules import Found, Move, RollbackVerdict, Unfinished, read_args
+from pve_sglang.stack.switch_rules import (
+    Found, Move, RollbackVerdict, StacksAt, Unfinished, release_words,
+)
 
 
 def cannot_name(venv_path: str, error: ValueError) -> str:
@@ -27,18 +29,17 @@ def cannot_name(venv_path: str, error: ValueError) -> str:
             "cannot name) and run again")
 
 
-def read_stacks(venv_path: str, lock_file: str, service: str) -> dict:
-    """The container's stacks (``Stacks``), with the container's other reads, once per run
-    stage until an operation here changes them."""
-    return container_reads.read(Part.STACKS, *read_args(venv_path, service, lock_file))
+def read_stacks(stacks: StacksAt) -> dict:
+    """The ``Stacks`` read of the container's STACKS, with the container's other reads, once
+    per run stage until an operation here changes them."""
+    return container_reads.read(Part.STACKS, *stacks.read_args())
 
 
-def release_words(raw: dict, stack_id: str | None) -> str:
-    """``sglang 0.5.9 (stack 68a87c7696509d54)`` from a stack's release file."""
-    if stack_id is None:
-        return "no stack"
-    release = (raw.get("stacks") or {}).get(stack_id, {}).get("sglang")
-    return f"sglang {release} (stack {stack_id})" if release else f"stack {stack_id}"
+def found_stacks(stacks: StacksAt) -> tuple[dict, Found]:
+    """The ``Stacks`` read of STACKS (``read_stacks``) and its pure view (``Found``): what an
+    operation here decides by, asked once at its start (at plan time and again when it runs)."""
+    raw = read_stacks(stacks)
+    return raw, switch_rules.found_of(stacks.venv_path, raw)
 
 
 def record_command(service: str, record: dict) -> StringCommand:
@@ -59,16 +60,15 @@ def link_command(venv_path: str, stack_id: str) -> StringCommand:
 
 
 @operation()
-def not_failed(venv_path: str, lock_file: str, service: str, wanted: str, release: str,
-               retry: bool):
+def not_failed(stacks: StacksAt, wanted: str, release: str, retry: bool):
     """
     Stop before any change when the set of stack WANTED failed as an upgrade before and was
     rolled back (the state record says when and why), unless RETRY: a failed set is not tried
     again silently, run after run.
 
-    + venv_path: the ``venv_path`` setting (the link to the serving stack)
-    + lock_file: the lock file of a venv made before stacks (to name it)
-    + service: the server's service name (the state record is named by it)
+    + stacks: the container's stacks (``StacksAt``: the ``venv_path`` link to the serving one,
+      the service that names their state record, the lock file that names a venv made before
+      stacks)
     + wanted: the stack id of the settings (the lock id)
     + release: the settings' set in words, e.g. ``sglang 0.5.10``
     + retry: ``retry_failed_stack``: try the failed set again
@@ -78,17 +78,18 @@ def not_failed(venv_path: str, lock_file: str, service: str, wanted: str, releas
     .. code:: python
 
         from pve_sglang.operations import stack_switch
+        from pve_sglang.stack.switch_rules import StacksAt
 
-        stack_switch.not_failed(name="The stack did not fail before", venv_path="/opt/sglang/venv",
-                                lock_file="/opt/sglang/stack.lock", service="sglang",
+        stack_switch.not_failed(name="The stack did not fail before",
+                                stacks=StacksAt("/opt/sglang/venv", "sglang"),
                                 wanted="68a87c7696509d54", release="sglang 0.5.10", retry=False)
     """
-    raw = read_stacks(venv_path, lock_file, service)
+    raw, found = found_stacks(stacks)
     record = (raw.get("state") or {}).get("failed") or {}
     failed = switch_rules.refused(record, wanted, retry)
     if failed is not None:
         # Never "rolled back" while the link still names it (a plan before rollback_finished).
-        linked = switch_rules.found_of(venv_path, raw).current == wanted
+        linked = found.current == wanted
         back, kept = (("its rollback was cut short (the run switches back to the previous "
                        "stack first)", "nothing else is changed") if linked else
                       ("was rolled back", "nothing was changed"))
@@ -109,8 +110,8 @@ def forget() -> None:
 
 
 @operation()
-def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
-           restart_on_change: bool, nodes: list[str] | None = None):
+def switch(stacks: StacksAt, unit: str, wanted: str, restart_on_change: bool,
+           nodes: list[str] | None = None):
     """
     Point ``venv_path`` at stack WANTED, built beside the serving one, in one rename of a
     symlink; the server restarts once after it (``service_running``, told by this operation's
@@ -118,9 +119,9 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
     link stays: ``restart pending`` is reported, every run, until restarts are allowed. The
     state record says which stack is on trial and which one a failed start goes back to.
 
-    + venv_path: the ``venv_path`` setting, made a symlink to the current stack
-    + lock_file: the lock file of a venv made before stacks (to name it)
-    + service: the server's service name (the state record is named by it)
+    + stacks: the container's stacks (``StacksAt``: the ``venv_path`` setting, made a symlink to
+      the current stack, the service that names their state record, the lock file that names a
+      venv made before stacks)
     + unit: the server's systemd unit (its state says whether a switch restarts it)
     + wanted: the stack id of the settings (the lock id)
     + restart_on_change: false holds the switch back while the server runs
@@ -132,23 +133,23 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
     .. code:: python
 
         from pve_sglang.operations import stack_switch
+        from pve_sglang.stack.switch_rules import StacksAt
 
-        stack_switch.switch(name="Switch to stack 68a87c7696509d54", venv_path="/opt/sglang/venv",
-                            lock_file="/opt/sglang/stack.lock", service="sglang",
-                            unit="sglang.service", wanted="68a87c7696509d54", restart_on_change=True)
+        stack_switch.switch(name="Switch to stack 68a87c7696509d54",
+                            stacks=StacksAt("/opt/sglang/venv", "sglang"), unit="sglang.service",
+                            wanted="68a87c7696509d54", restart_on_change=True)
     """
     # What the build before changed (a new stack's files) decides nothing here.
-    raw = read_stacks(venv_path, lock_file, service)
-    found = switch_rules.found_of(venv_path, raw)
+    raw, found = found_stacks(stacks)
     unit_state = container_reads.read(Part.UNIT, unit)
     serving = unit_state.get("active") in unit_action.RUNNING_STATES
     try:
         plan = switch_rules.decide_switch(found, wanted, restart_on_change, serving)
     except ValueError as error:
-        raise OperationError(cannot_name(venv_path, error)) from None
+        raise OperationError(cannot_name(stacks.venv_path, error)) from None
     record = dict(raw.get("state") or {})
     if plan.move is Move.NONE:
-        host.noop(f"{venv_path} is stack {wanted}")
+        host.noop(f"{stacks.venv_path} is stack {wanted}")
         return
     if plan.move is Move.PENDING:
         if cache.once(Kind.RESTART_PENDING, f"{unit} stack"):
@@ -167,13 +168,13 @@ def switch(venv_path: str, lock_file: str, service: str, unit: str, wanted: str,
     # The record first: a run killed after it and before the rename switches again.
     record.update(previous=plan.previous, trial=wanted if plan.previous else None)
     record.pop("trial_until", None)  # a new trial: not judged yet
-    yield record_command(service, record)
-    yield link_command(venv_path, wanted)
+    yield record_command(stacks.service, record)
+    yield link_command(stacks.venv_path, wanted)
     forget()
 
 
 @operation()
-def migrate(venv_path: str, lock_file: str, service: str, copies: dict[str, str]):
+def migrate(stacks: StacksAt, copies: dict[str, str]):
     """
     Move a venv of the time before stacks (a plain folder at VENV_PATH) into the stacks folder,
     named by its last complete install, without reinstalling, and link VENV_PATH to it, before
@@ -182,9 +183,9 @@ def migrate(venv_path: str, lock_file: str, service: str, copies: dict[str, str]
     link gets it, so that no restart is due. The server keeps running (its files do not move
     on disk); only the two renames between them leave no path.
 
-    + venv_path: the ``venv_path`` setting
-    + lock_file: the lock file the deploy wrote for the plain venv (names it)
-    + service: the server's service name
+    + stacks: the container's stacks (``StacksAt``: the ``venv_path`` setting, the service that
+      names their state record, the lock file the deploy wrote for the plain venv, which names
+      it)
     + copies: ``{file of the plain venv's install: its name in the stack}`` (its locks)
 
     **Example:**
@@ -192,14 +193,16 @@ def migrate(venv_path: str, lock_file: str, service: str, copies: dict[str, str]
     .. code:: python
 
         from pve_sglang.operations import stack_switch
+        from pve_sglang.stack.switch_rules import StacksAt
 
-        stack_switch.migrate(name="A venv made before stacks becomes one", venv_path="/opt/sglang/venv",
-                             lock_file="/opt/sglang/stack.lock", service="sglang",
+        stack_switch.migrate(name="A venv made before stacks becomes one",
+                             stacks=StacksAt("/opt/sglang/venv", "sglang", "/opt/sglang/stack.lock"),
                              copies={"/opt/sglang/stack.lock": "pve-sglang.lock"})
     """
-    raw = read_stacks(venv_path, lock_file, service)
+    raw, found = found_stacks(stacks)
+    venv_path = stacks.venv_path
     try:
-        moved = switch_rules.migration(switch_rules.found_of(venv_path, raw))
+        moved = switch_rules.migration(found)
     except ValueError as error:
         raise OperationError(cannot_name(venv_path, error)) from None
     if moved is None:
@@ -226,8 +229,7 @@ def migrate(venv_path: str, lock_file: str, service: str, copies: dict[str, str]
 
 
 @operation()
-def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: int,
-              restart_on_change: bool):
+def retention(stacks: StacksAt, wanted: str, keep: int, restart_on_change: bool):
     """
     Remove the stacks beyond the KEEP newest, never the serving one, the rollback target or
     WANTED; a set recorded as failed never counts among the newest. Only folders named by a
@@ -236,9 +238,8 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
     verdict (the same operation, once the trial ended). Planned, and shown by ``--dry``, as any
     change.
 
-    + venv_path: the ``venv_path`` setting
-    + lock_file: the lock file of a venv made before stacks (to name it)
-    + service: the server's service name
+    + stacks: the container's stacks (``StacksAt``: the ``venv_path`` setting, the service that
+      names their state record, the lock file that names a venv made before stacks)
     + wanted: the stack of the settings (serving after this run's switch)
     + keep: ``stack_retention``
     + restart_on_change: false: the switch waits, the serving stack stays the current one
@@ -248,15 +249,15 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
     .. code:: python
 
         from pve_sglang.operations import stack_switch
+        from pve_sglang.stack.switch_rules import StacksAt
 
-        stack_switch.retention(name="Keep the 2 newest stacks", venv_path="/opt/sglang/venv",
-                               lock_file="/opt/sglang/stack.lock", service="sglang",
+        stack_switch.retention(name="Keep the 2 newest stacks",
+                               stacks=StacksAt("/opt/sglang/venv", "sglang"),
                                wanted="68a87c7696509d54", keep=2, restart_on_change=True)
     """
     # Read again after a switch of this run (it forgets): a stack built in this run and not
     # read yet is kept (the wanted one always is).
-    raw = read_stacks(venv_path, lock_file, service)
-    found = switch_rules.found_of(venv_path, raw)
+    raw, found = found_stacks(stacks)
     current = found.named
     serving, rollback = switch_rules.after_switch(current, found.previous, wanted, restart_on_change)
     if switch_rules.retention_waits(found.trial, current, serving):
@@ -272,13 +273,12 @@ def retention(venv_path: str, lock_file: str, service: str, wanted: str, keep: i
         logger.info(f"{host.name}: stack_retention {keep}: removing "
                     + ", ".join(release_words(raw, name) for name in gone))
     for name in gone:
-        yield StringCommand("rm -rf", QuoteString(switch_rules.stack_path(venv_path, name)))
+        yield StringCommand("rm -rf", QuoteString(switch_rules.stack_path(stacks.venv_path, name)))
     forget()
 
 
-def judged(failure: OperationError, venv_path: str, lock_file: str, service: str, unit: str,
-           rollback: bool, watch: Callable[[], None],
-           nodes: list[str] | None = None) -> OperationError | None:
+def judged(failure: OperationError, stacks: StacksAt, unit: str, rollback: bool,
+           watch: Callable[[], None], nodes: list[str] | None = None) -> OperationError | None:
     """At execution, after the verify phase found the server failing (FAILURE): when the stack
     it runs is on trial (an upgrade of this run, or of a run killed before its judgement),
     record the failed set, switch the link back to the previous stack, restart the server and
@@ -291,12 +291,10 @@ def judged(failure: OperationError, venv_path: str, lock_file: str, service: str
                        f"the group ({', '.join(nodes)})")
         return None
     forget()
-    raw = read_stacks(venv_path, lock_file, service)
-    found = switch_rules.found_of(venv_path, raw)
+    raw, found = found_stacks(stacks)
     verdict = switch_rules.rollback_verdict(True, found.trial, found.current, found.previous,
                                             found.stacks, rollback)
-    return _concluded(verdict, failure, _first_line(failure), raw, found, venv_path, service,
-                      unit, watch)
+    return _concluded(verdict, failure, _first_line(failure), raw, found, stacks, unit, watch)
 
 
 def node_failure(name: str) -> OperationError | None:
@@ -311,16 +309,15 @@ def in_run() -> set[str]:
 
 
 @operation()
-def together(venv_path: str, lock_file: str, service: str, wanted: str, release: str,
-             nodes: list[str]):
+def together(stacks: StacksAt, wanted: str, release: str, nodes: list[str]):
     """
     Stop before any change when this run would switch a node of a model served by several
     (NODES) to another stack while a node of the group is not in the run (``--limit``, or a
     connection that failed): the nodes of a TP group switch together, or not at all.
 
-    + venv_path: the ``venv_path`` setting (the link to the serving stack)
-    + lock_file: the lock file of a venv made before stacks (to name it)
-    + service: the server's service name
+    + stacks: the container's stacks (``StacksAt``: the ``venv_path`` link to the serving one,
+      the service that names their state record, the lock file that names a venv made before
+      stacks)
     + wanted: the stack id of the settings (the lock id)
     + release: the settings' set in words, e.g. ``sglang 0.5.10``
     + nodes: the ``nodes`` setting: the inventory names of the group, this one among them
@@ -330,15 +327,14 @@ def together(venv_path: str, lock_file: str, service: str, wanted: str, release:
     .. code:: python
 
         from pve_sglang.operations import stack_switch
+        from pve_sglang.stack.switch_rules import StacksAt
 
         stack_switch.together(name="Every node of the model is in the run",
-                              venv_path="/opt/sglang/venv", lock_file="/opt/sglang/stack.lock",
-                              service="sglang",
+                              stacks=StacksAt("/opt/sglang/venv", "sglang"),
                               wanted="68a87c7696509d54", release="sglang 0.5.10",
                               nodes=["ct101", "ct102"])
     """
-    raw = read_stacks(venv_path, lock_file, service)
-    found = switch_rules.found_of(venv_path, raw)
+    _, found = found_stacks(stacks)
     current = found.named
     missing = switch_rules.not_together(nodes, in_run(), current, wanted)
     if missing:
@@ -356,8 +352,8 @@ def _apart(missing: tuple[str, ...], nodes: list[str], release: str,
 
 
 @operation()
-def group_judged(venv_path: str, lock_file: str, service: str, unit: str, rollback: bool,
-                 nodes: list[str], watch: Callable[[], None]):
+def group_judged(stacks: StacksAt, unit: str, rollback: bool, nodes: list[str],
+                 watch: Callable[[], None]):
     """
     Judge the nodes of a model served by several (NODES) together, once each node's start and
     answer was judged (``judged`` keeps a node's failure): all good, nothing to do (the trial
@@ -367,9 +363,8 @@ def group_judged(venv_path: str, lock_file: str, service: str, unit: str, rollba
     WATCH until the old release serves again, then fails naming both releases and the failed
     node(s). Checked once the deploy has run.
 
-    + venv_path: the ``venv_path`` setting
-    + lock_file: the lock file of a venv made before stacks (to name it)
-    + service: the server's service name
+    + stacks: the container's stacks (``StacksAt``: the ``venv_path`` setting, the service that
+      names their state record, the lock file that names a venv made before stacks)
     + unit: the server's systemd unit
     + rollback: ``upgrade_rollback``
     + nodes: the ``nodes`` setting: the inventory names of the group, this one among them
@@ -380,11 +375,12 @@ def group_judged(venv_path: str, lock_file: str, service: str, unit: str, rollba
     .. code:: python
 
         from pve_sglang.operations import stack_switch
+        from pve_sglang.stack.switch_rules import StacksAt
 
         stack_switch.group_judged(name="The nodes of the model are judged together",
-                                  venv_path="/opt/sglang/venv", lock_file="/opt/sglang/stack.lock",
-                                  service="sglang", unit="sglang.service", rollback=True,
-                                  nodes=["ct101", "ct102"], watch=lambda: None)
+                                  stacks=StacksAt("/opt/sglang/venv", "sglang"),
+                                  unit="sglang.service", rollback=True, nodes=["ct101", "ct102"],
+                                  watch=lambda: None)
     """
     if not pyinfra_state.is_executing:
         host.noop("the nodes of a model are judged together once each was")
@@ -403,40 +399,36 @@ def group_judged(venv_path: str, lock_file: str, service: str, unit: str, rollba
     own = node_failure(host.name)
     failure = own or OperationError(f"the group fails: {why}")
     forget()
-    raw = read_stacks(venv_path, lock_file, service)
-    found = switch_rules.found_of(venv_path, raw)
+    raw, found = found_stacks(stacks)
     verdict = switch_rules.rollback_verdict(True, found.trial, found.current, found.previous,
                                             found.stacks, rollback)
-    yield from host_fails(_concluded(verdict, failure, why[:300], raw, found, venv_path,
-                                     service, unit, watch, group=(nodes, failed)))
+    yield from host_fails(_concluded(verdict, failure, why[:300], raw, found, stacks, unit,
+                                     watch, group=(nodes, failed)))
 
 
-def back_target(venv_path: str, lock_file: str, service: str) -> str | None:
+def back_target(stacks: StacksAt) -> str | None:
     """At execution: the release the server goes back to with its roll
     (``operations.roll.back_with_the_roll``): the previous stack's, where the stack it runs is
     on trial (an upgrade of this run); None where there is none (a change of a flag or of the
     tuned file keeps no earlier set)."""
     forget()
-    raw = read_stacks(venv_path, lock_file, service)
-    found = switch_rules.found_of(venv_path, raw)
+    raw, found = found_stacks(stacks)
     if found.trial is None or found.previous is None:
         return None
     return release_words(raw, found.previous)
 
 
-def sent_back(why: str, venv_path: str, lock_file: str, service: str, unit: str,
-              watch: Callable[[], None]) -> None:
+def sent_back(why: str, stacks: StacksAt, unit: str, watch: Callable[[], None]) -> None:
     """At execution: the server that serves an upgrade of this run sent back to the previous
     stack because its roll stopped elsewhere (WHY): the new set recorded as failed here too, the
     link back, the restart, its start followed with WATCH (raises ``OperationError`` when the
     old release does not serve either)."""
     forget()
-    raw = read_stacks(venv_path, lock_file, service)
-    found = switch_rules.found_of(venv_path, raw)
+    raw, found = found_stacks(stacks)
     if found.trial is None or found.previous is None:
         raise OperationError(f"{host.name}: no previous stack to go back to")
     record = failed_record(raw, found, why)
-    for command in rollback_commands(venv_path, service, unit, record, found.previous):
+    for command in rollback_commands(stacks, unit, record, found.previous):
         _run(command)
     forget()
     watch()
@@ -459,7 +451,7 @@ def _first_line(failure: OperationError) -> str:
 
 
 def _concluded(verdict: RollbackVerdict, failure: OperationError, why: str, raw: dict, found: Found,
-               venv_path: str, service: str, unit: str, watch: Callable[[], None],
+               stacks: StacksAt, unit: str, watch: Callable[[], None],
                group: tuple[list[str], tuple[str, ...]] | None = None) -> OperationError:
     """Act on VERDICT for the failed server (FAILURE, WHY its first line): record the failed
     set and switch back (``RollbackVerdict.ROLL_BACK``), or say why not; the error to raise. GROUP:
@@ -479,9 +471,9 @@ def _concluded(verdict: RollbackVerdict, failure: OperationError, why: str, raw:
         reason = {RollbackVerdict.KEEP_FAILED: "upgrade_rollback is false: the failed release is "
                                                "kept for debugging",
                   RollbackVerdict.NO_TARGET: "no previous stack to go back to"}[verdict]
-        _run(record_command(service, record))
-        back = (f"; to go back: ln -sfn {switch_rules.link_target(venv_path, found.previous)} "
-                f"{venv_path} && systemctl restart {unit}{every}") if found.previous else ""
+        _run(record_command(stacks.service, record))
+        back = (f"; to go back: ln -sfn {switch_rules.link_target(stacks.venv_path, found.previous)} "
+                f"{stacks.venv_path} && systemctl restart {unit}{every}") if found.previous else ""
         logger.error(f"{host.name}: UPGRADE FAILED, NOT ROLLED BACK: {new} does not serve"
                      f"{on} ({reason}){back}")
         return OperationError(f"upgrade from {old} to {new} failed{on}, not rolled back: "
@@ -489,7 +481,7 @@ def _concluded(verdict: RollbackVerdict, failure: OperationError, why: str, raw:
     logger.warning(f"{host.name}: upgrade to {new} failed{on} ({why}): rolling back to {old}"
                    f"{every}")
     assert found.previous is not None, "ROLL_BACK: there is a stack to go back to (has_target)"
-    for command in rollback_commands(venv_path, service, unit, record, found.previous):
+    for command in rollback_commands(stacks, unit, record, found.previous):
         _run(command)
     forget()
     try:
@@ -524,7 +516,7 @@ def restart_unless_newer(unit: str, venv_path: str) -> StringCommand:
         "; }")
 
 
-def rollback_commands(venv_path: str, service: str, unit: str, record: dict,
+def rollback_commands(stacks: StacksAt, unit: str, record: dict,
                       previous: str) -> list[StringCommand]:
     """
     The rollback, in an order a kill at any point of leaves for the next run to finish
@@ -534,13 +526,13 @@ def rollback_commands(venv_path: str, service: str, unit: str, record: dict,
     """
     cleared = {key: value for key, value in record.items() if key != "trial_until"}
     cleared.update(trial=None, previous=None)
-    return [record_command(service, record), link_command(venv_path, previous),
-            restart_command(unit), record_command(service, cleared)]
+    return [record_command(stacks.service, record), link_command(stacks.venv_path, previous),
+            restart_command(unit), record_command(stacks.service, cleared)]
 
 
 @operation()
-def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str,
-                      rollback: bool = True, watch: Callable[[], None] | None = None):
+def rollback_finished(stacks: StacksAt, unit: str, rollback: bool = True,
+                      watch: Callable[[], None] | None = None):
     """
     Finish a rollback a kill cut short, before anything else: the failed set is recorded and
     the link still names it (switch back to the previous stack and restart it), or the link
@@ -555,9 +547,9 @@ def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str,
     A rollback begun here is followed with WATCH until the previous release serves again, as
     the verify phase's rollback is.
 
-    + venv_path: the ``venv_path`` setting (the link to the serving stack)
-    + lock_file: the lock file of a venv made before stacks (to name it)
-    + service: the server's service name (the state record is named by it)
+    + stacks: the container's stacks (``StacksAt``: the ``venv_path`` link to the serving one,
+      the service that names their state record, the lock file that names a venv made before
+      stacks)
     + unit: the server's systemd unit
     + rollback: ``upgrade_rollback`` (false: a failure on probation is recorded, not rolled back)
     + watch: follows the server's start until it serves (``verify.watch_start``); None: the
@@ -568,19 +560,18 @@ def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str,
     .. code:: python
 
         from pve_sglang.operations import stack_switch
+        from pve_sglang.stack.switch_rules import StacksAt
 
         stack_switch.rollback_finished(name="A rollback cut short is finished",
-                                       venv_path="/opt/sglang/venv",
-                                       lock_file="/opt/sglang/stack.lock", service="sglang",
+                                       stacks=StacksAt("/opt/sglang/venv", "sglang"),
                                        unit="sglang.service")
     """
-    raw = read_stacks(venv_path, lock_file, service)
-    found = switch_rules.found_of(venv_path, raw)
+    raw, found = found_stacks(stacks)
     record = dict(raw.get("state") or {})
     _report_crash_loop(unit, raw, found, record)
     step = switch_rules.unfinished_rollback(found, tuple(record.get("failed") or {}))
     if step is None:
-        yield from _after_trial(venv_path, service, unit, rollback, raw, found, record, watch)
+        yield from _after_trial(stacks, unit, rollback, raw, found, record, watch)
         return
     failed, old = release_words(raw, found.trial), release_words(raw, found.previous)
     # systemd's own switch back cut short: its note is reported here, once.
@@ -590,19 +581,19 @@ def rollback_finished(venv_path: str, lock_file: str, service: str, unit: str,
         assert found.previous is not None, "SWITCH_BACK: there is a stack to go back to (has_target)"
         logger.warning(f"{host.name}: {which} of the failed upgrade to {failed} was cut "
                        f"short: switching back to {old} and restarting it")
-        yield link_command(venv_path, found.previous)
+        yield link_command(stacks.venv_path, found.previous)
         yield restart_command(unit)
     else:
         logger.warning(f"{host.name}: {which} from {failed} to {old} ended before its "
                        "record did: its trial is cleared")
-        yield restart_unless_newer(unit, venv_path)
+        yield restart_unless_newer(unit, stacks.venv_path)
     if fell:
         logger.warning(f"{host.name}: {unit} of {failed} failed on trial; systemd switched back "
                        f"to {old} on {fell.get('when')} without a deploy run: {fell.get('why')}")
     # As the whole rollback leaves it: no trial, no probation's end, no note left to report.
     cleared = {key: value for key, value in record.items()
                if key not in ("trial_until", "fell_back")}
-    yield record_command(service, {**cleared, "trial": None, "previous": None})
+    yield record_command(stacks.service, {**cleared, "trial": None, "previous": None})
     forget()
     yield from _serving_again(watch, failed, old)
 
@@ -644,8 +635,8 @@ def _report_crash_loop(unit: str, raw: dict, found: Found, record: dict) -> None
         f"time; see journalctl -u {unit}")
 
 
-def _after_trial(venv_path: str, service: str, unit: str, rollback: bool, raw: dict,
-                 found: Found, record: dict, watch: Callable[[], None] | None):
+def _after_trial(stacks: StacksAt, unit: str, rollback: bool, raw: dict, found: Found,
+                 record: dict, watch: Callable[[], None] | None):
     """``rollback_finished``'s other part: systemd's own switch back reported (and its note
     cleared), or a stack on trial that failed since its switch rolled back."""
     fell = record.get("fell_back")
@@ -655,7 +646,7 @@ def _after_trial(venv_path: str, service: str, unit: str, rollback: bool, raw: d
             f"systemd switched back to {release_words(raw, fell.get('to'))} on "
             f"{fell.get('when')} without a deploy run: {fell.get('why')}")
         record = {key: value for key, value in record.items() if key != "fell_back"}
-        yield record_command(service, record)
+        yield record_command(stacks.service, record)
         forget()
         return
     if found.trial is None or found.trial != found.current:
@@ -682,12 +673,12 @@ def _after_trial(venv_path: str, service: str, unit: str, rollback: bool, raw: d
         logger.error(f"{host.name}: UPGRADE FAILED, NOT ROLLED BACK: {new}: {why} ("
                      + ("upgrade_rollback is false" if verdict is RollbackVerdict.KEEP_FAILED
                         else "no previous stack to go back to") + ")")
-        yield record_command(service, record)
+        yield record_command(stacks.service, record)
         forget()
         return
     logger.warning(f"{host.name}: the upgrade to {new} failed: {why}; rolling back to {old}")
     assert found.previous is not None, "ROLL_BACK: there is a stack to go back to (has_target)"
-    yield from rollback_commands(venv_path, service, unit, record, found.previous)
+    yield from rollback_commands(stacks, unit, record, found.previous)
     forget()
     yield from _serving_again(watch, new, old)
 
@@ -707,7 +698,7 @@ def _run(command: StringCommand) -> None:
 
 
 @operation()
-def trial_passed(venv_path: str, lock_file: str, service: str, probation_s: int = 0):
+def trial_passed(stacks: StacksAt, probation_s: int = 0):
     """
     End the trial of the stack the server runs once the verify phase found it serving and
     answering, and it served PROBATION_S since its first good verdict: it is no longer rolled
@@ -716,9 +707,8 @@ def trial_passed(venv_path: str, lock_file: str, service: str, probation_s: int 
     and a run that finds it restarted on its own rolls it back (``rollback_finished``).
     Checked once the deploy has run.
 
-    + venv_path: the ``venv_path`` setting
-    + lock_file: the lock file of a venv made before stacks (to name it)
-    + service: the server's service name
+    + stacks: the container's stacks (``StacksAt``: the ``venv_path`` setting, the service that
+      names their state record, the lock file that names a venv made before stacks)
     + probation_s: ``upgrade_probation_s`` (0: the trial ends at the verdict)
 
     **Example:**
@@ -726,16 +716,16 @@ def trial_passed(venv_path: str, lock_file: str, service: str, probation_s: int 
     .. code:: python
 
         from pve_sglang.operations import stack_switch
+        from pve_sglang.stack.switch_rules import StacksAt
 
-        stack_switch.trial_passed(name="The upgrade serves", venv_path="/opt/sglang/venv",
-                                  lock_file="/opt/sglang/stack.lock", service="sglang")
+        stack_switch.trial_passed(name="The upgrade serves",
+                                  stacks=StacksAt("/opt/sglang/venv", "sglang"))
     """
     if not pyinfra_state.is_executing:
         host.noop("an upgrade's trial ends once the server answered")
         return
     # The container phase's read, after its switch (which forgets) if any.
-    raw = read_stacks(venv_path, lock_file, service)
-    found = switch_rules.found_of(venv_path, raw)
+    raw, found = found_stacks(stacks)
     record = dict(raw.get("state") or {})
     failed = dict(record.get("failed") or {})
     # It serves and answers: a crash loop its fallback restarted is over.
@@ -746,7 +736,7 @@ def trial_passed(venv_path: str, lock_file: str, service: str, probation_s: int 
                     f"{_utc(loop.get('since'))}) is over")
     if found.trial is None and found.current not in failed:
         if loop:
-            yield record_command(service, record)
+            yield record_command(stacks.service, record)
             forget()
             return
         host.noop("no stack on trial")
@@ -763,12 +753,12 @@ def trial_passed(venv_path: str, lock_file: str, service: str, probation_s: int 
         # a failure on probation records it again (and a later run must not read a trial in
         # the failed sets as a rollback cut short).
         failed.pop(found.current, None)
-        yield record_command(service, {**record, "failed": failed, "trial_until": until})
+        yield record_command(stacks.service, {**record, "failed": failed, "trial_until": until})
         forget()
         return
     if step is switch_rules.Probation.WAIT:
         if loop:
-            yield record_command(service, record)
+            yield record_command(stacks.service, record)
             forget()
             return
         host.noop(f"{release_words(raw, found.current)} serves, on trial until {_utc(until)}")
@@ -778,7 +768,7 @@ def trial_passed(venv_path: str, lock_file: str, service: str, probation_s: int 
                 f"{release_words(raw, found.previous)} stays as the rollback target")
     failed.pop(found.current, None)
     record.update(trial=None, failed=failed)
-    yield record_command(service, record)
+    yield record_command(stacks.service, record)
     forget()
 
 

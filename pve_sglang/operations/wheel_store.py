@@ -16,6 +16,7 @@ from pve_sglang.facts.installed_stacks import Stacks
 from pve_sglang.facts.wheel_store import FolderSizes, WheelStoreState
 from pve_sglang.operations import paths, stack_switch
 from pve_sglang.stack import switch_rules
+from pve_sglang.stack.switch_rules import StacksAt
 from pve_sglang.stack.store_retention import (
     LOCKS,
     REMOVING, USERS, Prune, StoreLock, decide, mounting, user_path, user_text,
@@ -48,7 +49,7 @@ def held_after_retention(venv_path: str, raw: dict, wanted: str, keep: int,
 
 
 @operation()
-def holds(store: str, key: str, venv_path: str, lock_file: str, service: str, wanted: str):
+def holds(store: str, key: str, stacks: StacksAt, wanted: str):
     """
     The container's record in its host's wheel store says which locks its stacks hold, as they
     are after this run's switch and retention: the store keeps them (``pruned``). The container
@@ -56,9 +57,9 @@ def holds(store: str, key: str, venv_path: str, lock_file: str, service: str, wa
 
     + store: the wheel store, mounted read-only at the same path in the container
     + key: the container's key on its host (``store_retention.user_key``)
-    + venv_path: the ``venv_path`` setting (its stacks are beside it)
-    + lock_file: the lock file of a venv made before stacks (to name it)
-    + service: the server's service name (the stacks' state record is named by it)
+    + stacks: the container's stacks (``StacksAt``: the ``venv_path`` setting, beside which they
+      are, the service that names their state record, the lock file that names a venv made
+      before stacks)
     + wanted: the settings' stack (held even before its switch: restart pending)
 
     **Example:**
@@ -66,14 +67,14 @@ def holds(store: str, key: str, venv_path: str, lock_file: str, service: str, wa
     .. code:: python
 
         from pve_sglang.operations import wheel_store
+        from pve_sglang.stack.switch_rules import StacksAt
 
         wheel_store.holds(name="The wheel store knows this container's locks",
                           store="/var/cache/pve-sglang/wheels", key="pct-105",
-                          venv_path="/opt/sglang/venv", lock_file="/opt/sglang/stack.lock",
-                          service="sglang", wanted="68a87c7696509d54")
+                          stacks=StacksAt("/opt/sglang/venv", "sglang"), wanted="68a87c7696509d54")
     """
     # After retention (it forgets the read when it removes a stack).
-    yield from _record(store, key, held(stack_switch.read_stacks(venv_path, lock_file, service), wanted))
+    yield from _record(store, key, held(stack_switch.read_stacks(stacks), wanted))
 
 
 @operation()
@@ -197,7 +198,7 @@ def pruned(path: str, keep: int, platform: str, lxc_path: str, planned: dict[str
     yield from commands(path, plan)
 
 
-def planned_record(box, venv_path: str, lock_file: str, service: str, wanted: str, keep: int,
+def planned_record(box, stacks: StacksAt, wanted: str, keep: int,
                    restart_on_change: bool) -> list[str]:
     """What container BOX's record will name once its phase ran (``holds``), for its host's
     plan: read from the container now (its stacks), with this run's switch and retention; when
@@ -205,8 +206,8 @@ def planned_record(box, venv_path: str, lock_file: str, service: str, wanted: st
     ready = getattr(box.connector, "container_ready", None)
     if ready is not None and not ready():
         return [wanted]
-    raw = box.get_fact(Stacks, venv_path=venv_path, lock_file=lock_file,
-                       state=switch_rules.state_path(service))
+    venv_path, lock_file, state = stacks.read_args()
+    raw = box.get_fact(Stacks, venv_path=venv_path, lock_file=lock_file, state=state)
     return sorted(held_after_retention(venv_path, raw, wanted, keep, restart_on_change))
 
 

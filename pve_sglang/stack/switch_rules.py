@@ -87,6 +87,15 @@ def found_of(venv_path: str, raw: dict) -> Found:
                  previous=record.get("previous"), trial=record.get("trial"))
 
 
+def release_words(raw: dict, stack_id: str | None) -> str:
+    """``sglang 0.5.9 (stack 68a87c7696509d54)`` from a stack's release file, as a ``Stacks``
+    read (RAW) holds it: how the operations' messages name a stack."""
+    if stack_id is None:
+        return "no stack"
+    release = (raw.get("stacks") or {}).get(stack_id, {}).get("sglang")
+    return f"sglang {release} (stack {stack_id})" if release else f"stack {stack_id}"
+
+
 class Move(Enum):
     NONE = "none"  # the link names the wanted stack: nothing to switch
     FIRST = "first"  # no server ran from a stack yet: make the link (the server starts anyway)
@@ -240,9 +249,21 @@ def to_remove(stacks: dict[str, float], keep: int, serving: str | None,
     return sorted(name for name in ours if name not in kept)
 
 
-def read_args(venv_path: str, service: str, lock_file: str = LEGACY_LOCK_FILE) -> tuple:
-    """The ``Stacks`` read's arguments (the container's one read folds it)."""
-    return (venv_path, lock_file, state_path(service))
+class StacksAt(NamedTuple):
+    """Where a container's stacks are, and what names them: the one value the operations that
+    read and change them take (``operations/stack_switch.py``), made from the settings by
+    ``ServerView.stacks_at``."""
+
+    #: The ``venv_path`` setting: the link to the serving stack, the stacks folder beside it.
+    venv_path: str
+    #: The server's service name: it names the stacks' state record (``state_path``).
+    service: str
+    #: The lock file of a venv made before stacks, as the deploy wrote it (names that venv).
+    lock_file: str = LEGACY_LOCK_FILE
+
+    def read_args(self) -> tuple[str, str, str]:
+        """The ``Stacks`` read's arguments (the container's one read folds it)."""
+        return (self.venv_path, self.lock_file, state_path(self.service))
 
 
 # --- probation (``upgrade_probation_s``): a new stack stays on trial after its verdict --------

@@ -21,7 +21,6 @@ from pve_sglang.config.settings import ContainerSettings  # noqa: E402
 from pve_sglang.operations import stack_switch  # noqa: E402
 from pve_sglang.server.render import server_files  # noqa: E402
 from pve_sglang.server.unit_text import unit_name  # noqa: E402
-from pve_sglang.stack.switch_rules import LEGACY_LOCK_FILE  # noqa: E402
 from pve_sglang.project import load_defaults  # noqa: E402
 from pve_sglang.stack.identity import settings_stack_id  # noqa: E402
 from tasks import stack_steps  # noqa: E402
@@ -55,11 +54,10 @@ def send_back() -> None:
     """As a replica behind a gateway whose roll stopped elsewhere goes back with
     ``gateway_roll_failure: back`` (``operations.roll.back_with_the_roll``): the release it goes
     back to, then the product's own sending back, its start followed."""
-    logger.warning(f"{host.name}: goes back to: "
-                   f"{stack_switch.back_target(cs.venv_path, LEGACY_LOCK_FILE, cs.service_name)}")
+    stacks = cs.server.stacks_at
+    logger.warning(f"{host.name}: goes back to: {stack_switch.back_target(stacks)}")
     stack_switch.sent_back("the roll behind the test's gateway stopped at another replica",
-                           cs.venv_path, LEGACY_LOCK_FILE, cs.service_name, unit_name(cs.server),
-                           stack_steps.follow_start(cs, "127.0.0.1"))
+                           stacks, unit_name(cs.server), stack_steps.follow_start(cs))
 
 
 # --data send_back=true: the server sent back after the checks, as its roll's back step does.

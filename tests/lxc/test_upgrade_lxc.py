@@ -227,7 +227,7 @@ def test_a_rollback_killed_at_each_step_converges_on_the_previous_release(site, 
     site.sh(f"systemctl reset-failed {UNIT}; systemctl restart {UNIT}")
     failed = {**on_trial, "failed": {new: {"sglang": "0.5.7", "when": "2026-12-04 06:00:00 UTC",
                                            "why": f"killed at step {steps}"}}}
-    for command in rollback_commands(VENV, "sglang", UNIT, failed, old)[:steps]:
+    for command in rollback_commands(stacks.StacksAt(VENV, "sglang"), UNIT, failed, old)[:steps]:
         site.sh(command.get_raw_value())
     restarted = steps == 3 and wait_serving(site, "0.5.10")  # cut after its own restart
     starts = site.starts()

@@ -19,7 +19,8 @@ from pve_sglang.remote import rollback_rules as rules
 from pve_sglang.remote import stack_fallback as fallback
 from pve_sglang.stack import switch_rules as stacks
 from pve_sglang.stack.switch_rules import (
-    Found, Move, RollbackVerdict, SwitchPlan, Unfinished, decide_switch, found_of, rollback_verdict,
+    Found, Move, RollbackVerdict, StacksAt, SwitchPlan, Unfinished, decide_switch, found_of,
+    rollback_verdict,
 )
 
 A, B, C, D = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "cccccccccccccccc", "dddddddddddddddd"
@@ -314,6 +315,9 @@ from pve_sglang.facts.container import UnitState  # noqa: E402
 from pve_sglang.operations import stack_switch as stack_ops  # noqa: E402
 
 VENV = "/opt/sglang/venv"
+#: Its stacks, named by the service ``sglang``; a venv made before stacks named by a lock file.
+STACKS = StacksAt(VENV, "sglang", "/x")
+LOCKED = StacksAt(VENV, "sglang", "/opt/sglang/stack.lock")
 
 
 def read_of(current: str | None, names: dict[str, float], state: dict | None = None,
@@ -326,8 +330,7 @@ def read_of(current: str | None, names: dict[str, float], state: dict | None = N
 
 def switch_commands(raw: dict, wanted: str, restart_on_change: bool = True,
                     active: str = "active") -> list:
-    return op_commands(stack_ops.switch, venv_path=VENV, lock_file="/opt/sglang/stack.lock",
-                       service="sglang", unit="sglang.service", wanted=wanted,
+    return op_commands(stack_ops.switch, stacks=LOCKED, unit="sglang.service", wanted=wanted,
                        restart_on_change=restart_on_change,
                        facts={Stacks: raw, UnitState: {"active": active}})
 
@@ -348,8 +351,8 @@ def test_the_switch_writes_the_record_then_renames_the_link():
 
 def test_a_plain_venv_is_moved_into_the_stacks_folder_not_reinstalled():
     raw = {**read_of(None, {}, kind="plain"), "plain_lock": A, "plain_sglang": "0.5.9"}
-    commands = op_commands(stack_ops.migrate, venv_path=VENV, lock_file="/opt/sglang/stack.lock",
-                           service="sglang", copies={"/opt/sglang/stack.lock": "pve-sglang.lock"},
+    commands = op_commands(stack_ops.migrate, stacks=LOCKED,
+                           copies={"/opt/sglang/stack.lock": "pve-sglang.lock"},
                            facts={Stacks: raw})
     ref = f"/opt/sglang/venv.stacks/.{A}.mtime"
     assert commands == [
@@ -364,7 +367,7 @@ def test_a_plain_venv_is_moved_into_the_stacks_folder_not_reinstalled():
         f"rm -f {ref}"]
     # Then the switch sees the stack it became: nothing when it is the one wanted.
     assert switch_commands(raw, A) == []
-    assert op_commands(stack_ops.migrate, venv_path=VENV, lock_file="/x", service="sglang",
+    assert op_commands(stack_ops.migrate, stacks=STACKS,
                        copies={}, facts={Stacks: read_of(A, {A: 1})}) == []
 
 
@@ -375,8 +378,8 @@ def test_a_plain_venv_moved_for_real_keeps_its_time_and_serves_through_the_link(
     (tmp_path / "stack.lock").write_text("sglang==0.5.9 --hash=sha256:00\n")
     os.utime(venv, (1_600_000_000, 1_600_000_000))
     raw = read(tmp_path)
-    command = op_commands(stack_ops.migrate, venv_path=str(venv),
-                          lock_file=str(tmp_path / "stack.lock"), service="sglang",
+    command = op_commands(stack_ops.migrate,
+                          stacks=StacksAt(str(venv), "sglang", str(tmp_path / "stack.lock")),
                           copies={str(tmp_path / "stack.lock"): "pve-sglang.lock"},
                           facts={Stacks: raw})[0]
     assert sh(command + " && echo done") == ["done"]
@@ -391,7 +394,7 @@ def test_a_plain_venv_moved_for_real_keeps_its_time_and_serves_through_the_link(
 
 def test_retention_plans_the_removal_of_the_oldest():
     def plan(raw, wanted, restart_on_change=True):
-        return op_commands(stack_ops.retention, venv_path=VENV, lock_file="/x", service="sglang",
+        return op_commands(stack_ops.retention, stacks=STACKS,
                            wanted=wanted, keep=2, restart_on_change=restart_on_change,
                            facts={Stacks: raw})
 
@@ -410,8 +413,8 @@ def test_a_failed_set_stops_the_run_before_any_change():
                              "why": "sglang.service stopped running"}}}
 
     def check(retry):
-        return op_commands(stack_ops.not_failed, venv_path=VENV, lock_file="/x",
-                           service="sglang", wanted=B, release="sglang 0.5.10", retry=retry,
+        return op_commands(stack_ops.not_failed, stacks=STACKS, wanted=B,
+                           release="sglang 0.5.10", retry=retry,
                            facts={Stacks: read_of(A, {A: 1, B: 2}, record)})
 
     with pytest.raises(OperationError, match=r"sglang 0.5.10 \(stack b+\) failed as an upgrade "
@@ -425,7 +428,7 @@ def test_the_rollback_records_first_and_clears_the_trial_last():
     (``unfinished_rollback``); the record names the trial until the link went back."""
     record = {"previous": A, "trial": B, "failed": {B: {"sglang": "0.5.10"}}}
     commands = [c.get_raw_value() for c in stack_ops.rollback_commands(
-        VENV, "sglang", "sglang.service", record, A)]
+        STACKS, "sglang.service", record, A)]
     assert [c.split()[0] for c in commands] == ["mkdir", "ln", "systemctl", "mkdir"]
     assert '"trial": "bbbbbbbbbbbbbbbb"' in commands[0] and '"trial": null' in commands[3]
     assert f"venv.stacks/{A}" in commands[1]
@@ -435,8 +438,7 @@ def test_a_rollback_cut_short_is_planned_back_then_cleared():
     record = {"previous": A, "trial": B, "failed": {B: {"sglang": "0.5.10"}}}
 
     def plan(current):
-        return op_commands(stack_ops.rollback_finished, venv_path=VENV, lock_file="/x",
-                           service="sglang", unit="sglang.service",
+        return op_commands(stack_ops.rollback_finished, stacks=STACKS, unit="sglang.service",
                            facts={Stacks: read_of(current, {A: 1, B: 2}, record)})
 
     back = plan(B)
@@ -447,13 +449,13 @@ def test_a_rollback_cut_short_is_planned_back_then_cleared():
     # Given the start's watch, the run follows that restart until the previous release serves
     # (as the verify phase's rollback does), after the record is cleared.
     for current, restart in ((B, 1), (A, 0)):
-        waited = op_commands(stack_ops.rollback_finished, venv_path=VENV, lock_file="/x",
-                             service="sglang", unit="sglang.service", watch=lambda: None,
+        waited = op_commands(stack_ops.rollback_finished, stacks=STACKS, unit="sglang.service",
+                             watch=lambda: None,
                              facts={Stacks: read_of(current, {A: 1, B: 2}, record)})
         assert waited[:-1] == plan(current) and waited[-1] == ["serving", [], {}]
         assert "systemctl restart" in waited[restart]
     assert plan(A) and op_commands(
-        stack_ops.rollback_finished, venv_path=VENV, lock_file="/x", service="sglang",
+        stack_ops.rollback_finished, stacks=STACKS,
         unit="sglang.service", facts={Stacks: read_of(A, {A: 1}, {"failed": {}})}) == []
 
 
@@ -461,8 +463,7 @@ def test_a_trial_that_failed_while_no_run_was_there_is_rolled_back_and_waited_fo
     """A run killed before its verdict, the server restarted on its own since: the next run
     records the set, rolls back, and follows the previous release's start until it serves."""
     def plan(**more):
-        return op_commands(stack_ops.rollback_finished, venv_path=VENV, lock_file="/x",
-                           service="sglang", unit="sglang.service",
+        return op_commands(stack_ops.rollback_finished, stacks=STACKS, unit="sglang.service",
                            facts={Stacks: read_of(B, {A: 1, B: 2}, {"previous": A, "trial": B}),
                                   UnitState: {"active": "active", "restarts": 1}}, **more)
 
@@ -688,8 +689,9 @@ def deploy_sees(tmp_path, rollback: bool) -> str:
     start limit reached), from its own read of the folder (the ``Stacks`` fact run with sh):
     ``switch back``, ``record`` (a failed upgrade kept), or ``nothing`` (not an upgrade's)."""
     raw = read(tmp_path)
-    commands = op_commands(stack_ops.rollback_finished, venv_path=str(tmp_path / "opt/sglang/venv"),
-                           lock_file="/x", service="sglang", unit="sglang.service",
+    commands = op_commands(stack_ops.rollback_finished,
+                           stacks=StacksAt(str(tmp_path / "opt/sglang/venv"), "sglang", "/x"),
+                           unit="sglang.service",
                            rollback=rollback,
                            facts={Stacks: raw, UnitState: {"active": "failed", "restarts": 3}})
     if any(f"venv.stacks/{A}" in command for command in commands):
