@@ -87,13 +87,13 @@ Step = tuple[str, Callable[[list], list | None]]
 def planned_container_steps() -> list[str]:
     """What the container setup will do, in words, for a plan made before the container runs."""
     cs = host_settings(ContainerSettings)
-    return [words for words, _ in container_plan(cs, container_gpus(cs))]
+    return [words for words, _ in container_plan(cs, container_gpus(cs.lxc))]
 
 
 def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) -> list[Step]:
     """The container phase's steps, in order, each with its words: one list for both. GPU_HOST:
     the driver version of the container's host and the GPUs the container gets
-    (``container_gpus(cs)``)."""
+    (``container_gpus(cs.lxc)``)."""
     driver, gpus = gpu_host
     # The settings' stack, built beside the serving one; the server runs venv_path, the link
     # to the current one.
@@ -145,7 +145,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
          + (f", fetch {cs.model_download} into {cs.model_path} after its preflight (its size "
             "against the free space, access, revision: checked then, before any byte moves)"
             if cs.model_download and not cs.uses_model_store else "")
-         + (", enable it and (re)start it once" + roll_words(cs) if driver
+         + (", enable it and (re)start it once" + roll_words(cs.server) if driver
             else " (not enabled at boot: no GPU)"),
          server_step),
         (stack_steps.kept_words(cs), lambda _: stack_steps.kept(cs, wanted)),
@@ -212,8 +212,8 @@ def set_hostname(name: str) -> list:
 def container_steps() -> None:
     """Every step of the container phase (``container_plan``), in order."""
     cs = host_settings(ContainerSettings)
-    expect_container_reads(cs)
-    driver, gpus = container_gpus(cs)
+    expect_container_reads(cs.stack, cs.server)
+    driver, gpus = container_gpus(cs.lxc)
     env_file = env_file_path(cs.server)
     # Every path the steps below manage, so one read answers them all.
     paths.watch(

@@ -217,9 +217,10 @@ def rolled_with_others(server: ServerView) -> tuple | None:
     return rolled if rolled is not None and len(rolled[2]) > 1 else None
 
 
-def roll_words(cs: ContainerSettings) -> str:
-    """This replica's restart in words, for the plan: in its turn behind its gateway, or ''."""
-    rolled = rolled_by(host.name) if not cs.nodes else None
+def roll_words(server: ServerView) -> str:
+    """This replica's restart in words, for the plan: in its turn behind its gateway, or ''
+    (a node of several, SERVER's ``nodes``: its group restarts together)."""
+    rolled = rolled_by(host.name) if not server.nodes else None
     if rolled is None:
         return ""
     gw, gs, names = rolled

@@ -42,14 +42,14 @@ def planned_checks() -> list[str]:
         if cs.stack_install == "pinned" else []
     served = [f"the model is {cs.model_download}, verified (which commit it serves)"] \
         if cs.model_download else []
-    checks = verify_plan(cs, container_gpus(cs))
+    checks = verify_plan(cs, container_gpus(cs.lxc))
     return stack + served + ([words for words, _ in checks] or ["nothing: the host has no NVIDIA GPU"])
 
 
 def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) -> list[Check]:
     """The verify phase's checks, in order, each with its words: one list for both; none when
     the container's host has no NVIDIA driver (GPU_HOST: its driver version and the GPUs the
-    container gets, ``container_gpus(cs)``). The phase's plan: CS whole, as its checks span
+    container gets, ``container_gpus(cs.lxc)``). The phase's plan: CS whole, as its checks span
     the server, its stack's switch and the benchmark."""
     driver, gpus = gpu_host
     if not driver:
@@ -194,7 +194,7 @@ def verify_steps() -> None:
     """GPU, CUDA, health and benchmark checks (``verify_plan``); without a GPU, say what was
     skipped."""
     cs = host_settings(ContainerSettings)
-    expect_container_reads(cs)
+    expect_container_reads(cs.stack, cs.server)
     if cs.stack_install == "pinned":
         lock, _ = stack_lock_of(host.name, cs)
         # The settings' stack (the serving one, unless its switch waits: restart pending).
@@ -204,7 +204,7 @@ def verify_steps() -> None:
     if cs.model_download:
         model.served(name=f"The model served is {cs.model_download}", path=cs.model_path,
                      repo=cs.model_download)
-    checks = verify_plan(cs, container_gpus(cs))
+    checks = verify_plan(cs, container_gpus(cs.lxc))
     if not checks:
         logger.warning(
             f"{host.name}: verify skipped (GPUs visible, CUDA init, /health, benchmark): the "
