@@ -120,7 +120,8 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
 
     steps: list[Step] = [
         ("finish a rollback cut short; stop if this set failed as an upgrade before "
-         "(retry_failed_stack)", lambda _: stack_steps.before_switch(cs, wanted))]
+         "(retry_failed_stack)", lambda _: stack_steps.before_switch(
+             cs.server, wanted, cs.retry_failed_stack, cs.startup_stall_s))]
     if host.data.get("platform") == "lxc":
         # Proxmox keeps /etc/hostname itself; on plain LXC systemd would set the old name from
         # it at every boot, whatever lxc.uts.name says.
@@ -148,7 +149,8 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
          + (", enable it and (re)start it once" + roll_words(cs.server) if driver
             else " (not enabled at boot: no GPU)"),
          server_step),
-        (stack_steps.kept_words(cs), lambda _: stack_steps.kept(cs, wanted)),
+        (stack_steps.kept_words(cs.stack, cs.stack_retention),
+         lambda _: stack_steps.kept(cs, wanted)),
     ]
     return steps
 
@@ -482,7 +484,8 @@ def server_unit(cs: ContainerSettings, py: str, rendered: ServerFiles, stack_ops
         # A run killed after one of these changed, before the restart: restarted by the next.
         since=restart_since(cs.server),
         restart_on_change=cs.restart_on_change,
-        turn=replica_turn(cs) if start else None,
+        turn=(replica_turn(cs.server, cs.generation_timeout_s, cs.startup_stall_s)
+              if start else None),
     )
     if not start:
         logger.warning(f"{host.name}: {unit} not started: the SGLang server needs a GPU (nor "

@@ -84,12 +84,13 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     """The server's start followed in its journal up to /health (fails fast, with a hint, on a
     crash or a silent log), then one chat completion (``generation_check``). ADDRESS: where
     the server answers inside the container. CS whole: the checks span the server, the
-    verify phase's bounds and the stack's switch (the stack steps take the settings so)."""
+    verify phase's bounds and the stack's switch and retention (``stack_steps.kept`` takes the
+    settings so)."""
     unit, env_file = unit_name(cs.server), env_file_path(cs.server)
     url = base_url(address, cs.server_port)
     watch = remote.path(remote.STARTUP_WATCH)
     health = f"{url}/health"
-    follow = stack_steps.follow_start(cs)
+    follow = stack_steps.follow_start(cs.server, cs.startup_stall_s)
 
     def judged(failure):
         # A stack on trial (an upgrade) that fails is rolled back, and its start followed; a
@@ -131,7 +132,7 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                        name="An upgraded stack serves: its trial ends",
                        stacks=cs.server.stacks_at, probation_s=cs.upgrade_probation_s)))
     # After the verdict: the container phase removes none while a stack is on trial.
-    checks.append((f"{stack_steps.kept_words(cs)}, after the verdict",
+    checks.append((f"{stack_steps.kept_words(cs.stack, cs.stack_retention)}, after the verdict",
                    lambda: stack_steps.kept(cs, settings_stack_id(host.name, cs),
                                             after_verdict=True)))
     return checks
