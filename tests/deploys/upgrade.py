@@ -42,7 +42,7 @@ py = f"{stack_dir(cs)}/bin/python"
 
 wanted = settings_stack_id(host.name, cs)
 stack_steps.before_switch(cs.server, wanted, cs.retry_failed_stack, cs.startup_stall_s)
-restart_on = python_stack(cs, py)
+restart_on = python_stack(cs.stack, cs.server.stacks_at, py)
 restart_on += patched_stack(cs, py)
 server_unit(cs, py, server_files(host.name, cs, [], state.inventory), restart_on, start=True)
 stack_steps.kept(cs, wanted)
