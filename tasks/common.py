@@ -15,7 +15,7 @@ from pyinfra.context import state
 from pyinfra.operations import python
 
 from pve_sglang import remote
-from pve_sglang.config.settings import ContainerSettings
+from pve_sglang.config.settings import LxcView, ServerView, StackView
 from pve_sglang.facts.one_read import Part
 from pve_sglang.gpu.passthrough import select_gpus
 from pve_sglang.operations import container_reads, paths
@@ -53,15 +53,15 @@ def run_when_container_exists(steps: Callable[[], None], what: str,
     python.call(name=f"{what.capitalize()} (after the container starts)", function=when_running)
 
 
-def expect_container_reads(cs: ContainerSettings) -> None:
+def expect_container_reads(stack: StackView, server: ServerView) -> None:
     """Tell the container's reads what the container and verify phases' operations will ask for
-    settings CS (paths aside: ``paths.watch``), so that the first ask of a run stage reads them
-    all in one command (``container_reads.expect``)."""
+    the settings' STACK and SERVER (paths aside: ``paths.watch``), so that the first ask of a
+    run stage reads them all in one command (``container_reads.expect``)."""
     # The settings' stack, built beside the serving one (``venv_path`` links to it).
-    stack_python = f"{settings_stack_path(host.name, cs)}/bin/python"
+    stack_python = f"{settings_stack_path(host.name, stack)}/bin/python"
     parts = [(Part.DEBS, ()), (Part.UV, (container_reads.TOOLS_UV,)),
-             (Part.VENV, (stack_python, remote.TOOLS)), (Part.UNIT, (unit_name(cs.server),)),
-             (Part.STACKS, cs.server.stacks_at.read_args())]
+             (Part.VENV, (stack_python, remote.TOOLS)), (Part.UNIT, (unit_name(server),)),
+             (Part.STACKS, server.stacks_at.read_args())]
     if host.data.get("platform") == "lxc":
         parts.append((Part.HOSTNAME, ()))
     container_reads.expect(parts)
@@ -82,11 +82,12 @@ def store_user_key(data=None) -> str:
         platform, data.get("pct_vmid") if platform == "pve" else data.get("lxc_name"))
 
 
-def container_gpus(cs: ContainerSettings) -> tuple[str | None, list[dict]]:
-    """The container host's driver version and the host's GPUs this container gets
-    (``gpu.passthrough.select_gpus``): none where the host has no NVIDIA driver."""
+def container_gpus(lxc: LxcView) -> tuple[str | None, list[dict]]:
+    """The container host's driver version and the host's GPUs this container gets (its LXC
+    keys' ``gpus``, ``gpu.passthrough.select_gpus``): none where the host has no NVIDIA
+    driver."""
     driver, gpus = host_gpus()
-    return driver, select_gpus(cs.gpus, gpus, host.name) if driver else []
+    return driver, select_gpus(lxc.gpus, gpus, host.name) if driver else []
 
 
 def upload_script(script: str, name: str, tools: str = remote.TOOLS):

@@ -87,13 +87,14 @@ Step = tuple[str, Callable[[list], list | None]]
 def planned_container_steps() -> list[str]:
     """What the container setup will do, in words, for a plan made before the container runs."""
     cs = host_settings(ContainerSettings)
-    return [words for words, _ in container_plan(cs, container_gpus(cs))]
+    return [words for words, _ in container_plan(cs, container_gpus(cs.lxc))]
 
 
 def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) -> list[Step]:
     """The container phase's steps, in order, each with its words: one list for both. GPU_HOST:
     the driver version of the container's host and the GPUs the container gets
-    (``container_gpus(cs)``)."""
+    (``container_gpus(cs.lxc)``). The phase's plan: CS whole, as its steps span the stack, the
+    server, the model and the stack's switch."""
     driver, gpus = gpu_host
     # The settings' stack, built beside the serving one; the server runs venv_path, the link
     # to the current one.
@@ -120,7 +121,8 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
 
     steps: list[Step] = [
         ("finish a rollback cut short; stop if this set failed as an upgrade before "
-         "(retry_failed_stack)", lambda _: stack_steps.before_switch(cs, wanted))]
+         "(retry_failed_stack)", lambda _: stack_steps.before_switch(
+             cs.server, wanted, cs.retry_failed_stack, cs.startup_stall_s))]
     if host.data.get("platform") == "lxc":
         # Proxmox keeps /etc/hostname itself; on plain LXC systemd would set the old name from
         # it at every boot, whatever lxc.uts.name says.
@@ -137,7 +139,7 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
         ]
     steps += [
         (f"build the stack {stack_dir(cs.stack)} beside the serving one with uv {cs.uv_version}: "
-         f"{pins}", lambda _: python_stack(cs, py)),
+         f"{pins}", lambda _: python_stack(cs.stack, cs.server.stacks_at, py)),
         ("apply the FlashInfer CUTLASS MoE autotune patch where the release needs it",
          lambda _: patched_stack(cs.stack, py)),
         (f"write /etc/sglang/{cs.service_name}.env (mode 0600) and {unit_name(cs.server)}, switch "
@@ -145,10 +147,11 @@ def container_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]
          + (f", fetch {cs.model_download} into {cs.model_path} after its preflight (its size "
             "against the free space, access, revision: checked then, before any byte moves)"
             if cs.model_download and not cs.uses_model_store else "")
-         + (", enable it and (re)start it once" + roll_words(cs) if driver
+         + (", enable it and (re)start it once" + roll_words(cs.server) if driver
             else " (not enabled at boot: no GPU)"),
          server_step),
-        (stack_steps.kept_words(cs), lambda _: stack_steps.kept(cs, wanted)),
+        (stack_steps.kept_words(cs.stack, cs.stack_retention),
+         lambda _: stack_steps.kept(cs, wanted)),
     ]
     return steps
 
@@ -163,25 +166,26 @@ def stack_dir(stack: StackView) -> str:
     return settings_stack_path(host.name, stack)
 
 
-def beside(cs: ContainerSettings) -> bool:
-    """The settings' stack is not the one ``venv_path`` runs: its build changes nothing the
-    server runs; only its switch restarts it. Asked by the restart's check, with the
-    container's one read (not when the deploy's code runs)."""
-    _, found = stack_switch.found_stacks(cs.server.stacks_at)
-    return found.named != stack_id(cs.stack)
+def beside(stack: StackView, stacks: switch_rules.StacksAt) -> bool:
+    """The settings' STACK is not the one ``venv_path`` runs (of the container's STACKS): its
+    build changes nothing the server runs; only its switch restarts it. Asked by the restart's
+    check, with the container's one read (not when the deploy's code runs)."""
+    _, found = stack_switch.found_stacks(stacks)
+    return found.named != stack_id(stack)
 
 
-def restart_check(cs: ContainerSettings, written: list, stack_ops: list, switched,
-                  unit: str) -> Callable[[], bool]:
+def restart_check(stack: StackView, stacks: switch_rules.StacksAt, written: list,
+                  stack_ops: list, switched, unit: str) -> Callable[[], bool]:
     """Whether the server restarts: its files changed (WRITTEN), the switch to a new stack changed the
     link, or the serving stack itself was changed in place (repaired, patched). The build of a
-    stack beside the serving one restarts nothing by itself."""
+    stack beside the serving one (``beside``: the settings' STACK, the container's STACKS)
+    restarts nothing by itself."""
 
     def check() -> bool:
         executing = state.is_executing
         moved = (switched.is_complete() and switched.did_change()) if executing \
             else switched.will_change
-        in_place = [] if moved or beside(cs) else stack_ops
+        in_place = [] if moved or beside(stack, stacks) else stack_ops
         return any_changed(*written, *in_place, switched, restarts=unit)()
 
     return check
@@ -212,8 +216,8 @@ def set_hostname(name: str) -> list:
 def container_steps() -> None:
     """Every step of the container phase (``container_plan``), in order."""
     cs = host_settings(ContainerSettings)
-    expect_container_reads(cs)
-    driver, gpus = container_gpus(cs)
+    expect_container_reads(cs.stack, cs.server)
+    driver, gpus = container_gpus(cs.lxc)
     env_file = env_file_path(cs.server)
     # Every path the steps below manage, so one read answers them all.
     paths.watch(
@@ -349,55 +353,55 @@ def cuda_keyring(url: str) -> None:
                  path=CUDA_KEYRING_DEB, package=package, version=version)
 
 
-def python_stack(cs: ContainerSettings, py: str) -> list:
-    """A venv of the time before stacks made the current stack; uv, the new stack beside the
-    serving one, the remote scripts, the pinned packages; the ops that need a restart when the
-    stack is the serving one (``restart_check``)."""
+def python_stack(stack: StackView, stacks: switch_rules.StacksAt, py: str) -> list:
+    """A venv of the time before stacks made the current stack (of the container's STACKS); uv,
+    the new STACK beside the serving one, the remote scripts, the pinned packages; the ops that
+    need a restart when the stack is the serving one (``restart_check``)."""
     stack_switch.migrate(
-        name=f"{cs.venv_path}: a venv made before stacks becomes one (not reinstalled)",
-        stacks=cs.server.stacks_at,
+        name=f"{stack.venv_path}: a venv made before stacks becomes one (not reinstalled)",
+        stacks=stacks,
         copies={LOCK_FILE: STACK_LOCK, f"{TOOLS}/stack-venv.lock": STACK_VENV_LOCK})
     tools = f"{TOOLS}/tools"
-    venv.tools_venv(name=f"Tools venv with uv {cs.uv_version}", path=tools,
-                    uv_version=cs.uv_version)
+    venv.tools_venv(name=f"Tools venv with uv {stack.uv_version}", path=tools,
+                    uv_version=stack.uv_version)
     uv = f"{tools}/bin/uv"
-    folder = stack_dir(cs.stack)
-    venv.venv(name=f"sglang venv {folder} (stack {stack_id(cs.stack)})", uv=uv, path=folder,
+    folder = stack_dir(stack)
+    venv.venv(name=f"sglang venv {folder} (stack {stack_id(stack)})", uv=uv, path=folder,
               python="/usr/bin/python3")
     # The venv's state is read by one Python start that runs these two scripts too.
     upload_script(remote.AUTOTUNE_PATCH, "Upload the autotune patch")
     upload_script(remote.FLAG_LISTER, "Upload the server flag lister")
-    if cs.stack_install == "pinned":
-        lock, _ = stack_lock_of(host.name, cs)
+    if stack.stack_install == "pinned":
+        lock, _ = stack_lock_of(host.name, stack)
         paths.put(name=f"Stack lock {lock.id} ({lock.path.name})", src=StringIO(lock.text),
                   dest=f"{folder}/{STACK_LOCK}", mode="644")
-        source = "the host's wheel store, offline" if cs.uses_wheel_store else "the index"
+        source = "the host's wheel store, offline" if stack.uses_wheel_store else "the index"
         restart_on = []
         lock_file, own = f"{folder}/{STACK_LOCK}", None
-        if cs.uses_shared_layer:
-            restart_on += shared_layer(cs.stack, uv, py, lock)
+        if stack.uses_shared_layer:
+            restart_on += shared_layer(stack, uv, py, lock)
             lock_file, own = f"{folder}/{STACK_VENV_LOCK}", layer.venv_names(lock)
             source += ", the rest in the host's shared layer"
         packages = venv.locked_venv(
             name=f"sglang stack as locked: {lock.summary()}, from {source}",
             uv=uv, python=py, tools=TOOLS, lock_file=lock_file, lock=lock,
-            args=venv.source_args(cs.pip_index_url, cs.torch_index_url, cs.wheelhouse,
-                                   cs.wheel_store if cs.uses_wheel_store else None),
-            python_version=cs.stack_python, own=own,
+            args=venv.source_args(stack.pip_index_url, stack.torch_index_url, stack.wheelhouse,
+                                   stack.wheel_store if stack.uses_wheel_store else None),
+            python_version=stack.stack_python, own=own,
         )
         return [*restart_on, packages]
-    pins = {"sglang": cs.sglang_version}
+    pins = {"sglang": stack.sglang_version}
     packages = venv.venv_packages(
-        name=f"sglang sglang=={cs.sglang_version} (no dependencies)",
+        name=f"sglang sglang=={stack.sglang_version} (no dependencies)",
         uv=uv,
         python=py,
         tools=TOOLS,
         pins=pins,
         args=venv.install_args(
             [f"{name}=={version}" for name, version in pins.items()],
-            index_url=cs.pip_index_url,
-            extra_index_url=cs.torch_index_url,
-            wheelhouse=cs.wheelhouse,
+            index_url=stack.pip_index_url,
+            extra_index_url=stack.torch_index_url,
+            wheelhouse=stack.wheelhouse,
             no_deps=True,
         ),
     )
@@ -444,7 +448,9 @@ def container_model(source: ModelView, py: str, serving_py: str, env_file: str, 
 
 def server_unit(cs: ContainerSettings, py: str, rendered: ServerFiles, stack_ops: list,
                 start: bool) -> None:
-    """The server's env file (0600), unit and state; restarted only when something changed."""
+    """The server's env file (0600), unit and state; restarted only when something changed.
+    CS whole: it spans the server, the model's fetch, the stack's switch (restart_on_change)
+    and a replica's turn (the verify phase's bounds), which no one view holds."""
     unit = unit_name(cs.server)
     argv, unit_text = rendered.argv, rendered.unit
     venv.server_flags(name=f"Server flags exist in sglang {cs.sglang_version}",
@@ -477,12 +483,14 @@ def server_unit(cs: ContainerSettings, py: str, rendered: ServerFiles, stack_ops
         "changed)",
         unit=unit,
         start=start,
-        restart=restart_check(cs, [unit_file, env, launcher, *model_ops], stack_ops, switched,
+        restart=restart_check(cs.stack, cs.server.stacks_at,
+                              [unit_file, env, launcher, *model_ops], stack_ops, switched,
                               unit),
         # A run killed after one of these changed, before the restart: restarted by the next.
         since=restart_since(cs.server),
         restart_on_change=cs.restart_on_change,
-        turn=replica_turn(cs) if start else None,
+        turn=(replica_turn(cs.server, cs.generation_timeout_s, cs.startup_stall_s)
+              if start else None),
     )
     if not start:
         logger.warning(f"{host.name}: {unit} not started: the SGLang server needs a GPU (nor "

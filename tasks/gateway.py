@@ -217,9 +217,10 @@ def rolled_with_others(server: ServerView) -> tuple | None:
     return rolled if rolled is not None and len(rolled[2]) > 1 else None
 
 
-def roll_words(cs: ContainerSettings) -> str:
-    """This replica's restart in words, for the plan: in its turn behind its gateway, or ''."""
-    rolled = rolled_by(host.name) if not cs.nodes else None
+def roll_words(server: ServerView) -> str:
+    """This replica's restart in words, for the plan: in its turn behind its gateway, or ''
+    (a node of several, SERVER's ``nodes``: its group restarts together)."""
+    rolled = rolled_by(host.name) if not server.nodes else None
     if rolled is None:
         return ""
     gw, gs, names = rolled
@@ -228,12 +229,13 @@ def roll_words(cs: ContainerSettings) -> str:
     return f", {roll.step_words(gw.name, gs.gateway_drain_timeout_s)}"
 
 
-def replica_turn(cs: ContainerSettings):
+def replica_turn(server: ServerView, check_s: int, stall_s: int):
     """The turn this replica's restart runs in its gateway's roll (``operations.roll.turn``),
     or None: no gateway fronts it, it is the only replica behind its gateway (said so), or it
-    is a node of several (its group restarts together). The roll's order is said once per
-    gateway, in the plan too. CS whole: its start is followed by the stack steps'
-    ``follow_start``, which takes the settings so."""
+    is a node of several (SERVER's ``nodes``: its group restarts together). The roll's order
+    is said once per gateway, in the plan too. CHECK_S: ``generation_timeout_s``; STALL_S:
+    ``startup_stall_s`` (its start followed, ``stack_steps.follow_start``); no view holds
+    them."""
     rolled = rolled_by(host.name)
     if rolled is None:
         return None
@@ -241,12 +243,11 @@ def replica_turn(cs: ContainerSettings):
     if len(names) < 2:
         logger.info(roll.order_words(gw.name, names, gs.gateway_roll_batch))
         return None
-    if cs.nodes:
+    if server.nodes:
         logger.warning(f"{host.name}: a node of a multi-node replica behind {gw.name}: its "
                        "group restarts together, not in turn")
         return None
-    return turn_for(gw.name, gs, names, cs.generation_timeout_s,
-                    stack_steps.follow_start(cs))
+    return turn_for(gw.name, gs, names, check_s, stack_steps.follow_start(server, stall_s))
 
 
 def turn_for(gateway_name: str, gs: GatewaySettings, names: list[str], check_s: int, judge):

@@ -106,7 +106,7 @@ def replicas_behind(server: ServerView, check_s: int) -> Replicas | None:
 def deployed_view() -> tuple[ContainerSettings, list[dict]]:
     """The node's settings (the hosts file's, its tuned file included) and GPUs."""
     cs = host_settings(ContainerSettings)
-    return cs, container_gpus(cs)[1]
+    return cs, container_gpus(cs.lxc)[1]
 
 
 def tune_container(cs: ContainerSettings, pinned: frozenset[str],

@@ -42,14 +42,14 @@ def planned_checks() -> list[str]:
         if cs.stack_install == "pinned" else []
     served = [f"the model is {cs.model_download}, verified (which commit it serves)"] \
         if cs.model_download else []
-    checks = verify_plan(cs, container_gpus(cs))
+    checks = verify_plan(cs, container_gpus(cs.lxc))
     return stack + served + ([words for words, _ in checks] or ["nothing: the host has no NVIDIA GPU"])
 
 
 def verify_plan(cs: ContainerSettings, gpu_host: tuple[str | None, list[dict]]) -> list[Check]:
     """The verify phase's checks, in order, each with its words: one list for both; none when
     the container's host has no NVIDIA driver (GPU_HOST: its driver version and the GPUs the
-    container gets, ``container_gpus(cs)``). The phase's plan: CS whole, as its checks span
+    container gets, ``container_gpus(cs.lxc)``). The phase's plan: CS whole, as its checks span
     the server, its stack's switch and the benchmark."""
     driver, gpus = gpu_host
     if not driver:
@@ -84,12 +84,13 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     """The server's start followed in its journal up to /health (fails fast, with a hint, on a
     crash or a silent log), then one chat completion (``generation_check``). ADDRESS: where
     the server answers inside the container. CS whole: the checks span the server, the
-    verify phase's bounds and the stack's switch (the stack steps take the settings so)."""
+    verify phase's bounds and the stack's switch and retention (``stack_steps.kept`` takes the
+    settings so)."""
     unit, env_file = unit_name(cs.server), env_file_path(cs.server)
     url = base_url(address, cs.server_port)
     watch = remote.path(remote.STARTUP_WATCH)
     health = f"{url}/health"
-    follow = stack_steps.follow_start(cs)
+    follow = stack_steps.follow_start(cs.server, cs.startup_stall_s)
 
     def judged(failure):
         # A stack on trial (an upgrade) that fails is rolled back, and its start followed; a
@@ -131,7 +132,7 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                        name="An upgraded stack serves: its trial ends",
                        stacks=cs.server.stacks_at, probation_s=cs.upgrade_probation_s)))
     # After the verdict: the container phase removes none while a stack is on trial.
-    checks.append((f"{stack_steps.kept_words(cs)}, after the verdict",
+    checks.append((f"{stack_steps.kept_words(cs.stack, cs.stack_retention)}, after the verdict",
                    lambda: stack_steps.kept(cs, settings_stack_id(host.name, cs),
                                             after_verdict=True)))
     return checks
@@ -194,7 +195,7 @@ def verify_steps() -> None:
     """GPU, CUDA, health and benchmark checks (``verify_plan``); without a GPU, say what was
     skipped."""
     cs = host_settings(ContainerSettings)
-    expect_container_reads(cs)
+    expect_container_reads(cs.stack, cs.server)
     if cs.stack_install == "pinned":
         lock, _ = stack_lock_of(host.name, cs)
         # The settings' stack (the serving one, unless its switch waits: restart pending).
@@ -204,7 +205,7 @@ def verify_steps() -> None:
     if cs.model_download:
         model.served(name=f"The model served is {cs.model_download}", path=cs.model_path,
                      repo=cs.model_download)
-    checks = verify_plan(cs, container_gpus(cs))
+    checks = verify_plan(cs, container_gpus(cs.lxc))
     if not checks:
         logger.warning(
             f"{host.name}: verify skipped (GPUs visible, CUDA init, /health, benchmark): the "

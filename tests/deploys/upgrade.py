@@ -41,8 +41,8 @@ cs = ContainerSettings.model_validate({**defaults, **overrides})
 py = f"{stack_dir(cs)}/bin/python"
 
 wanted = settings_stack_id(host.name, cs)
-stack_steps.before_switch(cs, wanted)
-restart_on = python_stack(cs, py)
+stack_steps.before_switch(cs.server, wanted, cs.retry_failed_stack, cs.startup_stall_s)
+restart_on = python_stack(cs.stack, cs.server.stacks_at, py)
 restart_on += patched_stack(cs, py)
 server_unit(cs, py, server_files(host.name, cs, [], state.inventory), restart_on, start=True)
 stack_steps.kept(cs, wanted)
@@ -57,7 +57,8 @@ def send_back() -> None:
     stacks = cs.server.stacks_at
     logger.warning(f"{host.name}: goes back to: {stack_switch.back_target(stacks)}")
     stack_switch.sent_back("the roll behind the test's gateway stopped at another replica",
-                           stacks, unit_name(cs.server), stack_steps.follow_start(cs))
+                           stacks, unit_name(cs.server),
+                           stack_steps.follow_start(cs.server, cs.startup_stall_s))
 
 
 # --data send_back=true: the server sent back after the checks, as its roll's back step does.
