@@ -4,7 +4,8 @@ command, with nvidia-smi replaced by a stand-in script on PATH (this machine has
 The stand-in prints nvidia-smi's ``--format=csv,noheader,nounits`` lines for the sampler's query
 (two GPUs, an H200's 700 W limit and 143771 MiB as recorded in tests/fixtures/h200/nvidia_smi.txt)
 every 50 ms, drawing "load" power while a phase file says so. The real H200 recording under a
-torch load comes from tests/device/gpu_sampler_h200.py.
+torch load comes from tests/device/gpu_sampler_h200.py; the window's markers in each release's
+benchmark: tests/network/test_bench_gpu_sampler_release.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import io
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,7 @@ from pve_sglang.remote import GPU_SAMPLER, marked_json, source
 from pve_sglang.remote import gpu_sampler, server_metrics
 from pve_sglang.project import load_defaults
 from pve_sglang.config.settings import ContainerSettings
-from test_server_metrics import SAMPLER_REFUSALS, START, STOP, WINDOWS
+from test_server_metrics_sampler import SAMPLER_REFUSALS, START, STOP, WINDOWS
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_NVIDIA_SMI = """#!/bin/sh
@@ -210,16 +210,6 @@ def test_parse_line():
     for junk in ("", "index, power.draw [W]", "NVIDIA-SMI has failed because it couldn't "
                  "communicate with the NVIDIA driver.", "0, 1, 2"):
         assert gpu_sampler.parse_line(junk) is None
-
-
-@pytest.mark.parametrize("release, member", [("0.5.9", "sglang/bench_serving.py"),
-                                             ("0.5.23", "sglang/benchmark/serving.py")])
-def test_markers_are_printed_by_the_release(release, member, sglang_wheel):
-    """The sampler's window opens and closes on lines the release's benchmark prints."""
-    with zipfile.ZipFile(sglang_wheel(release)) as archive:
-        text = archive.read(member).decode()
-    assert "Starting main benchmark run..." in text and MAIN_RUN_MARKER in text
-    assert f'"{RESULT_HEADER}"' in text
 
 
 def test_bench_runs_follow_the_preset():
