@@ -572,6 +572,10 @@ def _argument(annotation: Any, value: str) -> Any:
         return None  # a turn runs the restart's own commands (checked here) in its place
     if annotation is LockKey:
         return LockKey(pins=(("sglang", value),), python="3.11", index_url=value)
+    if isinstance(annotation, type) and issubclass(annotation, tuple) and hasattr(annotation, "_fields"):
+        # A named tuple of the project's (switch_rules.StacksAt): each of its fields hostile.
+        return annotation(**{name: _argument(hint, value)
+                             for name, hint in get_type_hints(annotation).items()})
     raise TypeError(f"no hostile argument for {annotation!r}")
 
 
