@@ -30,13 +30,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "pve_sglang" / "remote"))
 sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "tests" / "network"))  # test_*.py: tests/network/
 
 import server_metrics  # noqa: E402
 from pve_sglang.remote import SERVER_METRICS, marked_json, source  # noqa: E402
 from pve_sglang.server import bench_history  # noqa: E402
 from pve_sglang.server.bench import metric_columns, metrics_argv, summary_table  # noqa: E402
-from test_server_metrics import LOAD, standin  # noqa: E402
+from standin_process import LOAD, standin  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 #: The three servers: name -> stand-in flags, the meta a run of it would carry.

@@ -27,11 +27,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "tests" / "network"))  # test_*.py: tests/network/
 sys.path.insert(0, str(REPO / "tests" / "unit"))  # test_*.py: tests/unit/
 
 from pve_sglang import remote  # noqa: E402
-from test_server_metrics import standin  # noqa: E402
+from standin_process import standin  # noqa: E402
 from test_status import _container  # noqa: E402
 
 PROGRAM = remote.piped(remote.STATUS_READ)

@@ -179,7 +179,7 @@ def test_benchmark_operation_through_the_pyinfra_cli(tmp_path):
     slower recorded run, warns on the drop; GPUs at 90% of their limit are under 95%. Each level
     also reads the stand-in server's /metrics (SGLang's names and types; idle: no request runs)
     through the metrics sampler, and the history keeps its figures."""
-    from test_server_metrics import standin
+    from standin_process import standin
 
     with standin(tmp_path, "--enable-metrics", key="sk-secret") as url:
         _benchmark_operation(tmp_path, url + "/metrics")

@@ -4,8 +4,8 @@ row values the deploy keeps (``bench.metric_columns``).
 
 The end-to-end cases run the real sampler script around a load of concurrent ``/generate``
 requests (``LOAD``) against the stand-in server (``tests/standin_sglang.py``, started by
-``standin``: both from tests/network/test_server_metrics.py, which checks the stand-in's metric
-names against SGLang's real collector sources), which queues requests past its cap or past its KV
+``standin``: both from tests/standin_process.py; tests/network/test_server_metrics.py checks the
+stand-in's metric names against SGLang's real collector sources), which queues requests past its cap or past its KV
 cache as SGLang's scheduler does, and serves the load it holds under SGLang's own metric names and
 types.
 """
@@ -27,7 +27,7 @@ import pytest
 from pve_sglang.remote import SERVER_METRICS, marked_json, server_metrics, source
 from pve_sglang.server import bench_hints
 from pve_sglang.server.bench import MAIN_RUN_MARKER, RESULT_HEADER, metric_columns, metrics_argv, metrics_problem
-from test_server_metrics import LOAD, standin
+from standin_process import LOAD, standin
 
 TESTS = Path(__file__).resolve().parents[1]
 

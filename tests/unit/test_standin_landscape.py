@@ -21,7 +21,7 @@ from pve_sglang.config.settings import ContainerSettings
 from pve_sglang.project import load_defaults
 from pve_sglang.remote import server_metrics
 from pve_sglang.server.command import server_argv
-from test_server_metrics import LOGS, STANDIN, _free_port, standin
+from standin_process import LOGS, STANDIN, free_port, standin
 
 SEED_MOE = Path(__file__).parents[1] / "landscapes" / "seed_moe.yaml"
 KEY = "sk-standin"
@@ -99,7 +99,7 @@ def test_the_kv_pool_and_the_cap_follow_the_flags(tmp_path, release, candidate, 
 def test_a_candidate_the_landscape_fails_starts_as_that_failure(tmp_path):
     oom = {**START, "disable_cuda_graph": False, "mem_fraction_static": 0.94}
     done = subprocess.run(
-        [sys.executable, str(STANDIN), "--logs", str(LOGS), "--port", str(_free_port()),
+        [sys.executable, str(STANDIN), "--logs", str(LOGS), "--port", str(free_port()),
          "--event-file", str(tmp_path / "event"), "--pause-scale", "0.01", "--landscape",
          str(SEED_MOE), *served_flags("0.5.23", **oom)],
         capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})

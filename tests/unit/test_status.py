@@ -16,7 +16,7 @@ from pve_sglang import remote
 from pve_sglang.facts.status import ContainerStatus
 from pve_sglang.server import status
 from pve_sglang.server.unit_action import changed_after
-from test_server_metrics import standin
+from standin_process import standin
 
 STACK = "68a87c7696509d54"
 OTHER = "0123456789abcdef"

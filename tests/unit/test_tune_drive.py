@@ -40,7 +40,7 @@ from pve_sglang.tuning.drive import (
 from pve_sglang.tuning.space import same_server, server_flags
 from pve_sglang.tuning.strategy import START_ENDINGS, Search
 from pve_sglang.tuning.tuned_file import read_tuned
-from test_server_metrics import LOGS, STANDIN, _free_port
+from standin_process import LOGS, STANDIN, free_port
 from test_standin_landscape import served_flags
 
 KEY = "sk-standin"
@@ -85,7 +85,7 @@ class StandinServer:
     def apply(self, candidate: dict) -> str:
         self.stop()
         self.applied += 1
-        port = _free_port()
+        port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         log = self.tmp / "server.log"
         with open(log, "w") as out:
