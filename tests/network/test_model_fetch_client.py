@@ -452,6 +452,20 @@ def tree(folder: Path, but: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
+def fetched_from_a_hostile_mirror(runner: Runner, hub: StandinHub, shards: dict[str, Path],
+                                  attack: str, tmp_path: Path) -> tuple:
+    """One fetch with RUNNER from a mirror whose answer for config.json is hostile (ATTACK,
+    ``hostile_mirror``), a victim file beside the model folder: (exit status, the last line's
+    error, stderr, the victim, the tree outside the model folder before, the commit)."""
+    commit = hostile_mirror(hub, shards, attack)
+    victim = tmp_path / "store" / "OUTSIDE.incomplete"
+    runner.root.mkdir(parents=True)
+    victim.write_text("not the model's\n")
+    before = tree(tmp_path, runner.root)
+    status, lines, err = runner.call("fetch", "--commit", commit, "--workers", "1")
+    return status, lines[-1]["error"], err, victim, before, commit
+
+
 @pytest.mark.parametrize("version", CLIENTS)
 @pytest.mark.parametrize("attack", ["etag", "commit", "size"])
 def test_a_file_answer_unlike_its_listing_is_refused_before_the_client_writes(
@@ -459,13 +473,8 @@ def test_a_file_answer_unlike_its_listing_is_refused_before_the_client_writes(
     """huggingface_hub builds its ``.incomplete`` path of the ETag: 0.36.2 appended to a file
     outside the model folder, moved it in and deleted it; 1.33 created one there."""
     runner = Runner(hf_clients[version], script, hub, tmp_path / "store" / "standin-org--Standin-7B")
-    commit = hostile_mirror(hub, shards, attack)
-    victim = tmp_path / "store" / "OUTSIDE.incomplete"
-    runner.root.mkdir(parents=True)
-    victim.write_text("not the model's\n")
-    before = tree(tmp_path, runner.root)
-    status, lines, err = runner.call("fetch", "--commit", commit, "--workers", "1")
-    error = lines[-1]["error"]
+    status, error, err, victim, before, commit = fetched_from_a_hostile_mirror(
+        runner, hub, shards, attack, tmp_path)
     expected = {"etag": f"ETag {ESCAPE!r} for file 'config.json'",
                 "commit": f"commit {'2' * 40!r} for file 'config.json'",
                 "size": "size 1 for file 'config.json'"}[attack]
@@ -481,13 +490,8 @@ def test_the_confinement_alone_keeps_a_hostile_etag_inside_the_store(hf_clients,
     refused (Landlock, as root too), the victim and everything outside the store untouched."""
     runner = Runner(hf_clients[version], script, hub, tmp_path / "store" / "standin-org--Standin-7B",
                     without="model_fetch.Answers.install = lambda self, hub: None")
-    commit = hostile_mirror(hub, shards, "etag")
-    victim = tmp_path / "store" / "OUTSIDE.incomplete"
-    runner.root.mkdir(parents=True)
-    victim.write_text("not the model's\n")
-    before = tree(tmp_path, runner.root)
-    status, lines, err = runner.call("fetch", "--commit", commit, "--workers", "1")
-    error = lines[-1]["error"]
+    status, error, err, victim, before, _ = fetched_from_a_hostile_mirror(
+        runner, hub, shards, "etag", tmp_path)
     assert status == 1 and error["kind"] == "denied", (error, err)
     assert "OUTSIDE" in error["message"] and f"writes only under {runner.root}" in error["message"]
     assert victim.read_text() == "not the model's\n"

@@ -17,7 +17,7 @@ import pytest
 
 from pve_sglang.model_store.rules import FetchVerdict, preflight
 import test_model_fetch_client as client_cases
-from test_model_fetch_client import NAME, Runner, SHARD, gets, hostile_mirror, tree
+from test_model_fetch_client import NAME, Runner, SHARD, fetched_from_a_hostile_mirror, gets, tree
 
 REPO = Path(__file__).resolve().parents[2]
 # The fixtures these tests share with the client's other cases (pytest finds a module's fixtures
@@ -153,13 +153,8 @@ def test_a_read_only_mount_namespace_alone_keeps_a_hostile_etag_inside_the_store
     runner = Runner(hf_python, script, hub, tmp_path / "store" / "standin-org--Standin-7B",
                     without="model_fetch.Answers.install = lambda self, hub: None; "
                             "confine.landlock_abi = lambda: 0")
-    commit = hostile_mirror(hub, shards, "etag")
-    victim = tmp_path / "store" / "OUTSIDE.incomplete"
-    runner.root.mkdir(parents=True)
-    victim.write_text("not the model's\n")
-    before = tree(tmp_path, runner.root)
-    status, lines, err = runner.call("fetch", "--commit", commit, "--workers", "1")
-    error = lines[-1]["error"]
+    status, error, err, victim, before, _ = fetched_from_a_hostile_mirror(
+        runner, hub, shards, "etag", tmp_path)
     assert status == 1 and error["kind"] == "denied" and "Read-only file system" in error["message"], (error, err)
     assert victim.read_text() == "not the model's\n"
     assert tree(tmp_path, runner.root) == before
