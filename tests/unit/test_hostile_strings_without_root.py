@@ -12,6 +12,7 @@ validation and all three phases on recorded facts: tests/root/test_hostile_strin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -48,7 +49,6 @@ from pve_sglang.hosts_file import build_inventory
 from pve_sglang.config.gateway import GatewaySettings
 from pve_sglang.config.monitoring import MonitoringSettings
 from pve_sglang.facts import gateway as gateway_facts
-from pve_sglang.gateway.workers import Worker
 from pve_sglang.operations import gateway as gateway_ops
 from pve_sglang.model_store import operations as model
 from pve_sglang.operations import boot, debs, layer, lxc, nvidia_driver, paths, pct, systemd_unit, venv, wheel_store, wheels
@@ -566,14 +566,15 @@ def _argument(annotation: Any, value: str) -> Any:
         return lambda: True
     if annotation is Lock:
         return parse(SHIPPED_LOCK)  # no string of a lock reaches a shell: its text is uploaded
-    if annotation is Worker:
-        return Worker(value, value, True)
     if annotation is RestartTurn:
         return None  # a turn runs the restart's own commands (checked here) in its place
     if annotation is LockKey:
         return LockKey(pins=(("sglang", value),), python="3.11", index_url=value)
-    if isinstance(annotation, type) and issubclass(annotation, tuple) and hasattr(annotation, "_fields"):
-        # A named tuple of the project's (switch_rules.StacksAt): each of its fields hostile.
+    if dataclasses.is_dataclass(annotation) or (
+            isinstance(annotation, type) and issubclass(annotation, tuple)
+            and hasattr(annotation, "_fields")):
+        # A record of the project's (a gateway's Worker, switch_rules.StacksAt): each field
+        # hostile where it holds a string.
         return annotation(**{name: _argument(hint, value)
                              for name, hint in get_type_hints(annotation).items()})
     raise TypeError(f"no hostile argument for {annotation!r}")
