@@ -264,11 +264,12 @@ def cpu_seconds() -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
+#: When a test's setup began, in ``cpu_seconds``.
+_CPU_AT = pytest.StashKey[float]()
+
+
 def pytest_runtest_setup(item):
     item.stash[_CPU_AT] = cpu_seconds()
-
-
-_CPU_AT = pytest.StashKey[float]()
 
 
 @pytest.hookimpl(hookwrapper=True)
