@@ -451,7 +451,7 @@ def server_unit(cs: ContainerSettings, py: str, rendered: ServerFiles, stack_ops
     """The server's env file (0600), unit and state; restarted only when something changed.
     CS whole: it spans the server, the model's fetch, the stack's switch (restart_on_change)
     and a replica's turn (the verify phase's bounds), which no one view holds."""
-    unit = unit_name(cs.server)
+    unit, stacks = unit_name(cs.server), cs.server.stacks_at
     argv, unit_text = rendered.argv, rendered.unit
     venv.server_flags(name=f"Server flags exist in sglang {cs.sglang_version}",
                       python=py, tools=TOOLS, argv=list(argv),
@@ -476,16 +476,15 @@ def server_unit(cs: ContainerSettings, py: str, rendered: ServerFiles, stack_ops
                           _if=lambda: unit_file.did_change() or fallback.did_change())
     switched = stack_switch.switch(
         name=f"{cs.venv_path} -> stack {stack_id(cs.stack)} (sglang {cs.sglang_version}), in one "
-        "rename, when it is not the serving one", stacks=cs.server.stacks_at, unit=unit,
+        "rename, when it is not the serving one", stacks=stacks, unit=unit,
         wanted=stack_id(cs.stack), restart_on_change=cs.restart_on_change, nodes=cs.nodes)
     systemd_unit.service_running(
         name=f"{unit} enabled and running (restarted only when its unit, env, stack or patch "
         "changed)",
         unit=unit,
         start=start,
-        restart=restart_check(cs.stack, cs.server.stacks_at,
-                              [unit_file, env, launcher, *model_ops], stack_ops, switched,
-                              unit),
+        restart=restart_check(cs.stack, stacks, [unit_file, env, launcher, *model_ops],
+                              stack_ops, switched, unit),
         # A run killed after one of these changed, before the restart: restarted by the next.
         since=restart_since(cs.server),
         restart_on_change=cs.restart_on_change,

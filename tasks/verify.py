@@ -91,11 +91,12 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
     watch = remote.path(remote.STARTUP_WATCH)
     health = f"{url}/health"
     follow = stack_steps.follow_start(cs.server, cs.startup_stall_s)
+    stacks = cs.server.stacks_at
 
     def judged(failure):
         # A stack on trial (an upgrade) that fails is rolled back, and its start followed; a
         # node of several is judged with its group (``group_judged``, below).
-        return stack_switch.judged(failure, cs.server.stacks_at, unit, rollback=cs.upgrade_rollback,
+        return stack_switch.judged(failure, stacks, unit, rollback=cs.upgrade_rollback,
                                    watch=follow, nodes=cs.nodes)
 
     def started() -> None:
@@ -121,7 +122,7 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
         checks.append((f"the nodes {', '.join(cs.nodes)} are judged together (one failed: "
                        "all roll back)", lambda: stack_switch.group_judged(
                            name=f"The nodes of the model ({', '.join(cs.nodes)}) are judged "
-                           "together", stacks=cs.server.stacks_at, unit=unit,
+                           "together", stacks=stacks, unit=unit,
                            rollback=cs.upgrade_rollback, nodes=cs.nodes, watch=follow)))
     back = back_check(cs.server, follow)
     if back is not None:
@@ -130,7 +131,7 @@ def server_checks(cs: ContainerSettings, address: str) -> list[Check]:
                    f"{cs.upgrade_probation_s} (a failed one was rolled back)",
                    lambda: stack_switch.trial_passed(
                        name="An upgraded stack serves: its trial ends",
-                       stacks=cs.server.stacks_at, probation_s=cs.upgrade_probation_s)))
+                       stacks=stacks, probation_s=cs.upgrade_probation_s)))
     # After the verdict: the container phase removes none while a stack is on trial.
     checks.append((f"{stack_steps.kept_words(cs.stack, cs.stack_retention)}, after the verdict",
                    lambda: stack_steps.kept(cs, settings_stack_id(host.name, cs),
